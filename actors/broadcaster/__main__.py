@@ -1,0 +1,5 @@
+"""`python -m actors.broadcaster`: run the broadcaster."""
+
+from actors.broadcaster.actor import main
+
+main()

@@ -1,0 +1,112 @@
+"""The llm caller process: a worker of role `llm` serving `LlmJob`s."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from actors.llm_caller.backend import AnthropicBackend, ModelBackend
+from actors.llm_caller.batcher import DeltaBatcher
+from actors.llm_caller.failures import CallFailed, classify
+from actors.llm_caller.policy import RetryPolicy
+from actors.runtime import run_actor
+from actors.worker import Worker
+from bus.endpoints import Endpoints
+from bus.messages import Body, Delta, Envelope, JobFailed, LlmJob, LlmResult, Retrying
+
+log = logging.getLogger("oploop.llm")
+
+
+class LlmCaller(Worker):
+    """Calls the model for each job, with retries, and streams deltas back."""
+
+    role = "llm"
+    capacity = 256
+
+    def __init__(
+        self, endpoints: Endpoints, backend: ModelBackend, policy: RetryPolicy | None = None
+    ) -> None:
+        super().__init__(endpoints)
+        self.backend = backend
+        self.policy = policy or RetryPolicy.from_env()
+
+    async def perform(self, env: Envelope) -> Body:
+        """Answer one `LlmJob` with `LlmResult`, or `JobFailed` once retries are spent."""
+        job = env.body
+        if not isinstance(job, LlmJob):
+            return JobFailed("bad_job", f"an llm caller does not run {job.KIND}")
+        batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)))
+        try:
+            message = await self._call_with_retries(env, job, batcher)
+        except CallFailed as exc:
+            f = exc.failure
+            return JobFailed(f.error, f.message, retryable=False, status=f.status)
+        finally:
+            batcher.flush()
+        return LlmResult(message)
+
+    async def _call_with_retries(
+        self, env: Envelope, job: LlmJob, batcher: DeltaBatcher
+    ) -> dict[str, object]:
+        policy = self.policy
+        deadline = env.deadline or time.time() + policy.request_timeout_s
+        use_stream = job.stream
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            hint = classify(exc).retry_after_s if exc else None
+            return policy.backoff_s(state.attempt_number, hint)
+
+        def before_sleep(state: RetryCallState) -> None:
+            nonlocal use_stream
+            exc = state.outcome.exception() if state.outcome else None
+            failure = classify(exc) if exc else None
+            batcher.discard()  # the failed attempt's text is void; viewers get RETRY
+            wait_s = state.upcoming_sleep
+            if use_stream and deadline - time.time() - wait_s < policy.fallback_window_s:
+                use_stream = False
+            error = f"{failure.error}: {failure.message}" if failure else "unknown"
+            log.info("job %s attempt %d failed (%s); retrying in %.2fs",
+                     env.job, state.attempt_number, error, wait_s)
+            self.progress(env, Retrying(state.attempt_number, error, wait_s))
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(policy.attempts),
+            wait=wait,
+            retry=retry_if_exception(lambda e: classify(e).retryable),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    timeout_s = max(1.0, deadline - time.time())
+                    if use_stream:
+                        return await self.backend.stream(
+                            job.request, batcher.add, idle_s=policy.idle_s, timeout_s=timeout_s
+                        )
+                    return await self.backend.create(job.request, timeout_s=timeout_s)
+        except Exception as exc:
+            raise CallFailed(classify(exc), attempts) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def aclose(self) -> None:
+        """Close the model backend."""
+        await self.backend.aclose()
+
+
+async def _main() -> None:
+    caller = LlmCaller(Endpoints.for_home(), AnthropicBackend())
+    try:
+        await caller.serve()
+    finally:
+        await caller.aclose()
+
+
+def main() -> None:
+    """Entry point of `python -m actors.llm_caller`."""
+    run_actor("llm", _main)

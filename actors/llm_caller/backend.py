@@ -1,0 +1,120 @@
+"""Model backends: the `anthropic` SDK, and the shape every backend shares.
+
+A backend turns one Messages-API request body into the final assistant
+message as a plain dict (`role`, `content` blocks in request form,
+`stop_reason`, `model`, `usage`), streaming text and thinking deltas to a
+callback on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anthropic
+
+from actors.llm_caller.failures import StreamIncomplete, StreamStalled
+
+OnDelta = Callable[[str, str], None]
+
+# Stream events that are progress; `ping` (and message bookkeeping) are not.
+_PROGRESS = frozenset({"text", "thinking", "signature", "input_json", "content_block_start"})
+
+
+class ModelBackend(Protocol):
+    """What the llm caller needs of a model."""
+
+    async def stream(
+        self, request: dict[str, Any], on_delta: OnDelta, *, idle_s: float, timeout_s: float
+    ) -> dict[str, Any]:
+        """One streaming call; raises on failure, `StreamStalled` when idle too long."""
+        ...
+
+    async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        """One non-streaming call."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+def block_to_param(block: Any) -> dict[str, Any]:
+    """An SDK content block as the dict a later request sends back."""
+    kind = block.type
+    if kind == "text":
+        return {"type": "text", "text": block.text}
+    if kind == "tool_use":
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    if kind == "thinking":
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if kind == "redacted_thinking":
+        return {"type": "redacted_thinking", "data": block.data}
+    dumped: dict[str, Any] = block.model_dump(mode="json", exclude_none=True)
+    return dumped
+
+
+def message_to_dict(message: Any) -> dict[str, Any]:
+    """An SDK `Message` as the plain dict carried in `LlmResult`."""
+    usage = message.usage
+    return {
+        "role": "assistant",
+        "content": [block_to_param(b) for b in message.content],
+        "stop_reason": message.stop_reason,
+        "model": message.model,
+        "usage": {
+            "input_tokens": getattr(usage, "input_tokens", 0) or 0,
+            "output_tokens": getattr(usage, "output_tokens", 0) or 0,
+        },
+    }
+
+
+class AnthropicBackend:
+    """The real SDK, pointed at the API or any server that speaks it (`base_url`).
+
+    The SDK's own retries are off: the llm caller's retry policy owns them.
+    """
+
+    def __init__(self, api_key: str | None = None, base_url: str | None = None) -> None:
+        self.client = anthropic.AsyncAnthropic(
+            api_key=api_key or os.environ.get("ANTHROPIC_API_KEY") or "none",
+            base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
+            max_retries=0,
+        )
+
+    async def stream(
+        self, request: dict[str, Any], on_delta: OnDelta, *, idle_s: float, timeout_s: float
+    ) -> dict[str, Any]:
+        """Stream one reply; the watchdog fires after `idle_s` without content."""
+        loop = asyncio.get_running_loop()
+        async with self.client.messages.stream(**request, timeout=timeout_s) as stream:
+            watchdog = asyncio.timeout(loop.time() + idle_s)
+            try:
+                async with watchdog:
+                    async for event in stream:
+                        kind = event.type
+                        if kind in _PROGRESS:
+                            watchdog.reschedule(loop.time() + idle_s)
+                        if kind == "text":
+                            on_delta("text", event.text)
+                        elif kind == "thinking":
+                            on_delta("thinking", event.thinking)
+            except TimeoutError:
+                if watchdog.expired():
+                    raise StreamStalled(idle_s) from None
+                raise
+            final = stream.current_message_snapshot
+        if final.stop_reason is None:
+            raise StreamIncomplete()
+        return message_to_dict(final)
+
+    async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        """One non-streaming call (the fallback when a stream dies near the deadline)."""
+        message = await self.client.messages.create(**request, timeout=timeout_s)
+        return message_to_dict(message)
+
+    async def aclose(self) -> None:
+        """Close the SDK's HTTP client."""
+        await self.client.close()

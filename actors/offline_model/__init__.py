@@ -1,0 +1,88 @@
+"""The offline model: a local server speaking the Anthropic Messages API.
+
+It is the embedded default model when no API key or base URL is configured,
+and the scripted model of tests, demos and benchmarks. Clients reach it with
+the real SDK::
+
+    AsyncAnthropic(base_url=f"http://127.0.0.1:{port}", api_key="offline", max_retries=0)
+
+Only `POST /v1/messages` exists, JSON or SSE (`"stream": true`), keep-alive.
+Each request is answered by the next turn of a scripted scenario if one is
+loaded and the session still has turns, else by the rule engine (`rules`):
+prompts like "list /tmp and read README.md, then run `date`" become
+`tool_use` blocks for the tools the request offers; tool results are
+reported back in a few lines; anything else gets a short help text.
+
+Modules: `intents` (prompt → tool calls), `rules` (request → reply), `wire`
+(API shapes, SSE events), `scenario` (scenario files), `plan` (request →
+actions, no I/O), `server` (h11 over asyncio), `cli` (the process).
+
+Scenario files
+--------------
+JSON: a list of turns, or ``{"turns": [...], "description": "..."}``. Every
+session (the request's ``metadata.user_id``; requests without one share a
+default session) plays the turns from the first, one turn per request; when
+its turns run out, the rules answer. A turn is one of:
+
+``"rules"``
+    Let the rule engine answer this turn.
+
+``{"reply": ..., "stop_reason": ..., "delay_s": ...}``
+    A scripted reply. ``reply`` is a string (one text block), ``"rules"``, or a
+    list of content blocks in response form: ``{"type": "text", "text"}``,
+    ``{"type": "thinking", "thinking", "signature"?}``,
+    ``{"type": "tool_use", "name", "input": {...}, "id"?}`` (missing ids and
+    signatures are filled in deterministically). ``stop_reason`` defaults to
+    ``tool_use`` when a tool_use block is present, else ``end_turn``.
+    ``delay_s`` pauses before every streamed delta (default: the server's).
+
+``{"fault": "status", "status": 529, "headers": {...}, "error": {...}}``
+    An HTTP error: status 400–599, extra headers (e.g. ``"retry-after": "1"``
+    or ``"retry-after-ms": "250"``), and the ``error`` object of the API's error
+    JSON (``{"type": "overloaded_error", "message": "..."}``; ``type`` defaults
+    from the status, ``message`` to a generic one).
+
+``{"fault": "drop", "after_events": 3}``
+    Stream ``after_events`` SSE events (``message_start`` and ``ping`` count),
+    then close the connection without the final zero-length chunk. Not
+    streaming: close without any response.
+
+``{"fault": "stall", "seconds": 2, "after_events": 3, "ping_every_s": 0.5, "then": "continue"}``
+    After ``after_events`` events send no content for ``seconds`` (only pings
+    every ``ping_every_s`` if given), then ``continue`` the stream or ``drop``
+    it. Not streaming: the response is delayed (or dropped).
+
+``{"fault": "truncate", "after_events": 5}``
+    End the chunked body cleanly but early: always before ``message_stop``;
+    by default (no ``after_events``) just before ``message_delta``, so the SDK's
+    final message has ``stop_reason`` None. Not streaming: a 200 Message with
+    ``stop_reason`` null.
+
+``{"fault": "error_event", "after_events": 3, "error": {...}}``
+    A 200 stream that sends ``event: error`` with
+    ``{"type": "error", "error": {...}}`` (default ``overloaded_error``) after
+    ``after_events`` events, then ends. Not streaming: the matching HTTP status
+    (529 overloaded, 429 rate limit, else 500).
+
+Mid-stream faults (``drop``, ``stall``, ``truncate``, ``error_event``) stream
+the rules' answer unless they carry their own ``reply``/``stop_reason``/
+``delay_s``. ``after_events`` defaults to 3 (after the first
+``content_block_start``). Unknown keys and wrong types are errors: loading
+raises `ScenarioError` naming the file, the turn (``turns[2].status``) and
+the problem.
+"""
+
+from actors.offline_model.cli import main
+from actors.offline_model.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from actors.offline_model.server import OfflineServer, ServerStatistics, start_server
+
+__all__ = [
+    "OfflineServer",
+    "Scenario",
+    "ScenarioError",
+    "ServerStatistics",
+    "load_scenario",
+    "main",
+    "parse_scenario",
+    "start_server",
+]

@@ -1,0 +1,265 @@
+"""The offline model's mind: a deterministic rule-based operator, as pure functions.
+
+`respond(request)` looks at the request's last user message:
+
+- tool results answering the previous assistant's tool calls → a short text
+  reporting them (first lines, truncated), `end_turn`;
+- otherwise its text is read as tool calls (`intents.parse_tool_calls`), kept
+  only for tools the request offers → `tool_use` blocks, `tool_use`; a tool it
+  would need but was not given is named honestly in text;
+- nothing recognised → a short help text, `end_turn`.
+
+With `thinking` enabled a short thinking block (with a signature) comes first.
+`max_tokens` is honoured by counting words: past it the reply is cut and
+stops with `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from actors.offline_model.intents import SHELL, ToolCall, parse_tool_calls
+from actors.offline_model.wire import Reply, count_tokens, text_chunks
+
+HELP_TEXT = (
+    "I'm the offline model: no API key is configured, so I follow simple rules instead of "
+    'thinking. I can run a command ("run `uname -a`"), read a file ("read README.md"), '
+    'list a directory ("list /tmp") or write a file ("write HELLO to notes.txt"), and '
+    'several at once ("list /tmp and read README.md, then run `date`"). Set '
+    "ANTHROPIC_API_KEY to talk to a real model."
+)
+
+#: How much of a tool's output the summary quotes.
+MAX_LINES, MAX_LINE_CHARS, MAX_CHARS = 8, 160, 1200
+
+# Context the host injects in messages is not the user's words.
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+
+
+def respond(request: Mapping[str, Any]) -> Reply:
+    """The rule engine's whole answer to one Messages-API request."""
+    messages = request.get("messages") or []
+    index = last_user_index(messages)
+    user = messages[index] if index is not None else {}
+    results = tool_results(user)
+    if results:
+        calls = tool_uses(messages[index - 1]) if index else {}
+        blocks = [text_block(summarise_results(results, calls))]
+        stop = "end_turn"
+        plan = "report the tool results"
+    else:
+        blocks, stop, plan = plan_tool_calls(user_text(user), offered_tools(request))
+    if thinking_enabled(request):
+        blocks.insert(0, thinking_block(user_text(user), plan))
+    return limit_tokens(blocks, stop, int(request.get("max_tokens") or 1))
+
+
+def last_user_index(messages: Sequence[Any]) -> int | None:
+    """The index of the last user message, if any."""
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], Mapping) and messages[i].get("role") == "user":
+            return i
+    return None
+
+
+def _blocks(message: Any) -> list[Mapping[str, Any]]:
+    """A message's content as a list of block mappings (a string is one text block)."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [b for b in content if isinstance(b, Mapping)]
+    return []
+
+
+def user_text(message: Any) -> str:
+    """The words of a user message, without injected reminders."""
+    texts = [b.get("text") for b in _blocks(message) if b.get("type") == "text"]
+    return _REMINDER.sub("", "\n".join(t for t in texts if isinstance(t, str))).strip()
+
+
+def tool_results(message: Any) -> list[Mapping[str, Any]]:
+    """The `tool_result` blocks of a message."""
+    return [b for b in _blocks(message) if b.get("type") == "tool_result"]
+
+
+def tool_uses(message: Any) -> dict[str, Mapping[str, Any]]:
+    """An assistant message's `tool_use` blocks by id."""
+    return {
+        str(b.get("id")): b
+        for b in _blocks(message)
+        if b.get("type") == "tool_use" and isinstance(b.get("id"), str)
+    }
+
+
+def offered_tools(request: Mapping[str, Any]) -> frozenset[str]:
+    """Names of the tools the request offers."""
+    tools = request.get("tools") or []
+    return frozenset(t["name"] for t in tools if isinstance(t, Mapping) and "name" in t)
+
+
+def thinking_enabled(request: Mapping[str, Any]) -> bool:
+    """Whether the request asks for extended thinking."""
+    thinking = request.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def text_block(text: str) -> dict[str, Any]:
+    """A text content block."""
+    return {"type": "text", "text": text}
+
+
+def signature_for(thinking: str) -> str:
+    """A deterministic stand-in for the API's opaque thinking signature."""
+    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
+
+
+def thinking_block(prompt: str, plan: str) -> dict[str, Any]:
+    """A short thinking block saying what the rules made of the prompt."""
+    asked = " ".join(prompt.split())
+    asked = asked if len(asked) <= 80 else asked[:77] + "..."
+    text = f'The user wrote: "{asked}". My rules say: {plan}.'
+    return {"type": "thinking", "thinking": text, "signature": signature_for(text)}
+
+
+def tool_use_id(call: ToolCall, position: int, context: str) -> str:
+    """A deterministic `toolu_` id: the same request always gets the same ids."""
+    seed = json.dumps([context, position, call.name, call.input], sort_keys=True)
+    return "toolu_" + hashlib.sha256(seed.encode()).hexdigest()[:24]
+
+
+def _join(phrases: Sequence[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+
+
+def plan_tool_calls(prompt: str, offered: frozenset[str]) -> tuple[list[dict[str, Any]], str, str]:
+    """Blocks, stop reason and a one-line plan for a prompt that is not tool results."""
+    calls = parse_tool_calls(prompt)
+    if not calls:
+        return [text_block(HELP_TEXT)], "end_turn", "nothing I recognise, so explain what I can do"
+    usable = [c for c in calls if c.name in offered]
+    missing = [c for c in calls if c.name not in offered]
+    sentences = []
+    if usable:
+        sentences.append(f"I'll {_join([c.describe() for c in usable])}.")
+    if missing:
+        names = sorted({c.name for c in missing})
+        sentences.append(
+            f"I can't {_join([c.describe() for c in missing])}: the "
+            f"{_join([f'`{n}`' for n in names])} tool{'s are' if len(names) > 1 else ' is'} "
+            "not available in this session."
+        )
+    blocks = [text_block(" ".join(sentences))]
+    blocks += [
+        {"type": "tool_use", "id": tool_use_id(c, i, prompt), "name": c.name, "input": c.input}
+        for i, c in enumerate(usable)
+    ]
+    plan = f"call {_join([c.name for c in usable])}" if usable else "say the tools are missing"
+    return blocks, "tool_use" if usable else "end_turn", plan
+
+
+def result_text(block: Mapping[str, Any]) -> str:
+    """A tool_result's content as text (non-text parts are named, not shown)."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            elif isinstance(part, Mapping):
+                parts.append(f"[{part.get('type', 'content')}]")
+        return "\n".join(parts)
+    return ""
+
+
+def excerpt(text: str) -> str:
+    """The first lines of an output, each cut short, with a note of what was left out."""
+    lines = text.strip("\n").splitlines()
+    shown = [ln if len(ln) <= MAX_LINE_CHARS else ln[: MAX_LINE_CHARS - 3] + "..." for ln in lines]
+    shown = shown[:MAX_LINES]
+    while len(shown) > 1 and sum(len(s) + 1 for s in shown) > MAX_CHARS:
+        shown.pop()
+    out = "\n".join(shown)
+    if len(shown) < len(lines):
+        out += f"\n... ({len(lines) - len(shown)} more lines)"
+    return out
+
+
+def _label(call: Mapping[str, Any] | None) -> str:
+    """How a summary names the call a result answers."""
+    if call is None:
+        return "A tool"
+    inp = call.get("input")
+    inp = inp if isinstance(inp, Mapping) else {}
+    subject = inp.get("command") if call.get("name") == SHELL else inp.get("path")
+    return f"`{subject}`" if isinstance(subject, str) else f"`{call.get('name')}`"
+
+
+def summarise_result(block: Mapping[str, Any], call: Mapping[str, Any] | None) -> str:
+    """One result, reported: what ran and the first lines of what it gave."""
+    label, text = _label(call), result_text(block)
+    name = call.get("name") if call else None
+    if block.get("is_error"):
+        return f"{label} failed:\n```\n{excerpt(text) or '(no message)'}\n```"
+    if not text.strip():
+        return f"{label} finished with no output."
+    verb = {"shell": "printed", "read_file": "contains", "list_dir": "holds"}.get(str(name))
+    if verb is None:  # write_file and unknown tools: their own words suffice
+        return f"{label}: {excerpt(text)}"
+    return f"{label} {verb}:\n```\n{excerpt(text)}\n```"
+
+
+def summarise_results(
+    results: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]]
+) -> str:
+    """All results of a turn as one short report."""
+    parts = [summarise_result(r, calls.get(str(r.get("tool_use_id")))) for r in results]
+    return "\n\n".join(parts)
+
+
+def _block_tokens(block: Mapping[str, Any]) -> int:
+    """The words a block costs."""
+    if block["type"] == "text":
+        return count_tokens(block["text"])
+    if block["type"] == "thinking":
+        return count_tokens(block["thinking"])
+    return 1 + count_tokens(json.dumps(block.get("input", {})))
+
+
+def _cut_words(text: str, words: int) -> str:
+    """The first `words` words of a text, spacing kept."""
+    kept, seen = [], 0
+    for chunk in text_chunks(text):
+        seen += 1 if chunk.strip() else 0
+        if seen > words:
+            break
+        kept.append(chunk)
+    return "".join(kept).rstrip()
+
+
+def limit_tokens(blocks: list[dict[str, Any]], stop: str, max_tokens: int) -> Reply:
+    """The reply cut to `max_tokens` words; a cut reply stops with `max_tokens`."""
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for block in blocks:
+        cost = _block_tokens(block)
+        if used + cost <= max_tokens:
+            kept.append(block)
+            used += cost
+            continue
+        room = max_tokens - used
+        if block["type"] in ("text", "thinking") and room > 0:
+            key = block["type"]
+            kept.append({**block, key: _cut_words(block[key], room)})
+            used = max_tokens
+        # a tool call is never sent half-made: it is dropped whole
+        return Reply(tuple(kept), "max_tokens", max(1, used))
+    return Reply(tuple(kept), stop, max(1, used))

@@ -1,0 +1,214 @@
+"""The Messages API's shapes: requests checked, replies as JSON Messages and as SSE events.
+
+Pure functions, no I/O. The event sequence is the real API's:
+
+    message_start, ping,
+    (content_block_start, content_block_delta*, content_block_stop) per block,
+    message_delta (stop_reason, usage), message_stop
+
+Text and thinking are cut into word-sized deltas and tool input JSON into a
+few `partial_json` pieces, so a client sees a stream, not one lump.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Stop reasons the API defines (a scripted reply may use any of them).
+STOP_REASONS = frozenset(
+    {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"}
+)
+
+#: The API's error `type` for each HTTP status; other 4xx/5xx fall back below.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+_WORDISH = re.compile(r"\s*\S+\s*|\s+")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the model says: content blocks in response form, and why it stopped."""
+
+    content: tuple[dict[str, Any], ...]
+    stop_reason: str | None
+    output_tokens: int
+
+
+class InvalidRequest(ValueError):
+    """A request body the API would refuse with 400 `invalid_request_error`."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def error_type_for(status: int) -> str:
+    """The API's error `type` for an HTTP status."""
+    if status in ERROR_TYPES:
+        return ERROR_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(error_type: str, message: str, request_id: str | None = None) -> dict[str, Any]:
+    """The API's error JSON: `{"type": "error", "error": {"type", "message"}}`."""
+    body: dict[str, Any] = {"type": "error", "error": {"type": error_type, "message": message}}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+def new_message_id() -> str:
+    """A fresh `msg_...` id."""
+    return "msg_" + secrets.token_hex(12)
+
+
+def new_request_id() -> str:
+    """A fresh `req_...` id (the `request-id` header the SDK exposes)."""
+    return "req_" + secrets.token_hex(12)
+
+
+def count_tokens(text: str) -> int:
+    """The offline model's token count: one token per word."""
+    return len(text.split())
+
+
+def input_tokens(request: Mapping[str, Any]) -> int:
+    """A rough input size: words in the system prompt, messages and tool definitions."""
+    parts = [request.get("system"), request.get("messages"), request.get("tools")]
+    return max(1, sum(count_tokens(json.dumps(p)) for p in parts if p))
+
+
+def validate_request(body: Any) -> dict[str, Any]:
+    """The body as a request dict, or `InvalidRequest` naming the first problem."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise InvalidRequest("model: field required (a non-empty string)")
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidRequest("max_tokens: field required (an integer >= 1)")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: field required (a non-empty list)")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise InvalidRequest(f"messages.{i}: must be an object with role 'user' or 'assistant'")
+        if not isinstance(message.get("content"), str | list):
+            raise InvalidRequest(f"messages.{i}.content: must be a string or a list of blocks")
+    for name in ("tools", "stop_sequences"):
+        if name in body and not isinstance(body[name], list):
+            raise InvalidRequest(f"{name}: must be a list")
+    if "metadata" in body and not isinstance(body["metadata"], dict):
+        raise InvalidRequest("metadata: must be an object")
+    return body
+
+
+def message_json(reply: Reply, *, model: str, message_id: str, in_tokens: int) -> dict[str, Any]:
+    """The non-streaming response: a complete Message object."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [dict(block) for block in reply.content],
+        "stop_reason": reply.stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": in_tokens, "output_tokens": reply.output_tokens},
+    }
+
+
+def text_chunks(text: str) -> list[str]:
+    """Word-sized pieces that join back to `text` exactly."""
+    return _WORDISH.findall(text)
+
+
+def json_chunks(data: str, pieces: int = 4) -> list[str]:
+    """`data` cut into about `pieces` parts (the API sends tool input this way)."""
+    if not data:
+        return []
+    size = max(1, math.ceil(len(data) / pieces))
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def _block_start(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A block as `content_block_start` announces it: empty, filled by deltas."""
+    kind = block.get("type")
+    if kind == "text":
+        return {"type": "text", "text": ""}
+    if kind == "thinking":
+        return {"type": "thinking", "thinking": "", "signature": ""}
+    if kind == "tool_use":
+        return {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+    return dict(block)  # e.g. redacted_thinking arrives whole
+
+
+def _block_deltas(block: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The deltas that fill one block."""
+    kind = block.get("type")
+    if kind == "text":
+        return [{"type": "text_delta", "text": t} for t in text_chunks(block["text"])]
+    if kind == "thinking":
+        out = [{"type": "thinking_delta", "thinking": t} for t in text_chunks(block["thinking"])]
+        return [*out, {"type": "signature_delta", "signature": block.get("signature", "")}]
+    if kind == "tool_use":
+        # ensure_ascii keeps every piece plain ASCII, so no piece splits a character.
+        raw = json.dumps(block.get("input", {}))
+        return [{"type": "input_json_delta", "partial_json": p} for p in json_chunks(raw)]
+    return []
+
+
+def stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The complete SSE event sequence for a Message, as (event name, data) pairs."""
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 1}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("ping", {"type": "ping"}),
+    ]
+    for index, block in enumerate(message["content"]):
+        events.append(
+            (
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": _block_start(block),
+                },
+            )
+        )
+        for delta in _block_deltas(block):
+            events.append(
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                )
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    usage = {"output_tokens": message["usage"]["output_tokens"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def encode_sse(name: str, data: Mapping[str, Any]) -> bytes:
+    """One SSE event on the wire: `event:` and `data:` lines and a blank line."""
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

@@ -1,0 +1,32 @@
+"""Which tools a turn offers: the active catalogue, the turn-1 allowlist, the hide map."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.supervisor.agents import Agent
+
+ToolSpecDict = dict[str, Any]
+
+#: Tools hidden per (platform, mode); applied last, every turn, and again at execution.
+DEFAULT_HIDDEN: dict[tuple[str, str], frozenset[str]] = {}
+
+
+def resolve_tools(
+    catalogue: list[ToolSpecDict],
+    agent: Agent,
+    turn: int,
+    hidden: dict[tuple[str, str], frozenset[str]] = DEFAULT_HIDDEN,
+) -> list[ToolSpecDict]:
+    """The tools offered on `turn`, in catalogue order."""
+    tools = catalogue
+    if turn == 1 and agent.category_allowlist:
+        allow = set(agent.category_allowlist)
+        tools = [t for t in tools if t.get("core") or allow.intersection(t.get("tags", ()))]
+    gone = hidden.get((agent.platform, agent.mode), frozenset())
+    return [t for t in tools if t["name"] not in gone]
+
+
+def unavailable_message(name: str) -> str:
+    """The error result for a call to a tool not offered (it names no hidden tool)."""
+    return f"tool {name} is not available"

@@ -1,0 +1,276 @@
+"""Job dispatch to workers (Majordomo style) and their liveness (Paranoid Pirate).
+
+Workers announce a role and a capacity with `Ready`; a job goes to the live
+worker of its role with the most free slots, or waits in a bounded queue.
+A worker missing three heartbeats (or one we cannot route to) is dead: its
+llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
+"executor died" (tools have side effects: never run one twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bus.errors import Backpressure, BusError, PeerGone
+from bus.heartbeat import INTERVAL_S, Liveness
+from bus.messages import (
+    Abort,
+    Body,
+    ControlHello,
+    Delta,
+    Disconnect,
+    Envelope,
+    Heartbeat,
+    JobFailed,
+    LlmResult,
+    Ready,
+    Retrying,
+    ToolResult,
+)
+from bus.sockets import Port
+
+log = logging.getLogger("oploop.dispatch")
+
+#: Jobs waiting for a free worker, per role, before new ones are refused.
+MAX_QUEUED = 100_000
+
+ROLES = ("llm", "tool")
+
+OnProgress = Callable[[Envelope], None]
+
+
+class NoCapacity(Exception):
+    """Too many jobs are waiting for workers of a role."""
+
+
+@dataclass
+class WorkerState:
+    """A live worker as the supervisor sees it."""
+
+    id: bytes
+    role: str
+    capacity: int
+    tools: list[dict[str, Any]]
+    inflight: set[str] = field(default_factory=set)
+    control_id: bytes | None = None
+
+    @property
+    def free(self) -> int:
+        """Job slots not in use."""
+        return self.capacity - len(self.inflight)
+
+
+@dataclass
+class Job:
+    """One job in flight or waiting: what to send, whom it went to, who waits."""
+
+    id: str
+    role: str
+    env: Envelope
+    future: asyncio.Future[Envelope]
+    on_progress: OnProgress
+    worker: bytes | None = None
+    dispatches: int = 0
+
+
+class Dispatcher:
+    """Owns the workers of the `work` socket and every job sent to them."""
+
+    def __init__(self, work: Port, control: Port, max_redispatch: int = 3) -> None:
+        self.work = work
+        self.control = control
+        self.max_redispatch = max_redispatch
+        self.workers: dict[bytes, WorkerState] = {}
+        self.jobs: dict[str, Job] = {}
+        self.queues: dict[str, deque[Job]] = {role: deque() for role in ROLES}
+        self.liveness: Liveness[bytes] = Liveness()
+        self.catalogue_changed = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._prefix = f"j{os.getpid():x}."
+
+    # -- submitting --------------------------------------------------------------------
+
+    def submit(self, role: str, body: Body, *, sid: str, deadline: float,
+               on_progress: OnProgress) -> Job:
+        """Queue a job for a worker of `role`; await `job.future` for the final reply."""
+        if len(self.queues[role]) >= MAX_QUEUED:
+            raise NoCapacity(f"{MAX_QUEUED} {role} jobs already waiting")
+        jid = f"{self._prefix}{next(self._ids):x}"
+        env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline)
+        job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress)
+        self.jobs[jid] = job
+        self.queues[role].append(job)
+        self._pump(role)
+        return job
+
+    def abort(self, job: Job) -> None:
+        """Ask the job's worker to stop it now (over its control pipe) and forget it."""
+        self.jobs.pop(job.id, None)
+        if job in self.queues[job.role]:
+            self.queues[job.role].remove(job)
+        worker = self.workers.get(job.worker) if job.worker else None
+        if worker is not None:
+            worker.inflight.discard(job.id)
+            target = worker.control_id
+            if target is not None:
+                try:
+                    self.control.send(Envelope(Abort(), job=job.id, sid=job.env.sid), target)
+                except BusError as exc:
+                    log.info("abort of %s not delivered: %s", job.id, exc)
+            self._pump(worker.role)
+
+    def _pump(self, role: str) -> None:
+        """Send waiting jobs of `role` to workers with free slots."""
+        queue = self.queues[role]
+        while queue:
+            worker = max(
+                (w for w in self.workers.values() if w.role == role and w.free > 0),
+                key=lambda w: w.free, default=None,
+            )
+            if worker is None:
+                return
+            job = queue.popleft()
+            try:
+                self.work.send(job.env, worker.id)
+            except (PeerGone, Backpressure) as exc:
+                queue.appendleft(job)
+                log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)
+                self._worker_died(worker.id)
+                continue
+            job.worker = worker.id
+            job.dispatches += 1
+            worker.inflight.add(job.id)
+
+    # -- what workers send -------------------------------------------------------------
+
+    def handle_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
+        """A message on `work` from worker `peer`."""
+        if peer is None:
+            return
+        self.liveness.heard(peer)
+        body = env.body
+        if isinstance(body, Ready):
+            self._register(peer, body)
+            return
+        worker = self.workers.get(peer)
+        if worker is None:
+            if not isinstance(body, Disconnect):
+                # We do not know it (we restarted, or declared it dead): ask it to re-announce.
+                self._send_quiet(peer, Disconnect())
+            return
+        if isinstance(body, Heartbeat):
+            return
+        if isinstance(body, Disconnect):
+            self._worker_died(peer, reason="left")
+            return
+        job = self.jobs.get(env.job)
+        if job is None or job.worker != peer:
+            return  # late news of an aborted or re-issued job
+        if isinstance(body, Delta | Retrying):
+            job.on_progress(env)
+        elif isinstance(body, LlmResult | ToolResult | JobFailed):
+            self._finish(job, env)
+            worker.inflight.discard(job.id)
+            self._pump(worker.role)
+
+    def handle_control_hello(self, peer: bytes, hello: ControlHello) -> None:
+        """Remember the control pipe of a worker."""
+        worker = self.workers.get(hello.worker.encode())
+        if worker is not None:
+            worker.control_id = peer
+
+    def _register(self, peer: bytes, ready: Ready) -> None:
+        if ready.role not in ROLES or ready.capacity < 1:
+            log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
+            return
+        old = self.workers.get(peer)
+        if old is not None:
+            # Re-announced (it lost us for a while): whatever it ran is lost with its state.
+            self._worker_died(peer, reason="re-announced")
+        self.workers[peer] = WorkerState(peer, ready.role, ready.capacity, ready.tools,
+                                         control_id=peer + b".ctl")
+        log.info("worker %s ready: %s x%d", peer.decode(errors="replace"), ready.role, ready.capacity)
+        if ready.role == "tool":
+            self.catalogue_changed.set()
+        self._pump(ready.role)
+
+    def _finish(self, job: Job, env: Envelope) -> None:
+        self.jobs.pop(job.id, None)
+        if not job.future.done():
+            job.future.set_result(env)
+
+    def _worker_died(self, peer: bytes, reason: str = "died") -> None:
+        """Forget a worker; re-issue its llm jobs, fail its tool jobs."""
+        worker = self.workers.pop(peer, None)
+        self.liveness.forget(peer)
+        if worker is None:
+            return
+        log.warning("worker %s %s with %d job(s)", peer.decode(errors="replace"), reason,
+                    len(worker.inflight))
+        for jid in list(worker.inflight):
+            job = self.jobs.get(jid)
+            if job is None:
+                continue
+            job.worker = None
+            if worker.role == "llm" and job.dispatches <= self.max_redispatch:
+                job.on_progress(Envelope(
+                    Retrying(job.dispatches, f"llm caller {reason}", 0.0), sid=job.env.sid, job=jid,
+                ))
+                self.queues["llm"].appendleft(job)
+            else:
+                what = "executor" if worker.role == "tool" else "llm caller"
+                self._finish(job, Envelope(JobFailed("worker_died", f"{what} {reason}"), job=jid))
+        if worker.role == "tool":
+            self.catalogue_changed.set()
+        self._pump(worker.role)
+
+    def _send_quiet(self, peer: bytes, body: Body) -> None:
+        try:
+            self.work.send(Envelope(body), peer)
+        except BusError:
+            pass
+
+    # -- liveness ----------------------------------------------------------------------
+
+    async def beat(self) -> None:
+        """Every second: a heartbeat to each worker; declare the silent ones dead."""
+        while True:
+            await asyncio.sleep(INTERVAL_S)
+            for peer in self.liveness.expired():
+                self._worker_died(peer, reason="missed 3 heartbeats")
+            for peer in list(self.workers):
+                try:
+                    self.work.send(Envelope(Heartbeat()), peer)
+                except (PeerGone, Backpressure):
+                    self._worker_died(peer, reason="unreachable")
+                except BusError:
+                    pass
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """The union of the tools live executors offer, first announcer's spec per name."""
+        seen: dict[str, dict[str, Any]] = {}
+        for worker in self.workers.values():
+            if worker.role == "tool":
+                for spec in worker.tools:
+                    name = spec.get("name")
+                    if isinstance(name, str) and name not in seen:
+                        seen[name] = spec
+        return list(seen.values())
+
+    def statistics(self) -> dict[str, Any]:
+        """Workers by role, jobs in flight, jobs waiting."""
+        by_role: dict[str, int] = {role: 0 for role in ROLES}
+        for w in self.workers.values():
+            by_role[w.role] += 1
+        return {
+            "workers": by_role,
+            "jobs_inflight": len(self.jobs) - sum(len(q) for q in self.queues.values()),
+            "jobs_waiting": {role: len(q) for role, q in self.queues.items()},
+        }

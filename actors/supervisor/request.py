@@ -1,0 +1,139 @@
+"""Building one Messages-API request from an agent, a history and the turn's tools.
+
+The system prompt is sent as blocks: the agent's static prefix (up to the
+cache-boundary marker) with a cache breakpoint, the rest of the agent's
+prompt, then this turn's reminders. Reminders are fresh every turn and are
+never stored in history. Cache breakpoints go at the end of the static prefix
+and on the latest user turns, never more than four in all.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import socket
+import time
+from typing import Any
+
+from actors.supervisor.agents import CACHE_BOUNDARY, Agent
+from actors.supervisor.history import Message, blocks
+
+MAX_CACHE_BREAKPOINTS = 4
+#: History breakpoints: on the last user message and the one before it.
+HISTORY_BREAKPOINTS = 2
+
+_EPHEMERAL = {"type": "ephemeral"}
+
+PLATFORM_HINTS = {
+    "local": "Platform: a local machine; tools act on it directly.",
+    "vps": "Platform: a remote server; prefer non-interactive commands.",
+}
+
+
+def reminders(agent: Agent, tools: list[dict[str, Any]], cwd: str) -> list[str]:
+    """This turn's system reminders, in a fixed order."""
+    out = [f"Identity: you are the oploop operator on {socket.gethostname()}."]
+    if agent.target_machine:
+        out.append(
+            f"Target machine: the user is asking about {agent.target_machine}; "
+            "your tools act there, not on this host."
+        )
+    else:
+        out.append(
+            f"Environment: {platform.system()} {platform.release()} ({platform.machine()}), "
+            f"timezone {time.strftime('%Z')}, user {_user()}, working directory {cwd or os.getcwd()}."
+        )
+    if tools:
+        names = ", ".join(t["name"] for t in tools)
+        out.append(
+            f"Critical tools: {names}. Use them for real work; never guess what a command "
+            "would print or what a file contains."
+        )
+    else:
+        out.append(
+            "No tools are available this turn: do not claim to have run commands or read "
+            "files, and say so if the request needs them."
+        )
+    hint = PLATFORM_HINTS.get(agent.platform)
+    if hint:
+        out.append(hint)
+    return out
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def system_blocks(agent: Agent, turn_reminders: list[str]) -> list[dict[str, Any]]:
+    """The system prompt: static prefix (cached), dynamic rest, reminders."""
+    static, _, dynamic = agent.system.partition(CACHE_BOUNDARY)
+    out: list[dict[str, Any]] = [
+        {"type": "text", "text": static.strip() or "You are an operator.", "cache_control": _EPHEMERAL}
+    ]
+    if dynamic.strip():
+        out.append({"type": "text", "text": dynamic.strip()})
+    if turn_reminders:
+        out.append({"type": "text", "text": "\n".join(turn_reminders)})
+    return out
+
+
+def with_history_breakpoints(history: list[Message], budget: int) -> list[Message]:
+    """A copy of `history` with cache breakpoints on the last blocks of the latest
+    `budget` user messages; the stored history is not touched."""
+    out = list(history)
+    marked = 0
+    for i in range(len(out) - 1, -1, -1):
+        if marked >= budget:
+            break
+        msg = out[i]
+        if msg.get("role") != "user":
+            continue
+        content = blocks(msg)
+        if not content:
+            continue
+        last = dict(content[-1])
+        last["cache_control"] = _EPHEMERAL
+        out[i] = {"role": "user", "content": content[:-1] + [last]}
+        marked += 1
+    return out
+
+
+def build_request(
+    agent: Agent,
+    history: list[Message],
+    tools: list[dict[str, Any]],
+    *,
+    session: str,
+    cwd: str,
+) -> dict[str, Any]:
+    """The request body for this turn (`history` already sanitised)."""
+    system = system_blocks(agent, reminders(agent, tools, cwd))
+    budget = min(HISTORY_BREAKPOINTS, MAX_CACHE_BREAKPOINTS - 1)
+    request: dict[str, Any] = {
+        "model": agent.model_id(),
+        "max_tokens": agent.max_tokens,
+        "temperature": agent.temperature,
+        "system": system,
+        "messages": with_history_breakpoints(history, budget),
+        "metadata": {"user_id": session},
+    }
+    if tools:
+        request["tools"] = [
+            {"name": t["name"], "description": t["description"], "input_schema": t["input_schema"]}
+            for t in tools
+        ]
+        request["tool_choice"] = {"type": "auto"}
+    return request
+
+
+def count_breakpoints(request: dict[str, Any]) -> int:
+    """How many `cache_control` markers a request carries (system, tools, messages)."""
+    n = sum(1 for b in request.get("system", []) if "cache_control" in b)
+    n += sum(1 for t in request.get("tools", []) if "cache_control" in t)
+    for msg in request.get("messages", []):
+        n += sum(1 for b in blocks(msg) if isinstance(b, dict) and "cache_control" in b)
+    return n

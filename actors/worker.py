@@ -1,0 +1,158 @@
+"""The worker side of the work protocol, shared by llm callers and executors.
+
+A worker connects a DEALER to the supervisor's `work` socket and another to its
+`control` socket (served first). It says `Ready`, beats every second, runs each
+job as its own task, and answers `Abort` by cancelling that task. When the
+supervisor goes silent for three beats (or says `Disconnect`) it says `Ready`
+again, which is how workers survive a supervisor restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from abc import ABC, abstractmethod
+from typing import Any
+
+import zmq
+
+from bus.endpoints import Endpoints
+from bus.errors import BusError
+from bus.heartbeat import INTERVAL_S, Liveness
+from bus.messages import (
+    Abort,
+    Body,
+    ControlHello,
+    Disconnect,
+    Envelope,
+    Heartbeat,
+    JobFailed,
+    Ready,
+)
+from bus.sockets import Reactor
+from actors.runtime import notify_ready
+
+log = logging.getLogger("oploop.worker")
+
+_SUPERVISOR = "supervisor"
+
+
+class Worker(ABC):
+    """A stateless, interchangeable worker of one `role`."""
+
+    role: str = ""
+    capacity: int = 1
+
+    def __init__(self, endpoints: Endpoints) -> None:
+        self.endpoints = endpoints
+        self.worker_id = f"{self.role}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.reactor = Reactor()
+        ident = self.worker_id.encode()
+        self.control = self.reactor.add(
+            zmq.DEALER, "control", self._on_control, connect=endpoints.address("control"),
+            priority=True, routing_id=ident + b".ctl",
+        )
+        self.work = self.reactor.add(
+            zmq.DEALER, "work", self._on_work, connect=endpoints.address("work"),
+            routing_id=ident,
+        )
+        self.jobs: dict[str, asyncio.Task[None]] = {}
+        self._liveness: Liveness[str] = Liveness()
+        self._aborted: set[str] = set()
+        self._group: asyncio.TaskGroup | None = None
+
+    # -- what a role provides ----------------------------------------------------------
+
+    def tools(self) -> list[dict[str, Any]]:
+        """Tool specs this worker advertises in `Ready` (executors only)."""
+        return []
+
+    @abstractmethod
+    async def perform(self, env: Envelope) -> Body:
+        """Do the job in `env`; return the final reply body. May `self.progress(...)`."""
+
+    # -- protocol ----------------------------------------------------------------------
+
+    def send(self, body: Body, job: str = "", sid: str = "") -> None:
+        """Send `body` to the supervisor on the work socket (dropped if it is gone)."""
+        try:
+            self.work.send(Envelope(body, job=job, sid=sid))
+        except BusError as exc:
+            log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+
+    def progress(self, env: Envelope, body: Body) -> None:
+        """Send an intermediate message (delta, retrying) for the job of `env`."""
+        self.send(body, job=env.job, sid=env.sid)
+
+    def _say_ready(self) -> None:
+        self.send(Ready(self.role, self.capacity, self.tools()))
+        try:
+            self.control.send(Envelope(ControlHello(self.worker_id)))
+        except BusError:
+            pass
+
+    def _on_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
+        self._liveness.heard(_SUPERVISOR)
+        if isinstance(env.body, Abort):
+            task = self.jobs.get(env.job)
+            if task is not None:
+                self._aborted.add(env.job)
+                task.cancel()
+
+    def _on_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
+        self._liveness.heard(_SUPERVISOR)
+        body = env.body
+        if isinstance(body, Heartbeat):
+            return
+        if isinstance(body, Disconnect):
+            self._say_ready()
+            return
+        if env.job in self.jobs:
+            log.warning("%s: duplicate job %s ignored", self.worker_id, env.job)
+            return
+        assert self._group is not None
+        self.jobs[env.job] = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+
+    async def _run_job(self, env: Envelope) -> None:
+        try:
+            reply = await self.perform(env)
+        except asyncio.CancelledError:
+            self.jobs.pop(env.job, None)
+            if env.job not in self._aborted:
+                raise  # the worker is shutting down
+            # An Abort cancels this job only, not the worker: report and carry on.
+            self._aborted.discard(env.job)
+            self.send(JobFailed("aborted", "job aborted"), job=env.job, sid=env.sid)
+            return
+        except Exception as exc:  # the RPC edge: a failed job is a reply, never a crash
+            log.exception("%s: job %s failed", self.worker_id, env.job)
+            reply = JobFailed("internal", f"{type(exc).__name__}: {exc}")
+        self.jobs.pop(env.job, None)
+        self.send(reply, job=env.job, sid=env.sid)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(INTERVAL_S)
+            self.send(Heartbeat())
+            if self._liveness.expired():
+                log.info("%s: supervisor silent, announcing again", self.worker_id)
+                self._liveness.heard(_SUPERVISOR)
+                self._say_ready()
+
+    async def serve(self) -> None:
+        """Serve until cancelled; on the way out tell the supervisor and close."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self.reactor.run(), name="reactor")
+                self._liveness.heard(_SUPERVISOR)
+                self._say_ready()
+                notify_ready()
+                group.create_task(self._beat(), name="heartbeat")
+        finally:
+            with contextlib.suppress(BusError):
+                self.work.send(Envelope(Disconnect()))
+            self.reactor.close()

@@ -1,0 +1,158 @@
+"""msgpack codec for `Envelope`s: one frame, validated on the way in.
+
+Wire form: a msgpack array `[v, kind, id, sid, job, deadline, body]` where
+`body` is a map of the body's field names to values. Decoding checks, in order,
+the frame size, msgpack well-formedness (with msgpack's own length limits), the
+array shape, the protocol version, the kind, and every body field's type; any
+failure is a `BadFrame` and nothing half-decoded escapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from bus.errors import BadFrame
+from bus.messages import BY_KIND, PROTOCOL_VERSION, Body, Envelope
+
+#: Largest frame the codec accepts; sockets set ZMQ_MAXMSGSIZE well above it so that
+#: an oversize frame gets a counted rejection here rather than a silent disconnect.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+Check = Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_dict(v: Any) -> bool:
+    # Keys are already str: the unpacker runs with strict_map_key and raw=False.
+    return type(v) is dict
+
+
+_SCALARS: dict[Any, Check] = {
+    str: lambda v: type(v) is str,
+    bytes: lambda v: type(v) is bytes,
+    bool: lambda v: type(v) is bool,
+    int: _is_int,
+    float: _is_number,
+    Any: lambda v: True,
+}
+
+
+def _checker(tp: Any) -> Check:
+    """A predicate for values of annotation `tp` (the shapes messages use)."""
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is dict:
+        return _is_dict
+    if origin is list:
+        item = _checker(args[0])
+        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+        options = [_checker(a) for a in args]
+        return lambda v: any(ok(v) for ok in options)
+    raise TypeError(f"no wire checker for annotation {tp!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    check: Check
+    type_name: str
+    required: bool
+
+
+def _fields_of(cls: type[Body]) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        tp = hints[f.name]
+        out.append(_Field(f.name, _checker(tp), getattr(tp, "__name__", str(tp)), required))
+    return tuple(out)
+
+
+_SCHEMAS: dict[str, tuple[_Field, ...]] = {kind: _fields_of(cls) for kind, cls in BY_KIND.items()}
+_NAMES: dict[str, tuple[str, ...]] = {k: tuple(f.name for f in fs) for k, fs in _SCHEMAS.items()}
+_NAME_SETS: dict[str, frozenset[str]] = {k: frozenset(names) for k, names in _NAMES.items()}
+
+# One packer per process: every actor encodes from a single event-loop thread.
+_packer = msgpack.Packer(use_bin_type=True)
+
+_LIMITS = {
+    "max_str_len": MAX_FRAME_BYTES,
+    "max_bin_len": MAX_FRAME_BYTES,
+    "max_array_len": 1_000_000,
+    "max_map_len": 100_000,
+    "max_ext_len": 0,
+}
+
+
+def encode(env: Envelope) -> bytes:
+    """Encode `env` to one frame. Raises `BadFrame` if it would exceed the size limit."""
+    body = env.body
+    fields = {name: getattr(body, name) for name in _NAMES[body.KIND]}
+    try:
+        frame: bytes = _packer.pack(
+            [env.v, body.KIND, env.id, env.sid, env.job, env.deadline, fields]
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        _packer.reset()
+        raise BadFrame("unencodable", str(exc), body.KIND) from exc
+    if len(frame) > MAX_FRAME_BYTES:
+        raise BadFrame("oversize", f"{len(frame)} bytes > {MAX_FRAME_BYTES}", body.KIND)
+    return frame
+
+
+def decode(frame: bytes) -> Envelope:
+    """Decode and validate one frame; raises `BadFrame` describing the first problem."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise BadFrame("oversize", f"{len(frame)} bytes > {MAX_FRAME_BYTES}")
+    try:
+        raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, **_LIMITS)
+    except Exception as exc:  # msgpack raises a zoo of types; all mean "not our frame"
+        raise BadFrame("malformed", f"not msgpack: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(raw, list) or len(raw) != 7:
+        raise BadFrame("malformed", "envelope is not a 7-item array")
+    v, kind, mid, sid, job, deadline, fields = raw
+    if v != PROTOCOL_VERSION:
+        raise BadFrame("version", f"protocol version {v!r}, expected {PROTOCOL_VERSION}")
+    cls = BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise BadFrame("unknown_kind", f"unknown kind {kind!r}")
+    if not (isinstance(mid, str) and isinstance(sid, str) and isinstance(job, str)):
+        raise BadFrame("field_type", "id, sid and job must be strings", kind)
+    if not _is_number(deadline):
+        raise BadFrame("field_type", "deadline must be a number", kind)
+    if not isinstance(fields, dict):
+        raise BadFrame("field_type", "body must be a map", kind)
+    return Envelope(_build_body(cls, kind, fields), mid, sid, job, float(deadline), v)
+
+
+def _build_body(cls: type[Body], kind: str, fields: dict[str, Any]) -> Body:
+    schema = _SCHEMAS[kind]
+    for f in schema:
+        if f.name in fields:
+            if not f.check(fields[f.name]):
+                got = type(fields[f.name]).__name__
+                raise BadFrame(
+                    "field_type", f"{kind}.{f.name}: expected {f.type_name}, got {got}", kind
+                )
+        elif f.required:
+            raise BadFrame("field_type", f"{kind}.{f.name}: missing", kind)
+    if len(fields) > len(schema) or not fields.keys() <= _NAME_SETS[kind]:
+        extra = sorted(str(k) for k in fields.keys() - _NAME_SETS[kind])
+        raise BadFrame("field_type", f"{kind}: unknown field(s) {', '.join(extra)}", kind)
+    return cls(**fields)

@@ -1,0 +1,412 @@
+"""Every message type on the wire, in one place.
+
+Each type is a frozen dataclass whose docstring is its protocol documentation:
+who sends it, who receives it, and what it is answered with. A message travels
+inside an `Envelope`; the codec (`bus.codec`) checks its `kind`, the protocol
+version and every field's type before any actor sees it.
+
+Sockets (see `bus.endpoints`):
+  api      supervisor ROUTER  <- clients DEALER      start/list/inspect
+  control  supervisor ROUTER  <- clients, workers    cancel, abort (priority)
+  work     supervisor ROUTER  <- workers DEALER      ready, heartbeat, jobs
+  ingest   broadcaster PULL   <- supervisor PUSH     sequenced session events
+  events   broadcaster XPUB   -> viewers SUB         topic = session id
+  replay   broadcaster ROUTER <- viewers DEALER      events of S from seq N
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """Base of every message body; `KIND` is the envelope's `kind` tag."""
+
+    KIND: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message: routing-free header fields plus a typed body.
+
+    `id` identifies the message (a reply carries the request's `id`), `sid` the
+    session, `job` the job, `deadline` an absolute `time.time()` after which the
+    work is moot (0 when none applies).
+    """
+
+    body: Body
+    id: str = ""
+    sid: str = ""
+    job: str = ""
+    deadline: float = 0.0
+    v: int = PROTOCOL_VERSION
+
+    @property
+    def kind(self) -> str:
+        """The body's kind tag."""
+        return self.body.KIND
+
+
+# --- replies common to every request socket -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply(Body):
+    """Any request socket -> requester: the request failed or was refused.
+
+    `code` is a stable tag (`bad_frame`, `unknown_session`, `busy`, ...),
+    `message` one human-readable line.
+    """
+
+    KIND: ClassVar[str] = "error"
+    code: str
+    message: str
+
+
+# --- clients -> supervisor `api` ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun(Body):
+    """Client -> supervisor `api`: run the agent on `prompt`.
+
+    `session` empty starts a new session, else continues that session with a
+    follow-up user message. `max_turns` 0 means the agent's own limit;
+    `deadline_s` 0 means none. `cwd` is where relative tool paths resolve.
+    Reply: `RunStarted` or `ErrorReply`.
+    """
+
+    KIND: ClassVar[str] = "start_run"
+    prompt: str
+    session: str = ""
+    agent: str = ""
+    max_turns: int = 0
+    deadline_s: float = 0.0
+    cwd: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted(Body):
+    """Supervisor `api` -> client: the run is under way.
+
+    Its events start at `from_seq` of `session` (the run's `SESSION_START`).
+    """
+
+    KIND: ClassVar[str] = "run_started"
+    session: str
+    run: int
+    from_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListSessions(Body):
+    """Client -> supervisor `api`: list sessions. Reply: `SessionList`."""
+
+    KIND: ClassVar[str] = "list_sessions"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionList(Body):
+    """Supervisor `api` -> client: one summary dict per session.
+
+    Keys: `session`, `state`, `agent`, `runs`, `turns`, `last_seq`, `created`.
+    """
+
+    KIND: ClassVar[str] = "session_list"
+    sessions: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class InspectSession(Body):
+    """Client -> supervisor `api`: one session in full. Reply: `SessionInfo`."""
+
+    KIND: ClassVar[str] = "inspect_session"
+    session: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo(Body):
+    """Supervisor `api` -> client: a session's summary and its stored history.
+
+    `history` is the Messages-API message list as stored (no reminders).
+    """
+
+    KIND: ClassVar[str] = "session_info"
+    summary: dict[str, Any]
+    history: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ListTools(Body):
+    """Client -> supervisor `api`: the tool catalogue as `agent` sees it.
+
+    Reply: `ToolList`.
+    """
+
+    KIND: ClassVar[str] = "list_tools"
+    agent: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolList(Body):
+    """Supervisor `api` -> client: tool spec dicts (`actors.tools.spec.ToolSpec` wire form)."""
+
+    KIND: ClassVar[str] = "tool_list"
+    tools: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(Body):
+    """Any actor's request socket: ask for its counters. Reply: `StatsReply`."""
+
+    KIND: ClassVar[str] = "stats"
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReply(Body):
+    """Counters of an actor: messages handled, frames rejected by reason, workers, ..."""
+
+    KIND: ClassVar[str] = "stats_reply"
+    counters: dict[str, Any]
+
+
+# --- control (priority) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Body):
+    """Client -> supervisor `control`: cancel `session`.
+
+    `mode` is `ui` (now: abort streams, kill tools) or `operation` (cooperative,
+    at the next loop boundary). Reply: `CancelAck` or `ErrorReply`.
+    """
+
+    KIND: ClassVar[str] = "cancel"
+    session: str
+    mode: str = "ui"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAck(Body):
+    """Supervisor `control` -> client: the cancel was accepted (`state` of the session)."""
+
+    KIND: ClassVar[str] = "cancel_ack"
+    session: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControlHello(Body):
+    """Worker control DEALER -> supervisor `control`: announces the worker's control pipe.
+
+    Sent on connect and after every reconnect; no reply.
+    """
+
+    KIND: ClassVar[str] = "control_hello"
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort(Body):
+    """Supervisor `control` -> worker control DEALER: stop job `envelope.job` now.
+
+    The worker answers on its work socket with `JobFailed(error="aborted")`.
+    """
+
+    KIND: ClassVar[str] = "abort"
+
+
+# --- worker protocol on `work` (Majordomo / Paranoid Pirate style) ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(Body):
+    """Worker -> supervisor `work`: I serve `role` with `capacity` concurrent jobs.
+
+    Executors list the tools they run (ToolSpec wire dicts). Sent on connect and
+    whenever the supervisor says `Disconnect`. No reply.
+    """
+
+    KIND: ClassVar[str] = "ready"
+    role: str
+    capacity: int
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Body):
+    """Both ways on `work`, every second; any message counts as life. No reply."""
+
+    KIND: ClassVar[str] = "heartbeat"
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect(Body):
+    """Either way on `work`: forget me (worker leaving) / I do not know you, say `Ready`."""
+
+    KIND: ClassVar[str] = "disconnect"
+
+
+@dataclass(frozen=True, slots=True)
+class LlmJob(Body):
+    """Supervisor -> llm caller: one Messages-API request (`request` is its JSON body).
+
+    Answered by zero or more `Delta`/`Retrying`, then `LlmResult` or `JobFailed`.
+    """
+
+    KIND: ClassVar[str] = "llm_job"
+    request: dict[str, Any]
+    stream: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Delta(Body):
+    """Llm caller -> supervisor: a batch of streamed `text` on `channel` (text|thinking)."""
+
+    KIND: ClassVar[str] = "delta"
+    channel: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying(Body):
+    """Llm caller -> supervisor: attempt `attempt` failed with `error`; next in `wait_s`.
+
+    Text streamed by the failed attempt is void; the supervisor tells viewers.
+    """
+
+    KIND: ClassVar[str] = "retrying"
+    attempt: int
+    error: str
+    wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LlmResult(Body):
+    """Llm caller -> supervisor: the final assistant `message` (Messages-API Message dict)."""
+
+    KIND: ClassVar[str] = "llm_result"
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolJob(Body):
+    """Supervisor -> executor: run tool `name` on `input` in `cwd`, within `timeout_s`.
+
+    Answered by `ToolResult` (also for a failing tool) or `JobFailed`.
+    """
+
+    KIND: ClassVar[str] = "tool_job"
+    name: str
+    input: dict[str, Any]
+    cwd: str = ""
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult(Body):
+    """Executor -> supervisor: the tool's `output`, whether it `is_error`, its duration."""
+
+    KIND: ClassVar[str] = "tool_result"
+    output: str
+    is_error: bool
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed(Body):
+    """Worker -> supervisor: the job could not be done.
+
+    `error` is a stable tag (`aborted`, `api_error`, `overloaded`, ...),
+    `status` the HTTP status where one applies (0 otherwise).
+    """
+
+    KIND: ClassVar[str] = "job_failed"
+    error: str
+    message: str
+    retryable: bool = False
+    status: int = 0
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event(Body):
+    """Supervisor PUSH -> broadcaster `ingest`, then broadcaster XPUB -> viewers.
+
+    One session event (DESIGN.md §4); `envelope.sid` is the session. `seq` is
+    contiguous from 1 per session, stamped by the supervisor alone.
+    """
+
+    KIND: ClassVar[str] = "event"
+    seq: int
+    type: str
+    turn: int
+    ts: float
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRequest(Body):
+    """Viewer -> broadcaster `replay`: events of `envelope.sid` with seq >= `from_seq`.
+
+    `to_seq` 0 means "to the end". Reply: `ReplayBatch` or `ErrorReply`.
+    """
+
+    KIND: ClassVar[str] = "replay_request"
+    from_seq: int = 1
+    to_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayBatch(Body):
+    """Broadcaster `replay` -> viewer: encoded `Event` envelopes, in seq order.
+
+    `last_seq` is the newest seq the broadcaster holds for the session; `more`
+    says the batch was cut at its size limit and the viewer should ask again.
+    """
+
+    KIND: ClassVar[str] = "replay_batch"
+    events: list[bytes]
+    last_seq: int
+    more: bool
+
+
+MESSAGE_TYPES: tuple[type[Body], ...] = (
+    ErrorReply,
+    StartRun,
+    RunStarted,
+    ListSessions,
+    SessionList,
+    InspectSession,
+    SessionInfo,
+    ListTools,
+    ToolList,
+    Stats,
+    StatsReply,
+    Cancel,
+    CancelAck,
+    ControlHello,
+    Abort,
+    Ready,
+    Heartbeat,
+    Disconnect,
+    LlmJob,
+    Delta,
+    Retrying,
+    LlmResult,
+    ToolJob,
+    ToolResult,
+    JobFailed,
+    Event,
+    ReplayRequest,
+    ReplayBatch,
+)
+
+BY_KIND: dict[str, type[Body]] = {t.KIND: t for t in MESSAGE_TYPES}

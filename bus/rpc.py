@@ -1,0 +1,58 @@
+"""Request/reply over a DEALER port: replies are matched to requests by message id."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+
+import zmq
+
+from bus.errors import RemoteError, RequestTimeout
+from bus.messages import Body, Envelope, ErrorReply
+from bus.sockets import Port, Reactor
+
+_ids = itertools.count(1)
+
+
+def new_id(prefix: str = "") -> str:
+    """A message id unique within this process (and, with the pid, across a host)."""
+    return f"{prefix}{os.getpid():x}.{next(_ids):x}"
+
+
+class Requester:
+    """Sends requests on one DEALER and resolves each with the reply carrying its id.
+
+    A late reply to a request that already timed out is dropped.
+    """
+
+    def __init__(self, reactor: Reactor, name: str, address: str) -> None:
+        self._pending: dict[str, asyncio.Future[Envelope]] = {}
+        self.port: Port = reactor.add(zmq.DEALER, name, self._on_reply, connect=address)
+
+    def _on_reply(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
+        fut = self._pending.pop(env.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(env)
+
+    async def request(
+        self, body: Body, *, sid: str = "", job: str = "", timeout: float = 5.0
+    ) -> Envelope:
+        """Send `body`, await its reply; raises `RemoteError` on an `ErrorReply`."""
+        mid = new_id("r")
+        fut: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._pending[mid] = fut
+        try:
+            self.port.send(
+                Envelope(body, id=mid, sid=sid, job=job, deadline=time.time() + timeout)
+            )
+            async with asyncio.timeout(timeout):
+                reply = await fut
+        except TimeoutError:
+            raise RequestTimeout(body.KIND, timeout) from None
+        finally:
+            self._pending.pop(mid, None)
+        if isinstance(reply.body, ErrorReply):
+            raise RemoteError(reply.body.code, reply.body.message)
+        return reply
