@@ -21,7 +21,7 @@ _PR_SET_PDEATHSIG = 1
 
 def setup_logging(name: str) -> None:
     """Log to stderr as `name[pid] LEVEL message`; `OPLOOP_LOG_LEVEL` sets the level."""
-    level = os.environ.get("OPLOOP_LOG_LEVEL", "INFO").upper()
+    level = os.environ.get("OPLOOP_LOG_LEVEL", "WARNING").upper()
     logging.basicConfig(
         level=getattr(logging, level, logging.INFO),
         format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(message)s",

@@ -41,6 +41,7 @@ SOCKET_MAXMSGSIZE = 2 * MAX_FRAME_BYTES
 # How the frames of each socket type are laid out around the payload.
 _ROUTED = {zmq.ROUTER}
 _TOPICAL = {zmq.SUB, zmq.XSUB}
+_SEND_ONLY = {zmq.PUSH, zmq.PUB}
 
 
 class Port:
@@ -69,11 +70,13 @@ class Port:
         self.handler = handler
         self.priority = priority
         self.reply_errors = reply_errors
-        self.routed = sock.socket_type in _ROUTED
-        self.topical = sock.socket_type in _TOPICAL
+        self.routed = sock.type in _ROUTED
+        self.topical = sock.type in _TOPICAL
         self.received = 0
         self.rejected: Counter[str] = Counter()
         self.closed = False
+        #: Send-only sockets are never drained (recv on them is an error).
+        self.receives = sock.type not in _SEND_ONLY
 
     # -- sending -----------------------------------------------------------------------
 
@@ -118,6 +121,8 @@ class Port:
         """Receive and dispatch up to `limit` messages without blocking; returns how many."""
         n = 0
         sock = self.sock
+        if not self.receives:
+            return 0
         while n < limit:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -173,6 +178,8 @@ class Port:
 
     def readable(self) -> bool:
         """Whether a message is waiting (also re-arms the edge-triggered fd)."""
+        if not self.receives:
+            return False
         try:
             return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
         except zmq.ZMQError:

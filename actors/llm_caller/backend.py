@@ -9,6 +9,7 @@ callback on the way.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -39,6 +40,28 @@ class ModelBackend(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+def split_known(request: dict[str, Any], method: Any) -> dict[str, Any]:
+    """`request` as keyword arguments of an SDK method: fields the SDK version at hand
+    does not declare (this one has no `temperature`) travel in `extra_body`, so the
+    server still receives the request exactly as built."""
+    known = _known_params(method)
+    kwargs = {k: v for k, v in request.items() if k in known}
+    extra = {k: v for k, v in request.items() if k not in known}
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def _known_params(method: Any) -> frozenset[str]:
+    cached = _PARAMS.get(method.__name__)
+    if cached is None:
+        cached = _PARAMS[method.__name__] = frozenset(inspect.signature(method).parameters)
+    return cached
+
+
+_PARAMS: dict[str, frozenset[str]] = {}
 
 
 def block_to_param(block: Any) -> dict[str, Any]:
@@ -89,7 +112,8 @@ class AnthropicBackend:
     ) -> dict[str, Any]:
         """Stream one reply; the watchdog fires after `idle_s` without content."""
         loop = asyncio.get_running_loop()
-        async with self.client.messages.stream(**request, timeout=timeout_s) as stream:
+        kwargs = split_known(request, self.client.messages.stream)
+        async with self.client.messages.stream(**kwargs, timeout=timeout_s) as stream:
             watchdog = asyncio.timeout(loop.time() + idle_s)
             try:
                 async with watchdog:
@@ -112,7 +136,8 @@ class AnthropicBackend:
 
     async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         """One non-streaming call (the fallback when a stream dies near the deadline)."""
-        message = await self.client.messages.create(**request, timeout=timeout_s)
+        kwargs = split_known(request, self.client.messages.create)
+        message = await self.client.messages.create(**kwargs, timeout=timeout_s)
         return message_to_dict(message)
 
     async def aclose(self) -> None:

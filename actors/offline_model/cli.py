@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import uvloop
 
+from actors.runtime import die_with_parent, notify_ready
+
 from actors.offline_model.scenario import Scenario, ScenarioError, load_scenario
 from actors.offline_model.server import start_server
 
@@ -62,6 +64,7 @@ async def serve(args: argparse.Namespace, scenario: Scenario | None) -> None:
             file=sys.stderr,
             flush=True,
         )
+        notify_ready()
         await stop.wait()
     finally:
         await server.aclose()
@@ -70,6 +73,7 @@ async def serve(args: argparse.Namespace, scenario: Scenario | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 after a clean stop, 2 on a bad scenario)."""
     args = parse_args(argv)
+    die_with_parent()
     try:
         scenario = load_scenario(args.scenario) if args.scenario else None
     except ScenarioError as exc:

@@ -212,8 +212,9 @@ class Dispatcher:
         self.liveness.forget(peer)
         if worker is None:
             return
-        log.warning("worker %s %s with %d job(s)", peer.decode(errors="replace"), reason,
-                    len(worker.inflight))
+        level = logging.INFO if reason == "left" and not worker.inflight else logging.WARNING
+        log.log(level, "worker %s %s with %d job(s)", peer.decode(errors="replace"), reason,
+                len(worker.inflight))
         for jid in list(worker.inflight):
             job = self.jobs.get(jid)
             if job is None:

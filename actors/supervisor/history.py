@@ -41,6 +41,15 @@ def sanitize(history: list[Message]) -> list[Message]:
     A valid history comes back equal to itself. Messages left empty are dropped
     and same-role neighbours merged; a leading assistant message is dropped.
     """
+    # One pass can orphan what it keeps (dropping a leading assistant orphans the
+    # results after it): repeat until nothing changes; each pass only removes.
+    out = _sanitize_pass(history)
+    while out != history:
+        history, out = out, _sanitize_pass(out)
+    return out
+
+
+def _sanitize_pass(history: list[Message]) -> list[Message]:
     kept: list[Message] = []
     for i, msg in enumerate(history):
         role = msg.get("role")

@@ -124,8 +124,15 @@ async def run_command(
         kill_group(proc.pid)
         if not finished:
             reader.cancel()
-    await proc.wait()
     complete = await _drain(reader)
+    if not complete:
+        # asyncio's Process.wait() also waits for the pipes to close; a detached
+        # process still holding stdout would keep it waiting, so close our end.
+        transport = getattr(proc, "_transport", None)
+        pipe = transport.get_pipe_transport(1) if transport is not None else None
+        if pipe is not None:
+            pipe.close()
+    await proc.wait()
     output = out.text()
     if not complete:
         output += "\n[stopped reading: a detached process holds the output open]"
@@ -139,12 +146,33 @@ async def _pump(stream: asyncio.StreamReader, out: CappedOutput) -> None:
 
 
 async def _wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
-    """Wait for the shell to exit; True if `timeout_s` ran out first."""
+    """Wait for the shell itself to exit; True if `timeout_s` ran out first.
+
+    Watches a pidfd rather than `proc.wait()`, which on CPython < 3.13 also waits
+    for the output pipe to close: a background child holding it would make a
+    finished command look like a hung one.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (OSError, AttributeError):
+        pidfd = -1
     try:
         async with asyncio.timeout(timeout_s):
-            await proc.wait()
+            if pidfd < 0:
+                await proc.wait()
+            else:
+                exited = asyncio.get_running_loop().create_future()
+                loop = asyncio.get_running_loop()
+                loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+                try:
+                    await exited
+                finally:
+                    loop.remove_reader(pidfd)
     except TimeoutError:
         return True
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
     return False
 
 

@@ -1,0 +1,308 @@
+"""The `oploop` command: the user's side of a host.
+
+Every subcommand talks to the host through `bus.client.Client`, the same
+client a program would embed. `run` uses the running host, or starts an
+embedded one for this one call and tears it down afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psutil
+
+from actors.host.actor import Host, HostError, read_state
+from actors.render import Renderer
+from bus.client import Client
+from bus.endpoints import EndpointError, oploop_home
+from bus.errors import BusError, RemoteError, RequestTimeout
+
+EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 1, 130
+
+
+def fail(message: str) -> int:
+    """Print one clear line on stderr; return the error exit status."""
+    print(f"oploop: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+# -- up / down / status -------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start a host (in the foreground, or detached until `oploop down`)."""
+    if read_state() is not None:
+        return fail(f"a host is already running in {oploop_home()}")
+    if not args.detach:
+        from actors.host.actor import main as host_main
+
+        host_main()
+        return EXIT_OK
+    home = oploop_home()
+    home.mkdir(parents=True, exist_ok=True)
+    rfd, wfd = os.pipe()
+    started = time.perf_counter()
+    with open(home / "host.log", "ab") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.host"], stdin=subprocess.DEVNULL, stdout=logf,
+            stderr=logf, start_new_session=True, pass_fds=(wfd,),
+            env={**os.environ, "OPLOOP_HOME": str(home), "OPLOOP_READY_FD": str(wfd)},
+        )
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as ready:
+        line = ready.readline()
+    if line != b"ready\n":
+        proc.wait()
+        return fail(f"the host did not start (exit {proc.returncode}); see {home / 'host.log'}")
+    elapsed = time.perf_counter() - started
+    print(f"oploop: host {proc.pid} ready in {home} ({elapsed:.2f} s)")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the running host and wait until it is gone."""
+    state = read_state()
+    if state is None:
+        return fail(f"no host is running in {oploop_home()}")
+    try:
+        proc = psutil.Process(state["pid"])
+        proc.terminate()
+        proc.wait(timeout=15)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return fail(f"host {state['pid']} did not stop within 15 s")
+    print("oploop: host stopped")
+    return EXIT_OK
+
+
+def actor_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each actor with pid, restarts, state, CPU and RSS (from psutil)."""
+    rows = [{"name": "host", "pid": state["pid"], "restarts": 0, "state": state["state"]}]
+    rows += [dict(a) for a in state["actors"]]
+    procs = {}
+    for row in rows:
+        with contextlib.suppress(psutil.Error, TypeError):
+            p = psutil.Process(row["pid"])
+            p.cpu_percent(None)
+            procs[row["name"]] = p
+    time.sleep(0.1)  # cpu_percent needs an interval to measure over
+    for row in rows:
+        p = procs.get(row["name"])
+        try:
+            row["cpu_percent"] = p.cpu_percent(None) if p else None
+            row["cpu_s"] = round(sum(p.cpu_times()[:2]), 2) if p else None
+            row["rss_mb"] = round(p.memory_info().rss / 2**20, 1) if p else None
+        except psutil.Error:
+            row.update(cpu_percent=None, cpu_s=None, rss_mb=None)
+        row.pop("started", None)
+    return rows
+
+
+async def _sessions() -> list[dict[str, Any]]:
+    async with Client.connect() as client:
+        return await client.sessions()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Actors (name, pid, restarts, CPU, RSS) and sessions."""
+    state = read_state()
+    if state is None:
+        return fail(f"no host is running in {oploop_home()}")
+    rows = actor_rows(state)
+    try:
+        sessions = asyncio.run(_sessions())
+    except BusError as exc:
+        sessions = []
+        print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
+                          "offline_model": state["offline"], "actors": rows,
+                          "sessions": sessions}))
+        return EXIT_OK
+    print(f"host {state['pid']} {state['state']} in {state['home']}"
+          + (" (offline model)" if state["offline"] else ""))
+    print(f"{'actor':<15}{'pid':>8}{'state':>11}{'restarts':>10}{'cpu%':>7}{'cpu s':>8}{'rss MB':>8}")
+    for r in rows:
+        print(f"{r['name']:<15}{r['pid'] or '-':>8}{r['state']:>11}{r['restarts']:>10}"
+              f"{_fmt(r['cpu_percent']):>7}{_fmt(r['cpu_s']):>8}{_fmt(r['rss_mb']):>8}")
+    total = sum(r["rss_mb"] or 0 for r in rows)
+    print(f"{'total':<15}{'':>44}{total:>8.1f}")
+    running = sum(1 for s in sessions if s["state"] == "running")
+    print(f"sessions: {len(sessions)} ({running} running)")
+    for s in sessions:
+        print(f"  {s['session']}  {s['state']:<8} runs {s['runs']}  turns {s['turns']}"
+              f"  events {s['last_seq']}")
+    return EXIT_OK
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+# -- run / watch / cancel / sessions / tools ----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def host_client() -> AsyncIterator[Client]:
+    """A client of the running host, or of an embedded host started for this call."""
+    host = None
+    if read_state() is None:
+        host = Host()
+        await host.start()
+    try:
+        async with Client.connect() as client:
+            yield client
+    finally:
+        if host is not None:
+            await host.stop()
+
+
+async def _run(args: argparse.Namespace) -> int:
+    render = Renderer(json_lines=args.json)
+    async with host_client() as client:
+        started = await client.start(args.prompt, session=args.session or "", agent=args.agent or "",
+                                     max_turns=args.max_turns, deadline_s=args.deadline or 0.0)
+        if not args.json:
+            print(f"session {started.session} (run {started.run})", file=sys.stderr)
+        loop = asyncio.get_running_loop()
+        interrupts = 0
+        main = asyncio.current_task()
+        assert main is not None
+
+        def on_sigint() -> None:
+            nonlocal interrupts
+            interrupts += 1
+            if interrupts == 1:  # first Ctrl-C: UI cancel, wait for CANCELLED
+                print("\noploop: cancelling (Ctrl-C again to quit now)", file=sys.stderr)
+                loop.create_task(_cancel_quietly(client, started.session))
+            else:
+                os._exit(EXIT_CANCELLED)
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            async for event in client.events(started.session, started.from_seq, stop_at="first"):
+                render.event(event)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+        return render.exit_status()
+
+
+async def _cancel_quietly(client: Client, session: str) -> None:
+    with contextlib.suppress(BusError):
+        await client.cancel(session, mode="ui", reason="Ctrl-C")
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    render = Renderer(json_lines=args.json)
+    async with Client.connect() as client:
+        await client.inspect(args.session)  # unknown session: a clear error, not a hang
+        async for event in client.events(args.session, args.from_seq, follow=not args.no_follow):
+            render.event(event)
+    return EXIT_OK
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    async with Client.connect() as client:
+        ack = await client.cancel(args.session, mode=args.mode)
+    print(f"oploop: cancel of {ack.session} accepted ({args.mode})")
+    return EXIT_OK
+
+
+async def _list_sessions(args: argparse.Namespace) -> int:
+    async with Client.connect() as client:
+        sessions = await client.sessions()
+    for s in sessions:
+        print(json.dumps(s) if args.json else
+              f"{s['session']}  {s['state']:<8} agent {s['agent']}  runs {s['runs']}  "
+              f"turns {s['turns']}  events {s['last_seq']}")
+    return EXIT_OK
+
+
+async def _tools(args: argparse.Namespace) -> int:
+    async with host_client() as client:
+        tools = await client.tools(args.agent or "")
+    for t in tools:
+        if args.json:
+            print(json.dumps(t))
+            continue
+        flags = ",".join(f for f, on in (("core", t.get("core")), ("risky", t.get("risky"))) if on)
+        seen = ("turn 1 and later" if t["turn1"] and t["later"] else
+                "turn 1 only" if t["turn1"] else "after turn 1" if t["later"] else "hidden")
+        print(f"{t['name']:<12} [{', '.join(t.get('tags', []))}] {flags:<11} {seen}: "
+              f"{t['description'].splitlines()[0] if t['description'] else ''}")
+    return EXIT_OK
+
+
+def _async(fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        import uvloop
+
+        try:
+            return int(uvloop.run(fn(args)))
+        except RemoteError as exc:
+            return fail(exc.message)
+        except RequestTimeout:
+            return fail(f"no host answering in {oploop_home()} (is `oploop up` running?)")
+        except (HostError, EndpointError, BusError, OSError) as exc:
+            return fail(str(exc))
+    return run
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of `oploop`."""
+    p = argparse.ArgumentParser(prog="oploop", description="A local operator host for LLM agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a host in $OPLOOP_HOME")
+    up.add_argument("--detach", action="store_true", help="run in the background")
+    up.set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop the host").set_defaults(fn=cmd_down)
+    st = sub.add_parser("status", help="actors and sessions")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+    run = sub.add_parser("run", help="run a session and stream it")
+    run.add_argument("prompt")
+    run.add_argument("--agent")
+    run.add_argument("--session", help="continue this session with a follow-up message")
+    run.add_argument("--max-turns", type=int, default=0)
+    run.add_argument("--deadline", type=float, help="seconds the run may take")
+    run.add_argument("--json", action="store_true", help="one event object per line")
+    run.set_defaults(fn=_async(_run))
+    watch = sub.add_parser("watch", help="attach a viewer: full replay, then live")
+    watch.add_argument("session")
+    watch.add_argument("--json", action="store_true")
+    watch.add_argument("--from-seq", type=int, default=1)
+    watch.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
+    watch.set_defaults(fn=_async(_watch))
+    cancel = sub.add_parser("cancel", help="cancel a session")
+    cancel.add_argument("session")
+    cancel.add_argument("--mode", choices=("ui", "operation"), default="ui")
+    cancel.set_defaults(fn=_async(_cancel))
+    ses = sub.add_parser("sessions", help="list sessions")
+    ses.add_argument("--json", action="store_true")
+    ses.set_defaults(fn=_async(_list_sessions))
+    tools = sub.add_parser("tools", help="list tools as an agent sees them")
+    tools.add_argument("--agent")
+    tools.add_argument("--json", action="store_true")
+    tools.set_defaults(fn=_async(_tools))
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `oploop` console script."""
+    args = parser().parse_args(argv)
+    sys.exit(args.fn(args))
+
+
+if __name__ == "__main__":
+    main()

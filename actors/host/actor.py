@@ -1,0 +1,309 @@
+"""The host process: one `Host` owns the runtime dir and every child actor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from actors.host.policy import RestartPolicy
+from actors.runtime import PARENT_PID_ENV, READY_FD_ENV, notify_ready, setup_logging
+from bus.endpoints import Endpoints, oploop_home
+
+log = logging.getLogger("oploop.host")
+
+#: How long a child may take to say it is ready.
+READY_TIMEOUT_S = 30.0
+#: How long a child gets between SIGTERM and SIGKILL.
+STOP_GRACE_S = 3.0
+
+STATE_FILE = "host.json"
+LOCK_FILE = "host.lock"
+OFFLINE_PORT_FILE = "offline.port"
+
+
+class HostError(Exception):
+    """The host cannot start (another host runs here, a child never came up, ...)."""
+
+
+@dataclass
+class Child:
+    """One actor process the host keeps alive."""
+
+    name: str
+    module: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: asyncio.subprocess.Process | None = None
+    started: float = 0.0
+    restarts: int = 0
+    state: str = "new"
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def describe(self) -> dict[str, Any]:
+        """The child as written to the state file."""
+        return {
+            "name": self.name,
+            "pid": self.proc.pid if self.proc else None,
+            "restarts": self.restarts,
+            "state": self.state,
+            "started": self.started,
+        }
+
+
+def model_settings(env: dict[str, str]) -> dict[str, str] | None:
+    """The model endpoint the user configured, or None: start the offline model."""
+    key, url = env.get("ANTHROPIC_API_KEY"), env.get("ANTHROPIC_BASE_URL")
+    if key or url:
+        return {k: v for k, v in (("ANTHROPIC_API_KEY", key), ("ANTHROPIC_BASE_URL", url)) if v}
+    return None
+
+
+class Host:
+    """Starts, watches, restarts and stops the actors of one `$OPLOOP_HOME`."""
+
+    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 2,
+                 scenario: str | None = None) -> None:
+        self.home = (home or oploop_home()).absolute()
+        self.endpoints = Endpoints.for_home(self.home)
+        self.run_dir = self.endpoints.run_dir
+        self.llm_callers = llm_callers
+        self.executors = executors
+        self.scenario = scenario or os.environ.get("OPLOOP_OFFLINE_SCENARIO")
+        self.children: list[Child] = []
+        self.offline = False
+        self._lock_fd: int | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    # -- start -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Take the runtime dir, start every actor, and return once all are ready."""
+        self.endpoints.prepare()
+        self._take_lock()
+        for stale in self.endpoints.remove_stale():
+            log.info("removed stale socket %s", stale)
+        try:
+            base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}
+            model = model_settings(dict(os.environ))
+            if model is None:
+                model = await self._start_offline_model(base)
+            first = [Child("broadcaster", "actors.broadcaster", env=base),
+                     Child("supervisor", "actors.supervisor", env=base)]
+            workers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model})
+                       for i in range(self.llm_callers)]
+            workers += [Child(f"executor-{i + 1}", "actors.executor", env=base)
+                        for i in range(self.executors)]
+            await asyncio.gather(*(self._spawn(c) for c in first))
+            await asyncio.gather(*(self._spawn(c) for c in workers))
+            self.children += first + workers
+            for child in self.children:
+                self._watchers.append(asyncio.create_task(self._watch(child)))
+            self._write_state("ready")
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_offline_model(self, base: dict[str, str]) -> dict[str, str]:
+        port_file = self.run_dir / OFFLINE_PORT_FILE
+        port_file.unlink(missing_ok=True)
+        args = ["--port-file", str(port_file)]
+        if self.scenario:
+            args += ["--scenario", self.scenario]
+        child = Child("offline-model", "actors.offline_model", args=args, env=base)
+        await self._spawn(child)
+        self.children.append(child)
+        self.offline = True
+        port = int(port_file.read_text().strip())
+        print(f"oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: using the offline "
+              f"model on 127.0.0.1:{port}", file=sys.stderr)
+        # The offline model's address is given as the SDK's own variables, so the llm
+        # caller takes exactly the code path it takes for the real API.
+        return {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "offline"}
+
+    async def _spawn(self, child: Child) -> None:
+        """Start `child` and wait until it says ready (or dies, or times out)."""
+        rfd, wfd = os.pipe()
+        env = {**os.environ, **child.env, READY_FD_ENV: str(wfd)}
+        try:
+            child.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", child.module, *child.args,
+                env=env, pass_fds=(wfd,), stdin=asyncio.subprocess.DEVNULL,
+            )
+        finally:
+            os.close(wfd)
+        child.started = time.monotonic()
+        child.state = "starting"
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(_read_line, rfd), READY_TIMEOUT_S)
+        except TimeoutError:
+            raise HostError(f"{child.name} did not become ready in {READY_TIMEOUT_S:g} s") from None
+        finally:
+            os.close(rfd)
+        if line != b"ready\n":
+            code = await child.proc.wait()
+            raise HostError(f"{child.name} exited with status {code} before it was ready")
+        child.state = "running"
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HostError(f"a host is already running in {self.home}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    # -- watch -------------------------------------------------------------------------
+
+    async def _watch(self, child: Child) -> None:
+        """Restart `child` whenever it dies, until the policy says it has failed."""
+        while not self._stopping:
+            assert child.proc is not None
+            code = await child.proc.wait()
+            if self._stopping:
+                return
+            ran = time.monotonic() - child.started
+            delay = child.policy.on_death(time.monotonic(), ran)
+            log.warning("%s (pid %d) exited with %s after %.1fs", child.name, child.proc.pid, code, ran)
+            if delay is None:
+                child.state = "failed"
+                log.error("%s restarted too often: marked failed", child.name)
+                self._write_state("degraded")
+                return
+            child.state = "restarting"
+            self._write_state("ready")
+            await asyncio.sleep(delay)
+            try:
+                await self._spawn(child)
+            except HostError as exc:
+                log.error("restart of %s failed: %s", child.name, exc)
+                continue
+            child.restarts += 1
+            self._write_state("ready")
+
+    def _write_state(self, state: str) -> None:
+        data = {"pid": os.getpid(), "state": state, "home": str(self.home),
+                "offline": self.offline, "actors": [c.describe() for c in self.children]}
+        tmp = self.run_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.run_dir / STATE_FILE)
+
+    # -- stop --------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop every child (SIGTERM, bounded wait, SIGKILL of what is left, tree and
+        all), then remove sockets, state and lock."""
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        procs = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
+        # Descendants are waited on with psutil; direct children only through asyncio,
+        # whose child watcher must be the one to reap them.
+        descendants = _descendants([p.pid for p in procs])
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        waits = asyncio.gather(*(proc.wait() for proc in procs))
+        try:
+            await asyncio.wait_for(asyncio.shield(waits), STOP_GRACE_S)
+        except TimeoutError:
+            for proc in procs:
+                if proc.returncode is None:
+                    log.warning("pid %d ignored SIGTERM: killing it", proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            await waits
+        _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, 0.5)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        for c in self.children:
+            c.state = "stopped"
+        self.endpoints.remove_stale()
+        for name in (STATE_FILE, OFFLINE_PORT_FILE, LOCK_FILE):
+            (self.run_dir / name).unlink(missing_ok=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def serve(self) -> None:
+        """Start, then run until cancelled; always stop."""
+        try:
+            await self.start()
+            log.info("host ready in %s", self.home)
+            notify_ready()
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.shield(self.stop())
+
+
+def _read_line(fd: int) -> bytes:
+    """Read one short line from a pipe (b"" when the writer closed without one)."""
+    out = b""
+    while not out.endswith(b"\n"):
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _descendants(pids: list[int]) -> list[psutil.Process]:
+    """All descendants of the processes `pids` (not the processes themselves)."""
+    out: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            out += psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            continue
+    return out
+
+
+def read_state(home: Path | None = None) -> dict[str, Any] | None:
+    """The running host's state file, or None when no live host owns `home`."""
+    run_dir = Endpoints.for_home(home).run_dir
+    try:
+        data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not psutil.pid_exists(int(data.get("pid", 0))):
+        return None
+    return data
+
+
+def main() -> None:
+    """Entry point of `python -m actors.host`."""
+    import uvloop
+
+    setup_logging("host")
+
+    async def run() -> None:
+        task = asyncio.ensure_future(Host().serve())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except HostError as exc:
+            print(f"oploop: {exc}", file=sys.stderr)
+            sys.exit(1)
+
+    uvloop.run(run())

@@ -1,0 +1,54 @@
+"""The codec: round trips, and every kind of bad frame is a BadFrame."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from bus.codec import MAX_FRAME_BYTES, decode, encode
+from bus.errors import BadFrame
+from bus.messages import MESSAGE_TYPES, Envelope, Event, StartRun, ToolJob
+
+
+def test_round_trip_keeps_every_field():
+    env = Envelope(Event(3, "TOKEN", 1, 1.5, {"text": "hi"}), id="m1", sid="s1", job="j", deadline=9.0)
+    assert decode(encode(env)) == env
+
+
+def test_every_kind_is_registered_once():
+    kinds = [t.KIND for t in MESSAGE_TYPES]
+    assert len(kinds) == len(set(kinds)) and all(kinds)
+
+
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        (b"\xc1garbage", "malformed"),
+        (msgpack.packb({"a": 1}), "malformed"),
+        (msgpack.packb([2, "start_run", "", "", "", 0, {"prompt": "x"}]), "version"),
+        (msgpack.packb([1, "nope", "", "", "", 0, {}]), "unknown_kind"),
+        (msgpack.packb([1, "start_run", "", "", "", 0, {"prompt": 5}]), "field_type"),
+        (msgpack.packb([1, "start_run", "", "", "", 0, {}]), "field_type"),
+        (msgpack.packb([1, "start_run", "", "", "", 0, {"prompt": "x", "bogus": 1}]), "field_type"),
+        (msgpack.packb([1, "start_run", 7, "", "", 0, {"prompt": "x"}]), "field_type"),
+        (msgpack.packb([1, "tool_job", "", "", "", 0, {"name": "x", "input": [1]}]), "field_type"),
+    ],
+)
+def test_bad_frames_are_refused_with_a_reason(frame, reason):
+    with pytest.raises(BadFrame) as exc:
+        decode(frame)
+    assert exc.value.reason == reason
+
+
+def test_oversize_frames_are_refused_both_ways():
+    with pytest.raises(BadFrame, match="oversize"):
+        decode(b"\x00" * (MAX_FRAME_BYTES + 1))
+    with pytest.raises(BadFrame, match="oversize"):
+        encode(Envelope(StartRun("x" * (MAX_FRAME_BYTES + 1))))
+
+
+def test_bool_is_not_an_int():
+    frame = msgpack.packb([1, "start_run", "", "", "", 0, {"prompt": "x", "max_turns": True}])
+    with pytest.raises(BadFrame):
+        decode(frame)
+    assert decode(encode(Envelope(ToolJob("shell", {"command": "ls"})))).body.input == {"command": "ls"}
