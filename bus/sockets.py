@@ -177,13 +177,16 @@ class Port:
             self.reply_error(peer, "", "bad_frame", f"{reason}: {detail}")
 
     def readable(self) -> bool:
-        """Whether a message is waiting (also re-arms the edge-triggered fd)."""
-        if not self.receives:
-            return False
+        """Whether a message is waiting (also re-arms the edge-triggered fd).
+
+        ZMQ_EVENTS is read even on send-only sockets: reading it is what clears
+        the fd's signal, and an uncleared fd would wake the loop forever.
+        """
         try:
-            return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+            events = self.sock.getsockopt(zmq.EVENTS)
         except zmq.ZMQError:
             return False
+        return self.receives and bool(events & zmq.POLLIN)
 
     def close(self) -> None:
         """Close the socket at once (linger 0): what is queued is dropped."""
