@@ -28,6 +28,7 @@ from actors.supervisor.turn import (
     next_step,
     results_message,
     stored_reply,
+    tool_calls,
 )
 
 log = logging.getLogger("oploop.session")
@@ -115,6 +116,11 @@ async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int 
     add_user_text(session.history, prompt)
     try:
         result = await run_turns(session, io, limit)
+    except asyncio.CancelledError:
+        # Keep the history valid for a follow-up: answer every unanswered tool_use.
+        close_open_calls(session.history, "cancelled by the user")
+        io.emit(session, "CANCELLED", session.turns, {"mode": "ui", "reason": "cancelled"})
+        raise
     except ModelError as exc:
         io.emit(session, "ERROR", session.turns, {"error": exc.error, "message": exc.message})
     except Exception as exc:  # the session's edge: a bug ends the run, not the supervisor
@@ -128,6 +134,13 @@ async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int 
         })
     finally:
         session.state = "idle"
+
+
+def close_open_calls(history: list[Message], why: str) -> None:
+    """Answer the tool calls of a trailing assistant message with error results."""
+    calls = tool_calls(history[-1]) if history and history[-1].get("role") == "assistant" else ()
+    if calls:
+        history.append(results_message(calls, [ToolOutcome(why, True) for _ in calls]))
 
 
 async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:

@@ -107,3 +107,26 @@ def test_model_failure_is_one_error_event():
     run(io)
     assert types(io).count("ERROR") == 1 and types(io)[-1] == "ERROR"
     assert not any(t in ("DONE", "CANCELLED") for t in types(io))
+
+
+def test_cancel_mid_tool_leaves_a_valid_history_and_one_terminal_event():
+    class Hanging(ScriptedIO):
+        async def run_tool(self, session, call, *, timeout_s):
+            await asyncio.Event().wait()
+
+    io = Hanging([tool_reply("a")])
+    session = Session("s1", Agent(), "/tmp")
+
+    async def main():
+        task = asyncio.create_task(run_session(session, io, "go"))
+        while "TOOL_START" not in types(io):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+    assert types(io)[-1] == "CANCELLED" and types(io).count("CANCELLED") == 1
+    assert is_valid(session.history) and session.state == "idle"
