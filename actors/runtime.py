@@ -58,19 +58,24 @@ def notify_ready() -> None:
         pass
 
 
-def run_actor(name: str, main: Callable[[], Awaitable[None]]) -> None:
-    """Run `main()` on uvloop until it returns or SIGTERM/SIGINT arrives; exit 0."""
+async def until_signal(name: str, main: Awaitable[None]) -> None:
+    """Await `main`, cancelling it on SIGTERM/SIGINT (a cancel is a clean stop)."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        logging.getLogger("oploop").info("%s stopping", name)
+
+
+def run_actor(name: str, main: Callable[[], Awaitable[None]], *, with_parent: bool = True) -> None:
+    """Run `main()` on uvloop until it returns or SIGTERM/SIGINT arrives.
+
+    `with_parent`: the actor dies with the host that started it (not the host itself).
+    """
     setup_logging(name)
-    die_with_parent()
-
-    async def guarded() -> None:
-        task = asyncio.ensure_future(main())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            logging.getLogger("oploop").info("%s stopping", name)
-
-    uvloop.run(guarded())
+    if with_parent:
+        die_with_parent()
+    uvloop.run(until_signal(name, main()))

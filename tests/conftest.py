@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import shutil
+import tempfile
 import time
 
 import psutil
@@ -32,13 +33,8 @@ def no_leaked_processes():
 
 
 @pytest.fixture
-def short_home(tmp_path_factory):
-    """An OPLOOP_HOME short enough for unix socket paths."""
-    import tempfile
-
+def short_home():
+    """An OPLOOP_HOME short enough for unix socket paths (pytest's tmp paths are not)."""
     home = tempfile.mkdtemp(prefix="oph-", dir="/tmp")
     yield home
-    import shutil
-
     shutil.rmtree(home, ignore_errors=True)
-    _ = os  # keep import used

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from actors.host.policy import RestartPolicy
-from actors.runtime import PARENT_PID_ENV, READY_FD_ENV, notify_ready, setup_logging
+from actors.runtime import PARENT_PID_ENV, READY_FD_ENV, notify_ready, run_actor
 from bus.endpoints import Endpoints, oploop_home
 
 log = logging.getLogger("oploop.host")
@@ -289,21 +289,8 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
 
 def main() -> None:
     """Entry point of `python -m actors.host`."""
-    import uvloop
-
-    setup_logging("host")
-
-    async def run() -> None:
-        task = asyncio.ensure_future(Host().serve())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        except HostError as exc:
-            print(f"oploop: {exc}", file=sys.stderr)
-            sys.exit(1)
-
-    uvloop.run(run())
+    try:
+        run_actor("host", lambda: Host().serve(), with_parent=False)
+    except HostError as exc:
+        print(f"oploop: {exc}", file=sys.stderr)
+        sys.exit(1)
