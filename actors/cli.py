@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from actors.config import ConfigError, config_path, load_config
 from actors.host.actor import Host, HostError, read_state
 from actors.render import Renderer
 from bus.client import Client
@@ -39,10 +40,23 @@ def fail(message: str) -> int:
 # -- up / down / status -------------------------------------------------------------------
 
 
+def check_config() -> None:
+    """Load and check `oploop.toml` now (raises `ConfigError`), and pin its path in
+    `OPLOOP_CONFIG` so every actor of the host reads the very file checked here."""
+    path = config_path()
+    load_config(path)
+    if path is not None:
+        os.environ["OPLOOP_CONFIG"] = str(path.resolve())
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """Start a host (in the foreground, or detached until `oploop down`)."""
     if read_state() is not None:
         return fail(f"a host is already running in {oploop_home()}")
+    try:
+        check_config()
+    except ConfigError as exc:
+        return fail(f"bad configuration: {exc}")
     if not args.detach:
         from actors.host.actor import main as host_main
 
@@ -158,6 +172,7 @@ async def host_client() -> AsyncIterator[Client]:
     """A client of the running host, or of an embedded host started for this call."""
     host = None
     if read_state() is None:
+        check_config()
         host = Host()
         await host.start()
     try:
@@ -254,6 +269,8 @@ def _async(fn: Any) -> Any:
             return fail(exc.message)
         except RequestTimeout:
             return fail(f"no host answering in {oploop_home()} (is `oploop up` running?)")
+        except ConfigError as exc:
+            return fail(f"bad configuration: {exc}")
         except (HostError, EndpointError, BusError, OSError) as exc:
             return fail(str(exc))
     return run

@@ -11,12 +11,19 @@ from typing import Any
 
 import zmq
 
+from actors.config import Config, load_config
 from actors.runtime import notify_ready, run_actor
-from actors.supervisor.agents import DEFAULT_AGENT, Agent
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.history import Message
-from actors.supervisor.session import ModelError, Session, run_session
+from actors.supervisor.session import (
+    ModelError,
+    Session,
+    begin_run,
+    drive_run,
+    emit,
+    finish_cancelled,
+)
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
 from bus.endpoints import Endpoints
@@ -53,8 +60,6 @@ log = logging.getLogger("oploop.supervisor")
 LLM_JOB_TIMEOUT_S = 900.0
 #: How long a run waits for a first executor to announce its tools.
 CATALOGUE_WAIT_S = 5.0
-#: Refuse prompts longer than this (characters).
-MAX_PROMPT_CHARS = 1_000_000
 #: Events that could not be pushed (broadcaster away) wait here, in order.
 MAX_OUTBOX = 1_000_000
 
@@ -62,8 +67,8 @@ MAX_OUTBOX = 1_000_000
 class Supervisor:
     """Holds every session, runs their turn loops, and is the single writer of events."""
 
-    def __init__(self, endpoints: Endpoints, agents: dict[str, Agent] | None = None) -> None:
-        self.agents = agents or {DEFAULT_AGENT.name: DEFAULT_AGENT}
+    def __init__(self, endpoints: Endpoints, config: Config | None = None) -> None:
+        self.config = config or Config()
         self.sessions: dict[str, Session] = {}
         self.reactor = Reactor()
         self.control = self.reactor.add(
@@ -128,13 +133,14 @@ class Supervisor:
                 return
             port.send(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
         elif isinstance(body, ListTools):
-            agent = self.agents.get(body.agent or DEFAULT_AGENT.name)
+            agent = self.config.agent(body.agent)
             if agent is None:
-                port.reply_error(peer, env.id, "unknown_agent", f"no agent {body.agent!r}")
+                port.reply_error(peer, env.id, "unknown_agent", self._no_agent(body.agent))
                 return
             tools = self.dispatcher.tool_specs()
-            first = {t["name"] for t in resolve_tools(tools, agent, 1)}
-            later = {t["name"] for t in resolve_tools(tools, agent, 2)}
+            hidden = self.config.hidden
+            first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
+            later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
             listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later) for t in tools]
             port.send(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
@@ -142,42 +148,69 @@ class Supervisor:
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
 
-    def _start_run(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
-        port = self.api
+    def _no_agent(self, name: str) -> str:
+        return f"no agent {name!r} (configured: {', '.join(sorted(self.config.agents))})"
+
+    def _refusal(self, req: StartRun) -> tuple[str, str] | None:
+        """Why a `StartRun` cannot be served, as (error, message), or None."""
+        limits = self.config.limits
         if not req.prompt.strip():
-            port.reply_error(peer, env.id, "bad_request", "the prompt is empty")
-            return
-        if len(req.prompt) > MAX_PROMPT_CHARS:
-            port.reply_error(peer, env.id, "too_large",
-                             f"prompt of {len(req.prompt)} chars exceeds {MAX_PROMPT_CHARS}")
-            return
-        if req.max_turns < 0:
-            port.reply_error(peer, env.id, "bad_request", "max_turns must be >= 0")
-            return
+            return "bad_request", "the prompt is empty"
+        if len(req.prompt) > limits.max_prompt_chars:
+            return "too_large", (f"prompt of {len(req.prompt)} chars exceeds the limit of "
+                                 f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
+        if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
+            return "bad_request", "max_turns and deadline_s must be >= 0"
+        running = sum(1 for s in self.sessions.values() if s.state == "running")
+        if running >= limits.max_running_sessions:
+            return "busy", (f"{running} sessions are running, the limit "
+                            f"(limits.max_running_sessions)")
         if req.session:
             session = self.sessions.get(req.session)
             if session is None:
-                port.reply_error(peer, env.id, "unknown_session", f"no session {req.session!r}")
-                return
-            if session.state == "running":
-                port.reply_error(peer, env.id, "busy", f"session {req.session} is running a turn")
-                return
-        else:
-            agent = self.agents.get(req.agent or DEFAULT_AGENT.name)
-            if agent is None:
-                port.reply_error(peer, env.id, "unknown_agent", f"no agent {req.agent!r}")
-                return
+                return "unknown_session", f"no session {req.session!r}"
+            if not session.run_over:
+                return "busy", f"session {req.session} is running a turn"
+        elif self.config.agent(req.agent) is None:
+            return "unknown_agent", self._no_agent(req.agent)
+        return None
+
+    def _start_run(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
+        refusal = self._refusal(req)
+        if refusal is not None:
+            self.api.reply_error(peer, env.id, *refusal)
+            return
+        session = self.sessions.get(req.session) if req.session else None
+        if session is None:
+            agent = self.config.agent(req.agent)
+            assert agent is not None
             session = Session(secrets.token_hex(6), agent, req.cwd)
             self.sessions[session.id] = session
-        session.state = "running"  # taken now, so a second start is refused at once
-        reply = RunStarted(session.id, session.runs + 1, session.next_seq)
-        port.send(Envelope(reply, id=env.id, sid=session.id), peer)
+        # A cancelled run's task may still be unwinding: the new one waits for it.
+        previous = session.task if session.task and not session.task.done() else None
+        from_seq = session.next_seq
+        limit = begin_run(session, self.io, req.prompt, req.max_turns, req.deadline_s)
+        self.api.send(Envelope(RunStarted(session.id, session.runs, from_seq), id=env.id,
+                               sid=session.id), peer)
         assert self._group is not None
-        session.task = self._group.create_task(
-            self._run(session, req.prompt, req.max_turns), name=f"session-{session.id}"
+        task = self._group.create_task(
+            self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
         )
+        session.task = task
+        task.add_done_callback(lambda t: self._run_ended(session, t))
 
-    async def _run(self, session: Session, prompt: str, max_turns: int) -> None:
+    def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
+        if session.task is not task:
+            return  # a newer run owns the session now
+        session.task = None
+        session.state = "idle"
+        if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
+            finish_cancelled(session, self.io, "ui")
+
+    async def _run(self, session: Session, limit: int,
+                   previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
         if not self.dispatcher.tool_specs():
             try:
                 async with asyncio.timeout(CATALOGUE_WAIT_S):
@@ -186,7 +219,7 @@ class Supervisor:
                         await self.dispatcher.catalogue_changed.wait()
             except TimeoutError:
                 log.warning("no executor announced tools; session %s runs without", session.id)
-        await run_session(session, self.io, prompt, max_turns)
+        await drive_run(session, self.io, limit)
 
     # -- control -----------------------------------------------------------------------
 
@@ -201,16 +234,32 @@ class Supervisor:
             self.control.reply_error(peer, env.id, "bad_request", f"control does not serve {env.kind}")
 
     def _cancel(self, peer: bytes | None, env: Envelope, req: Cancel) -> None:
+        """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
+        port = self.control
         session = self.sessions.get(req.session)
         if session is None:
-            self.control.reply_error(peer, env.id, "unknown_session", f"no session {req.session!r}")
+            port.reply_error(peer, env.id, "unknown_session", f"no session {req.session!r}")
             return
-        if session.state != "running" or session.task is None:
-            self.control.reply_error(peer, env.id, "not_running",
-                                     f"session {req.session} is {session.state}: nothing to cancel")
+        if req.mode not in ("ui", "operation"):
+            port.reply_error(peer, env.id, "bad_request",
+                             f"cancel mode must be 'ui' or 'operation', not {req.mode!r}")
             return
-        session.task.cancel()
-        self.control.send(Envelope(CancelAck(session.id, session.state), id=env.id), peer)
+        if session.run_over:
+            port.reply_error(peer, env.id, "not_running",
+                             f"session {req.session} is not running (its last run ended "
+                             f"{session.last_end or 'never'}): nothing to cancel")
+            return
+        if req.mode == "operation":
+            session.stop_request = "operation"
+            port.send(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer)
+            return
+        # The workers are told first (their control sockets are served before data),
+        # the run ends now; their acknowledgements arrive later, in the dispatcher.
+        self.dispatcher.abort_session(session.id)
+        finish_cancelled(session, self.io, "ui", req.reason)
+        if session.task is not None:
+            session.task.cancel()
+        port.send(Envelope(CancelAck(session.id, "cancelled"), id=env.id), peer)
 
     # -- running -----------------------------------------------------------------------
 
@@ -244,6 +293,7 @@ class _WorkerIO:
 
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
+        self.config = sup.config
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
         self.sup.emit(session, type_, turn, data)
@@ -258,13 +308,17 @@ class _WorkerIO:
             body = env.body
             if isinstance(body, Delta):
                 kind = "THINKING" if body.channel == "thinking" else "TOKEN"
-                self.sup.emit(session, kind, turn, {"text": body.text})
+                if kind == "TOKEN":
+                    session.partial.append(body.text)
+                emit(session, self, kind, turn, {"text": body.text})
             elif isinstance(body, Retrying):
-                self.sup.emit(session, "RETRY", turn, {
+                session.partial.clear()  # that attempt's text is void (see RETRY)
+                emit(session, self, "RETRY", turn, {
                     "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
                 })
 
-        reply = await self._job("llm", LlmJob(request, stream), session, LLM_JOB_TIMEOUT_S, progress)
+        job = LlmJob(request, stream)
+        reply = await self._job("llm", job, session, LLM_JOB_TIMEOUT_S, progress)
         body = reply.body
         if isinstance(body, LlmResult):
             return body.message
@@ -289,8 +343,13 @@ class _WorkerIO:
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
                    progress: Any) -> Envelope:
         dispatcher = self.sup.dispatcher
+        # The session's deadline bounds its jobs too, so workers can plan for it
+        # (the llm caller falls back to a non-streaming call close to it).
+        deadline = time.time() + timeout_s
+        if session.deadline:  # (the run's own timer ends the run: no second timeout here)
+            deadline = min(deadline, session.deadline)
         try:
-            job = dispatcher.submit(role, body, sid=session.id, deadline=time.time() + timeout_s,
+            job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
                                     on_progress=progress)
         except NoCapacity as exc:
             raise ModelError("busy", str(exc)) from exc
@@ -306,7 +365,7 @@ class _WorkerIO:
 
 
 async def _main() -> None:
-    await Supervisor(Endpoints.for_home()).serve()
+    await Supervisor(Endpoints.for_home(), load_config()).serve()
 
 
 def main() -> None:

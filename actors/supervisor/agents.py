@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: Split point of a system prompt: what precedes it is the static, cacheable prefix.
@@ -37,10 +38,12 @@ class Agent:
     platform: str = "local"
     mode: str = "default"
     tool_timeout_s: float = 120.0
+    #: Seconds a run may take before it is cancelled with mode "deadline" (0: none).
+    deadline_s: float = 0.0
     #: Set when the session acts on another machine: environment reminders are suppressed.
     target_machine: str = ""
 
-    def model_id(self, aliases: dict[str, str] = MODEL_ALIASES) -> str:
+    def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""
         return aliases.get(self.model, self.model)
 

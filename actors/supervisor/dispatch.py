@@ -78,6 +78,8 @@ class Job:
     on_progress: OnProgress
     worker: bytes | None = None
     dispatches: int = 0
+    #: Abort sent: the worker's slot stays taken until it acknowledges (its reply).
+    aborted: bool = False
 
 
 class Dispatcher:
@@ -93,6 +95,7 @@ class Dispatcher:
         self.liveness: Liveness[bytes] = Liveness()
         self.catalogue_changed = asyncio.Event()
         self._ids = itertools.count(1)
+        self.aborts_acked = 0
         self._prefix = f"j{os.getpid():x}."
 
     # -- submitting --------------------------------------------------------------------
@@ -111,20 +114,31 @@ class Dispatcher:
         return job
 
     def abort(self, job: Job) -> None:
-        """Ask the job's worker to stop it now (over its control pipe) and forget it."""
-        self.jobs.pop(job.id, None)
-        if job in self.queues[job.role]:
-            self.queues[job.role].remove(job)
+        """Ask the job's worker to stop it now, over its control pipe; do not wait.
+
+        The job's waiter is released at once; the worker keeps the slot until it
+        acknowledges (its reply to an aborted job), so `statistics()` shows what
+        is still being torn down and the slot is not handed out too early.
+        """
+        if job.aborted or self.jobs.get(job.id) is not job:
+            return
+        if not job.future.done():
+            job.future.cancel()
         worker = self.workers.get(job.worker) if job.worker else None
-        if worker is not None:
-            worker.inflight.discard(job.id)
-            target = worker.control_id
-            if target is not None:
-                try:
-                    self.control.send(Envelope(Abort(), job=job.id, sid=job.env.sid), target)
-                except BusError as exc:
-                    log.info("abort of %s not delivered: %s", job.id, exc)
-            self._pump(worker.role)
+        if worker is None:  # still queued (or its worker is gone): nothing runs it
+            self.jobs.pop(job.id, None)
+            if job in self.queues[job.role]:
+                self.queues[job.role].remove(job)
+            return
+        job.aborted = True
+        target = worker.control_id
+        try:
+            if target is None:
+                raise PeerGone("no control pipe yet")
+            self.control.send(Envelope(Abort(), job=job.id, sid=job.env.sid), target)
+        except BusError as exc:
+            log.info("abort of %s not delivered (%s): freeing its slot", job.id, exc)
+            self._acknowledged(job, worker)
 
     def _pump(self, role: str) -> None:
         """Send waiting jobs of `role` to workers with free slots."""
@@ -173,12 +187,29 @@ class Dispatcher:
         job = self.jobs.get(env.job)
         if job is None or job.worker != peer:
             return  # late news of an aborted or re-issued job
-        if isinstance(body, Delta | Retrying):
+        if job.aborted:
+            if isinstance(body, LlmResult | ToolResult | JobFailed):
+                self._acknowledged(job, worker)
+        elif isinstance(body, Delta | Retrying):
             job.on_progress(env)
         elif isinstance(body, LlmResult | ToolResult | JobFailed):
             self._finish(job, env)
             worker.inflight.discard(job.id)
             self._pump(worker.role)
+
+    def abort_session(self, sid: str) -> int:
+        """Abort every job of session `sid`; returns how many."""
+        jobs = [j for j in self.jobs.values() if j.env.sid == sid and not j.aborted]
+        for job in jobs:
+            self.abort(job)
+        return len(jobs)
+
+    def _acknowledged(self, job: Job, worker: WorkerState) -> None:
+        """An aborted job is over on its worker: free the slot."""
+        self.jobs.pop(job.id, None)
+        worker.inflight.discard(job.id)
+        self.aborts_acked += 1
+        self._pump(worker.role)
 
     def handle_control_hello(self, peer: bytes, hello: ControlHello) -> None:
         """Remember the control pipe of a worker."""
@@ -220,6 +251,9 @@ class Dispatcher:
             if job is None:
                 continue
             job.worker = None
+            if job.aborted:  # its process died with it: the abort is complete
+                self.jobs.pop(jid, None)
+                continue
             if worker.role == "llm" and job.dispatches <= self.max_redispatch:
                 job.on_progress(Envelope(
                     Retrying(job.dispatches, f"llm caller {reason}", 0.0), sid=job.env.sid, job=jid,
@@ -270,8 +304,16 @@ class Dispatcher:
         by_role: dict[str, int] = {role: 0 for role in ROLES}
         for w in self.workers.values():
             by_role[w.role] += 1
+        waiting = sum(len(q) for q in self.queues.values())
+        aborting = sum(1 for j in self.jobs.values() if j.aborted)
         return {
             "workers": by_role,
-            "jobs_inflight": len(self.jobs) - sum(len(q) for q in self.queues.values()),
+            "jobs_inflight": len(self.jobs) - waiting - aborting,
+            "jobs_aborting": aborting,
+            "aborts_acked": self.aborts_acked,
             "jobs_waiting": {role: len(q) for role, q in self.queues.items()},
         }
+
+    def session_jobs(self, sid: str) -> int:
+        """Jobs of session `sid` that a worker still holds or that wait for one."""
+        return sum(1 for j in self.jobs.values() if j.env.sid == sid)

@@ -14,9 +14,10 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from actors.supervisor.agents import CACHE_BOUNDARY, Agent
+from actors.supervisor.agents import CACHE_BOUNDARY, MODEL_ALIASES, Agent
 from actors.supervisor.history import Message, blocks
 
 MAX_CACHE_BREAKPOINTS = 4
@@ -109,12 +110,13 @@ def build_request(
     *,
     session: str,
     cwd: str,
+    aliases: Mapping[str, str] = MODEL_ALIASES,
 ) -> dict[str, Any]:
     """The request body for this turn (`history` already sanitised)."""
     system = system_blocks(agent, reminders(agent, tools, cwd))
     budget = min(HISTORY_BREAKPOINTS, MAX_CACHE_BREAKPOINTS - 1)
     request: dict[str, Any] = {
-        "model": agent.model_id(),
+        "model": agent.model_id(aliases),
         "max_tokens": agent.max_tokens,
         "temperature": agent.temperature,
         "system": system,

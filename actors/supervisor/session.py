@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from actors.config import Config
 from actors.supervisor.agents import Agent
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
 from actors.supervisor.history import Message, add_user_text, sanitize
 from actors.supervisor.request import build_request
+from actors.supervisor.router import parse_route, router_request
 from actors.supervisor.turn import (
     Continue,
     FinalOutput,
@@ -44,6 +46,17 @@ class ModelError(Exception):
         self.status = status
 
 
+#: The events that end a run; exactly one per run.
+TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+
+#: The synthesised tool result (and interruption mark) for each cancel mode.
+CANCEL_WHY = {
+    "ui": "cancelled by the user",
+    "operation": "cancelled: the operation ended",
+    "deadline": "cancelled: deadline",
+}
+
+
 @dataclass
 class Session:
     """A conversation: its agent, stored history, counters and sequence."""
@@ -58,6 +71,16 @@ class Session:
     next_seq: int = 1
     created: float = field(default_factory=time.time)
     task: asyncio.Task[None] | None = None
+    #: Text streamed so far by the model call in flight (kept, marked, on a cancel).
+    partial: list[str] = field(default_factory=list)
+    #: A cooperative cancel asked for ("operation"): honoured at the next boundary.
+    stop_request: str = ""
+    #: The current run has emitted its terminal event (nothing of it follows).
+    run_over: bool = True
+    #: Wall-clock time the current run must end by (0: no deadline).
+    deadline: float = 0.0
+    #: The terminal event type of the last run that ended.
+    last_end: str = ""
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -68,12 +91,24 @@ class Session:
             "runs": self.runs,
             "turns": self.turns,
             "last_seq": self.next_seq - 1,
+            "last_end": self.last_end,
             "created": self.created,
         }
 
 
+class StopRun(Exception):
+    """A cooperative cancel reached a loop boundary."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__(mode)
+        self.mode = mode
+
+
 class LoopIO(Protocol):
     """What the loop needs from the world."""
+
+    #: Model aliases, hidden tool sets and the router's settings.
+    config: Config
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
         """Publish one event of `session` (the implementation stamps `seq`)."""
@@ -103,37 +138,113 @@ class RunResult:
     turns: int
 
 
-async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int = 0) -> None:
-    """One run of `session` on `prompt`: every event from SESSION_START to the terminal one."""
+def emit(session: Session, io: LoopIO, type_: str, turn: int, data: dict[str, Any]) -> bool:
+    """Publish an event of the current run, unless that run has already ended.
+
+    This is what makes "exactly one terminal event" hold whoever races to end a
+    run (the loop, a cancel, a deadline): the first terminal wins, and nothing
+    of the run is published after it.
+    """
+    if session.run_over:
+        return False
+    if type_ in TERMINAL:
+        session.run_over = True
+        session.last_end = type_
+    io.emit(session, type_, turn, data)
+    return True
+
+
+def begin_run(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
+              deadline_s: float = 0.0) -> int:
+    """Open a run: `SESSION_START`, the user message stored. Returns the turn limit.
+
+    Synchronous on purpose: a run exists (and can be cancelled) from the moment
+    it is accepted, before its task first runs.
+    """
     agent = session.agent
     limit = max_turns or agent.max_turns
+    deadline_s = deadline_s or agent.deadline_s
     session.runs += 1
     session.state = "running"
-    io.emit(session, "SESSION_START", 0, {
-        "prompt": prompt, "agent": agent.name, "model": agent.model_id(),
-        "run": session.runs, "max_turns": limit,
+    session.stop_request = ""
+    session.run_over = False
+    session.partial.clear()
+    session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
+    emit(session, io, "SESSION_START", 0, {
+        "prompt": prompt, "agent": agent.name, "model": agent.model_id(io.config.aliases),
+        "run": session.runs, "max_turns": limit, "deadline_s": deadline_s,
     })
     add_user_text(session.history, prompt)
+    return limit
+
+
+async def drive_run(session: Session, io: LoopIO, limit: int) -> None:
+    """The turns of the run `begin_run` opened, up to its single terminal event."""
+    run = session.runs
+    loop = asyncio.get_running_loop()
+    when = loop.time() + (session.deadline - time.time()) if session.deadline else None
+    deadline = asyncio.timeout_at(when)
     try:
-        result = await run_turns(session, io, limit)
+        async with deadline:
+            result = await run_turns(session, io, limit)
+    except StopRun as stop:
+        finish_cancelled(session, io, stop.mode, run=run)
     except asyncio.CancelledError:
-        # Keep the history valid for a follow-up: answer every unanswered tool_use.
-        close_open_calls(session.history, "cancelled by the user")
-        io.emit(session, "CANCELLED", session.turns, {"mode": "ui", "reason": "cancelled"})
+        finish_cancelled(session, io, "ui", run=run)
         raise
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        finish_cancelled(session, io, "deadline", run=run)
     except ModelError as exc:
-        io.emit(session, "ERROR", session.turns, {"error": exc.error, "message": exc.message})
+        emit(session, io, "ERROR", session.turns, {"error": exc.error, "message": exc.message})
     except Exception as exc:  # the session's edge: a bug ends the run, not the supervisor
         log.exception("session %s failed", session.id)
-        io.emit(session, "ERROR", session.turns, {
+        emit(session, io, "ERROR", session.turns, {
             "error": "internal", "message": f"{type(exc).__name__}: {exc}",
         })
     else:
-        io.emit(session, "DONE", result.turns, {
+        emit(session, io, "DONE", result.turns, {
             "text": result.text, "turns": result.turns, "stop": result.stop,
         })
+
+
+async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
+                      deadline_s: float = 0.0) -> None:
+    """One run of `session` on `prompt`: every event from SESSION_START to the terminal one."""
+    limit = begin_run(session, io, prompt, max_turns, deadline_s)
+    try:
+        await drive_run(session, io, limit)
     finally:
         session.state = "idle"
+
+
+def finish_cancelled(session: Session, io: LoopIO, mode: str, reason: str = "",
+                     run: int = 0) -> bool:
+    """End the current run as cancelled: history made valid, then `CANCELLED`.
+
+    Every open `tool_use` gets a synthesised result, text streamed by an
+    interrupted model call is kept (marked), so a follow-up can be sent at once.
+    Returns False (and changes nothing) when the run is already over, or when
+    `run` names an earlier run than the current one.
+    """
+    if session.run_over or (run and run != session.runs):
+        return False
+    why = CANCEL_WHY[mode]
+    keep_partial(session, why)
+    close_open_calls(session.history, why)
+    emit(session, io, "CANCELLED", session.turns, {"mode": mode, "reason": reason or why})
+    return True
+
+
+def keep_partial(session: Session, why: str) -> None:
+    """Store the text an interrupted model call had streamed, marked as cut."""
+    text = "".join(session.partial)
+    session.partial.clear()
+    ends_with_user = not session.history or session.history[-1].get("role") == "user"
+    if text.strip() and ends_with_user:
+        marked = f"{text}\n\n[reply interrupted: {why}]"
+        session.history.append({"role": "assistant", "content": [{"type": "text", "text": marked}]})
 
 
 def close_open_calls(history: list[Message], why: str) -> None:
@@ -143,32 +254,63 @@ def close_open_calls(history: list[Message], why: str) -> None:
         history.append(results_message(calls, [ToolOutcome(why, True) for _ in calls]))
 
 
+def check_stop(session: Session) -> None:
+    """A loop boundary: raise `StopRun` if a cooperative cancel is pending."""
+    if session.stop_request:
+        raise StopRun(session.stop_request)
+
+
 async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
-    """The turn loop proper; returns how the run ended."""
+    """The turn loop proper; returns how the run ended (`StopRun` at a boundary)."""
     agent = session.agent
+    config = io.config
+    direct = config.router.enabled and await is_direct(session, io)
     for turn in range(1, limit + 1):
+        check_stop(session)
         session.turns += 1
-        io.emit(session, "TURN_START", turn, {})
-        tools = resolve_tools(io.tool_catalogue(), agent, turn)
+        emit(session, io, "TURN_START", turn, {})
+        tools = [] if direct else resolve_tools(io.tool_catalogue(), agent, turn, config.hidden)
         request = build_request(
-            agent, sanitize(session.history), tools, session=session.id, cwd=session.cwd
+            agent, sanitize(session.history), tools, session=session.id, cwd=session.cwd,
+            aliases=config.aliases,
         )
+        session.partial.clear()
         reply = await io.call_model(session, request, stream=agent.streaming, turn=turn)
+        session.partial.clear()
         session.history.append(stored_reply(reply))
         step = next_step(reply)
         if isinstance(step, FinalOutput):
-            io.emit(session, "TURN_END", turn, {"stop": step.stop})
+            emit(session, io, "TURN_END", turn, {"stop": step.stop})
             return RunResult(step.text, step.stop, turn)
         if isinstance(step, RunTools):
+            check_stop(session)
             offered = {t["name"] for t in tools}
             outcomes = await run_calls(session, io, step.calls, offered, turn)
             session.history.append(results_message(step.calls, outcomes))
-            io.emit(session, "TURN_END", turn, {"stop": "tool_use"})
+            emit(session, io, "TURN_END", turn, {"stop": "tool_use"})
         elif isinstance(step, Continue):
-            io.emit(session, "TURN_END", turn, {"stop": step.reason})
+            emit(session, io, "TURN_END", turn, {"stop": step.reason})
         else:
             raise AssertionError(f"unhandled step {step!r}")
+    check_stop(session)
     return RunResult("", "max_turns", limit)
+
+
+async def is_direct(session: Session, io: LoopIO) -> bool:
+    """The intent router: one cheap call deciding DIRECT (send no tools) or AGENT.
+
+    Any failure, or an answer that is neither, means AGENT: the router may only
+    ever save work, never lose the tools a request needed.
+    """
+    request = router_request(session.history, io.config.router, session.id, io.config.aliases)
+    try:
+        reply = await io.call_model(session, request, stream=False, turn=0)
+    except ModelError as exc:
+        log.info("intent router failed (%s): AGENT", exc)
+        return False
+    route = parse_route(reply)
+    emit(session, io, "ROUTE", 0, {"route": route})
+    return route == "DIRECT"
 
 
 async def run_calls(
@@ -181,14 +323,14 @@ async def run_calls(
 
     async def one(call: ToolCall) -> ToolOutcome:
         async with gate:
-            io.emit(session, "TOOL_START", turn, {
+            emit(session, io, "TOOL_START", turn, {
                 "tool_use_id": call.id, "name": call.name, "input": call.input,
             })
             if call.name in offered:
                 outcome = await io.run_tool(session, call, timeout_s=agent.tool_timeout_s)
             else:  # hidden or unknown: never run, and the refusal names no hidden tool
                 outcome = ToolOutcome(unavailable_message(call.name), True)
-            io.emit(session, "TOOL_END", turn, {
+            emit(session, io, "TOOL_END", turn, {
                 "tool_use_id": call.id, "name": call.name, "is_error": outcome.is_error,
                 "output": outcome.output, "duration_ms": outcome.duration_ms,
             })

@@ -6,6 +6,7 @@ import asyncio
 
 from actors.supervisor.agents import Agent
 from actors.supervisor.history import is_valid
+from actors.config import Config
 from actors.supervisor.session import ModelError, Session, run_session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 
@@ -25,7 +26,8 @@ def text_reply(text, stop="end_turn"):
 class ScriptedIO:
     """A `LoopIO` whose model plays `replies` in order and records every request."""
 
-    def __init__(self, replies):
+    def __init__(self, replies, config=None):
+        self.config = config or Config()
         self.replies = list(replies)
         self.requests = []
         self.events = []

@@ -1,0 +1,212 @@
+"""`oploop.toml`: agents, model aliases, hidden tool sets, the intent router, limits.
+
+The file is looked for in `$OPLOOP_CONFIG` (a path), then `$OPLOOP_HOME/oploop.toml`,
+then `./oploop.toml`; none at all means the built-in defaults. It is checked
+in full when a host starts (`oploop up`, or the embedded host of `oploop run`),
+so a typo fails there with a message naming the key, never mid-session::
+
+    [models]                      # aliases: short name -> concrete model id
+    sonnet = "claude-sonnet-4-5"
+
+    [hidden.local]                # tools hidden per platform, then per mode
+    readonly = ["shell", "write_file"]
+
+    [router]                      # the intent router (OPLOOP_INTENT_ROUTER=on|off overrides)
+    enabled = false
+    model = "haiku"
+    max_tokens = 8
+
+    [limits]
+    max_prompt_chars = 1000000
+    max_running_sessions = 1000
+
+    [agents.ops]                  # any field of `actors.supervisor.agents.Agent`
+    model = "sonnet"
+    max_turns = 30
+    category_allowlist = ["files"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actors.supervisor.agents import DEFAULT_AGENT, MODEL_ALIASES, Agent
+
+CONFIG_NAME = "oploop.toml"
+
+_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "agents"})
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """The intent router's cheap classification call."""
+
+    enabled: bool = False
+    model: str = "haiku"
+    max_tokens: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the api refuses up front, with a clear error."""
+
+    max_prompt_chars: int = 1_000_000
+    max_running_sessions: int = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `oploop.toml` can set, defaults filled in."""
+
+    agents: Mapping[str, Agent] = field(default_factory=lambda: {"default": DEFAULT_AGENT})
+    aliases: Mapping[str, str] = field(default_factory=lambda: dict(MODEL_ALIASES))
+    hidden: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    router: RouterConfig = RouterConfig()
+    limits: Limits = Limits()
+    source: str = "<defaults>"
+
+    def agent(self, name: str) -> Agent | None:
+        """The agent called `name` (`""` is the default agent), or None."""
+        return self.agents.get(name or "default")
+
+
+def config_path(home: Path | None = None, cwd: Path | None = None) -> Path | None:
+    """Which file configures this host, or None for the defaults."""
+    explicit = os.environ.get("OPLOOP_CONFIG")
+    if explicit:
+        return Path(explicit)
+    home = home or Path(os.environ.get("OPLOOP_HOME") or Path.home() / ".oploop")
+    for candidate in (home / CONFIG_NAME, (cwd or Path.cwd()) / CONFIG_NAME):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Read and check the configuration (`config_path()` when `path` is None)."""
+    path = path if path is not None else config_path()
+    if path is None:
+        return with_env(Config())
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    return with_env(parse_config(data, source))
+
+
+def with_env(config: Config) -> Config:
+    """`config` with what the environment overrides: `OPLOOP_INTENT_ROUTER=on|off`."""
+    flag = os.environ.get("OPLOOP_INTENT_ROUTER", "").strip().lower()
+    if flag not in ("on", "off"):
+        return config
+    router = dataclasses.replace(config.router, enabled=flag == "on")
+    return dataclasses.replace(config, router=router)
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
+    """Check parsed TOML and build a `Config`; `ConfigError` names the bad key."""
+    _no_unknown(data, _TOP_KEYS, source, "")
+    aliases = dict(MODEL_ALIASES)
+    aliases.update(_str_map(data.get("models", {}), source, "models"))
+    agents = {"default": DEFAULT_AGENT}
+    raw_agents = _table(data.get("agents", {}), source, "agents")
+    for name, raw in raw_agents.items():
+        agents[name] = _agent(name, _table(raw, source, f"agents.{name}"), source)
+    return Config(
+        agents=agents,
+        aliases=aliases,
+        hidden=_hidden(data.get("hidden", {}), source),
+        router=_record(RouterConfig, data.get("router", {}), source, "router"),
+        limits=_record(Limits, data.get("limits", {}), source, "limits"),
+        source=source,
+    )
+
+
+def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
+    if "name" in raw:
+        raise ConfigError(f"{source}: agents.{name}.name: the table name is the agent's name")
+    agent = _record(Agent, {**raw, "name": name}, source, f"agents.{name}")
+    if agent.max_turns < 1:
+        raise ConfigError(f"{source}: agents.{name}.max_turns: must be at least 1")
+    if agent.max_tokens < 1:
+        raise ConfigError(f"{source}: agents.{name}.max_tokens: must be at least 1")
+    if not 0.0 <= agent.temperature <= 1.0:
+        raise ConfigError(f"{source}: agents.{name}.temperature: must be within 0..1")
+    if agent.deadline_s < 0 or agent.tool_timeout_s <= 0:
+        raise ConfigError(f"{source}: agents.{name}: deadline_s >= 0 and tool_timeout_s > 0")
+    return agent
+
+
+def _hidden(raw: Any, source: str) -> dict[tuple[str, str], frozenset[str]]:
+    out: dict[tuple[str, str], frozenset[str]] = {}
+    for platform, modes in _table(raw, source, "hidden").items():
+        for mode, names in _table(modes, source, f"hidden.{platform}").items():
+            where = f"hidden.{platform}.{mode}"
+            out[(platform, mode)] = frozenset(_check(tuple[str, ...], names, source, where))
+    return out
+
+
+def _record(cls: type[Any], raw: Any, source: str, where: str) -> Any:
+    """An instance of dataclass `cls` from a TOML table, every field type-checked."""
+    table = _table(raw, source, where)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    _no_unknown(table, fields, source, where)
+    values = {k: _check(hints[k], v, source, f"{where}.{k}") for k, v in table.items()}
+    return cls(**values)
+
+
+def _check(hint: Any, value: Any, source: str, where: str) -> Any:
+    """`value` if it has the type `hint` (int accepted for float, lists for tuples)."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{source}: {where}: expected a list, got {type(value).__name__}")
+        item = typing.get_args(hint)[0]
+        return tuple(_check(item, v, source, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{source}: {where}: unsupported field type")  # none exist today
+    ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise ConfigError(
+            f"{source}: {where}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _table(raw: Any, source: str, where: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: {where}: expected a table, got {type(raw).__name__}")
+    return raw
+
+
+def _str_map(raw: Any, source: str, where: str) -> dict[str, str]:
+    table = _table(raw, source, where)
+    return {k: _check(str, v, source, f"{where}.{k}") for k, v in table.items()}
+
+
+def _no_unknown(table: Mapping[str, Any], known: frozenset[str] | set[str], source: str,
+                where: str) -> None:
+    extra = sorted(set(table) - set(known))
+    if extra:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(
+            f"{source}: {prefix}{extra[0]}: unknown key (known: {', '.join(sorted(known))})"
+        )
