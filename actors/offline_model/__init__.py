@@ -19,7 +19,9 @@ actions, no I/O), `server` (h11 over asyncio), `cli` (the process).
 
 Scenario files
 --------------
-JSON: a list of turns, or ``{"turns": [...], "description": "..."}``. Every
+JSON: a list of turns, or ``{"turns": [...], "scripts": {name: [...]},
+"description": "..."}``. A session whose first prompt contains ``#name`` plays
+``scripts[name]`` instead of ``turns``, so one server can script many tests. Every
 session (the request's ``metadata.user_id``; requests without one share a
 default session) plays the turns from the first, one turn per request; when
 its turns run out, the rules answer. A turn is one of:

@@ -41,9 +41,17 @@ MAX_LINES, MAX_LINE_CHARS, MAX_CHARS = 8, 160, 1200
 _REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 
 
+#: How an intent-router classification request begins (actors.supervisor.router).
+ROUTER_MARK = "Classify the user's latest request for an operator agent."
+#: Every tool a prompt's intents could ask for, to tell DIRECT from AGENT.
+_ANY_TOOL = frozenset({"read_file", "list_dir", "write_file", "shell"})
+
+
 def respond(request: Mapping[str, Any]) -> Reply:
     """The rule engine's whole answer to one Messages-API request."""
     messages = request.get("messages") or []
+    if _system_text(request).startswith(ROUTER_MARK):
+        return classify(messages)
     index = last_user_index(messages)
     user = messages[index] if index is not None else {}
     results = tool_results(user)
@@ -57,6 +65,23 @@ def respond(request: Mapping[str, Any]) -> Reply:
     if thinking_enabled(request):
         blocks.insert(0, thinking_block(user_text(user), plan))
     return limit_tokens(blocks, stop, int(request.get("max_tokens") or 1))
+
+
+def _system_text(request: Mapping[str, Any]) -> str:
+    system = request.get("system")
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return "".join(b.get("text", "") for b in system if isinstance(b, Mapping))
+    return ""
+
+
+def classify(messages: Sequence[Any]) -> Reply:
+    """The router's answer: AGENT when the prompt asks for anything a tool does."""
+    index = last_user_index(messages)
+    prompt = user_text(messages[index]) if index is not None else ""
+    route = "AGENT" if parse_tool_calls(prompt) else "DIRECT"
+    return Reply((text_block(route),), "end_turn", 1)
 
 
 def last_user_index(messages: Sequence[Any]) -> int | None:

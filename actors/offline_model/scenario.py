@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,20 +87,41 @@ class Turn:
 
 
 class Scenario:
-    """The turns of a scenario and, per session, how far each has played."""
+    """The turns of a scenario and, per session, how far each has played.
 
-    def __init__(self, turns: list[Turn], source: str = "<scenario>") -> None:
+    Named `scripts` let one server play different turns to different sessions:
+    a session whose first request's prompt contains `#name` plays `scripts[name]`
+    instead of `turns`.
+    """
+
+    def __init__(self, turns: list[Turn], source: str = "<scenario>",
+                 scripts: Mapping[str, list[Turn]] | None = None) -> None:
         self.turns = tuple(turns)
         self.source = source
+        self.scripts = {name: tuple(t) for name, t in (scripts or {}).items()}
         self._cursors: dict[str, int] = {}
+        self._chosen: dict[str, tuple[Turn, ...]] = {}
 
-    def next_turn(self, session: str = DEFAULT_SESSION) -> Turn | None:
-        """The session's next turn (advancing its cursor), or None once it has run out."""
+    def next_turn(self, session: str = DEFAULT_SESSION, prompt: str = "") -> Turn | None:
+        """The session's next turn (advancing its cursor), or None once it has run out.
+
+        `prompt` (the request's first user text) picks a named script on the
+        session's first request.
+        """
+        turns = self._chosen.get(session)
+        if turns is None:
+            turns = self._chosen[session] = self._script_for(prompt)
         at = self._cursors.get(session, 0)
-        if at >= len(self.turns):
+        if at >= len(turns):
             return None
         self._cursors[session] = at + 1
-        return self.turns[at]
+        return turns[at]
+
+    def _script_for(self, prompt: str) -> tuple[Turn, ...]:
+        for name, turns in self.scripts.items():
+            if f"#{name}" in prompt:
+                return turns
+        return self.turns
 
     def played(self, session: str = DEFAULT_SESSION) -> int:
         """How many turns a session has consumed."""
@@ -120,14 +142,24 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
 
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     """Check scenario data (a list of turns, or `{"turns": [...]}`) and build a Scenario."""
+    scripts: dict[str, list[Turn]] = {}
     if isinstance(data, Mapping):
-        extra = set(data) - {"turns", "description"}
+        extra = set(data) - {"turns", "description", "scripts"}
         if extra:
             raise ScenarioError(source, "", f"unknown top-level keys {sorted(extra)}")
-        data = data.get("turns")
+        raw_scripts = data.get("scripts", {})
+        if not isinstance(raw_scripts, Mapping):
+            raise ScenarioError(source, "scripts", "must map script names to lists of turns")
+        for name, turns in raw_scripts.items():
+            if not isinstance(turns, list) or not re.fullmatch(r"[\w-]+", str(name)):
+                raise ScenarioError(source, f"scripts.{name}", "needs a word name and a list")
+            scripts[name] = [_parse_turn(t, source, f"scripts.{name}[{i}]")
+                             for i, t in enumerate(turns)]
+        data = data.get("turns", [])
     if not isinstance(data, list):
         raise ScenarioError(source, "", 'expected a list of turns or {"turns": [...]}')
-    return Scenario([_parse_turn(t, source, f"turns[{i}]") for i, t in enumerate(data)], source)
+    turns = [_parse_turn(t, source, f"turns[{i}]") for i, t in enumerate(data)]
+    return Scenario(turns, source, scripts)
 
 
 def _number(raw: Mapping[str, Any], key: str, default: float, src: str, where: str) -> float:
@@ -265,6 +297,20 @@ def _parse_stream_fault(kind: str, raw: Mapping[str, Any], src: str, where: str)
         error = _parse_error(raw, src, where, default_type="overloaded_error")
         return StreamFault(kind, after, error=error)
     return StreamFault(kind, after)
+
+
+def first_prompt(request: Mapping[str, Any]) -> str:
+    """The text of a request's first user message (what picks a named script)."""
+    for msg in request.get("messages") or ():
+        if isinstance(msg, Mapping) and msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(b.get("text", "") for b in content
+                                if isinstance(b, Mapping) and isinstance(b.get("text"), str))
+            return ""
+    return ""
 
 
 def session_of(request: Mapping[str, Any]) -> str:

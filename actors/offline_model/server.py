@@ -34,7 +34,13 @@ from actors.offline_model.plan import (
     plan_error,
     plan_response,
 )
-from actors.offline_model.scenario import Scenario, ScenarioSource, as_scenario, session_of
+from actors.offline_model.scenario import (
+    Scenario,
+    ScenarioSource,
+    as_scenario,
+    first_prompt,
+    session_of,
+)
 from actors.offline_model.wire import (
     InvalidRequest,
     encode_sse,
@@ -208,7 +214,8 @@ class OfflineServer:
             problem = exc.problem if isinstance(exc, InvalidRequest) else "body is not valid JSON"
             return self._error(400, problem, request_id)
         try:
-            turn = self.scenario.next_turn(session_of(request)) if self.scenario else None
+            turn = (self.scenario.next_turn(session_of(request), first_prompt(request))
+                    if self.scenario else None)
             return plan_response(
                 request,
                 turn,

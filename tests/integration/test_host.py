@@ -17,45 +17,13 @@ import zmq
 
 from bus.client import Client
 from bus.endpoints import Endpoints
-
-OPLOOP = [sys.executable, "-m", "actors.cli"]
-
-
-def oploop(home: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60):
-    """Run the CLI against `home`; returns the CompletedProcess."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    full_env.update(env or {}, OPLOOP_HOME=home)
-    return subprocess.run([*OPLOOP, *args], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def host_pids(home: str) -> list[int]:
-    state = json.loads((Path(home) / "run" / "host.json").read_text())
-    return [state["pid"], *(a["pid"] for a in state["actors"])]
-
+from hostkit import OPLOOP, assert_one_run, events_of, oploop, running_host
 
 @pytest.fixture
 def host(short_home):
-    """`oploop up --detach` in a fresh home; `oploop down` after, checking nothing is left."""
-    up = oploop(short_home, "up", "--detach")
-    assert up.returncode == 0, up.stderr
-    pids = host_pids(short_home)
-    yield short_home
-    down = oploop(short_home, "down")
-    assert down.returncode == 0, down.stderr
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert not alive, f"processes left after down: {alive}"
-    assert not Endpoints.for_home(Path(short_home)).socket_files()
-
-
-def events_of(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
-
-
-def assert_one_run(events: list[dict], first_seq: int = 1) -> None:
-    assert [e["seq"] for e in events] == list(range(first_seq, first_seq + len(events)))
-    terminal = [e for e in events if e["type"] in ("DONE", "ERROR", "CANCELLED")]
-    assert len(terminal) == 1 and events[-1] is terminal[0]
+    """A running host in a fresh home, stopped (and checked for leftovers) after."""
+    with running_host(short_home) as home:
+        yield home
 
 
 def test_session_through_every_actor(host, tmp_path):

@@ -1,0 +1,85 @@
+"""Helpers of the integration tests: start a real host, drive it through the client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bus.client import Client
+from bus.endpoints import Endpoints
+
+OPLOOP = [sys.executable, "-m", "actors.cli"]
+TERMINAL = ("DONE", "ERROR", "CANCELLED")
+
+
+def oploop(home: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
+           cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI against `home`; returns the CompletedProcess."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    full_env.update(env or {}, OPLOOP_HOME=home)
+    return subprocess.run([*OPLOOP, *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=cwd)
+
+
+def host_pids(home: str) -> list[int]:
+    """The pids of the host and of every actor it started."""
+    state = json.loads((Path(home) / "run" / "host.json").read_text())
+    return [state["pid"], *(a["pid"] for a in state["actors"] if a["pid"])]
+
+
+@contextlib.contextmanager
+def running_host(home: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`oploop up --detach` in `home`; `oploop down` after, checking nothing is left."""
+    up = oploop(home, "up", "--detach", env=env)
+    assert up.returncode == 0, up.stderr + up.stdout
+    pids = host_pids(home)
+    try:
+        yield home
+    finally:
+        down = oploop(home, "down")
+        assert down.returncode == 0, down.stderr
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"processes left after down: {alive}"
+        assert not Endpoints.for_home(Path(home)).socket_files()
+
+
+def events_of(stdout: str) -> list[dict[str, Any]]:
+    """The events of `oploop run --json` output."""
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def assert_one_run(events: list[dict[str, Any]], first_seq: int = 1) -> None:
+    """Contiguous seqs from `first_seq`, and exactly one terminal event, the last."""
+    assert [e["seq"] for e in events] == list(range(first_seq, first_seq + len(events)))
+    terminal = [e for e in events if e["type"] in TERMINAL]
+    assert len(terminal) == 1 and events[-1] is terminal[0], [e["type"] for e in events]
+
+
+async def run_events(home: str, prompt: str, **start: Any) -> list[dict[str, Any]]:
+    """Start a run through the Python client and collect its events to the terminal one."""
+    async with Client.connect(Path(home)) as client:
+        started = await client.start(prompt, **start)
+        events = [e async for e in client.events(started.session, started.from_seq,
+                                                 stop_at="first")]
+    assert_one_run(events, started.from_seq)
+    return events
+
+
+def run(home: str, prompt: str, **start: Any) -> list[dict[str, Any]]:
+    """`run_events`, synchronously."""
+    return asyncio.run(run_events(home, prompt, **start))
+
+
+def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The events of one type."""
+    return [e for e in events if e["type"] == kind]
