@@ -104,6 +104,13 @@ def plan_error(
     return [Head(status, head), Body(data), End()]
 
 
+def plan_document(payload: Mapping[str, Any]) -> list[Action]:
+    """A 200 JSON response that is not a Messages-API answer (the stats page)."""
+    data = json.dumps(payload).encode()
+    head = (("content-type", "application/json"), ("content-length", str(len(data))))
+    return [Head(200, head), Body(data), End()]
+
+
 def api_error(status: int, message: str) -> dict[str, str]:
     """The `error` object for a status: `{"type": <the API's type>, "message"}`."""
     return {"type": error_type_for(status), "message": message}

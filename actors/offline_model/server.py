@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from actors.offline_model.plan import (
     Sleep,
     Stall,
     api_error,
+    plan_document,
     plan_error,
     plan_response,
 )
@@ -66,6 +68,10 @@ class BodyTooLarge(Exception):
         self.limit = limit
 
 
+#: `GET` here answers the server's counters as JSON (not part of the Messages API).
+STATS_PATH = "/v1/offline/stats"
+
+
 @dataclass(frozen=True)
 class ServerStatistics:
     """Counters for tests and `status`: connections and requests served."""
@@ -74,6 +80,8 @@ class ServerStatistics:
     connections_total: int
     requests: int
     error_responses: int
+    #: Responses whose client hung up mid-way (an aborted stream, a cancel).
+    abandoned: int = 0
 
 
 class OfflineServer:
@@ -90,6 +98,7 @@ class OfflineServer:
         self._connections_total = 0
         self._requests = 0
         self._errors = 0
+        self._abandoned = 0
 
     async def listen(self, host: str, port: int) -> None:
         """Bind and start accepting; `port` 0 picks a free one (see `.port`)."""
@@ -101,7 +110,8 @@ class OfflineServer:
     def statistics(self) -> ServerStatistics:
         """A snapshot of the counters."""
         return ServerStatistics(
-            len(self._connections), self._connections_total, self._requests, self._errors
+            len(self._connections), self._connections_total, self._requests, self._errors,
+            self._abandoned,
         )
 
     async def aclose(self) -> None:
@@ -137,7 +147,10 @@ class OfflineServer:
         try:
             await self._serve(conn, reader, writer)
         except (ConnectionError, TimeoutError):
-            pass  # the peer went away; nothing to answer
+            # The peer went away; nothing to answer. Mid-response, that is a client
+            # abandoning a reply (a cancelled stream): counted, for tests and status.
+            if conn.our_state is h11.SEND_BODY:
+                self._abandoned += 1
         except Exception:  # the connection's edge: log, end this connection only
             log.exception("offline model: connection failed")
         finally:
@@ -201,6 +214,8 @@ class OfflineServer:
         self._requests += 1
         request_id = new_request_id()
         target = head.target.decode("latin-1").split("?", 1)[0]
+        if target.rstrip("/") == STATS_PATH and head.method == b"GET":
+            return plan_document(dataclasses.asdict(self.statistics()))
         if target.rstrip("/") != "/v1/messages":
             return self._error(404, f"Not found: {target}", request_id)
         if head.method != b"POST":
