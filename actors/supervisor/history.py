@@ -110,6 +110,15 @@ def is_valid(history: list[Message]) -> bool:
     return True
 
 
+def add_reply(history: list[Message], reply: Message) -> None:
+    """Append an assistant reply; after a `pause_turn` it continues the same
+    assistant message (the API resumes that turn, and roles must alternate)."""
+    if history and history[-1].get("role") == "assistant":
+        history[-1] = {"role": "assistant", "content": blocks(history[-1]) + blocks(reply)}
+    else:
+        history.append({"role": "assistant", "content": blocks(reply)})
+
+
 def add_user_text(history: list[Message], text: str) -> None:
     """Append a user message (into the last one if it is a user message already)."""
     block = {"type": "text", "text": text}

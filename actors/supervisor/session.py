@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from actors.config import Config
 from actors.supervisor.agents import Agent
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
-from actors.supervisor.history import Message, add_user_text, sanitize
+from actors.supervisor.history import Message, add_reply, add_user_text, sanitize
 from actors.supervisor.request import build_request
 from actors.supervisor.router import parse_route, router_request
 from actors.supervisor.turn import (
@@ -277,7 +277,7 @@ async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
         session.partial.clear()
         reply = await io.call_model(session, request, stream=agent.streaming, turn=turn)
         session.partial.clear()
-        session.history.append(stored_reply(reply))
+        add_reply(session.history, stored_reply(reply))
         step = next_step(reply)
         if isinstance(step, FinalOutput):
             emit(session, io, "TURN_END", turn, {"stop": step.stop})

@@ -158,3 +158,25 @@ def test_run_without_host_uses_an_embedded_one(short_home):
     assert "embedded" in run.stdout and "done" in run.stdout
     assert "offline model" in run.stderr
     assert not Endpoints.for_home(Path(short_home)).socket_files()
+
+
+def test_bad_config_fails_at_up_naming_the_key(short_home):
+    (Path(short_home) / "oploop.toml").write_text("[agents.ops]\nmax_turnz = 3\n")
+    up = oploop(short_home, "up", "--detach")
+    assert up.returncode == 1
+    assert "agents.ops.max_turnz: unknown key" in up.stderr
+    assert not (Path(short_home) / "run" / "host.json").exists()
+
+
+def test_intent_router_sends_no_tools_for_a_direct_question(short_home):
+    env = {"OPLOOP_INTENT_ROUTER": "on"}
+    run = oploop(short_home, "run", "--json", "what is a unix socket?", env=env)
+    assert run.returncode == 0, run.stderr
+    events = events_of(run.stdout)
+    routes = [e["data"]["route"] for e in events if e["type"] == "ROUTE"]
+    assert routes == ["DIRECT"]
+    assert events[-1]["type"] == "DONE" and not [e for e in events if e["type"] == "TOOL_START"]
+    tooly = oploop(short_home, "run", "--json", "run `echo routed`", env=env)
+    events = events_of(tooly.stdout)
+    assert [e["data"]["route"] for e in events if e["type"] == "ROUTE"] == ["AGENT"]
+    assert "routed" in events[-1]["data"]["text"]

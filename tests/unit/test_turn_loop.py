@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.supervisor.agents import Agent
+import pytest
+
+from actors.config import Config, RouterConfig
+from actors.supervisor.agents import MODEL_ALIASES, Agent
 from actors.supervisor.history import is_valid
-from actors.config import Config
+from actors.supervisor.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
 from actors.supervisor.session import ModelError, Session, run_session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 
@@ -132,3 +135,116 @@ def test_cancel_mid_tool_leaves_a_valid_history_and_one_terminal_event():
     asyncio.run(main())
     assert types(io)[-1] == "CANCELLED" and types(io).count("CANCELLED") == 1
     assert is_valid(session.history) and session.state == "idle"
+
+
+def test_cache_breakpoints_never_exceed_four_and_sit_on_prefix_and_latest_user_turns():
+    replies = [tool_reply(f"c{i}") for i in range(6)] + [text_reply("done")]
+    io = ScriptedIO(replies)
+    run(io)
+    for request in io.requests:
+        assert count_breakpoints(request) <= MAX_CACHE_BREAKPOINTS
+        assert "cache_control" in request["system"][0]  # the static prefix
+        marked = [i for i, m in enumerate(request["messages"])
+                  if any("cache_control" in b for b in m["content"])]
+        users = [i for i, m in enumerate(request["messages"]) if m["role"] == "user"]
+        assert marked == users[-2:]
+
+
+def test_stored_history_carries_no_cache_markers_or_reminders():
+    io = ScriptedIO([tool_reply("a"), text_reply("done")])
+    session = run(io)
+    assert "cache_control" not in str(session.history)
+    assert "Environment:" in io.requests[1]["system"][-1]["text"]
+
+
+def test_target_machine_suppresses_the_environment_reminder():
+    io = ScriptedIO([text_reply("hi")])
+    run(io, agent=Agent(target_machine="db-1"))
+    reminders = io.requests[0]["system"][-1]["text"]
+    assert "Target machine:" in reminders and "db-1" in reminders
+    assert "Environment:" not in reminders
+
+
+def test_no_tools_means_the_honesty_reminder():
+    class NoTools(ScriptedIO):
+        def tool_catalogue(self):
+            return []
+
+    io = NoTools([text_reply("hi")])
+    run(io)
+    assert "tools" not in io.requests[0]
+    assert "No tools are available" in io.requests[0]["system"][-1]["text"]
+
+
+def test_model_alias_and_agent_overrides_reach_the_request():
+    io = ScriptedIO([text_reply("hi")], Config(aliases={"fast": "claude-x-1"}))
+    run(io, agent=Agent(model="fast", temperature=0.7, max_tokens=77))
+    assert io.requests[0]["model"] == "claude-x-1"
+    assert io.requests[0]["temperature"] == 0.7 and io.requests[0]["max_tokens"] == 77
+
+
+def test_pause_turn_continues_with_the_same_conversation():
+    paused = {"role": "assistant", "stop_reason": "pause_turn",
+              "content": [{"type": "text", "text": "thinking"}]}
+    io = ScriptedIO([paused, text_reply("done")])
+    session = run(io)
+    io.assert_complete()
+    assert io.requests[1]["messages"][-1]["role"] == "assistant"
+    assert io.events[-1][3]["stop"] == "end_turn" and is_valid(session.history)
+    assert [b["text"] for b in session.history[-1]["content"]] == ["thinking", "done"]
+
+
+def test_intent_router_direct_sends_no_tools():
+    route = {"role": "assistant", "stop_reason": "end_turn",
+             "content": [{"type": "text", "text": "DIRECT"}]}
+    config = Config(router=RouterConfig(enabled=True, model="haiku", max_tokens=4))
+    io = ScriptedIO([route, text_reply("Paris")], config)
+    run(io)
+    classify, answer = io.requests
+    assert classify["max_tokens"] == 4 and classify["model"] == MODEL_ALIASES["haiku"]
+    assert "tools" not in classify and "tools" not in answer
+    assert ("ROUTE" in types(io)) and io.events[-1][3]["text"] == "Paris"
+
+
+@pytest.mark.parametrize("route", [
+    {"role": "assistant", "stop_reason": "end_turn",
+     "content": [{"type": "text", "text": "AGENT"}]},
+    {"role": "assistant", "stop_reason": "end_turn",
+     "content": [{"type": "text", "text": "no idea"}]},
+    ModelError("overloaded_error", "Overloaded", 529),
+])
+def test_intent_router_falls_back_to_agent(route):
+    config = Config(router=RouterConfig(enabled=True))
+    io = ScriptedIO([route, text_reply("done")], config)
+    run(io)
+    assert io.requests[1]["tools"][0]["name"] == "shell"
+    assert types(io)[-1] == "DONE"
+
+
+def test_operation_cancel_stops_at_the_next_boundary():
+    class Stopping(ScriptedIO):
+        async def run_tool(self, session, call, *, timeout_s):
+            session.stop_request = "operation"  # asked for while the tool runs
+            return await super().run_tool(session, call, timeout_s=timeout_s)
+
+    io = Stopping([tool_reply("a"), text_reply("never asked")])
+    session = run(io)
+    assert len(io.requests) == 1 and len(io.tool_calls) == 1
+    assert io.events[-1][1:] == ("CANCELLED", 1, {
+        "mode": "operation", "reason": "cancelled: the operation ended"})
+    assert is_valid(session.history)
+
+
+def test_deadline_cancels_and_keeps_the_streamed_text():
+    class Slow(ScriptedIO):
+        async def call_model(self, session, request, *, stream, turn):
+            session.partial.append("half an ans")
+            await asyncio.Event().wait()
+
+    io = Slow([])
+    session = Session("s1", Agent(), "/tmp")
+    asyncio.run(run_session(session, io, "go", deadline_s=0.05))
+    assert io.events[-1][1] == "CANCELLED" and io.events[-1][3]["mode"] == "deadline"
+    text = session.history[-1]["content"][0]["text"]
+    assert text == "half an ans\n\n[reply interrupted: cancelled: deadline]"
+    assert is_valid(session.history)

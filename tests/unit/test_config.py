@@ -1,0 +1,86 @@
+"""`oploop.toml`: what it sets, and that every mistake names its key."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.config import ConfigError, load_config, parse_config
+
+
+def test_defaults_without_a_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("OPLOOP_CONFIG", raising=False)
+    monkeypatch.delenv("OPLOOP_INTENT_ROUTER", raising=False)
+    monkeypatch.setenv("OPLOOP_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    config = load_config()
+    assert set(config.agents) == {"default"} and config.aliases["sonnet"]
+    assert not config.router.enabled
+
+
+def test_a_full_file(tmp_path):
+    path = tmp_path / "oploop.toml"
+    path.write_text("""
+[models]
+fast = "claude-fast-9"
+[hidden.local]
+readonly = ["shell", "write_file"]
+[router]
+enabled = true
+model = "fast"
+[limits]
+max_prompt_chars = 100
+[agents.ops]
+model = "fast"
+max_turns = 3
+temperature = 1
+category_allowlist = ["fs"]
+streaming = false
+""")
+    config = load_config(path)
+    ops = config.agent("ops")
+    assert ops.model_id(config.aliases) == "claude-fast-9" and ops.max_turns == 3
+    assert ops.temperature == 1.0 and ops.category_allowlist == ("fs",) and not ops.streaming
+    assert config.hidden[("local", "readonly")] == {"shell", "write_file"}
+    assert config.router.enabled and config.limits.max_prompt_chars == 100
+    assert config.agent("") is config.agents["default"] and config.agent("nope") is None
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[agents.a]\nmax_turnz = 3", "agents.a.max_turnz"),
+    ("[agents.a]\nmax_turns = '3'", "agents.a.max_turns"),
+    ("[agents.a]\nmax_turns = 0", "agents.a.max_turns"),
+    ("[agents.a]\nstreaming = 1", "agents.a.streaming"),
+    ("[agents.a]\ncategory_allowlist = 'fs'", "agents.a.category_allowlist"),
+    ("[agents.a]\ntemperature = 3.0", "agents.a.temperature"),
+    ("[agents.a]\nname = 'b'", "agents.a.name"),
+    ("[hidden.local]\nreadonly = [1]", "hidden.local.readonly[0]"),
+    ("[hidden]\nlocal = 1", "hidden.local"),
+    ("[models]\nfast = 2", "models.fast"),
+    ("[router]\nmax_tokens = 'x'", "router.max_tokens"),
+    ("[limitz]\nx = 1", "limitz"),
+    ("agents = 3", "agents"),
+])
+def test_mistakes_name_their_key(text, key):
+    import tomllib
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(tomllib.loads(text), "oploop.toml")
+    assert f"oploop.toml: {key}" in str(err.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[agents\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_environment_turns_the_router_on_and_off(monkeypatch, tmp_path):
+    path = tmp_path / "oploop.toml"
+    path.write_text("[router]\nenabled = true\n")
+    monkeypatch.setenv("OPLOOP_INTENT_ROUTER", "off")
+    assert not load_config(path).router.enabled
+    monkeypatch.setenv("OPLOOP_INTENT_ROUTER", "on")
+    assert load_config(path).router.enabled
