@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
-
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.batcher import DeltaBatcher
-from actors.llm_caller.failures import CallFailed, classify
+from actors.llm_caller.calls import call_with_retries
+from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
 from actors.runtime import run_actor
 from actors.worker import Worker
@@ -50,49 +48,14 @@ class LlmCaller(Worker):
     async def _call_with_retries(
         self, env: Envelope, job: LlmJob, batcher: DeltaBatcher
     ) -> dict[str, object]:
-        policy = self.policy
-        deadline = env.deadline or time.time() + policy.request_timeout_s
-        use_stream = job.stream
-
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            hint = classify(exc).retry_after_s if exc else None
-            return policy.backoff_s(state.attempt_number, hint)
-
-        def before_sleep(state: RetryCallState) -> None:
-            nonlocal use_stream
-            exc = state.outcome.exception() if state.outcome else None
-            failure = classify(exc) if exc else None
+        def on_retry(attempt: int, error: str, wait_s: float) -> None:
             batcher.discard()  # the failed attempt's text is void; viewers get RETRY
-            wait_s = state.upcoming_sleep
-            if use_stream and deadline - time.time() - wait_s < policy.fallback_window_s:
-                use_stream = False
-            error = f"{failure.error}: {failure.message}" if failure else "unknown"
-            log.info("job %s attempt %d failed (%s); retrying in %.2fs",
-                     env.job, state.attempt_number, error, wait_s)
-            self.progress(env, Retrying(state.attempt_number, error, wait_s))
+            self.progress(env, Retrying(attempt, error, wait_s))
 
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.attempts),
-            wait=wait,
-            retry=retry_if_exception(lambda e: classify(e).retryable),
-            before_sleep=before_sleep,
-            reraise=True,
+        return await call_with_retries(
+            self.backend, self.policy, job.request, stream=job.stream,
+            deadline=env.deadline or None, on_delta=batcher.add, on_retry=on_retry,
         )
-        attempts = 0
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    timeout_s = max(1.0, deadline - time.time())
-                    if use_stream:
-                        return await self.backend.stream(
-                            job.request, batcher.add, idle_s=policy.idle_s, timeout_s=timeout_s
-                        )
-                    return await self.backend.create(job.request, timeout_s=timeout_s)
-        except Exception as exc:
-            raise CallFailed(classify(exc), attempts) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def aclose(self) -> None:
         """Close the model backend."""
