@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,6 +82,9 @@ class Session:
     deadline: float = 0.0
     #: The terminal event type of the last run that ended.
     last_end: str = ""
+    #: Checks a final answer (a typed output): None if it is fine, else the
+    #: problem, which gets one repair turn and then ends the run with `ERROR`.
+    output_check: Callable[[str], str | None] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -265,6 +269,7 @@ async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
     agent = session.agent
     config = io.config
     direct = config.router.enabled and await is_direct(session, io)
+    repaired = False
     for turn in range(1, limit + 1):
         check_stop(session)
         session.turns += 1
@@ -280,6 +285,14 @@ async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
         add_reply(session.history, stored_reply(reply))
         step = next_step(reply)
         if isinstance(step, FinalOutput):
+            problem = session.output_check(step.text) if session.output_check else None
+            if problem is not None and not repaired and turn < limit:
+                repaired = True
+                emit(session, io, "TURN_END", turn, {"stop": "output_invalid", "problem": problem})
+                add_user_text(session.history, repair_prompt(problem))
+                continue
+            if problem is not None:
+                raise ModelError("output_invalid", problem)
             emit(session, io, "TURN_END", turn, {"stop": step.stop})
             return RunResult(step.text, step.stop, turn)
         if isinstance(step, RunTools):
@@ -294,6 +307,12 @@ async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
             raise AssertionError(f"unhandled step {step!r}")
     check_stop(session)
     return RunResult("", "max_turns", limit)
+
+
+def repair_prompt(problem: str) -> str:
+    """The user turn asking the model to fix a final answer that did not parse."""
+    return (f"Your final answer could not be parsed: {problem}\n"
+            "Reply again with only the JSON object, nothing before or after it.")
 
 
 async def is_direct(session: Session, io: LoopIO) -> bool:

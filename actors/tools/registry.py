@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Generic, TypeVar, get_origin, get_type_hints
 
 from .schema import InputModel, ToolInputError
 from .spec import ToolSpec
@@ -24,16 +24,22 @@ log = logging.getLogger(__name__)
 _CTX_PARAM = "ctx"
 
 
+Deps = TypeVar("Deps")
+
+
 @dataclass(frozen=True, slots=True)
-class ToolContext:
+class ToolContext(Generic[Deps]):
     """Where and until when a call runs; passed to tools whose first parameter is `ctx`.
 
     `deadline` is absolute wall-clock time (`time.time()`), as carried in an
-    envelope across processes; None means no deadline.
+    envelope across processes; None means no deadline. `deps` are the
+    dependencies a program embedding the loop gives its tools (`Runner`);
+    None in the executor process.
     """
 
     cwd: Path
     deadline: float | None = None
+    deps: Deps = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +133,8 @@ def _wants_ctx(tool_name: str, fn: ToolFn) -> bool:
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].name != _CTX_PARAM:
         return False
-    if get_type_hints(fn).get(_CTX_PARAM) is not ToolContext:
+    hint = get_type_hints(fn).get(_CTX_PARAM)
+    if hint is not ToolContext and get_origin(hint) is not ToolContext:
         raise TypeError(f"tool {tool_name}: parameter 'ctx' must be annotated ToolContext")
     return True
 

@@ -1,0 +1,239 @@
+"""`Runner[Deps, Output]`: the agent loop embedded in a program, typed.
+
+The same loop the supervisor runs (`actors.supervisor.session`), driven in this
+process: the model through the same backend and retry policy as the llm
+caller, tools from a `Catalogue` called directly, so that Python tools can take
+the program's own objects (`deps`, reaching them as `ctx.deps`). When an output
+type is given (a dataclass, a TypedDict — `typing_extensions.TypedDict` before
+Python 3.12 — or anything pydantic validates), the final answer is parsed into
+it; a parse failure gets one repair turn, then the run fails with
+`RunFailed("output_invalid")`::
+
+    @dataclass
+    class Answer:
+        city: str
+        temp_c: float
+
+    async with Runner(output_type=Answer, tools=[lookup]) as runner:
+        result = await runner.run("weather in Oslo?", deps=db)
+        result.output.temp_c
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import pydantic
+
+from actors.config import Config, load_config
+from actors.llm_caller.backend import AnthropicBackend, ModelBackend
+from actors.llm_caller.calls import call_with_retries
+from actors.llm_caller.failures import CallFailed
+from actors.llm_caller.policy import RetryPolicy
+from actors.supervisor.agents import DEFAULT_AGENT, Agent
+from actors.supervisor.history import Message
+from actors.supervisor.session import ModelError, Session, emit, run_session
+from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
+
+Deps = TypeVar("Deps")
+Output = TypeVar("Output")
+
+OnEvent = Callable[[dict[str, Any]], None]
+
+#: Longest JSON answer searched for (characters): keeps a runaway reply cheap.
+MAX_OUTPUT_CHARS = 1_000_000
+
+
+class RunFailed(Exception):
+    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run."""
+
+    def __init__(self, error: str, message: str, events: list[dict[str, Any]]) -> None:
+        super().__init__(f"{error}: {message}")
+        self.error = error
+        self.message = message
+        self.events = events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOutput(Generic[Output]):
+    """A finished run: the typed output, the final text, and how it ended."""
+
+    output: Output
+    text: str
+    stop: str
+    turns: int
+    session: Session
+    events: list[dict[str, Any]]
+
+
+class OutputParser(Generic[Output]):
+    """Parses a final answer into `output_type` (JSON, validated by pydantic)."""
+
+    def __init__(self, output_type: type[Output]) -> None:
+        self.adapter: pydantic.TypeAdapter[Output] = pydantic.TypeAdapter(output_type)
+        self.schema = self.adapter.json_schema()
+
+    def instructions(self) -> str:
+        """What the system prompt tells the model about the answer's shape."""
+        return ("When you give your final answer, reply with only a JSON value that matches "
+                f"this JSON schema, with no text around it:\n{json.dumps(self.schema)}")
+
+    def parse(self, text: str) -> Output:
+        """The answer as `Output`; raises ValueError saying what is wrong."""
+        raw = _json_part(text[:MAX_OUTPUT_CHARS])
+        try:
+            return self.adapter.validate_json(raw)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
+                for e in exc.errors()[:5]
+            )
+            raise ValueError(problems) from exc
+
+    def problem(self, text: str) -> str | None:
+        """None if `text` parses, else why not (the loop's output check)."""
+        try:
+            self.parse(text)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+def _json_part(text: str) -> str:
+    """The JSON of an answer: a fenced block's content, else the outermost object."""
+    fenced = _FENCE.search(text)
+    if fenced:
+        return fenced.group(1).strip()
+    start, end = text.find("{"), text.rfind("}")
+    return text[start:end + 1] if 0 <= start < end else text.strip()
+
+
+class Runner(Generic[Deps, Output]):
+    """Runs the agent loop in this process, typed by its dependencies and output."""
+
+    def __init__(
+        self,
+        agent: Agent = DEFAULT_AGENT,
+        *,
+        output_type: type[Output] | None = None,
+        tools: Iterable[Tool] = (),
+        builtin: bool = True,
+        config: Config | None = None,
+        backend: ModelBackend | None = None,
+        policy: RetryPolicy | None = None,
+        on_event: OnEvent | None = None,
+    ) -> None:
+        self.config = config or load_config()
+        self.parser = OutputParser(output_type) if output_type is not None else None
+        if self.parser is not None:
+            agent = dataclasses.replace(
+                agent, system=f"{agent.system}\n\n{self.parser.instructions()}"
+            )
+        self.agent = agent
+        self.catalogue = Catalogue([*(BUILTIN.values() if builtin else ()), *tools])
+        self.backend = backend or AnthropicBackend()
+        self.policy = policy or RetryPolicy.from_env()
+        self.on_event = on_event
+        self._sessions = 0
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        deps: Deps,
+        session: Session | None = None,
+        cwd: str | Path | None = None,
+        max_turns: int = 0,
+        deadline_s: float = 0.0,
+    ) -> RunOutput[Output]:
+        """One run on `prompt` (a follow-up when `session` is a previous run's)."""
+        if session is None:
+            self._sessions += 1
+            session = Session(f"local-{self._sessions}", self.agent, str(cwd or Path.cwd()))
+        if self.parser is not None:
+            session.output_check = self.parser.problem
+        io = _LocalIO(self, deps)
+        await run_session(session, io, prompt, max_turns, deadline_s)
+        end = io.events[-1]
+        data = end["data"]
+        if end["type"] != "DONE":
+            error = data.get("error") or f"cancelled ({data.get('mode')})"
+            raise RunFailed(error, data.get("message") or data.get("reason", ""), io.events)
+        text = data["text"]
+        output: Any = self.parser.parse(text) if self.parser is not None else text
+        return RunOutput(output, text, data["stop"], data["turns"], session, io.events)
+
+    async def aclose(self) -> None:
+        """Close the model backend's connections."""
+        await self.backend.aclose()
+
+    async def __aenter__(self) -> Runner[Deps, Output]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _LocalIO(Generic[Deps]):
+    """`LoopIO` in this process: the backend for the model, the catalogue for tools."""
+
+    def __init__(self, runner: Runner[Deps, Any], deps: Deps) -> None:
+        self.runner = runner
+        self.config = runner.config
+        self.deps = deps
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        event = {"seq": session.next_seq, "session": session.id, "type": type_, "turn": turn,
+                 "ts": time.time(), "data": data}
+        session.next_seq += 1
+        self.events.append(event)
+        if self.runner.on_event is not None:
+            self.runner.on_event(event)
+
+    def tool_catalogue(self) -> list[dict[str, Any]]:
+        return [spec.to_wire() for spec in self.runner.catalogue.specs()]
+
+    async def call_model(
+        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
+    ) -> Message:
+        def on_delta(channel: str, text: str) -> None:
+            if channel == "text":
+                session.partial.append(text)
+            emit(session, self, "THINKING" if channel == "thinking" else "TOKEN", turn,
+                 {"text": text})
+
+        def on_retry(attempt: int, error: str, wait_s: float) -> None:
+            session.partial.clear()
+            emit(session, self, "RETRY", turn, {"attempt": attempt, "error": error,
+                                                "wait_s": wait_s})
+
+        runner = self.runner
+        try:
+            return await call_with_retries(
+                runner.backend, runner.policy, request, stream=stream,
+                deadline=session.deadline or None, on_delta=on_delta, on_retry=on_retry,
+            )
+        except CallFailed as exc:
+            f = exc.failure
+            raise ModelError(f.error, f.message, f.status) from exc
+
+    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        deadline = time.time() + timeout_s
+        if session.deadline:
+            deadline = min(deadline, session.deadline)
+        ctx = ToolContext(cwd=Path(session.cwd), deadline=deadline, deps=self.deps)
+        started = time.perf_counter()
+        outcome = await invoke(self.runner.catalogue, call.name, call.input, ctx)
+        elapsed_ms = round((time.perf_counter() - started) * 1000, 3)
+        return ToolOutcome(outcome.output, outcome.is_error, elapsed_ms)
