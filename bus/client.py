@@ -149,10 +149,16 @@ class Client:
         return reply.body.counters
 
     async def cancel(
-        self, session: str, mode: str = "ui", reason: str = "", timeout: float = 5.0
+        self, session: str, mode: str = "ui", reason: str = "", timeout: float = 5.0,
+        via: Literal["control", "api"] = "control",
     ) -> CancelAck:
-        """Cancel `session` (`ui`: now; `operation`: at the next loop boundary)."""
-        reply = await self._control.request(Cancel(session, mode, reason), timeout=timeout)
+        """Cancel `session` (`ui`: now; `operation`: at the next loop boundary).
+
+        `via="api"` sends it down the data path instead of the priority control
+        socket: the same effect, slower under load (the benchmark's comparison).
+        """
+        requester = self._control if via == "control" else self._api
+        reply = await requester.request(Cancel(session, mode, reason), timeout=timeout)
         assert isinstance(reply.body, CancelAck)
         return reply.body
 

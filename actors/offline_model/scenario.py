@@ -119,7 +119,8 @@ class Scenario:
 
     def _script_for(self, prompt: str) -> tuple[Turn, ...]:
         for name, turns in self.scripts.items():
-            if f"#{name}" in prompt:
+            # A whole tag: "#s1" must not pick script "s1" for a prompt saying "#s13".
+            if re.search(rf"#{re.escape(name)}(?![\w-])", prompt):
                 return turns
         return self.turns
 

@@ -27,7 +27,7 @@ from actors.supervisor.session import (
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
 from bus.endpoints import Endpoints
-from bus.errors import Backpressure, BusError
+from bus.errors import Backpressure
 from bus.messages import (
     Cancel,
     CancelAck,
@@ -145,6 +145,10 @@ class Supervisor:
             port.send(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
             port.send(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+        elif isinstance(body, Cancel):
+            # Accepted here too (the same rules), but behind the api's data; the
+            # control socket is the fast path (`scripts/bench` compares the two).
+            self._cancel(peer, env, body, port)
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
 
@@ -233,9 +237,10 @@ class Supervisor:
         else:
             self.control.reply_error(peer, env.id, "bad_request", f"control does not serve {env.kind}")
 
-    def _cancel(self, peer: bytes | None, env: Envelope, req: Cancel) -> None:
+    def _cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
+                port: Port | None = None) -> None:
         """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
-        port = self.control
+        port = port or self.control
         session = self.sessions.get(req.session)
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", f"no session {req.session!r}")

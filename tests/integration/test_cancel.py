@@ -16,6 +16,7 @@ import psutil
 import pytest
 import zmq
 import zmq.asyncio
+from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host
 
 from actors.config import Config
 from actors.supervisor.actor import Supervisor
@@ -24,7 +25,6 @@ from bus.client import Client
 from bus.codec import decode
 from bus.endpoints import Endpoints
 from bus.errors import RemoteError
-from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host
 
 WORDS = " ".join(f"word{i}" for i in range(400))
 OK = {"reply": "follow-up answered", "stop_reason": "end_turn"}

@@ -7,17 +7,16 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import msgpack
-import psutil
 import pytest
 import zmq
+from hostkit import OPLOOP, assert_one_run, events_of, oploop, running_host
 
 from bus.client import Client
 from bus.endpoints import Endpoints
-from hostkit import OPLOOP, assert_one_run, events_of, oploop, running_host
+
 
 @pytest.fixture
 def host(short_home):

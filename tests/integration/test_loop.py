@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hostkit import of_type, run, running_host
 
 from actors.supervisor.history import is_valid
 from bus.client import Client
-from hostkit import of_type, run, running_host
 
 CONFIG = """
 [hidden.local]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 import pytest
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from actors.config import Config
 from actors.llm_caller.backend import AnthropicBackend
 from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model import start_server
-from actors.runner import Runner, RunFailed
+from actors.runner import RunFailed, Runner
 from actors.supervisor.history import is_valid
 from actors.tools import ToolContext, tool
 
