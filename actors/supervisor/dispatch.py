@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
 from bus.messages import (
@@ -80,6 +81,18 @@ class Job:
     dispatches: int = 0
     #: Abort sent: the worker's slot stays taken until it acknowledges (its reply).
     aborted: bool = False
+
+
+def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
+    """The well-formed tool specs of a `Ready`; a bad one is dropped (and logged), so
+    a broken executor cannot put a request the API would refuse into every turn."""
+    good = []
+    for raw in tools:
+        try:
+            good.append(ToolSpec.from_wire(raw).to_wire())
+        except ValueError as exc:
+            log.warning("worker %r announced a bad tool spec: %s", peer, exc)
+    return good
 
 
 class Dispatcher:
@@ -225,7 +238,8 @@ class Dispatcher:
         if old is not None:
             # Re-announced (it lost us for a while): whatever it ran is lost with its state.
             self._worker_died(peer, reason="re-announced")
-        self.workers[peer] = WorkerState(peer, ready.role, ready.capacity, ready.tools,
+        self.workers[peer] = WorkerState(peer, ready.role, ready.capacity,
+                                         _valid_specs(peer, ready.tools),
                                          control_id=peer + b".ctl")
         log.info("worker %s ready: %s x%d", peer.decode(errors="replace"), ready.role, ready.capacity)
         if ready.role == "tool":

@@ -3,27 +3,40 @@
 `ToolSpec` is what crosses the wire and reaches the model; a `Tool` is a spec
 plus the async function behind it, built with `@tool`; `invoke` turns one call
 into a `ToolOutcome`. `BUILTIN` holds read_file, list_dir, write_file and shell.
+
+The names are loaded on first use: a process that only checks specs (the
+supervisor) does not pay for pydantic and the built-ins.
 """
 
-from .builtin import BUILTIN, make_shell
-from .process import CommandResult, Spawner, run_command, spawn_local
-from .registry import Catalogue, Tool, ToolContext, ToolOutcome, invoke, tool
-from .schema import ToolInputError
-from .spec import ToolSpec
+from __future__ import annotations
 
-__all__ = [
-    "BUILTIN",
-    "Catalogue",
-    "CommandResult",
-    "Spawner",
-    "Tool",
-    "ToolContext",
-    "ToolInputError",
-    "ToolOutcome",
-    "ToolSpec",
-    "invoke",
-    "make_shell",
-    "run_command",
-    "spawn_local",
-    "tool",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .builtin import BUILTIN, make_shell
+    from .process import CommandResult, Spawner, run_command, spawn_local
+    from .registry import Catalogue, Tool, ToolContext, ToolOutcome, invoke, tool
+    from .schema import ToolInputError
+    from .spec import ToolSpec
+
+_HOMES = {
+    "BUILTIN": "builtin", "make_shell": "builtin",
+    "CommandResult": "process", "Spawner": "process", "run_command": "process",
+    "spawn_local": "process",
+    "Catalogue": "registry", "Tool": "registry", "ToolContext": "registry",
+    "ToolOutcome": "registry", "invoke": "registry", "tool": "registry",
+    "ToolInputError": "schema",
+    "ToolSpec": "spec",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # once loaded, a plain module attribute
+    return value
