@@ -108,6 +108,10 @@ class Worker(ABC):
         if isinstance(body, Heartbeat):
             return
         if isinstance(body, Disconnect):
+            # The supervisor does not know us (it restarted, or declared us dead): the
+            # jobs we hold are answered by it already, as lost. Stop them, so that no
+            # tool of a forgotten job goes on running, then announce ourselves again.
+            self._abandon_jobs()
             self._say_ready()
             return
         if env.job in self.jobs:
@@ -115,6 +119,15 @@ class Worker(ABC):
             return
         assert self._group is not None
         self.jobs[env.job] = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+
+    def _abandon_jobs(self) -> None:
+        """Cancel every job in hand (each ends as an aborted one)."""
+        if self.jobs:
+            log.warning("%s: abandoning %d job(s) the supervisor has forgotten",
+                        self.worker_id, len(self.jobs))
+        for jid, task in list(self.jobs.items()):
+            self._aborted.add(jid)
+            task.cancel()
 
     async def _run_job(self, env: Envelope) -> None:
         try:
@@ -140,6 +153,7 @@ class Worker(ABC):
             if self._liveness.expired():
                 log.info("%s: supervisor silent, announcing again", self.worker_id)
                 self._liveness.heard(_SUPERVISOR)
+                self._abandon_jobs()  # it has declared us dead, and our jobs lost
                 self._say_ready()
 
     async def serve(self) -> None:

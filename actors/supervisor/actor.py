@@ -16,6 +16,7 @@ from actors.runtime import notify_ready, run_actor
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.history import Message
+from actors.supervisor.journal import Journal
 from actors.supervisor.session import (
     ModelError,
     Session,
@@ -23,6 +24,7 @@ from actors.supervisor.session import (
     drive_run,
     emit,
     finish_cancelled,
+    resume_run,
 )
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
@@ -67,8 +69,13 @@ MAX_OUTBOX = 1_000_000
 class Supervisor:
     """Holds every session, runs their turn loops, and is the single writer of events."""
 
-    def __init__(self, endpoints: Endpoints, config: Config | None = None) -> None:
+    def __init__(self, endpoints: Endpoints, config: Config | None = None,
+                 journal: Journal | None = None) -> None:
         self.config = config or Config()
+        self.journal = journal
+        self._unjournaled: list[tuple[str, int, bytes]] = []
+        self._dirty: dict[str, Session] = {}
+        self._flush_scheduled = False
         self.sessions: dict[str, Session] = {}
         self.reactor = Reactor()
         self.control = self.reactor.add(
@@ -91,14 +98,40 @@ class Supervisor:
     # -- events ------------------------------------------------------------------------
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        """Stamp the next seq of `session` on an event and push it to the broadcaster."""
+        """Stamp the next seq of `session` on an event and publish it: at once without a
+        journal, else after the journal has committed it (at the end of this loop
+        iteration, with every other event of it: one commit per iteration)."""
         seq = session.next_seq
         session.next_seq += 1
         env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
         frame = encode(env)
+        if self.journal is None:
+            self._publish(frame, session.id, seq)
+            return
+        self._unjournaled.append((session.id, seq, frame))
+        self._dirty[session.id] = session
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Commit the pending events and session snapshots, then publish the events."""
+        self._flush_scheduled = False
+        events, self._unjournaled = self._unjournaled, []
+        dirty, self._dirty = list(self._dirty.values()), {}
+        assert self.journal is not None
+        try:
+            self.journal.commit(events, dirty)
+        except Exception:  # a full disk must not stop sessions: publish, unjournaled
+            log.exception("journal commit failed: %d event(s) published without it",
+                          len(events))
+        for sid, seq, frame in events:
+            self._publish(frame, sid, seq)
+
+    def _publish(self, frame: bytes, sid: str, seq: int) -> None:
         if self._outbox or not self._push(frame):
             if len(self._outbox) >= MAX_OUTBOX:
-                log.error("event outbox full: dropping %s#%d", session.id, seq)
+                log.error("event outbox full: dropping %s#%d", sid, seq)
                 return
             self._outbox.append(frame)
 
@@ -210,9 +243,36 @@ class Supervisor:
         session.state = "idle"
         if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
             finish_cancelled(session, self.io, "ui")
+        if self.journal is not None:
+            self._dirty[session.id] = session  # journaled idle with the next commit
+            self.journal.prune(session.id, session.next_seq - 1)
+
+    def resume_journaled(self) -> int:
+        """Load the journal's sessions; runs a restart interrupted go on. Returns how many."""
+        if self.journal is None:
+            return 0
+        resumed = 0
+        for session in self.journal.sessions(dict(self.config.agents)):
+            self.sessions[session.id] = session
+            if session.run_over:
+                session.state = "idle"
+                continue
+            session.state = "running"
+            assert self._group is not None
+            task = self._group.create_task(
+                self._run(session, session.run_limit, None, resume=True),
+                name=f"session-{session.id}-{session.runs}",
+            )
+            session.task = task
+            task.add_done_callback(lambda t, s=session: self._run_ended(s, t))
+            resumed += 1
+        if resumed:
+            log.warning("resumed %d session(s) from the journal", resumed)
+        return resumed
 
     async def _run(self, session: Session, limit: int,
-                   previous: asyncio.Task[None] | None) -> None:
+                   previous: asyncio.Task[None] | None, resume: bool = False) -> None:
+        first_turn = resume_run(session, self.io, "supervisor restarted") if resume else 1
         if previous is not None:
             await asyncio.wait([previous])
         if not self.dispatcher.tool_specs():
@@ -223,7 +283,7 @@ class Supervisor:
                         await self.dispatcher.catalogue_changed.wait()
             except TimeoutError:
                 log.warning("no executor announced tools; session %s runs without", session.id)
-        await drive_run(session, self.io, limit)
+        await drive_run(session, self.io, limit, first_turn)
 
     # -- control -----------------------------------------------------------------------
 
@@ -288,8 +348,13 @@ class Supervisor:
                 group.create_task(self.reactor.run(), name="reactor")
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
+                self.resume_journaled()
                 notify_ready()
         finally:
+            if self.journal is not None:
+                if self._unjournaled or self._dirty:
+                    self._flush()  # what this iteration emitted still goes out
+                self.journal.close()
             self.reactor.close()
 
 
@@ -370,7 +435,9 @@ class _WorkerIO:
 
 
 async def _main() -> None:
-    await Supervisor(Endpoints.for_home(), load_config()).serve()
+    endpoints = Endpoints.for_home()
+    journal = Journal.for_home(endpoints.run_dir.parent)
+    await Supervisor(endpoints, load_config(), journal).serve()
 
 
 def main() -> None:

@@ -109,6 +109,7 @@ class Dispatcher:
         self.catalogue_changed = asyncio.Event()
         self._ids = itertools.count(1)
         self.aborts_acked = 0
+        self._told: set[bytes] = set()  # unknown peers already asked to re-announce
         self._prefix = f"j{os.getpid():x}."
 
     # -- submitting --------------------------------------------------------------------
@@ -188,8 +189,11 @@ class Dispatcher:
             return
         worker = self.workers.get(peer)
         if worker is None:
-            if not isinstance(body, Disconnect):
-                # We do not know it (we restarted, or declared it dead): ask it to re-announce.
+            if not isinstance(body, Disconnect) and peer not in self._told:
+                # We do not know it (we restarted, or declared it dead): ask it to
+                # re-announce, once: its queued messages must not each draw a
+                # Disconnect, or it would answer with as many Readys.
+                self._told.add(peer)
                 self._send_quiet(peer, Disconnect())
             return
         if isinstance(body, Heartbeat):
@@ -231,6 +235,7 @@ class Dispatcher:
             worker.control_id = peer
 
     def _register(self, peer: bytes, ready: Ready) -> None:
+        self._told.discard(peer)
         if ready.role not in ROLES or ready.capacity < 1:
             log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
             return

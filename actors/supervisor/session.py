@@ -85,6 +85,11 @@ class Session:
     #: Checks a final answer (a typed output): None if it is fine, else the
     #: problem, which gets one repair turn and then ends the run with `ERROR`.
     output_check: Callable[[str], str | None] | None = None
+    #: The current run's turn limit, and the turn it is in (for a resume).
+    run_limit: int = 0
+    run_turn: int = 0
+    #: Outcomes of the current reply's tool calls that have finished, by call id.
+    outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -173,6 +178,8 @@ def begin_run(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
     session.stop_request = ""
     session.run_over = False
     session.partial.clear()
+    session.outcomes.clear()
+    session.run_limit, session.run_turn = limit, 0
     session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
     emit(session, io, "SESSION_START", 0, {
         "prompt": prompt, "agent": agent.name, "model": agent.model_id(io.config.aliases),
@@ -182,7 +189,30 @@ def begin_run(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
     return limit
 
 
-async def drive_run(session: Session, io: LoopIO, limit: int) -> None:
+#: The result given to a tool call a supervisor restart interrupted.
+INTERRUPTED = ("interrupted: the supervisor restarted while this tool ran; it may or may "
+               "not have completed, and it is not run again")
+
+
+def resume_run(session: Session, io: LoopIO, reason: str) -> int:
+    """Pick up a run a supervisor restart interrupted; returns the turn to go on from.
+
+    A reply whose tools were running keeps the results that were recorded and
+    gets `INTERRUPTED` for the others (never a re-run: tools have side effects);
+    a model call in flight starts again (text streamed since the turn's
+    `TURN_START` is void, as after a `RETRY`).
+    """
+    emit(session, io, "RESUMED", session.run_turn, {"reason": reason})
+    session.partial.clear()
+    last = session.history[-1] if session.history else {}
+    if last.get("role") == "assistant" and tool_calls(last):
+        close_open_calls(session.history, INTERRUPTED, session.outcomes)
+        emit(session, io, "TURN_END", session.run_turn, {"stop": "tool_use"})
+        return session.run_turn + 1
+    return max(1, session.run_turn)
+
+
+async def drive_run(session: Session, io: LoopIO, limit: int, first_turn: int = 1) -> None:
     """The turns of the run `begin_run` opened, up to its single terminal event."""
     run = session.runs
     loop = asyncio.get_running_loop()
@@ -190,7 +220,7 @@ async def drive_run(session: Session, io: LoopIO, limit: int) -> None:
     deadline = asyncio.timeout_at(when)
     try:
         async with deadline:
-            result = await run_turns(session, io, limit)
+            result = await run_turns(session, io, limit, first_turn)
     except StopRun as stop:
         finish_cancelled(session, io, stop.mode, run=run)
     except asyncio.CancelledError:
@@ -236,7 +266,7 @@ def finish_cancelled(session: Session, io: LoopIO, mode: str, reason: str = "",
         return False
     why = CANCEL_WHY[mode]
     keep_partial(session, why)
-    close_open_calls(session.history, why)
+    close_open_calls(session.history, why, session.outcomes)
     emit(session, io, "CANCELLED", session.turns, {"mode": mode, "reason": reason or why})
     return True
 
@@ -251,11 +281,15 @@ def keep_partial(session: Session, why: str) -> None:
         session.history.append({"role": "assistant", "content": [{"type": "text", "text": marked}]})
 
 
-def close_open_calls(history: list[Message], why: str) -> None:
-    """Answer the tool calls of a trailing assistant message with error results."""
+def close_open_calls(history: list[Message], why: str,
+                     known: dict[str, ToolOutcome] | None = None) -> None:
+    """Answer the tool calls of a trailing assistant message: with their `known`
+    outcomes where they finished, else with an error result saying `why`."""
     calls = tool_calls(history[-1]) if history and history[-1].get("role") == "assistant" else ()
+    known = known or {}
     if calls:
-        history.append(results_message(calls, [ToolOutcome(why, True) for _ in calls]))
+        outcomes = [known.get(c.id) or ToolOutcome(why, True) for c in calls]
+        history.append(results_message(calls, outcomes))
 
 
 def check_stop(session: Session) -> None:
@@ -264,15 +298,17 @@ def check_stop(session: Session) -> None:
         raise StopRun(session.stop_request)
 
 
-async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
+async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 1) -> RunResult:
     """The turn loop proper; returns how the run ended (`StopRun` at a boundary)."""
     agent = session.agent
     config = io.config
-    direct = config.router.enabled and await is_direct(session, io)
+    direct = first_turn == 1 and config.router.enabled and await is_direct(session, io)
     repaired = False
-    for turn in range(1, limit + 1):
+    for turn in range(first_turn, limit + 1):
         check_stop(session)
-        session.turns += 1
+        if turn != session.run_turn:  # (a resumed turn is counted once)
+            session.turns += 1
+        session.run_turn = turn
         emit(session, io, "TURN_START", turn, {})
         tools = [] if direct else resolve_tools(io.tool_catalogue(), agent, turn, config.hidden)
         request = build_request(
@@ -298,8 +334,10 @@ async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
         if isinstance(step, RunTools):
             check_stop(session)
             offered = {t["name"] for t in tools}
+            session.outcomes.clear()
             outcomes = await run_calls(session, io, step.calls, offered, turn)
             session.history.append(results_message(step.calls, outcomes))
+            session.outcomes.clear()
             emit(session, io, "TURN_END", turn, {"stop": "tool_use"})
         elif isinstance(step, Continue):
             emit(session, io, "TURN_END", turn, {"stop": step.reason})
@@ -349,6 +387,7 @@ async def run_calls(
                 outcome = await io.run_tool(session, call, timeout_s=agent.tool_timeout_s)
             else:  # hidden or unknown: never run, and the refusal names no hidden tool
                 outcome = ToolOutcome(unavailable_message(call.name), True)
+            session.outcomes[call.id] = outcome
             emit(session, io, "TOOL_END", turn, {
                 "tool_use_id": call.id, "name": call.name, "is_error": outcome.is_error,
                 "output": outcome.output, "duration_ms": outcome.duration_ms,

@@ -1,0 +1,143 @@
+"""kill -9 at awkward moments: the supervisor (journal and resume), an llm caller
+mid-stream, an executor mid-tool, the host itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bus.client import Client
+from hostkit import assert_one_run, of_type, oploop, running_host
+
+WORDS = " ".join(f"w{i}" for i in range(300))
+OK = {"reply": "carried on", "stop_reason": "end_turn"}
+MARK = "4242"
+SCRIPTS = {
+    "tool": [{"reply": [{"type": "tool_use", "name": "shell",
+                         "input": {"command": f"touch started; exec sleep {MARK}0"}}]}, OK],
+    "stream": [{"reply": WORDS, "delay_s": 0.02}, OK],
+}
+
+
+@pytest.fixture
+def host(short_home, tmp_path):
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"scripts": SCRIPTS}))
+    with running_host(short_home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as running:
+        yield running
+
+
+def _actors(home: str) -> list[dict]:
+    return json.loads((Path(home) / "run" / "host.json").read_text())["actors"]
+
+
+def actor(home: str, name: str) -> dict:
+    return next(a for a in _actors(home) if a["name"] == name)
+
+
+def marked() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(MARK in part for part in p.info["cmdline"] or ())]
+
+
+async def until(predicate, timeout=15.0, what="condition"):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def run_killing(home, prompt, cwd, name, when):
+    """Run `prompt`, SIGKILL actor `name` at the first event `when` accepts, and
+    collect the run's events (one viewer attached throughout)."""
+    async with Client.connect(Path(home)) as client:
+        started = await client.start(prompt, cwd=str(cwd))
+        events, killed = [], None
+        async for event in client.events(started.session, started.from_seq, stop_at="first"):
+            events.append(event)
+            if killed is None and await when(event):
+                if name == "executor":  # whichever executor runs the tool
+                    killed = psutil.Process(marked()[0]).parent().pid
+                    name = next(a["name"] for a in _actors(home) if a["pid"] == killed)
+                else:
+                    killed = actor(home, name)["pid"]
+                os.kill(killed, signal.SIGKILL)
+        await until(lambda: actor(home, name)["pid"] not in (None, killed)
+                    and actor(home, name)["state"] == "running", what=f"{name} restarted")
+        info = await client.inspect(started.session)
+        return events, info
+
+
+def tool_started(cwd):
+    async def when(event):
+        if event["type"] != "TOOL_START":
+            return False
+        await until(lambda: (cwd / "started").exists() and marked(), what="the tool")
+        return True
+    return when
+
+
+async def first_token(event):
+    return event["type"] == "TOKEN"
+
+
+def test_supervisor_killed_mid_tool_resumes_and_reports_the_tool_interrupted(host, tmp_path):
+    events, info = asyncio.run(run_killing(host, "#tool go", tmp_path, "supervisor",
+                                           tool_started(tmp_path)))
+    assert_one_run(events)
+    assert of_type(events, "RESUMED") and events[-1]["type"] == "DONE"
+    assert events[-1]["data"]["text"] == "carried on"
+    result = info.history[2]["content"][0]
+    assert result["is_error"] and result["content"].startswith("interrupted")
+    asyncio.run(until(lambda: not marked(), what="the abandoned tool to die"))
+    assert actor(host, "supervisor")["restarts"] == 1
+
+
+def test_supervisor_killed_mid_stream_calls_the_model_again(host, tmp_path):
+    events, info = asyncio.run(run_killing(host, "#stream talk", tmp_path, "supervisor",
+                                           first_token))
+    assert_one_run(events)
+    (resumed,) = of_type(events, "RESUMED")
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "carried on"
+    assert [m["role"] for m in info.history] == ["user", "assistant"]
+
+
+def test_llm_caller_killed_mid_stream_is_retried_elsewhere(host, tmp_path):
+    events, _ = asyncio.run(run_killing(host, "#stream talk", tmp_path, "llm-1", first_token))
+    assert_one_run(events)
+    assert any("llm caller" in r["data"]["error"] for r in of_type(events, "RETRY"))
+    assert events[-1]["type"] == "DONE"
+
+
+def test_executor_killed_mid_tool_is_an_error_result_never_a_rerun(host, tmp_path):
+    events, info = asyncio.run(run_killing(host, "#tool go", tmp_path, "executor",
+                                           tool_started(tmp_path)))
+    assert_one_run(events)
+    (end,) = of_type(events, "TOOL_END")
+    assert end["data"]["is_error"] and "executor" in end["data"]["output"]
+    assert len(of_type(events, "TOOL_START")) == 1
+    assert events[-1]["type"] == "DONE"
+    for pid in marked():  # until the sandbox owns tool trees, clean up here
+        psutil.Process(pid).kill()
+
+
+def test_host_killed_takes_every_actor_with_it(short_home):
+    up = oploop(short_home, "up", "--detach")
+    assert up.returncode == 0, up.stderr
+    state = json.loads((Path(short_home) / "run" / "host.json").read_text())
+    procs = [psutil.Process(a["pid"]) for a in state["actors"]]
+    os.kill(state["pid"], signal.SIGKILL)
+    gone, alive = psutil.wait_procs(procs, timeout=10)
+    assert not alive, [p.pid for p in alive]
+    again = oploop(short_home, "up", "--detach")  # stale sockets and state cleaned
+    assert again.returncode == 0, again.stderr
+    assert oploop(short_home, "down").returncode == 0
+    shutil.rmtree(short_home, ignore_errors=True)
