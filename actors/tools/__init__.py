@@ -5,8 +5,8 @@ plus the async function behind it, built with `@tool`; `invoke` turns one call
 into a `ToolOutcome`. `BUILTIN` holds read_file, list_dir, write_file and shell.
 """
 
-from .builtin import BUILTIN, make_shell
-from .process import CommandResult, Spawner, run_command, spawn_local
+from .builtin import BUILTIN, FileWriter, make_shell, make_write_file
+from .process import Child, CommandResult, Spawner, ToolRefused, run_command, spawn_local
 from .registry import Catalogue, Tool, ToolContext, ToolOutcome, invoke, tool
 from .schema import ToolInputError
 from .spec import ToolSpec
@@ -14,15 +14,19 @@ from .spec import ToolSpec
 __all__ = [
     "BUILTIN",
     "Catalogue",
+    "Child",
     "CommandResult",
+    "FileWriter",
     "Spawner",
     "Tool",
     "ToolContext",
     "ToolInputError",
     "ToolOutcome",
+    "ToolRefused",
     "ToolSpec",
     "invoke",
     "make_shell",
+    "make_write_file",
     "run_command",
     "spawn_local",
     "tool",
