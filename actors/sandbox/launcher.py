@@ -52,6 +52,7 @@ MS_PRIVATE = 1 << 18
 RLIMIT_NAMES = {"cpu": 0, "fsize": 1, "core": 4, "nproc": 6, "nofile": 7, "as": 9}
 
 SIGKILL = 9
+SIGTERM = 15
 SIGPIPE = 13
 SIGXFSZ = 25
 
@@ -381,7 +382,16 @@ class Launch:
     def _init(self, alive_r: int, status_w: int) -> None:
         """The pid namespace's init (or, without one, a subreaper): runs the tool, reaps."""
         try:
-            _prctl(PR_SET_PDEATHSIG, SIGKILL)
+            spec = self.spec
+            pidns = bool(spec["unshare"] & CLONE_NEWPID)
+            if pidns:
+                # Killing pid 1 kills the namespace: nothing else to do when the launcher dies.
+                _prctl(PR_SET_PDEATHSIG, SIGKILL)
+            else:
+                # No namespace to take the tree down: catch the signal and kill it ourselves.
+                _signal.signal(SIGTERM, _die_with_tree)
+                _prctl(PR_SET_PDEATHSIG, SIGTERM)
+                _prctl(PR_SET_CHILD_SUBREAPER, 1)
             os.set_blocking(alive_r, False)
             try:
                 if os.read(alive_r, 1) == b"":  # the outer launcher is already gone
@@ -389,10 +399,6 @@ class Launch:
             except BlockingIOError:
                 pass
             os.close(alive_r)
-            spec = self.spec
-            pidns = bool(spec["unshare"] & CLONE_NEWPID)
-            if not pidns:
-                _prctl(PR_SET_CHILD_SUBREAPER, 1)
             if spec["unshare"] & CLONE_NEWNS:
                 self.layer("namespaces", setup_mounts, spec, spec["cwd"], pidns)
             if spec["unshare"] & CLONE_NEWUTS:
@@ -425,6 +431,7 @@ class Launch:
     def _tool(self) -> None:
         """The tool process: the per-process lockdown, then exec (or the file write)."""
         spec = self.spec
+        _signal.signal(SIGTERM, _signal.SIG_DFL)  # the init's handler is not the tool's
         try:
             os.chdir(spec["cwd"])
             if spec["uid"] >= 0:
@@ -457,6 +464,12 @@ class Launch:
             os.kill(os.getpid(), sig)
             os._exit(128 + sig)
         os._exit(os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else 126)
+
+
+def _die_with_tree(signum: int, frame: object) -> None:
+    """The init's parent-death handler without a pid namespace: take the tree along."""
+    _kill_descendants()
+    os._exit(128 + signum)
 
 
 def _kill_descendants() -> None:

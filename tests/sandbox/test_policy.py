@@ -1,0 +1,116 @@
+"""Fail closed: a missing required layer refuses the call, naming it; config lowers it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sbhelp import TEST_POLICY, Host
+
+from actors.executor.actor import Executor, sandboxed_catalogue
+from actors.sandbox import (
+    LAYERS,
+    PolicyError,
+    Sandbox,
+    SandboxConfig,
+    SandboxRefused,
+    layers_report,
+    machine_layers,
+)
+from actors.tools import BUILTIN, ToolContext, invoke
+from bus.endpoints import Endpoints
+from bus.messages import Envelope, ToolJob, ToolResult
+
+
+def without(layer: str) -> dict[str, str]:
+    """This machine's layers, pretending `layer` is missing."""
+    return {**machine_layers(), layer: "pretend it is missing"}
+
+
+def test_missing_required_layer_refuses_with_its_name(host: Host) -> None:
+    sandbox = Sandbox(SandboxConfig(TEST_POLICY), host.home / "workspaces",
+                      layers=without("landlock"))
+    out = asyncio.run(invoke(sandboxed_catalogue(sandbox), "shell", {"command": "echo ran"},
+                             ToolContext(cwd=host.workspace)))
+    assert out.is_error
+    assert "landlock" in out.output and "pretend it is missing" in out.output
+    assert "ran" not in out.output
+    out = asyncio.run(invoke(sandboxed_catalogue(sandbox), "write_file",
+                             {"path": "f", "content": "x"}, ToolContext(cwd=host.workspace)))
+    assert out.is_error and "landlock" in out.output
+    assert not (host.workspace / "f").exists()
+    with pytest.raises(SandboxRefused) as info:
+        sandbox.check("shell", TEST_POLICY)
+    assert info.value.layer == "landlock"
+
+
+def test_lowered_policy_runs_without_the_layer(host: Host) -> None:
+    sandbox = Sandbox(SandboxConfig(TEST_POLICY), host.home / "workspaces",
+                      layers=without("landlock"))
+    lowered = TEST_POLICY.lowered(optional=frozenset({"landlock"}))
+    res = asyncio.run(_run(sandbox, host.workspace, "echo ran", lowered))
+    assert res.output == "ran\n" and res.returncode == 0
+
+
+async def _run(sandbox: Sandbox, cwd: Path, command: str, policy):  # type: ignore[no-untyped-def]
+    from actors.tools.process import run_command
+
+    return await run_command(command, cwd, timeout_s=10, cap=4096,
+                             spawn=sandbox.spawner("shell", policy))
+
+
+def test_config_file_lowers_and_rejects_typos(tmp_path: Path) -> None:
+    (tmp_path / "sandbox.toml").write_text(
+        '[sandbox]\noptional = ["landlock"]\nuid = 64123\n'
+        '[tools.shell]\nnetwork = "host"\nmemory_mb = 128\npids = 32\n'
+    )
+    config = SandboxConfig.load(tmp_path)
+    shell = config.policy("shell")
+    assert shell.network == "host" and shell.limits.memory_bytes == 128 * 1024 * 1024
+    assert shell.limits.pids == 32 and shell.uid == 64123
+    assert shell.requires("seccomp") and not shell.requires("landlock")
+    assert config.policy("write_file").network == "none"
+    (tmp_path / "sandbox.toml").write_text('[sandbox]\nofff = ["seccomp"]\n')
+    with pytest.raises(PolicyError, match="offf"):
+        SandboxConfig.load(tmp_path)
+    (tmp_path / "sandbox.toml").write_text('[sandbox]\noff = ["selinux"]\n')
+    with pytest.raises(PolicyError, match="selinux"):
+        SandboxConfig.load(tmp_path)
+
+
+def test_layers_report_names_every_layer() -> None:
+    report = layers_report()
+    assert set(LAYERS) <= set(report)
+    for layer, state in report.items():
+        assert state.startswith(("active", "available", "missing: ")), (layer, state)
+
+
+def test_executor_runs_risky_tools_in_the_session_workspace(short_home: str) -> None:
+    home = Path(short_home)
+    executor = Executor(Endpoints.for_home(home))
+    executor.reactor.close()  # no supervisor here: only perform() is exercised
+    try:
+        result = asyncio.run(executor.perform(Envelope(
+            ToolJob("shell", {"command": "pwd; echo hi > f"}, "/", 10), sid="sess1", job="j1"
+        )))
+        assert isinstance(result, ToolResult) and not result.is_error, result
+        workspace = home / "workspaces" / "sess1"
+        assert result.output.strip() == str(workspace)
+        assert (workspace / "f").read_text() == "hi\n"
+        result = asyncio.run(executor.perform(Envelope(
+            ToolJob("write_file", {"path": "g", "content": "x"}, "/", 10), sid="sess2", job="j2"
+        )))
+        assert not result.is_error and (home / "workspaces" / "sess2" / "g").read_text() == "x"
+    finally:
+        executor.sandbox.close()
+
+
+def test_executor_refuses_risky_tools_it_cannot_sandbox(short_home: str) -> None:
+    executor = Executor(Endpoints.for_home(Path(short_home)), catalogue=BUILTIN)
+    executor.reactor.close()
+    result = asyncio.run(executor.perform(Envelope(
+        ToolJob("shell", {"command": "echo ran"}, "/", 10), sid="s", job="j"
+    )))
+    assert isinstance(result, ToolResult) and result.is_error
+    assert "refused" in result.output and "ran" not in result.output
