@@ -83,7 +83,7 @@ class Hierarchies:
 
     def limits_supported(self) -> dict[str, str]:
         """For each limit: the hierarchy that enforces it ("v1"/"v2"), missing if absent."""
-        out = {}
+        out: dict[str, str] = {}
         for ctrl in ("memory", "pids", "cpu"):
             if self.v2 is not None and ctrl in self.v2_controllers:
                 out[ctrl] = "v2"

@@ -1,7 +1,9 @@
 """The sandbox launcher: a small single-threaded process that locks itself down, then runs a tool.
 
-The executor execs it as `python -I -S launcher.py SPEC_FD ERR_FD` (never as a
-`preexec_fn`: the executor has threads). It reads a `marshal`-ed spec from
+The executor execs it as `python -I -S -c BOOTSTRAP SPEC_FD ERR_FD` (never as
+a `preexec_fn`: the executor has threads); BOOTSTRAP imports this file as a
+top-level module, so its bytecode comes from __pycache__ instead of being
+compiled on every call as a script would be. It reads a `marshal`-ed spec from
 SPEC_FD and applies, in order, every layer the spec asks for:
 
     cgroup (join the call's cgroup, limits already named) · setsid ·
@@ -20,12 +22,16 @@ path of every sandboxed call, so it imports `ctypes` and builtins (`_signal`,
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import marshal
 import os
+import stat
 import sys
 
-import _signal
+TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
+if TYPE_CHECKING:
+    from typing import Any
 
 # --- kernel constants (uapi headers; identical on every Linux architecture) ----------
 
@@ -174,7 +180,7 @@ def _add_path_rule(ruleset: int, path: str, access: int) -> None:
     except FileNotFoundError:
         return
     try:
-        if not os.path.isdir(f"/proc/self/fd/{fd}"):
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
             access &= FS_FILE_ONLY  # the kernel refuses directory rights on a file
         rule = _PathBeneath(access, fd)
         _check(
@@ -209,7 +215,7 @@ def apply_seccomp(bpf: bytes) -> None:
 # --- the other layers -----------------------------------------------------------------
 
 
-def join_cgroup(spec: dict) -> None:
+def join_cgroup(spec: dict[str, Any]) -> None:
     """Create the call's cgroups, write their limits, and move this process into them."""
     for path in spec["mkdir"]:
         os.makedirs(path, exist_ok=True)
@@ -228,7 +234,7 @@ def _write(path: str, value: str) -> None:
         os.close(fd)
 
 
-def set_rlimits(limits: list) -> None:
+def set_rlimits(limits: list[tuple[str, int, int]]) -> None:
     """Lower each rlimit (name, soft, hard); -1 means unlimited."""
     for name, soft, hard in limits:
         values = (ctypes.c_ulong * 2)(
@@ -239,11 +245,13 @@ def set_rlimits(limits: list) -> None:
 
 
 def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(text: str | None) -> bytes | None:
+        return None if text is None else text.encode()
+
     _check(_libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def setup_mounts(spec: dict, cwd: str, new_proc: bool) -> None:
+def setup_mounts(spec: dict[str, Any], cwd: str, new_proc: bool) -> None:
     """In a new mount namespace: hide host paths under tmpfs, keep the workspace, new /proc."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     ws = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -251,7 +259,8 @@ def setup_mounts(spec: dict, cwd: str, new_proc: bool) -> None:
     for path, mode in spec["hide"]:
         if not os.path.isdir(path):
             continue
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmpfs_size']},mode={mode}")
+        opts = f"size={spec['tmpfs_size']},mode={mode}"
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
         hidden = hidden or cwd == path or cwd.startswith(path.rstrip("/") + "/")
     if hidden:
         # The workspace was under a hidden path: bind it back at the same place,
@@ -282,7 +291,8 @@ def write_atomic(target: str, data: bytes) -> str:
     """
     real = os.path.realpath(target)
     os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
-    tmp = os.path.join(os.path.dirname(real), f".{os.path.basename(real)}.{os.urandom(4).hex()}.tmp")
+    name = f".{os.path.basename(real)}.{os.urandom(4).hex()}.tmp"
+    tmp = os.path.join(os.path.dirname(real), name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     done = False
     try:
@@ -290,7 +300,8 @@ def write_atomic(target: str, data: bytes) -> str:
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)
-        try:  # keep an existing file's permissions (e.g. an executable script)
+        # (No contextlib.suppress in this file: one more import on every sandboxed call.)
+        try:  # noqa: SIM105 -- keep an existing file's permissions (an executable script)
             os.chmod(tmp, os.stat(real).st_mode & 0o7777)
         except FileNotFoundError:
             pass
@@ -299,14 +310,14 @@ def write_atomic(target: str, data: bytes) -> str:
     finally:
         os.close(fd)
         if not done:
-            try:
+            try:  # noqa: SIM105
                 os.unlink(tmp)
             except OSError:
                 pass
     return real
 
 
-def _run_writer(job: dict) -> int:
+def _run_writer(job: dict[str, Any]) -> int:
     try:
         real = write_atomic(job["path"], job["data"])
     except (OSError, ValueError) as exc:
@@ -323,7 +334,7 @@ def _run_writer(job: dict) -> int:
 class Launch:
     """One launch: the spec, the error pipe, and the fail-closed rule for each layer."""
 
-    def __init__(self, spec: dict, errfd: int) -> None:
+    def __init__(self, spec: dict[str, Any], errfd: int) -> None:
         self.spec = spec
         self.errfd = errfd
         self.required = frozenset(spec["required"])
@@ -482,7 +493,7 @@ def _kill_descendants() -> None:
         while todo:
             pid = todo.pop()
             todo.extend(_children(pid))
-            try:
+            try:  # noqa: SIM105
                 os.kill(pid, SIGKILL)
             except ProcessLookupError:
                 pass

@@ -16,8 +16,8 @@ import os
 import secrets
 import signal
 import sys
-from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.tools.process import Spawner, ToolRefused
@@ -32,7 +32,11 @@ log = logging.getLogger("oploop.sandbox")
 
 FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
 
-LAUNCHER = str(Path(launcher_mod.__file__).resolve())
+LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
+BOOTSTRAP = (
+    f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}]; import launcher; launcher.main(sys.argv)"
+)
+"""What the launcher's interpreter runs: the cached launcher module, not a script."""
 _PR_SET_CHILD_SUBREAPER = 36
 _GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
 _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
@@ -226,7 +230,9 @@ class Sandbox:
         self.check(tool, policy)
         if not self._started:
             self.start()
-        call = self._cgroups.new_call() if self._use_cgroup(policy) else None
+        call = None
+        if self._cgroups is not None and self._use_cgroup(policy):
+            call = self._cgroups.new_call()
         spec = self._spec(policy, cwd, call, argv=argv, write=write)
         spec_fd = os.memfd_create("oploop-launch")
         err_r, err_w = os.pipe()
@@ -234,7 +240,7 @@ class Sandbox:
             os.write(spec_fd, marshal.dumps(spec))
             os.lseek(spec_fd, 0, os.SEEK_SET)
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", LAUNCHER, str(spec_fd), str(err_w),
+                sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(spec_fd), str(err_w),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,

@@ -65,7 +65,7 @@ def build(*, network: bool) -> bytes:
     """The filter as classic BPF bytes; `network` keeps inet/other sockets allowed."""
     try:
         import pyseccomp as sc
-    except (ImportError, OSError) as exc:  # OSError: the binding could not dlopen libseccomp
+    except (ImportError, OSError, RuntimeError) as exc:  # no libseccomp, or not loadable
         raise SeccompUnavailable(f"libseccomp binding not loadable: {exc}") from exc
     deny = sc.ERRNO(errno.EPERM)
     f = sc.SyscallFilter(sc.ALLOW)

@@ -221,9 +221,14 @@ async def _wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool
             if pidfd < 0:
                 await proc.wait()
             else:
-                exited = asyncio.get_running_loop().create_future()
                 loop = asyncio.get_running_loop()
-                loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+                exited: asyncio.Future[None] = loop.create_future()
+
+                def on_exit() -> None:
+                    if not exited.done():
+                        exited.set_result(None)
+
+                loop.add_reader(pidfd, on_exit)
                 try:
                     await exited
                 finally:

@@ -1,4 +1,4 @@
-"""Helpers and fixtures of the adversarial sandbox suite: a real Sandbox over a throwaway oploop home.
+"""Helpers and fixtures of the adversarial sandbox suite: a real Sandbox, a throwaway home.
 
 A case skips only when the mechanism it attacks is absent on this machine,
 with the layer and the reason in the skip message (`pytest -ra` prints it).
