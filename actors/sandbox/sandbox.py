@@ -25,6 +25,7 @@ from actors.tools.process import Spawner, ToolRefused
 from . import launcher as launcher_mod
 from . import seccomp
 from .cgroups import CallCgroup, CgroupTree, Hierarchies
+from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
 
@@ -61,7 +62,7 @@ class SandboxRefused(ToolRefused):
 class SandboxedChild:
     """A launched sandbox: the launcher process, its cgroup, and its error pipe."""
 
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | ServedProcess
     cgroup: CallCgroup | None
     errfd: int
     on_close: Callable[[SandboxedChild], None] | None = None
@@ -74,7 +75,7 @@ class SandboxedChild:
             self.cgroup.kill()
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.kill()
 
     async def aclose(self) -> str:
         """Wait until the cgroup is empty, remove it; return the launcher's refusal ("" if none)."""
@@ -110,6 +111,7 @@ class Sandbox:
         *,
         hide: tuple[Path, ...] = (),
         layers: dict[str, str] | None = None,
+        fork_server: bool = True,
     ) -> None:
         self.config = config
         self.workspaces = workspaces
@@ -120,6 +122,8 @@ class Sandbox:
         self._hier = hier
         self._cgroups = CgroupTree(hier) if hier.v2 is not None or hier.v1 else None
         self._started = False
+        # Forks launchers from one pre-started launcher process: no interpreter start per call.
+        self._fork = ForkServer() if fork_server else None
         self._subreaper = False
         self._launchers: set[int] = set()
 
@@ -142,7 +146,9 @@ class Sandbox:
         return killed
 
     def close(self) -> None:
-        """Remove this executor's (empty) cgroup directories."""
+        """Stop the fork server; remove this executor's (empty) cgroup directories."""
+        if self._fork is not None:
+            self._fork.close()
         if self._cgroups is not None:
             self._cgroups.close()
 
@@ -234,6 +240,11 @@ class Sandbox:
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
         spec = self._spec(policy, cwd, call, argv=argv, write=write)
+        if self._fork is not None:
+            try:
+                return await self._launch_forked(spec, call)
+            except ForkServerGone as exc:
+                log.warning("%s; starting this launcher by exec", exc)
         spec_fd = os.memfd_create("oploop-launch")
         err_r, err_w = os.pipe()
         try:
@@ -257,6 +268,22 @@ class Sandbox:
         self._launchers.add(proc.pid)
         return SandboxedChild(proc, call, err_r, self._closed)
 
+    async def _launch_forked(
+        self, spec: dict[str, object], call: CallCgroup | None
+    ) -> SandboxedChild:
+        assert self._fork is not None
+        # The launcher's parent is the server: that is whom its parent-death signal watches.
+        spec["ppid"] = self._fork.pid
+        spec_fd = os.memfd_create("oploop-launch")
+        try:
+            os.write(spec_fd, marshal.dumps(spec))
+            os.lseek(spec_fd, 0, os.SEEK_SET)
+            proc, err_r = await self._fork.launch(spec_fd)
+        finally:
+            os.close(spec_fd)
+        self._launchers.add(proc.pid)
+        return SandboxedChild(proc, call, err_r, self._closed)
+
     def _closed(self, child: SandboxedChild) -> None:
         self._launchers.discard(child.process.pid)
         if self._subreaper:
@@ -269,8 +296,9 @@ class Sandbox:
         because the launcher above it died: it belongs to a sandboxed tree.
         """
         swept = 0
+        server = self._fork.running_pid() if self._fork is not None else None
         for pid in launcher_mod._children(os.getpid()):
-            if pid in self._launchers:
+            if pid in self._launchers or pid == server:
                 continue
             tree = [pid]
             while tree:

@@ -23,10 +23,31 @@ class ToolRefused(Exception):
     """A tool call was refused before it ran (e.g. a sandbox layer its policy needs)."""
 
 
+class ChildProcess(Protocol):
+    """What `run_command` uses of a process: asyncio's Process, or a look-alike."""
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None:
+        """Its output (stdout and stderr)."""
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once known; negative: killed by that signal."""
+
+    async def wait(self) -> int:
+        """Wait for the exit; the returncode."""
+
+
 class Child(Protocol):
     """A started command: its process (stdout piped), and how to end its whole tree."""
 
-    process: asyncio.subprocess.Process
+    @property
+    def process(self) -> ChildProcess:
+        """The process whose exit ends the command."""
 
     def kill(self) -> None:
         """SIGKILL the command and everything it started; synchronous, safe to repeat."""
@@ -181,7 +202,7 @@ async def run_command(
     return CommandResult(output, proc.returncode, timed_out, refused)
 
 
-async def _reap(child: Child, proc: asyncio.subprocess.Process) -> str:
+async def _reap(child: Child, proc: ChildProcess) -> str:
     # asyncio's Process.wait() also waits for the pipes to close (CPython < 3.13):
     # close our end first, the reader has all it will get.
     _close_stdout(proc)
@@ -189,8 +210,12 @@ async def _reap(child: Child, proc: asyncio.subprocess.Process) -> str:
     return await child.aclose()
 
 
-def _close_stdout(proc: asyncio.subprocess.Process) -> None:
+def _close_stdout(proc: ChildProcess) -> None:
     """Close our end of the output pipe (a detached process may hold the other)."""
+    close = getattr(proc, "close_stdout", None)
+    if close is not None:
+        close()
+        return
     transport = getattr(proc, "_transport", None)
     pipe = transport.get_pipe_transport(1) if transport is not None else None
     if pipe is not None:
@@ -203,7 +228,7 @@ async def _pump(stream: asyncio.StreamReader, out: CappedOutput) -> None:
         out.feed(chunk)
 
 
-async def _wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+async def _wait_exit(proc: ChildProcess, timeout_s: float) -> bool:
     """Wait for the shell itself to exit; True if `timeout_s` ran out first.
 
     Watches a pidfd rather than `proc.wait()`, which on CPython < 3.13 also waits

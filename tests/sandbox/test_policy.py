@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,30 @@ def test_executor_refuses_risky_tools_it_cannot_sandbox(short_home: str) -> None
     )))
     assert isinstance(result, ToolResult) and result.is_error
     assert "refused" in result.output and "ran" not in result.output
+
+
+def test_exec_launcher_without_the_fork_server(host: Host) -> None:
+    """The launcher exec'd per call (the fallback when the fork server is gone) locks down too."""
+    sandbox = Sandbox(SandboxConfig(TEST_POLICY), host.home / "workspaces", fork_server=False)
+    try:
+        res = asyncio.run(_run(sandbox, host.workspace,
+                               "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; ls /root",
+                               TEST_POLICY))
+    finally:
+        sandbox.close()
+    assert "NoNewPrivs:\t1" in res.output and res.returncode != 0, res.output
+
+
+def test_fork_server_restarts_after_dying(host: Host) -> None:
+    sandbox = Sandbox(SandboxConfig(TEST_POLICY), host.home / "workspaces")
+    try:
+        first = asyncio.run(_run(sandbox, host.workspace, "echo one", TEST_POLICY))
+        assert sandbox._fork is not None
+        pid = sandbox._fork.running_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)  # reap it as its parent would; the next launch notices
+        second = asyncio.run(_run(sandbox, host.workspace, "echo two", TEST_POLICY))
+    finally:
+        sandbox.close()
+    assert (first.output, second.output) == ("one\n", "two\n")
