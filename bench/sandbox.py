@@ -101,15 +101,20 @@ async def _measure(quick: bool) -> dict[str, Any]:
     try:
         cwd = sandbox.workspace("bench")
         load_before = os.getloadavg()[0]
-        per_call: dict[str, dict[str, float]] = {}
-        per_call["unsandboxed (sh -c true)"] = _summary(await _time_calls(spawn_local, cwd, n))
+        spawners: dict[str, Spawner] = {"unsandboxed (sh -c true)": spawn_local}
         on: set[str] = set()
         for name, group in _STEPS:
             on |= group
-            off = frozenset(set(LAYERS) - on)
-            policy = Policy(off=off)
-            await _time_calls(sandbox.spawner("shell", policy), cwd, 2)  # warm caches
-            per_call[name] = _summary(await _time_calls(sandbox.spawner("shell", policy), cwd, n))
+            spawners[name] = sandbox.spawner("shell", Policy(off=frozenset(set(LAYERS) - on)))
+        samples: dict[str, list[float]] = {name: [] for name in spawners}
+        for spawn in spawners.values():
+            await _time_calls(spawn, cwd, 2)  # warm caches
+        # Round-robin, one call of each configuration per round: the machine's noise
+        # (it is shared) then falls on every configuration alike.
+        for _ in range(n):
+            for name, spawn in spawners.items():
+                samples[name] += await _time_calls(spawn, cwd, 1)
+        per_call = {name: _summary(ts) for name, ts in samples.items()}
         gone = _summary(await _kill_to_gone(sandbox, Policy(), cwd, max(10, n // 2)))
         return {
             "machine": {

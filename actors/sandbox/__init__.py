@@ -1,7 +1,9 @@
 """Sandboxed processes for risky tools: they cannot escape, and they always die.
 
 `Sandbox` runs a tool call through `launcher.py`, a small single-threaded
-process the executor execs (never a `preexec_fn`), which applies in order:
+process (never a `preexec_fn`): forked by the executor's launcher fork server
+(`zygote.py`, exec'd once, so no interpreter starts per call), or exec'd per
+call as the fallback. It applies, in order:
 its own cgroup (memory, pids, cpu; killed whole by `cgroup.kill` or the v1
 freezer), setsid, a parent-death signal, rlimits, new mount/net/ipc/uts/pid
 namespaces (the pid namespace's init dies with the launcher), an unprivileged
