@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.sandbox import LAYERS, Policy, Sandbox, SandboxConfig, layers_report
+from actors.sandbox import LAYERS, Policy, Sandbox, SandboxConfig, bwrap, layers_report
 from actors.tools.process import Spawner, run_command, spawn_local
 
 GOAL_CALL_P50_MS = 30.0
@@ -106,6 +106,10 @@ async def _measure(quick: bool) -> dict[str, Any]:
         for name, group in _STEPS:
             on |= group
             spawners[name] = sandbox.spawner("shell", Policy(off=frozenset(set(LAYERS) - on)))
+        if bwrap.find()[0]:
+            spawners["bwrap backend (full stack)"] = sandbox.spawner(
+                "shell", Policy(backend="bwrap")
+            )
         samples: dict[str, list[float]] = {name: [] for name in spawners}
         for spawn in spawners.values():
             await _time_calls(spawn, cwd, 2)  # warm caches
@@ -143,7 +147,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
 
 def _shares(per_call: dict[str, dict[str, float]]) -> dict[str, float]:
     """p50 added by each step over the previous one (the first over an unsandboxed call)."""
-    names = list(per_call)
+    names = [n for n in per_call if not n.startswith("bwrap")]
     return {
         names[i]: round(per_call[names[i]]["p50"] - per_call[names[i - 1]]["p50"], 2)
         for i in range(1, len(names))

@@ -14,12 +14,14 @@ missing refuses the call (`SandboxRefused`) unless `sandbox.toml` lowers it.
 `layers_report()` tells which layers this machine has (`oploop status`).
 """
 
+from . import bwrap
 from .cgroups import Limits
 from .layers import layers_report, machine_layers
 from .policy import LAYERS, Policy, PolicyError, SandboxConfig
 from .sandbox import Sandbox, SandboxedChild, SandboxRefused
 
 __all__ = [
+    "bwrap",
     "LAYERS",
     "Limits",
     "Policy",

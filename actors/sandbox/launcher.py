@@ -368,6 +368,8 @@ class Launch:
         # Python ignores these two; a tool must start with the default dispositions.
         _signal.signal(SIGPIPE, _signal.SIG_DFL)
         _signal.signal(SIGXFSZ, _signal.SIG_DFL)
+        if spec.get("bwrap"):
+            self._exec_bwrap()
         flags = spec["unshare"]
         if flags:
             self.layer("namespaces", lambda: _check(_libc.unshare(flags), "unshare"))
@@ -384,6 +386,34 @@ class Launch:
         _, wstatus = os.waitpid(init, 0)
         raw = os.read(status_r, 16)
         self._mirror(int(raw) if raw else wstatus)
+
+    def _exec_bwrap(self) -> None:
+        """The bubblewrap backend: become the tool uid, then exec a hardened bwrap.
+
+        bwrap then makes the namespaces (user ns included, unprivileged), the
+        minimal read-only root and the seccomp filter (passed by fd). Dropping
+        root first matters: bwrap run by root would map the tool to host root.
+        """
+        spec = self.spec
+        if spec["uid"] >= 0:
+            self.layer("uid", drop_uid, spec["uid"], spec["gid"])
+            if spec.get("pdeathsig"):  # a credential change cleared it
+                self.layer("pdeathsig", self._die_with_executor, spec["ppid"])
+        argv = list(spec["bwrap"])
+        keep = [self.errfd]
+        if spec.get("seccomp"):
+            r, w = os.pipe()
+            os.write(w, spec["seccomp"])
+            os.close(w)
+            os.set_inheritable(r, True)
+            argv += ["--seccomp", str(r)]
+            keep.append(r)
+        argv += ["--", *spec["argv"]]
+        try:
+            _close_all_but(keep)
+            os.execve(argv[0], argv, {})
+        except OSError as exc:
+            self.fail(f"bubblewrap: {argv[0]}: {exc.strerror or exc}", 127)
 
     def _die_with_executor(self, ppid: int) -> None:
         _prctl(PR_SET_PDEATHSIG, SIGKILL)
@@ -461,8 +491,7 @@ class Launch:
             os._exit(_run_writer(spec["write"]))
         argv = spec["argv"]
         try:
-            os.closerange(3, self.errfd)
-            os.closerange(self.errfd + 1, 1 << 16)
+            _close_all_but([self.errfd])
             os.execve(argv[0], argv, spec["env"])
         except OSError as exc:
             self.fail(f"exec: {argv[0]}: {exc.strerror or exc}", 127)
@@ -475,6 +504,15 @@ class Launch:
             os.kill(os.getpid(), sig)
             os._exit(128 + sig)
         os._exit(os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else 126)
+
+
+def _close_all_but(keep: list[int]) -> None:
+    """Close every fd from 3 up except those in `keep` (the tool inherits nothing else)."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
 
 
 def _die_with_tree(signum: int, frame: object) -> None:

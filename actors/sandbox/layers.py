@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 
-from . import seccomp
+from . import bwrap, seccomp
 from .cgroups import Hierarchies
 from .launcher import landlock_abi
 
@@ -72,8 +71,9 @@ def _details() -> dict[str, str]:
 def layers_report() -> dict[str, str]:
     """Layer → "active…" or "missing: reason", for every layer and for bubblewrap."""
     report = {name: describe(name, reason) for name, reason in machine_layers().items()}
-    bwrap = shutil.which("bwrap")
+    path, why = bwrap.find()
     report["bubblewrap"] = (
-        f"available ({bwrap}; not the chosen backend)" if bwrap else "missing: bwrap not installed"
+        f"available ({path}; used by policies with backend = \"bwrap\")" if path
+        else f"missing: {why}"
     )
     return report

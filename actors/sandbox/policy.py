@@ -5,6 +5,7 @@ configuration lowers it, either to `optional` (used where the machine has it)
 or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
 
     [sandbox]
+    backend = "launcher"        # or "bwrap": a hardened bubblewrap makes the namespaces
     uid = 64000                 # the unprivileged uid risky tools run as
     optional = ["landlock"]     # may be missing on this machine
     off = []                    # never applied (e.g. "uid" to run tools as root)
@@ -68,10 +69,13 @@ class Policy:
     ro_paths: tuple[str, ...] = ()
     optional: frozenset[str] = frozenset()
     off: frozenset[str] = frozenset()
+    backend: str = "launcher"  # "bwrap": bubblewrap replaces namespaces, mounts and Landlock
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "host"):
             raise PolicyError(f"network must be 'none' or 'host', got {self.network!r}")
+        if self.backend not in ("launcher", "bwrap"):
+            raise PolicyError(f"backend must be 'launcher' or 'bwrap', got {self.backend!r}")
         for name in self.optional | self.off:
             if name not in LAYERS:
                 raise PolicyError(f"unknown sandbox layer {name!r} (known: {', '.join(LAYERS)})")
@@ -130,11 +134,11 @@ _MB = 1024 * 1024
 _TOOL_KEYS = {
     "network", "memory_mb", "pids", "cpu", "cpu_s", "file_mb", "nofile", "as_mb", "timeout_s",
 }
-_TOP_KEYS = _TOOL_KEYS | {"uid", "optional", "off", "ro_paths"}
+_TOP_KEYS = _TOOL_KEYS | {"uid", "optional", "off", "ro_paths", "backend"}
 
 
 def _policy(base: Policy, table: dict[str, Any], where: str, *, top: bool) -> Policy:
-    allowed = _TOP_KEYS if top else _TOOL_KEYS | {"optional", "off", "ro_paths"}
+    allowed = _TOP_KEYS if top else _TOOL_KEYS | {"optional", "off", "ro_paths", "backend"}
     unknown = set(table) - allowed
     if unknown:
         raise PolicyError(f"{where}: unknown key(s) {sorted(unknown)}")
@@ -156,6 +160,7 @@ def _policy(base: Policy, table: dict[str, Any], where: str, *, top: bool) -> Po
             ro_paths=tuple(str(p) for p in table.get("ro_paths", base.ro_paths)),
             optional=frozenset(table.get("optional", base.optional)),
             off=frozenset(table.get("off", base.off)),
+            backend=str(table.get("backend", base.backend)),
         )
     except (TypeError, ValueError) as exc:
         raise PolicyError(f"{where}: {exc}") from exc

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from actors.tools.process import Spawner, ToolRefused
 
+from . import bwrap, seccomp
 from . import launcher as launcher_mod
-from . import seccomp
 from .cgroups import CallCgroup, CgroupTree, Hierarchies
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .layers import machine_layers
@@ -167,11 +167,22 @@ class Sandbox:
     def _applies_uid(self, policy: Policy) -> bool:
         return policy.applies("uid") and not self.layers.get("uid")
 
-    def check(self, tool: str, policy: Policy) -> None:
+    def check(self, tool: str, policy: Policy, *, writing: bool = False) -> None:
         """Raise SandboxRefused if `policy` requires a layer this machine lacks."""
+        replaced: frozenset[str] = frozenset()
+        if _uses_bwrap(policy, writing):
+            path, why = bwrap.find()
+            if not path:
+                raise SandboxRefused(tool, "bubblewrap", why)
+            if not self._applies_uid(policy):
+                # bwrap started by root maps the tool to host root: never that.
+                raise SandboxRefused(
+                    tool, "uid", "the bubblewrap backend runs bwrap as the tool uid only"
+                )
+            replaced = _BWRAP_REPLACES
         for layer in LAYERS:
             reason = self.layers.get(layer, "unknown layer")
-            if reason and policy.requires(layer):
+            if reason and policy.requires(layer) and layer not in replaced:
                 raise SandboxRefused(tool, layer, reason)
 
     # -- launching ---------------------------------------------------------------------
@@ -233,7 +244,7 @@ class Sandbox:
         write: tuple[str, bytes] | None = None,
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or write a file (`write`)."""
-        self.check(tool, policy)
+        self.check(tool, policy, writing=write is not None)
         if not self._started:
             self.start()
         call = None
@@ -350,13 +361,28 @@ class Sandbox:
             spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline}
         if write is not None:
             spec["write"] = {"path": write[0], "data": write[1]}
-        else:
-            spec["argv"] = argv or ["/bin/true"]
-            spec["env"] = {
-                "PATH": _SANDBOX_PATH, "HOME": str(cwd), "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-                "TERM": "dumb", "USER": "sandbox", "OPLOOP_SANDBOX": secrets.token_hex(4),
-            }
+            return spec
+        env = {
+            "PATH": _SANDBOX_PATH, "HOME": str(cwd), "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+            "TERM": "dumb", "USER": "sandbox", "OPLOOP_SANDBOX": secrets.token_hex(4),
+        }
+        spec["argv"] = argv or ["/bin/true"]
+        spec["env"] = env
+        if _uses_bwrap(policy, writing=False):
+            # bwrap makes the namespaces and the file system view; Landlock would
+            # forbid the mounts it needs, and its own seccomp fd carries our filter.
+            spec["unshare"] = 0
+            spec["landlock"] = None
+            spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env)
         return spec
+
+
+_BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
+
+
+def _uses_bwrap(policy: Policy, writing: bool) -> bool:
+    # write_file runs Python code after the lockdown: always in the launcher itself.
+    return policy.backend == "bwrap" and not writing
 
 
 def _unshare_flags(offline: bool) -> int:

@@ -7,6 +7,8 @@ with the layer and the reason in the skip message (`pytest -ra` prints it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -18,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.sandbox import Limits, Policy, Sandbox, SandboxConfig, machine_layers
+from actors.sandbox import Limits, Policy, Sandbox, SandboxConfig, bwrap, machine_layers
 from actors.tools.process import CommandResult, run_command
 
 PYTHON = "/usr/bin/python3"
@@ -57,11 +59,18 @@ class Host:
     sandbox: Sandbox
     workspace: Path
     outside: Path
+    backend: str
+
+    @property
+    def policy(self) -> Policy:
+        """The test policy on this host's backend."""
+        return dataclasses.replace(TEST_POLICY, backend=self.backend)
 
     def run(
         self, command: str, policy: Policy = TEST_POLICY, timeout_s: float = 20.0
     ) -> CommandResult:
-        """Run `command` in the workspace under `policy`, to completion."""
+        """Run `command` in the workspace under `policy` (on this host's backend), to completion."""
+        policy = dataclasses.replace(policy, backend=self.backend)
         return asyncio.run(
             run_command(
                 command, self.workspace, timeout_s=timeout_s, cap=64 * 1024,
@@ -78,9 +87,15 @@ class Host:
         return self.run(f"{PYTHON} -I -S case.py", policy)
 
 
-@pytest.fixture
-def host() -> Iterator[Host]:
-    """A fresh home (under /tmp, short enough for unix sockets) and its sandbox."""
+@pytest.fixture(params=["launcher", "bwrap"])
+def host(request: pytest.FixtureRequest) -> Iterator[Host]:
+    """A fresh home (under /tmp, short enough for unix sockets) and its sandbox.
+
+    Every case runs on both backends: the launcher's own layers, and bubblewrap.
+    """
+    backend = request.param
+    if backend == "bwrap" and bwrap.find()[1]:
+        pytest.skip(f"bubblewrap backend absent on this machine: {bwrap.find()[1]}")
     home = Path(tempfile.mkdtemp(prefix="ophs-", dir="/tmp"))
     # Traversable (not listable) by the tool uid, for the cases that lower the mount
     # namespace, which otherwise hides the home and binds only the workspace back.
@@ -90,7 +105,7 @@ def host() -> Iterator[Host]:
     sandbox = Sandbox(SandboxConfig(TEST_POLICY), home / "workspaces", hide=(home,))
     sandbox.start()
     try:
-        yield Host(home, sandbox, sandbox.workspace("s1"), outside)
+        yield Host(home, sandbox, sandbox.workspace("s1"), outside, backend)
     finally:
         sandbox.close()
         shutil.rmtree(home, ignore_errors=True)
@@ -106,10 +121,23 @@ def processes_with(token: str) -> list[psutil.Process]:
     return found
 
 
-async def wait_processes(token: str, count: int) -> list[psutil.Process]:
-    """Wait until `count` processes carry `token` (they started), bounded."""
+async def wait_processes(token: str, count: int, name: str = "sleep") -> list[psutil.Process]:
+    """Wait until `count` processes called `name` carry `token` (the tree is up), bounded.
+
+    By name: bwrap's own processes carry the whole command line (token included)
+    before the tool even starts.
+    """
     deadline = time.monotonic() + BOUND_S
-    while len(found := processes_with(token)) < count:
+
+    def named() -> list[psutil.Process]:
+        out = []
+        for proc in processes_with(token):
+            with contextlib.suppress(psutil.Error):
+                if proc.name() == name:
+                    out.append(proc)
+        return out
+
+    while len(found := named()) < count:
         assert time.monotonic() < deadline, f"only {len(found)} of {count} '{token}' processes"
         await asyncio.sleep(0.01)
     return found

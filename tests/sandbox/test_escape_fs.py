@@ -58,7 +58,8 @@ def test_read_root_ssh_and_host_init_environ(host: Host) -> None:
         res = host.run(command)
         assert res.returncode != 0, (command, res.output)
     res = host.run("cat /proc/1/environ")
-    assert res.returncode != 0  # pid 1 in there is the sandbox's init, and not ours to read
+    # pid 1 in there is the sandbox's own init: unreadable (launcher), or empty (bwrap).
+    assert res.returncode != 0 or res.output == ""
     try:
         host_env = Path("/proc/1/environ").read_bytes().split(b"\0")[0]
     except PermissionError:
@@ -119,8 +120,8 @@ def test_tool_cannot_edit_its_own_policy(host: Host) -> None:
     policy_file = host.home / "sandbox.toml"
     policy_file.write_text('[sandbox]\noff = []\n')
     res = host.run(f"echo 'off = [\"landlock\"]' >> {policy_file}; cat {policy_file}")
-    assert "off = [\"landlock\"]" not in policy_file.read_text()
-    assert res.returncode != 0
+    # (Under bwrap the path does not exist inside: the shell may write a private copy.)
+    assert "off = [\"landlock\"]" not in policy_file.read_text(), res.output
     out, is_error = write_file(host, str(policy_file), '[sandbox]\noff = ["seccomp"]\n')
     assert is_error, out
     assert policy_file.read_text() == '[sandbox]\noff = []\n'

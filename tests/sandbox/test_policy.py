@@ -20,7 +20,7 @@ from actors.sandbox import (
     layers_report,
     machine_layers,
 )
-from actors.tools import BUILTIN, ToolContext, invoke
+from actors.tools import BUILTIN, Catalogue, ToolContext, ToolOutcome, invoke, make_shell
 from bus.endpoints import Endpoints
 from bus.messages import Envelope, ToolJob, ToolResult
 
@@ -143,3 +143,15 @@ def test_fork_server_restarts_after_dying(host: Host) -> None:
     finally:
         sandbox.close()
     assert (first.output, second.output) == ("one\n", "two\n")
+
+
+def test_running_as_root_is_the_launchers_only(host: Host) -> None:
+    """uid lowered: the launcher runs the tool as root; bwrap refuses (host root inside)."""
+    root = host.policy.lowered(off=frozenset({"uid"}))
+    res = asyncio.run(invoke(
+        Catalogue([make_shell(host.sandbox.spawner("shell", root))]), "shell",
+        {"command": "echo ran"}, ToolContext(cwd=host.workspace)))
+    if host.backend == "bwrap":
+        assert res.is_error and "'uid'" in res.output and "ran" not in res.output
+    else:
+        assert res == ToolOutcome("ran\n", False)
