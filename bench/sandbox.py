@@ -96,6 +96,7 @@ async def _until(cond: Callable[[], bool], bound_s: float = 10.0) -> None:
 async def _measure(quick: bool) -> dict[str, Any]:
     n = 15 if quick else 60
     home = Path(tempfile.mkdtemp(prefix="opb-", dir="/tmp"))
+    os.chmod(home, 0o711)  # passable by the tool uid, for the bwrap backend's row
     sandbox = Sandbox(SandboxConfig(), home / "workspaces", hide=(home,))
     sandbox.start()
     try:

@@ -245,6 +245,8 @@ class Sandbox:
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or write a file (`write`)."""
         self.check(tool, policy, writing=write is not None)
+        if _uses_bwrap(policy, write is not None):
+            _check_reachable(tool, cwd, policy.uid)
         if not self._started:
             self.start()
         call = None
@@ -383,6 +385,19 @@ _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:
     # write_file runs Python code after the lockdown: always in the launcher itself.
     return policy.backend == "bwrap" and not writing
+
+
+def _check_reachable(tool: str, path: Path, uid: int) -> None:
+    """bwrap runs as the tool uid, so every parent of the workspace must let it pass."""
+    for parent in path.parents:
+        st = os.stat(parent)
+        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
+            continue
+        raise SandboxRefused(
+            tool, "bubblewrap",
+            f"uid {uid} cannot reach the workspace {path}: {parent} is not traversable "
+            f"(use the launcher backend, or an OPLOOP_HOME the tool uid can pass through)",
+        )
 
 
 def _unshare_flags(offline: bool) -> int:

@@ -17,6 +17,7 @@ from actors.sandbox import (
     Sandbox,
     SandboxConfig,
     SandboxRefused,
+    bwrap,
     layers_report,
     machine_layers,
 )
@@ -155,3 +156,14 @@ def test_running_as_root_is_the_launchers_only(host: Host) -> None:
         assert res.is_error and "'uid'" in res.output and "ran" not in res.output
     else:
         assert res == ToolOutcome("ran\n", False)
+
+
+def test_bwrap_refuses_an_unreachable_workspace(host: Host) -> None:
+    if not bwrap.find()[0]:
+        pytest.skip(f"bubblewrap backend absent on this machine: {bwrap.find()[1]}")
+    os.chmod(host.home, 0o700)
+    policy = host.policy.lowered(backend="bwrap")
+    out = asyncio.run(invoke(
+        Catalogue([make_shell(host.sandbox.spawner("shell", policy))]), "shell",
+        {"command": "echo ran"}, ToolContext(cwd=host.workspace)))
+    assert out.is_error and "'bubblewrap'" in out.output and "not traversable" in out.output
