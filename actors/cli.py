@@ -139,10 +139,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     except BusError as exc:
         sessions = []
         print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
+    from actors.sandbox import layers_report  # only status needs it
+
+    layers = layers_report()
     if args.json:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
-                          "sessions": sessions}))
+                          "sessions": sessions, "sandbox": layers}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else ""))
@@ -157,6 +160,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in sessions:
         print(f"  {s['session']}  {s['state']:<8} runs {s['runs']}  turns {s['turns']}"
               f"  events {s['last_seq']}")
+    print("sandbox layers:")
+    for layer, how in layers.items():
+        print(f"  {layer:<14}{how}")
     return EXIT_OK
 
 

@@ -14,16 +14,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .builtin import BUILTIN, make_shell
-    from .process import CommandResult, Spawner, run_command, spawn_local
+    from .builtin import BUILTIN, FileWriter, make_shell, make_write_file
+    from .process import Child, CommandResult, Spawner, ToolRefused, run_command, spawn_local
     from .registry import Catalogue, Tool, ToolContext, ToolOutcome, invoke, tool
     from .schema import ToolInputError
     from .spec import ToolSpec
 
 _HOMES = {
-    "BUILTIN": "builtin", "make_shell": "builtin",
-    "CommandResult": "process", "Spawner": "process", "run_command": "process",
-    "spawn_local": "process",
+    "BUILTIN": "builtin", "FileWriter": "builtin", "make_shell": "builtin",
+    "make_write_file": "builtin",
+    "Child": "process", "CommandResult": "process", "Spawner": "process",
+    "ToolRefused": "process", "run_command": "process", "spawn_local": "process",
     "Catalogue": "registry", "Tool": "registry", "ToolContext": "registry",
     "ToolOutcome": "registry", "invoke": "registry", "tool": "registry",
     "ToolInputError": "schema",

@@ -3,22 +3,28 @@
 Expected failures (a missing file, a non-zero exit) are error outcomes with a
 message the model can act on, not exceptions. Blocking file I/O runs in a thread
 so an executor's event loop keeps serving its control socket meanwhile.
+
+The risky tools take their runner as a parameter: `make_shell(spawn)` and
+`make_write_file(writer)`; the executor passes the sandbox's (actors.sandbox),
+and `BUILTIN` holds the local, unsandboxed ones for embedding and tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import secrets
 import signal
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field
 
-from .process import CommandResult, Spawner, run_command, spawn_local
+# The one atomic writer, shared with the sandbox launcher (which runs it after its lockdown).
+from actors.sandbox.launcher import write_atomic
+
+from .process import CommandResult, Spawner, ToolRefused, run_command, spawn_local
 from .registry import Catalogue, Tool, ToolContext, ToolOutcome, tool
 
 READ_CAP = 256 * 1024
@@ -115,45 +121,38 @@ def _entry_mark(entry: os.DirEntry[str]) -> str:
 # --- write_file ------------------------------------------------------------------
 
 
-@tool(tags=("fs",), risky=True)
-async def write_file(
-    ctx: ToolContext,
-    path: PathArg,
-    content: Annotated[str, Field(description="The complete new contents of the file.")],
-) -> str | ToolOutcome:
-    """Write text (UTF-8) to a file, replacing it whole if it exists and creating
-    missing parent directories."""
-    target = resolve_path(ctx, path)
-    data = content.encode("utf-8")
-    try:
-        await asyncio.to_thread(_write_atomic, target, data)
-    except (OSError, ValueError) as exc:
-        return _os_error("write_file", target, exc)
-    return f"wrote {len(data)} bytes to {target}"
+FileWriter = Callable[[Path, bytes, Path], Awaitable[str]]
+"""Writes `data` to `target` (resolved against `cwd`) atomically; returns the real
+path written. Raises OSError (strerror: why) or ToolRefused (never ran)."""
 
 
-def _write_atomic(target: Path, data: bytes) -> None:
-    # Write through a symlink, as an editor would, instead of replacing the link.
-    real = Path(os.path.realpath(target))
-    real.parent.mkdir(parents=True, exist_ok=True)
-    # Same directory as the target, so os.replace is a rename, hence atomic:
-    # a reader sees the old file or the new one, never a half-written one.
-    tmp = real.with_name(f".{real.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    done = False
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # Keep an existing file's permissions (e.g. an executable script).
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
-        os.replace(tmp, real)
-        done = True
-    finally:
-        if not done:
-            tmp.unlink(missing_ok=True)
+async def write_local(target: Path, data: bytes, cwd: Path) -> str:
+    """The unsandboxed `FileWriter`: an atomic write in a thread."""
+    return await asyncio.to_thread(write_atomic, str(target), data)
+
+
+def make_write_file(writer: FileWriter = write_local) -> Tool:
+    """Build the `write_file` tool around `writer`, so the sandbox can supply its own."""
+
+    @tool(tags=("fs",), risky=True, name="write_file")
+    async def write_file(
+        ctx: ToolContext,
+        path: PathArg,
+        content: Annotated[str, Field(description="The complete new contents of the file.")],
+    ) -> str | ToolOutcome:
+        """Write text (UTF-8) to a file, replacing it whole if it exists and creating
+        missing parent directories."""
+        target = resolve_path(ctx, path)
+        data = content.encode("utf-8")
+        try:
+            real = await writer(target, data, ctx.cwd)
+        except ToolRefused as exc:
+            return ToolOutcome.error(f"write_file: {exc}")
+        except (OSError, ValueError) as exc:
+            return _os_error("write_file", target, exc)
+        return f"wrote {len(data)} bytes to {real}"
+
+    return write_file
 
 
 # --- shell -----------------------------------------------------------------------
@@ -181,8 +180,12 @@ def make_shell(spawn: Spawner = spawn_local, *, cap: int = SHELL_OUTPUT_CAP) -> 
         max 600 s; background processes are killed when the command ends."""
         try:
             result = await run_command(command, ctx.cwd, timeout_s=timeout_s, cap=cap, spawn=spawn)
+        except ToolRefused as exc:
+            return ToolOutcome.error(f"shell: {exc}")
         except OSError as exc:  # only starting the shell touches the OS here
             return ToolOutcome.error(f"shell: cannot start in {ctx.cwd}: {exc.strerror or exc}")
+        if result.refused:
+            return ToolOutcome.error(f"shell: refused by the sandbox: {result.refused}")
         return _shell_outcome(result, timeout_s)
 
     return shell
@@ -214,6 +217,9 @@ def _signal_name(signum: int) -> str:
 
 shell = make_shell()
 """The `shell` tool with the local, unsandboxed spawner."""
+
+write_file = make_write_file()
+"""The `write_file` tool with the local, unsandboxed writer."""
 
 BUILTIN = Catalogue([read_file, list_dir, write_file, shell])
 """The four built-in tools."""

@@ -1,7 +1,10 @@
-"""Running a shell command as one killable process group, with bounded output.
+"""Running a shell command as one killable process tree, with bounded output.
 
-Spawning is one small replaceable function (`Spawner`): a sandboxing launcher
-swaps `spawn_local` for its own and keeps the waiting, capping and killing here.
+Spawning is one small replaceable function (`Spawner`) returning a `Child`: the
+process plus how to kill its whole tree and wait until that tree is gone.
+`spawn_local` kills a process group; the sandbox (actors.sandbox) swaps in a
+launcher whose tree lives in its own cgroup and pid namespace, and keeps the
+waiting, capping and killing here.
 """
 
 from __future__ import annotations
@@ -13,9 +16,70 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-Spawner = Callable[[str, Path], Awaitable[asyncio.subprocess.Process]]
-"""Starts `command` in `cwd` as the leader of a new process group, output on stdout."""
+
+class ToolRefused(Exception):
+    """A tool call was refused before it ran (e.g. a sandbox layer its policy needs)."""
+
+
+class ChildProcess(Protocol):
+    """What `run_command` uses of a process: asyncio's Process, or a look-alike."""
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None:
+        """Its output (stdout and stderr)."""
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once known; negative: killed by that signal."""
+
+    async def wait(self) -> int:
+        """Wait for the exit; the returncode."""
+
+
+class Child(Protocol):
+    """A started command: its process (stdout piped), and how to end its whole tree."""
+
+    @property
+    def process(self) -> ChildProcess:
+        """The process whose exit ends the command."""
+
+    def kill(self) -> None:
+        """SIGKILL the command and everything it started; synchronous, safe to repeat."""
+
+    async def aclose(self) -> str:
+        """After the process exited: wait until the tree is gone, release what it held.
+
+        Returns why the command never ran ("" when it did), e.g. a sandbox
+        layer that a policy requires and that could not be applied.
+        """
+
+
+Spawner = Callable[[str, Path], Awaitable[Child]]
+"""Starts `command` in `cwd`, output (stdout and stderr) on the process's stdout pipe."""
+
+
+@dataclass(slots=True)
+class GroupChild:
+    """An unsandboxed command that leads its own process group (`spawn_local`)."""
+
+    process: asyncio.subprocess.Process
+
+    def kill(self) -> None:
+        """SIGKILL the group (a member that called setsid escapes it: use the sandbox)."""
+        # The leader may already be reaped: the kernel keeps its pgid reserved while
+        # any member lives; with none left the id is free, and only a pid
+        # wrap-around within these microseconds could hand it to a stranger.
+        kill_group(self.process.pid)
+
+    async def aclose(self) -> str:
+        """Nothing to wait for beyond the group kill."""
+        return ""
 
 # After the shell exits and its group is killed, the pipe should hit EOF at once;
 # only a process that left the group (setsid) can hold it open. Don't wait on that.
@@ -23,9 +87,9 @@ _DRAIN_S = 2.0
 _READ_CHUNK = 64 * 1024
 
 
-async def spawn_local(command: str, cwd: Path) -> asyncio.subprocess.Process:
+async def spawn_local(command: str, cwd: Path) -> GroupChild:
     """Start `/bin/sh -c command` in `cwd`, unsandboxed: stdin /dev/null, stderr into stdout."""
-    return await asyncio.create_subprocess_exec(
+    proc = await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
         command,
@@ -37,6 +101,7 @@ async def spawn_local(command: str, cwd: Path) -> asyncio.subprocess.Process:
         # reaches its `cmd &` children. (No preexec_fn: it is unsafe with threads.)
         start_new_session=True,
     )
+    return GroupChild(proc)
 
 
 def kill_group(pgid: int) -> None:
@@ -86,11 +151,13 @@ class CommandResult:
     """How a command ended: its (capped) output, exit status, and whether it timed out.
 
     `returncode` is negative when a signal ended the shell (-9 after a timeout).
+    `refused` says why the command never ran (a sandbox layer missing), else "".
     """
 
     output: str
     returncode: int | None
     timed_out: bool
+    refused: str = ""
 
 
 async def run_command(
@@ -103,11 +170,12 @@ async def run_command(
 ) -> CommandResult:
     """Run `command` to completion or `timeout_s`, then kill whatever it left behind.
 
-    The process group is SIGKILLed in every case — normal exit (background
-    children would outlive the call and hold the pipe open), timeout, and
-    cancellation, after which CancelledError propagates.
+    The tree is SIGKILLed in every case — normal exit (background children would
+    outlive the call and hold the pipe open), timeout, and cancellation — and
+    waited for until it is gone; after a cancellation CancelledError propagates.
     """
-    proc = await spawn(command, cwd)
+    child = await spawn(command, cwd)
+    proc = child.process
     assert proc.stdout is not None, "spawner must give the process a stdout pipe"
     out = CappedOutput(cap)
     # Owned here: awaited in _drain, or cancelled in the finally below.
@@ -118,25 +186,40 @@ async def run_command(
         finished = True
     finally:
         # Synchronous, so it happens even while this task is being cancelled.
-        # The leader may already be reaped: the kernel keeps its pgid reserved while
-        # any member lives; with none left the id is free, and only a pid
-        # wrap-around within these microseconds could hand it to a stranger.
-        kill_group(proc.pid)
+        child.kill()
         if not finished:
             reader.cancel()
+            # Cancelled: still wait (bounded) until the tree is gone, so "cancel
+            # returned" means "nothing of the call runs any more".
+            await _reap(child, proc)
     complete = await _drain(reader)
     if not complete:
-        # asyncio's Process.wait() also waits for the pipes to close; a detached
-        # process still holding stdout would keep it waiting, so close our end.
-        transport = getattr(proc, "_transport", None)
-        pipe = transport.get_pipe_transport(1) if transport is not None else None
-        if pipe is not None:
-            pipe.close()
-    await proc.wait()
+        _close_stdout(proc)
+    refused = await _reap(child, proc)
     output = out.text()
     if not complete:
         output += "\n[stopped reading: a detached process holds the output open]"
-    return CommandResult(output=output, returncode=proc.returncode, timed_out=timed_out)
+    return CommandResult(output, proc.returncode, timed_out, refused)
+
+
+async def _reap(child: Child, proc: ChildProcess) -> str:
+    # asyncio's Process.wait() also waits for the pipes to close (CPython < 3.13):
+    # close our end first, the reader has all it will get.
+    _close_stdout(proc)
+    await proc.wait()
+    return await child.aclose()
+
+
+def _close_stdout(proc: ChildProcess) -> None:
+    """Close our end of the output pipe (a detached process may hold the other)."""
+    close = getattr(proc, "close_stdout", None)
+    if close is not None:
+        close()
+        return
+    transport = getattr(proc, "_transport", None)
+    pipe = transport.get_pipe_transport(1) if transport is not None else None
+    if pipe is not None:
+        pipe.close()
 
 
 async def _pump(stream: asyncio.StreamReader, out: CappedOutput) -> None:
@@ -145,7 +228,7 @@ async def _pump(stream: asyncio.StreamReader, out: CappedOutput) -> None:
         out.feed(chunk)
 
 
-async def _wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+async def _wait_exit(proc: ChildProcess, timeout_s: float) -> bool:
     """Wait for the shell itself to exit; True if `timeout_s` ran out first.
 
     Watches a pidfd rather than `proc.wait()`, which on CPython < 3.13 also waits
@@ -154,6 +237,8 @@ async def _wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool
     """
     try:
         pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return False  # already exited and reaped: a fast command, not a hung one
     except (OSError, AttributeError):
         pidfd = -1
     try:
@@ -161,9 +246,14 @@ async def _wait_exit(proc: asyncio.subprocess.Process, timeout_s: float) -> bool
             if pidfd < 0:
                 await proc.wait()
             else:
-                exited = asyncio.get_running_loop().create_future()
                 loop = asyncio.get_running_loop()
-                loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+                exited: asyncio.Future[None] = loop.create_future()
+
+                def on_exit() -> None:
+                    if not exited.done():
+                        exited.set_result(None)
+
+                loop.add_reader(pidfd, on_exit)
                 try:
                     await exited
                 finally:

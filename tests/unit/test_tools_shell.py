@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from actors.tools import (
     BUILTIN,
+    Child,
     Catalogue,
     ToolContext,
     ToolOutcome,
@@ -205,7 +206,7 @@ def test_missing_cwd_is_an_error_outcome(tmp_path: Path) -> None:
 def test_spawner_is_replaceable(tmp_path: Path) -> None:
     seen: list[tuple[str, Path]] = []
 
-    async def recording_spawn(command: str, cwd: Path) -> asyncio.subprocess.Process:
+    async def recording_spawn(command: str, cwd: Path) -> Child:
         seen.append((command, cwd))
         return await spawn_local(f"echo wrapped; {command}", cwd)
 

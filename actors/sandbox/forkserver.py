@@ -1,0 +1,182 @@
+"""The executor's side of the launcher fork server (`zygote.py`).
+
+`ForkServer.launch` hands the server a spec and three pipes and gets a pid
+back (one blocking round trip of ~1 ms: a fork); `ServedProcess` then looks
+like an asyncio subprocess to `run_command`: a stdout stream, `pid`,
+`returncode`, `wait()` (the exit status arrives on the status pipe, written by
+the server when it reaps the launcher), and a kill through a pidfd, so a pid
+reused after the reap can never be hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+_DIR = str(Path(__file__).resolve().parent)
+BOOTSTRAP = (
+    f"import sys; sys.path[:0] = [{_DIR!r}]; import zygote; zygote.serve(*map(int, sys.argv[1:]))"
+)
+_REPLY_S = 5.0
+
+
+class ForkServerGone(Exception):
+    """The fork server died or answered nonsense; the caller falls back to exec."""
+
+
+class ServedProcess:
+    """A launcher forked by the server, with the parts of asyncio's Process that we use."""
+
+    def __init__(
+        self, pid: int, stdout: asyncio.StreamReader, transport: asyncio.BaseTransport,
+        status_fd: int,
+    ) -> None:
+        self.pid = pid
+        self.stdout: asyncio.StreamReader | None = stdout
+        self.returncode: int | None = None
+        self._transport = transport
+        self._status_fd = status_fd
+        self._status = b""
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._pidfd = -1
+
+    def close_stdout(self) -> None:
+        """Close our end of the output pipe."""
+        self._transport.close()
+
+    def kill(self) -> None:
+        """SIGKILL the launcher (through its pidfd: never a stranger with a reused pid)."""
+        if self._pidfd >= 0 and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def wait(self) -> int:
+        """Wait for the exit status from the server; the returncode as asyncio reports it."""
+        if self.returncode is not None:
+            return self.returncode
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                chunk = os.read(self._status_fd, 64)
+            except BlockingIOError:
+                return
+            if chunk:
+                self._status += chunk
+            elif not done.done():
+                done.set_result(None)
+
+        os.set_blocking(self._status_fd, False)
+        loop.add_reader(self._status_fd, readable)
+        try:
+            await done
+        finally:
+            loop.remove_reader(self._status_fd)
+        # No status at all: the server died before reaping; report a SIGKILL.
+        status = int(self._status) if self._status.strip().isdigit() else 9
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self._close_fds()
+        return self.returncode
+
+    def _close_fds(self) -> None:
+        for fd in (self._status_fd, self._pidfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._status_fd = self._pidfd = -1
+
+
+class ForkServer:
+    """One fork server process, started on first use and stopped by `close`."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """The server's pid (its children's parent)."""
+        self._ensure()
+        assert self._proc is not None
+        return self._proc.pid
+
+    def running_pid(self) -> int | None:
+        """The server's pid if it is running now (without starting it)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _ensure(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(theirs.fileno()),
+                 str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, env={}, cwd="/",
+            )
+        finally:
+            theirs.close()
+        ours.settimeout(_REPLY_S)
+        self._sock = ours
+
+    async def launch(self, spec_fd: int) -> tuple[ServedProcess, int]:
+        """Fork a launcher for the spec in `spec_fd`; the process and its error-pipe fd."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        st_r, st_w = os.pipe()
+        try:
+            pid = self._request([spec_fd, out_w, err_w, st_w])
+        except BaseException:
+            for fd in (out_r, err_r, st_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, st_w):
+                os.close(fd)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(out_r, "rb", 0)
+        )
+        return ServedProcess(pid, reader, transport, st_r), err_r
+
+    def _request(self, fds: list[int]) -> int:
+        with self._lock:
+            self._ensure()
+            assert self._sock is not None
+            try:
+                socket.send_fds(self._sock, [b"L"], fds)
+                reply = self._sock.recv(64)
+            except OSError as exc:
+                self.close()
+                raise ForkServerGone(f"fork server: {exc}") from exc
+        if not reply.isdigit():
+            self.close()
+            raise ForkServerGone(f"fork server answered {reply[:40]!r}")
+        return int(reply)
+
+    def close(self) -> None:
+        """Stop the server (EOF on its socket) and reap it."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None

@@ -1,0 +1,425 @@
+"""`Sandbox`: start risky tools through the launcher, and kill their whole tree.
+
+The executor owns one Sandbox. A call becomes a launch spec (policy × machine
+layers), the launcher is exec'd with it, and the returned `SandboxedChild`
+kills by cgroup (v2 `cgroup.kill` or v1 freeze-kill-thaw) plus the launcher,
+whose pid namespace dies with it; `aclose` waits until the cgroup is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import marshal
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actors.tools.process import Spawner, ToolRefused
+
+from . import bwrap, seccomp
+from . import launcher as launcher_mod
+from .cgroups import CallCgroup, CgroupTree, Hierarchies
+from .forkserver import ForkServer, ForkServerGone, ServedProcess
+from .layers import machine_layers
+from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
+
+log = logging.getLogger("oploop.sandbox")
+
+FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
+
+LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
+BOOTSTRAP = (
+    f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}]; import launcher; launcher.main(sys.argv)"
+)
+"""What the launcher's interpreter runs: the cached launcher module, not a script."""
+_PR_SET_CHILD_SUBREAPER = 36
+_GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
+_PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+_WRITE_REPLY_CAP = 16 * 1024
+_DENIED = (1, 13, 30)  # EPERM, EACCES, EROFS: what Landlock and the mounts answer
+_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class SandboxRefused(ToolRefused):
+    """A policy requires a layer this machine (or this launch) does not have."""
+
+    def __init__(self, tool: str, layer: str, reason: str) -> None:
+        super().__init__(
+            f"{tool}: refused: sandbox layer '{layer}' is missing ({reason}); "
+            f"lower the policy in sandbox.toml to run without it"
+        )
+        self.tool = tool
+        self.layer = layer
+
+
+@dataclass(slots=True)
+class SandboxedChild:
+    """A launched sandbox: the launcher process, its cgroup, and its error pipe."""
+
+    process: asyncio.subprocess.Process | ServedProcess
+    cgroup: CallCgroup | None
+    errfd: int
+    on_close: Callable[[SandboxedChild], None] | None = None
+    killed: bool = field(default=False)
+
+    def kill(self) -> None:
+        """Kill the tree: its cgroup at once, and the launcher (the pid namespace follows)."""
+        self.killed = True
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+
+    async def aclose(self) -> str:
+        """Wait until the cgroup is empty, remove it; return the launcher's refusal ("" if none)."""
+        try:
+            if self.cgroup is not None:
+                if not await self.cgroup.wait_empty(_GONE_S):
+                    log.error("sandbox cgroup %s still populated after kill", self.cgroup.dirs[0])
+                self.cgroup.remove()
+            return _read_all(self.errfd)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self.errfd)
+            if self.on_close is not None:
+                self.on_close(self)
+
+
+def _read_all(fd: int) -> str:
+    os.set_blocking(fd, False)
+    chunks = []
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+class Sandbox:
+    """Runs risky tools under their policies; one per executor process."""
+
+    def __init__(
+        self,
+        config: SandboxConfig,
+        workspaces: Path,
+        *,
+        hide: tuple[Path, ...] = (),
+        layers: dict[str, str] | None = None,
+        fork_server: bool = True,
+    ) -> None:
+        self.config = config
+        self.workspaces = workspaces
+        # Host paths the tool must not even see (the oploop home: runtime dir, policy).
+        self.hide = tuple(str(p) for p in hide)
+        self.layers = machine_layers() if layers is None else layers
+        hier = Hierarchies.discover()
+        self._hier = hier
+        self._cgroups = CgroupTree(hier) if hier.v2 is not None or hier.v1 else None
+        self._started = False
+        # Forks launchers from one pre-started launcher process: no interpreter start per call.
+        self._fork = ForkServer() if fork_server else None
+        self._subreaper = False
+        self._launchers: set[int] = set()
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def start(self, *, subreaper: bool = False) -> int:
+        """Prepare this executor's cgroups and kill leftovers of dead executors (count).
+
+        `subreaper`: orphans of sandboxed trees reparent here rather than to init
+        (only for an executor process: it must then reap what it adopts).
+        """
+        killed = 0
+        if self._cgroups is not None:
+            killed = self._cgroups.sweep_leftovers()
+            self._cgroups.prepare()
+        if subreaper:
+            launcher_mod._prctl(_PR_SET_CHILD_SUBREAPER, 1)
+            self._subreaper = True
+        self._started = True
+        return killed
+
+    def close(self) -> None:
+        """Stop the fork server; remove this executor's (empty) cgroup directories."""
+        if self._fork is not None:
+            self._fork.close()
+        if self._cgroups is not None:
+            self._cgroups.close()
+
+    # -- workspaces and policies ---------------------------------------------------------
+
+    def workspace(self, session: str, uid: int | None = None) -> Path:
+        """The session's workspace directory, created 0700 and owned by the tool uid."""
+        safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
+        path = self.workspaces / safe
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        uid = self.config.default.uid if uid is None else uid
+        if self._applies_uid(self.config.default) and os.stat(path).st_uid != uid:
+            os.chown(path, uid, uid)
+        return path
+
+    def _applies_uid(self, policy: Policy) -> bool:
+        return policy.applies("uid") and not self.layers.get("uid")
+
+    def check(self, tool: str, policy: Policy, *, writing: bool = False) -> None:
+        """Raise SandboxRefused if `policy` requires a layer this machine lacks."""
+        replaced: frozenset[str] = frozenset()
+        if _uses_bwrap(policy, writing):
+            path, why = bwrap.find()
+            if not path:
+                raise SandboxRefused(tool, "bubblewrap", why)
+            if not self._applies_uid(policy):
+                # bwrap started by root maps the tool to host root: never that.
+                raise SandboxRefused(
+                    tool, "uid", "the bubblewrap backend runs bwrap as the tool uid only"
+                )
+            replaced = _BWRAP_REPLACES
+        for layer in LAYERS:
+            reason = self.layers.get(layer, "unknown layer")
+            if reason and policy.requires(layer) and layer not in replaced:
+                raise SandboxRefused(tool, layer, reason)
+
+    # -- launching ---------------------------------------------------------------------
+
+    def spawner(self, tool: str, policy: Policy | None = None) -> Spawner:
+        """A `Spawner` (for `make_shell`) that runs commands under `tool`'s policy."""
+
+        async def spawn(command: str, cwd: Path) -> SandboxedChild:
+            pol = policy or self.config.policy(tool)
+            return await self.launch(tool, pol, cwd, argv=["/bin/sh", "-c", command])
+
+        return spawn
+
+    def file_writer(self, tool: str, policy: Policy | None = None) -> FileWriterFn:
+        """A `FileWriter` (for `make_write_file`): the write happens inside the sandbox."""
+
+        async def write(target: Path, data: bytes, cwd: Path) -> str:
+            pol = policy or self.config.policy(tool)
+            return await self.write_file(tool, pol, target, data, cwd)
+
+        return write
+
+    async def write_file(
+        self, tool: str, policy: Policy, target: Path, data: bytes, cwd: Path
+    ) -> str:
+        """Write `data` to `target` from a locked-down launcher; the real path written.
+
+        Raises OSError (with the sandbox's reason) or SandboxRefused.
+        """
+        child = await self.launch(tool, policy, cwd, write=(str(target), data))
+        proc = child.process
+        assert proc.stdout is not None
+        try:
+            async with asyncio.timeout(policy.timeout_s):
+                reply = await proc.stdout.read(_WRITE_REPLY_CAP)
+                await proc.wait()
+        finally:
+            child.kill()
+            await proc.wait()
+            refused = await child.aclose()
+        if refused:
+            raise ToolRefused(f"refused by the sandbox: {refused}")
+        text = reply.decode("utf-8", "replace")
+        if proc.returncode == 0 and text.startswith("wrote "):
+            return text.rsplit(" to ", 1)[-1]
+        code, _, reason = text.partition("\t")
+        err = int(code) if code.isdigit() else 0
+        if err in _DENIED:
+            reason += f" (the sandbox allows writes only inside the session workspace {cwd})"
+        raise OSError(err, reason or f"sandboxed writer exited with status {proc.returncode}")
+
+    async def launch(
+        self,
+        tool: str,
+        policy: Policy,
+        cwd: Path,
+        *,
+        argv: list[str] | None = None,
+        write: tuple[str, bytes] | None = None,
+    ) -> SandboxedChild:
+        """Start the launcher for one call: run `argv`, or write a file (`write`)."""
+        self.check(tool, policy, writing=write is not None)
+        if _uses_bwrap(policy, write is not None):
+            _check_reachable(tool, cwd, policy.uid)
+        if not self._started:
+            self.start()
+        call = None
+        if self._cgroups is not None and self._use_cgroup(policy):
+            call = self._cgroups.new_call()
+        spec = self._spec(policy, cwd, call, argv=argv, write=write)
+        if self._fork is not None:
+            try:
+                return await self._launch_forked(spec, call)
+            except ForkServerGone as exc:
+                log.warning("%s; starting this launcher by exec", exc)
+        spec_fd = os.memfd_create("oploop-launch")
+        err_r, err_w = os.pipe()
+        try:
+            os.write(spec_fd, marshal.dumps(spec))
+            os.lseek(spec_fd, 0, os.SEEK_SET)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(spec_fd), str(err_w),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(spec_fd, err_w),
+                env={},  # nothing of the executor's environment (API keys) reaches the tool
+                cwd="/",
+            )
+        except BaseException:
+            os.close(err_r)
+            raise
+        finally:
+            os.close(spec_fd)
+            os.close(err_w)
+        self._launchers.add(proc.pid)
+        return SandboxedChild(proc, call, err_r, self._closed)
+
+    async def _launch_forked(
+        self, spec: dict[str, object], call: CallCgroup | None
+    ) -> SandboxedChild:
+        assert self._fork is not None
+        # The launcher's parent is the server: that is whom its parent-death signal watches.
+        spec["ppid"] = self._fork.pid
+        spec_fd = os.memfd_create("oploop-launch")
+        try:
+            os.write(spec_fd, marshal.dumps(spec))
+            os.lseek(spec_fd, 0, os.SEEK_SET)
+            proc, err_r = await self._fork.launch(spec_fd)
+        finally:
+            os.close(spec_fd)
+        self._launchers.add(proc.pid)
+        return SandboxedChild(proc, call, err_r, self._closed)
+
+    def _closed(self, child: SandboxedChild) -> None:
+        self._launchers.discard(child.process.pid)
+        if self._subreaper:
+            self.sweep_orphans()
+
+    def sweep_orphans(self) -> int:
+        """The last layer: kill and reap processes adopted as subreaper; count them.
+
+        Any child of ours that is not a live launcher was reparented here
+        because the launcher above it died: it belongs to a sandboxed tree.
+        """
+        swept = 0
+        server = self._fork.running_pid() if self._fork is not None else None
+        for pid in launcher_mod._children(os.getpid()):
+            if pid in self._launchers or pid == server:
+                continue
+            tree = [pid]
+            while tree:
+                victim = tree.pop()
+                tree.extend(launcher_mod._children(victim))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            swept += 1
+        return swept
+
+    def _use_cgroup(self, policy: Policy) -> bool:
+        return self._cgroups is not None and policy.applies("cgroup") and not self.layers["cgroup"]
+
+    def _spec(
+        self,
+        policy: Policy,
+        cwd: Path,
+        call: CallCgroup | None,
+        *,
+        argv: list[str] | None,
+        write: tuple[str, bytes] | None,
+    ) -> dict[str, object]:
+        on = {layer for layer in LAYERS if policy.applies(layer) and not self.layers.get(layer)}
+        offline = policy.network == "none"
+        ns = "namespaces" in on
+        uid = policy.uid if "uid" in on else -1
+        spec: dict[str, object] = {
+            "required": sorted(layer for layer in LAYERS if policy.requires(layer)),
+            "cgroup": call.launch_spec(self._hier, policy.limits) if call else None,
+            "pdeathsig": "pdeathsig" in on,
+            "ppid": os.getpid(),
+            "rlimits": _rlimits(policy, uid >= 0) if "rlimits" in on else [],
+            "unshare": _unshare_flags(offline) if ns else 0,
+            "hide": [(p, "1777") for p in _PRIVATE_TMP] + [(p, "0755") for p in self.hide],
+            "tmpfs_size": "64m",
+            "cwd": str(cwd),
+            "uid": uid,
+            "gid": uid,
+            "landlock": None,
+            "seccomp": seccomp.build(network=not offline) if "seccomp" in on else None,
+        }
+        if "landlock" in on:
+            rw = [str(cwd)]
+            if write is None:
+                rw += list(RW_DEVICES) + (list(_PRIVATE_TMP) if ns else [])
+            ro = list(SYSTEM_RO_PATHS) + list(policy.ro_paths)
+            spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline}
+        if write is not None:
+            spec["write"] = {"path": write[0], "data": write[1]}
+            return spec
+        env = {
+            "PATH": _SANDBOX_PATH, "HOME": str(cwd), "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+            "TERM": "dumb", "USER": "sandbox", "OPLOOP_SANDBOX": secrets.token_hex(4),
+        }
+        spec["argv"] = argv or ["/bin/true"]
+        spec["env"] = env
+        if _uses_bwrap(policy, writing=False):
+            # bwrap makes the namespaces and the file system view; Landlock would
+            # forbid the mounts it needs, and its own seccomp fd carries our filter.
+            spec["unshare"] = 0
+            spec["landlock"] = None
+            spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env)
+        return spec
+
+
+_BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
+
+
+def _uses_bwrap(policy: Policy, writing: bool) -> bool:
+    # write_file runs Python code after the lockdown: always in the launcher itself.
+    return policy.backend == "bwrap" and not writing
+
+
+def _check_reachable(tool: str, path: Path, uid: int) -> None:
+    """bwrap runs as the tool uid, so every parent of the workspace must let it pass."""
+    for parent in path.parents:
+        st = os.stat(parent)
+        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
+            continue
+        raise SandboxRefused(
+            tool, "bubblewrap",
+            f"uid {uid} cannot reach the workspace {path}: {parent} is not traversable "
+            f"(use the launcher backend, or an OPLOOP_HOME the tool uid can pass through)",
+        )
+
+
+def _unshare_flags(offline: bool) -> int:
+    flags = (
+        launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWIPC | launcher_mod.CLONE_NEWUTS
+        | launcher_mod.CLONE_NEWPID | launcher_mod.CLONE_NEWCGROUP
+    )
+    return flags | launcher_mod.CLONE_NEWNET if offline else flags
+
+
+def _rlimits(policy: Policy, as_user: bool) -> list[tuple[str, int, int]]:
+    limits = [
+        # Soft: SIGXCPU a process can see; hard a second later: SIGKILL.
+        ("cpu", policy.cpu_s, policy.cpu_s + 1),
+        ("fsize", policy.file_bytes, policy.file_bytes),
+        ("nofile", policy.nofile, policy.nofile),
+        ("core", 0, 0),
+    ]
+    if as_user and policy.limits.pids > 0:
+        # Counted per uid across every sandbox of this uid (root ignores it):
+        # a backstop behind the cgroup's exact pids.max, hence the slack.
+        limits.append(("nproc", policy.limits.pids * 4, policy.limits.pids * 4))
+    if policy.address_space > 0:
+        limits.append(("as", policy.address_space, policy.address_space))
+    return limits

@@ -1,0 +1,97 @@
+"""The sandbox's seccomp filter, compiled once per network setting with libseccomp.
+
+The executor builds the filter (PyPI `pyseccomp`, a ctypes binding of
+libseccomp) and exports it as classic BPF; the launcher installs those bytes
+with one prctl, so it never loads libseccomp itself, and bubblewrap takes the
+same bytes through `--seccomp FD`.
+
+Denied (EPERM): every socket family but AF_UNIX unless the policy allows the
+network; ptrace, process_vm_*, io_uring_*, unshare/setns/mount and friends,
+namespace flags on clone, bpf, keyctl, perf_event_open, userfaultfd, TIOCSTI
+and TIOCLINUX (terminal injection). clone3 answers ENOSYS, so libc falls back
+to clone, whose flags a filter can see. Other architectures are killed.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import socket
+
+DENIED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
+    "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
+    "bpf", "keyctl", "add_key", "request_key", "perf_event_open", "userfaultfd",
+    "open_by_handle_at", "name_to_handle_at", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "swapon", "swapoff", "reboot",
+    "acct", "quotactl", "iopl", "ioperm", "personality",
+)
+"""Syscalls a sandboxed tool never gets (EPERM)."""
+
+_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
+_LOW32 = 0xFFFFFFFF
+
+
+class SeccompUnavailable(Exception):
+    """libseccomp (or its Python binding) cannot be loaded here."""
+
+
+def available() -> tuple[bool, str]:
+    """Whether a filter can be built and the kernel can run it, with the reason if not."""
+    if not os.path.exists("/proc/sys/kernel/seccomp/actions_avail"):
+        return False, "the kernel has no seccomp filter support"
+    try:
+        build(network=False)
+    except SeccompUnavailable as exc:
+        return False, str(exc)
+    return True, ""
+
+
+@functools.cache
+def build(*, network: bool) -> bytes:
+    """The filter as classic BPF bytes; `network` keeps inet/other sockets allowed."""
+    try:
+        import pyseccomp as sc
+    except (ImportError, OSError, RuntimeError) as exc:  # no libseccomp, or not loadable
+        raise SeccompUnavailable(f"libseccomp binding not loadable: {exc}") from exc
+    deny = sc.ERRNO(errno.EPERM)
+    f = sc.SyscallFilter(sc.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            f.add_rule(deny, name)
+        except (OSError, ValueError, RuntimeError):
+            continue  # not a syscall on this architecture (iopl on arm64, say)
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    for flag in _NAMESPACE_FLAGS:
+        f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    # ioctl's request is 32 bits: compare only those, or high garbage bits would slip by.
+    for request in (_TIOCSTI, _TIOCLINUX):
+        f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))
+    if not network:
+        # NE on the full 64 bits is the safe direction: any other value is refused.
+        f.add_rule(deny, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    fd = os.memfd_create("oploop-seccomp")
+    try:
+        with os.fdopen(os.dup(fd), "wb") as out:
+            f.export_bpf(out)
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)

@@ -1,0 +1,5 @@
+"""The adversarial sandbox suite's fixtures live in sbhelp (importable by the tests too)."""
+
+from sbhelp import host
+
+__all__ = ["host"]

@@ -1,0 +1,143 @@
+"""Helpers and fixtures of the adversarial sandbox suite: a real Sandbox, a throwaway home.
+
+A case skips only when the mechanism it attacks is absent on this machine,
+with the layer and the reason in the skip message (`pytest -ra` prints it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from actors.sandbox import Limits, Policy, Sandbox, SandboxConfig, bwrap, machine_layers
+from actors.tools.process import CommandResult, run_command
+
+PYTHON = "/usr/bin/python3"
+"""A system Python the sandbox can run (the venv's lives under /root, which it cannot read)."""
+
+BOUND_S = 5.0  # upper bound on polling an observable condition; never a pass/fail timing
+
+TEST_POLICY = Policy(
+    limits=Limits(memory_bytes=256 * 1024 * 1024, pids=64, cpu=1.0),
+    cpu_s=2,
+    file_bytes=16 * 1024 * 1024,
+    nofile=128,
+    timeout_s=30,
+)
+
+
+def need(*layers: str) -> None:
+    """Skip the calling test if a layer it attacks is missing here, saying why."""
+    have = machine_layers()
+    for layer in layers:
+        if have.get(layer):
+            pytest.skip(f"sandbox layer {layer!r} absent on this machine: {have[layer]}")
+
+
+def need_python() -> None:
+    """Skip when there is no system Python to attack from inside the sandbox."""
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} not installed: the case needs a Python inside the sandbox")
+
+
+@dataclass
+class Host:
+    """The oploop home the sandbox hides, a workspace in it, and a dir outside it."""
+
+    home: Path
+    sandbox: Sandbox
+    workspace: Path
+    outside: Path
+    backend: str
+
+    @property
+    def policy(self) -> Policy:
+        """The test policy on this host's backend."""
+        return dataclasses.replace(TEST_POLICY, backend=self.backend)
+
+    def run(
+        self, command: str, policy: Policy = TEST_POLICY, timeout_s: float = 20.0
+    ) -> CommandResult:
+        """Run `command` in the workspace under `policy` (on this host's backend), to completion."""
+        policy = dataclasses.replace(policy, backend=self.backend)
+        return asyncio.run(
+            run_command(
+                command, self.workspace, timeout_s=timeout_s, cap=64 * 1024,
+                spawn=self.sandbox.spawner("shell", policy),
+            )
+        )
+
+    def py(self, code: str, policy: Policy = TEST_POLICY) -> CommandResult:
+        """Run Python `code` inside the sandbox."""
+        need_python()
+        script = self.workspace / "case.py"
+        script.write_text(code)
+        os.chmod(script, 0o644)
+        return self.run(f"{PYTHON} -I -S case.py", policy)
+
+
+@pytest.fixture(params=["launcher", "bwrap"])
+def host(request: pytest.FixtureRequest) -> Iterator[Host]:
+    """A fresh home (under /tmp, short enough for unix sockets) and its sandbox.
+
+    Every case runs on both backends: the launcher's own layers, and bubblewrap.
+    """
+    backend = request.param
+    if backend == "bwrap" and bwrap.find()[1]:
+        pytest.skip(f"bubblewrap backend absent on this machine: {bwrap.find()[1]}")
+    home = Path(tempfile.mkdtemp(prefix="ophs-", dir="/tmp"))
+    # Traversable (not listable) by the tool uid, for the cases that lower the mount
+    # namespace, which otherwise hides the home and binds only the workspace back.
+    os.chmod(home, 0o711)
+    outside = home / "outside"
+    outside.mkdir()
+    sandbox = Sandbox(SandboxConfig(TEST_POLICY), home / "workspaces", hide=(home,))
+    sandbox.start()
+    try:
+        yield Host(home, sandbox, sandbox.workspace("s1"), outside, backend)
+    finally:
+        sandbox.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def processes_with(token: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose command line contains `token`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(token in a for a in cmdline):
+            found.append(proc)
+    return found
+
+
+async def wait_processes(token: str, count: int, name: str = "sleep") -> list[psutil.Process]:
+    """Wait until `count` processes called `name` carry `token` (the tree is up), bounded.
+
+    By name: bwrap's own processes carry the whole command line (token included)
+    before the tool even starts.
+    """
+    deadline = time.monotonic() + BOUND_S
+
+    def named() -> list[psutil.Process]:
+        out = []
+        for proc in processes_with(token):
+            with contextlib.suppress(psutil.Error):
+                if proc.name() == name:
+                    out.append(proc)
+        return out
+
+    while len(found := named()) < count:
+        assert time.monotonic() < deadline, f"only {len(found)} of {count} '{token}' processes"
+        await asyncio.sleep(0.01)
+    return found
