@@ -83,3 +83,8 @@ def run(home: str, prompt: str, **start: Any) -> list[dict[str, Any]]:
 def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The events of one type."""
     return [e for e in events if e["type"] == kind]
+
+
+def workspace(home: str, session: str) -> Path:
+    """Where the risky tools of `session` run (the sandbox's per-session directory)."""
+    return Path(home) / "workspaces" / session

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import zmq
 import zmq.asyncio
-from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host
+from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, workspace
 
 from actors.config import Config
 from actors.supervisor.actor import Supervisor
@@ -173,13 +173,14 @@ def test_operation_cancel_lets_the_tool_finish_then_stops(host, tmp_path):
 
             async def on_event(event):
                 if event["type"] == "TOOL_START":
-                    await until(lambda: _async((tmp_path / "started").exists()),
+                    work = workspace(host, started.session)
+                    await until(lambda: _async((work / "started").exists()),
                                 what="the tool to start")
                     ack = await client.cancel(started.session, mode="operation")
                     assert ack.state == "stopping"
                     again = await client.cancel(started.session, mode="operation")
                     assert again.state == "stopping"
-                    (tmp_path / "go").touch()
+                    (work / "go").touch()
 
             return await collect(client, started, on_event)
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from bus.client import Client
-from hostkit import assert_one_run, of_type, oploop, running_host
+from hostkit import assert_one_run, of_type, oploop, running_host, workspace
 
 WORDS = " ".join(f"w{i}" for i in range(300))
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
@@ -65,8 +65,10 @@ async def run_killing(home, prompt, cwd, name, when):
             events.append(event)
             if killed is None and await when(event):
                 if name == "executor":  # whichever executor runs the tool
-                    killed = psutil.Process(marked()[0]).parent().pid
-                    name = next(a["name"] for a in _actors(home) if a["pid"] == killed)
+                    pids = {a["pid"]: a["name"] for a in _actors(home)}
+                    owner = next(p for p in psutil.Process(marked()[0]).parents()
+                                 if p.pid in pids)
+                    killed, name = owner.pid, pids[owner.pid]
                 else:
                     killed = actor(home, name)["pid"]
                 os.kill(killed, signal.SIGKILL)
@@ -76,11 +78,12 @@ async def run_killing(home, prompt, cwd, name, when):
         return events, info
 
 
-def tool_started(cwd):
+def tool_started(home):
     async def when(event):
         if event["type"] != "TOOL_START":
             return False
-        await until(lambda: (cwd / "started").exists() and marked(), what="the tool")
+        work = workspace(home, event["session"])
+        await until(lambda: (work / "started").exists() and marked(), what="the tool")
         return True
     return when
 
@@ -91,7 +94,7 @@ async def first_token(event):
 
 def test_supervisor_killed_mid_tool_resumes_and_reports_the_tool_interrupted(host, tmp_path):
     events, info = asyncio.run(run_killing(host, "#tool go", tmp_path, "supervisor",
-                                           tool_started(tmp_path)))
+                                           tool_started(host)))
     assert_one_run(events)
     assert of_type(events, "RESUMED") and events[-1]["type"] == "DONE"
     assert events[-1]["data"]["text"] == "carried on"
@@ -119,14 +122,13 @@ def test_llm_caller_killed_mid_stream_is_retried_elsewhere(host, tmp_path):
 
 def test_executor_killed_mid_tool_is_an_error_result_never_a_rerun(host, tmp_path):
     events, info = asyncio.run(run_killing(host, "#tool go", tmp_path, "executor",
-                                           tool_started(tmp_path)))
+                                           tool_started(host)))
     assert_one_run(events)
     (end,) = of_type(events, "TOOL_END")
     assert end["data"]["is_error"] and "executor" in end["data"]["output"]
     assert len(of_type(events, "TOOL_START")) == 1
     assert events[-1]["type"] == "DONE"
-    for pid in marked():  # until the sandbox owns tool trees, clean up here
-        psutil.Process(pid).kill()
+    asyncio.run(until(lambda: not marked(), what="the tool's tree to die with its executor"))
 
 
 def test_host_killed_takes_every_actor_with_it(short_home):

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hostkit import of_type, run, running_host
+from hostkit import of_type, run, running_host, workspace
 
 from actors.supervisor.history import is_valid
 from bus.client import Client
@@ -195,11 +195,12 @@ def test_serial_agent_runs_calls_one_by_one_in_order(host, tmp_path):
 
 def test_hidden_and_unknown_tools_are_refused_and_never_run(host, tmp_path):
     events = run(host, "#hidden go", agent="ro", cwd=str(tmp_path))
+    work = workspace(host, events[0]["session"])
     ends = {e["data"]["name"]: e["data"] for e in of_type(events, "TOOL_END")}
     assert ends["shell"] == {**ends["shell"], "is_error": True,
                              "output": "tool shell is not available"}
     assert ends["no_such_tool"]["output"] == "tool no_such_tool is not available"
-    assert not (tmp_path / "hidden-ran").exists()
+    assert not (work / "hidden-ran").exists() and not (tmp_path / "hidden-ran").exists()
     assert events[-1]["type"] == "DONE"
 
 
@@ -208,7 +209,8 @@ def test_turn_one_allowlist_then_every_tool(host, tmp_path):
     first, second = of_type(events, "TOOL_END")
     assert first["data"]["is_error"] and "not available" in first["data"]["output"]
     assert not second["data"]["is_error"]
-    assert not (tmp_path / "turn1.txt").exists() and (tmp_path / "turn2.txt").exists()
+    work = workspace(host, events[0]["session"])
+    assert not (work / "turn1.txt").exists() and (work / "turn2.txt").exists()
 
 
 def test_tools_listing_per_agent(host):
