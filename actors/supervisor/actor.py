@@ -16,6 +16,7 @@ from actors.supervisor.agents import DEFAULT_AGENT, Agent
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.history import Message
+from actors.supervisor.resend import ResendRing
 from actors.supervisor.session import ModelError, Session, run_session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
@@ -34,6 +35,7 @@ from bus.messages import (
     ListTools,
     LlmJob,
     LlmResult,
+    ReplayRequest,
     Retrying,
     RunStarted,
     SessionInfo,
@@ -80,6 +82,7 @@ class Supervisor:
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
         )
         self._outbox: deque[bytes] = deque()
+        self.resend = ResendRing()  # what a restarted broadcaster asks back (see resend.py)
         self._group: asyncio.TaskGroup | None = None
         self.io = _WorkerIO(self)
 
@@ -91,6 +94,7 @@ class Supervisor:
         session.next_seq += 1
         env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
         frame = encode(env)
+        self.resend.add(session.id, seq, frame)
         if self._outbox or not self._push(frame):
             if len(self._outbox) >= MAX_OUTBOX:
                 log.error("event outbox full: dropping %s#%d", session.id, seq)
@@ -139,6 +143,8 @@ class Supervisor:
             port.send(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
             port.send(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+        elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
+            port.send(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
 
