@@ -56,7 +56,7 @@ RESYNC_IDLE_S = 0.5
 
 #: Live events queued on the viewer's side (SUB RCVHWM); beyond it and the broadcaster's
 #: own per-viewer queue, events are dropped and recovered by replay.
-LIVE_HWM = 100_000
+LIVE_HWM = 10_000
 
 #: One replay request waits this long before it is sent again ...
 REPLAY_TIMEOUT_S = 2.0
@@ -177,13 +177,19 @@ class Client:
     async def last_seq(self, session: str, timeout: float = 5.0) -> int | None:
         """The newest seq the broadcaster holds for `session`, or None if it has none."""
         try:
-            reply = await self._replay_request(ReplayRequest(1, 1), session, timeout)
+            reply = await self._replay.request(ReplayRequest(1, 1), sid=session, timeout=timeout)
         except RemoteError as exc:
             if exc.code == "unknown_session":
                 return None
             raise
         assert isinstance(reply.body, ReplayBatch)
         return reply.body.last_seq
+
+    async def broadcaster_stats(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The broadcaster's counters (sessions, viewers, recovered and lost events, ...)."""
+        reply = await self._replay.request(Stats(), timeout=timeout)
+        assert isinstance(reply.body, StatsReply)
+        return reply.body.counters
 
     async def events(
         self,
@@ -308,8 +314,8 @@ class Lag:
         """One line for a person."""
         parts = []
         if self.missed:
-            parts.append(f"fell {self.behind_s:.1f} s behind the live stream: {self.missed} "
-                         "events were dropped before this viewer read them and were "
+            parts.append(f"this viewer fell {self.behind_s:.1f} s behind the live stream: "
+                         f"{self.missed} events were dropped before it read them and were "
                          "fetched again from the log")
         if self.lost:
             parts.append(f"{self.lost} events are missing from the log and cannot be shown")

@@ -10,7 +10,7 @@ import zmq
 
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
-from actors.broadcaster.settings import Retention
+from actors.broadcaster.settings import Retention, viewer_queue
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
 from bus.endpoints import Endpoints, oploop_home
@@ -23,10 +23,6 @@ log = logging.getLogger("oploop.broadcaster")
 
 #: Replay answers in batches of at most this many bytes of events.
 REPLAY_BATCH_BYTES = 1 << 20
-
-#: PUB drops silently per subscriber at its high-water mark: set it high on
-#: purpose, and let seq + replay recover whatever is still dropped.
-EVENTS_SNDHWM = 100_000
 
 #: Kept small on purpose: what waits beyond it stays in the supervisor's PUSH
 #: queue, which survives a broadcaster restart, where this queue dies with it.
@@ -58,7 +54,9 @@ class Broadcaster:
         )
         self.events = self.reactor.add(
             zmq.XPUB, "events", bind=endpoints.address("events"),
-            raw_handler=self.handle_subscription, hwm=EVENTS_SNDHWM,
+            # PUB drops silently per subscriber at its high-water mark: high on
+            # purpose, and seq + replay recover whatever is still dropped.
+            raw_handler=self.handle_subscription, hwm=viewer_queue(),
         )
         # Every (un)subscription reaches us, not only a topic's first and last, so
         # that `viewers` counts viewers rather than watched sessions.

@@ -4,6 +4,7 @@
 |---|---|---|
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | keep the event logs of this many most recently active sessions (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | delete the log of a session idle for this many days (0: no limit) |
+| `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer before a slow viewer's are dropped (it refetches them from the log) |
 """
 
 from __future__ import annotations
@@ -53,3 +54,12 @@ class Retention:
     def max_age_s(self) -> float:
         """`days` in seconds (0: no limit)."""
         return self.days * 86_400.0
+
+
+#: Live events queued per viewer at the broadcaster (the XPUB's SNDHWM).
+DEFAULT_VIEWER_QUEUE = 100_000
+
+
+def viewer_queue() -> int:
+    """`OPLOOP_VIEWER_QUEUE`, default `DEFAULT_VIEWER_QUEUE` (at least 1)."""
+    return max(1, int(_env_number("OPLOOP_VIEWER_QUEUE", DEFAULT_VIEWER_QUEUE)))
