@@ -13,9 +13,11 @@ measured is the fan-out, not a model. Each viewer is its own process running
 - a digest of its whole sequence, compared with the first viewer's.
 
 Every configuration also runs a viewer attached at 50 % of the run, and the
-"+slow" runs add one viewer that reads ten times slower than events arrive
+"slow" runs add one viewer that reads ten times slower than events arrive
 (while the session streams; afterwards it catches up through replay); the
-other viewers' rate and latency are compared with the same run without it.
+other viewers' rate and latency are compared with the same run without it,
+and with a control run whose extra viewer reads at full speed (which
+separates the cost of one more subscriber from the cost of its slowness).
 
     python -m bench.fanout [--quick]         # prints the table
     from bench.fanout import run; run(quick=True) -> dict
@@ -50,10 +52,18 @@ TERMINAL = ("DONE", "ERROR", "CANCELLED")
 
 
 def _viewer(home: str, sid: str, pause_s: float, streaming_over: Any, results: Any,
-            name: str) -> None:
+            name: str, limit_s: float) -> None:
     import uvloop
 
-    results.put((name, uvloop.run(_view(home, sid, pause_s, streaming_over))))
+    async def bounded() -> dict[str, Any]:
+        # A viewer outlives a killed bench otherwise (it is the forkserver's child).
+        async with asyncio.timeout(limit_s):
+            return await _view(home, sid, pause_s, streaming_over)
+
+    try:
+        results.put((name, uvloop.run(bounded())))
+    except TimeoutError:
+        results.put((name, None))
 
 
 async def _view(home: str, sid: str, pause_s: float, streaming_over: Any) -> dict[str, Any]:
@@ -110,7 +120,7 @@ async def _produce(home: str, sid: str, seconds: float, batch_ms: float,
     ctx: zmq.Context[Any] = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 1_000_000)
-    push.setsockopt(zmq.LINGER, 5000)
+    push.setsockopt(zmq.LINGER, -1)  # a backlog is still delivered after the last send
     push.connect(Endpoints.for_home(Path(home)).address("ingest"))
     seq = 0
     batch_t0 = 0.0
@@ -145,6 +155,12 @@ async def _produce(home: str, sid: str, seconds: float, batch_ms: float,
         await asyncio.sleep(0.001)
     batcher.flush()
     emit("DONE", {"text": "", "turns": 1, "stop": "end_turn"})
+    # Like the supervisor, stay until the broadcaster has everything (it may lag).
+    from bus.client import Client
+
+    async with Client.connect(Path(home)) as client:
+        while (await client.last_seq(sid, timeout=30)) != seq:
+            await asyncio.sleep(0.05)
     push.close()
     ctx.term()
     return seq
@@ -155,10 +171,10 @@ async def _produce(home: str, sid: str, seconds: float, batch_ms: float,
 
 @dataclass
 class RunResult:
-    """One configuration's figures (the counted viewers only: not the slow or late one)."""
+    """One configuration's figures (the counted viewers only: not the extra or late one)."""
 
     viewers: int
-    slow: bool
+    extra: str  # "", "slow" or "normal": one more viewer, not counted
     batch_ms: float
     seconds: float
     events: int
@@ -172,7 +188,7 @@ class RunResult:
     missed_live: int
     identical: bool
     late_identical: bool
-    slow_identical: bool | None = None
+    extra_identical: bool | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -192,7 +208,7 @@ async def _wait_viewers(home: str, n: int, timeout: float = 60) -> None:
             await asyncio.sleep(0.02)
 
 
-def _run_one(viewers: int, slow: bool, seconds: float, batch_ms: float) -> RunResult:
+def _run_one(viewers: int, extra: str, seconds: float, batch_ms: float) -> RunResult:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["bus.client", "uvloop", "zmq", "msgpack"])
     home = tempfile.mkdtemp(prefix="opb-", dir="/tmp")
@@ -203,6 +219,7 @@ def _run_one(viewers: int, slow: bool, seconds: float, batch_ms: float) -> RunRe
     # (batches are cut at 512 characters long before the interval at this rate).
     events_per_s = RATE / (512 / len(DELTA)) if batch_ms else RATE
     slow_pause = 10 / events_per_s
+    limit_s = 60 + seconds * 6
     from bus.endpoints import Endpoints
 
     Endpoints.for_home(Path(home)).prepare()
@@ -211,27 +228,28 @@ def _run_one(viewers: int, slow: bool, seconds: float, batch_ms: float) -> RunRe
     over = ctx.Event()
     procs = []
     try:
-        names = [f"v{i}" for i in range(viewers)] + (["slow"] if slow else [])
+        names = [f"v{i}" for i in range(viewers)] + (["extra"] if extra else [])
         for name in names:
-            pause = slow_pause if name == "slow" else 0.0
-            p = ctx.Process(target=_viewer, args=(home, sid, pause, over, results, name))
+            pause = slow_pause if name == "extra" and extra == "slow" else 0.0
+            p = ctx.Process(target=_viewer, args=(home, sid, pause, over, results, name, limit_s))
             p.start()
             procs.append(p)
         asyncio.run(_wait_viewers(home, len(names)))
 
         def attach_late() -> None:
-            p = ctx.Process(target=_viewer, args=(home, sid, 0.0, over, results, "late"))
+            p = ctx.Process(target=_viewer, args=(home, sid, 0.0, over, results, "late", limit_s))
             p.start()
             procs.append(p)
 
         last_seq = asyncio.run(_produce(home, sid, seconds, batch_ms, attach_late))
         over.set()
         got: dict[str, dict[str, Any]] = {}
-        deadline = time.time() + 120 + seconds * 2
+        deadline = time.time() + limit_s + 10
         while len(got) < len(names) + 1 and time.time() < deadline:
             with contextlib.suppress(Exception):
                 name, res = results.get(timeout=1)
-                got[name] = res
+                if res is not None:
+                    got[name] = res
     finally:
         for p in procs:
             p.join(5)
@@ -240,14 +258,14 @@ def _run_one(viewers: int, slow: bool, seconds: float, batch_ms: float) -> RunRe
         broadcaster.send_signal(signal.SIGTERM)
         broadcaster.wait(10)
         shutil.rmtree(home, ignore_errors=True)
-    counted = [got[n] for n in names if n != "slow" and n in got]
+    counted = [got[n] for n in names if n != "extra" and n in got]
     first = got.get("v0", {})
     lat = [x for r in counted for x in r["lat"]]
     push = [x for r in counted for x in r["push_lat"]]
     lost = sum(last_seq - r["events"] for r in got.values()) + sum(r["lost"] for r in got.values())
     notes = [f"{n}: no result" for n in [*names, "late"] if n not in got]
     return RunResult(
-        viewers=viewers, slow=slow, batch_ms=batch_ms, seconds=seconds, events=last_seq,
+        viewers=viewers, extra=extra, batch_ms=batch_ms, seconds=seconds, events=last_seq,
         events_per_s=statistics.median(r["token_events"] / r["span_s"] for r in counted)
         if counted else 0.0,
         deltas_per_s=statistics.median(r["deltas"] / r["span_s"] for r in counted)
@@ -256,9 +274,10 @@ def _run_one(viewers: int, slow: bool, seconds: float, batch_ms: float) -> RunRe
         push_p50_ms=_pct(push, 0.5), push_p99_ms=_pct(push, 0.99),
         lost=lost + len(notes),
         missed_live=sum(r["missed_live"] for r in got.values()),
-        identical=all(r["digest"] == first.get("digest") for r in counted),
-        late_identical=got.get("late", {}).get("digest") == first.get("digest"),
-        slow_identical=(got.get("slow", {}).get("digest") == first.get("digest")) if slow else None,
+        identical=bool(counted) and all(r["digest"] == first.get("digest") for r in counted),
+        late_identical="late" in got and got["late"]["digest"] == first.get("digest"),
+        extra_identical=("extra" in got and got["extra"]["digest"] == first.get("digest"))
+        if extra else None,
         notes=notes,
     )
 
@@ -272,14 +291,17 @@ def run(quick: bool) -> dict[str, Any]:
     Returns {"runs": [RunResult dicts], "checks": {...}, "table": str}.
     """
     seconds = 2.0 if quick else 10.0
-    plan: list[tuple[int, bool, float]] = []
+    plan: list[tuple[int, str, float, float]] = []
     for n in (1, 4, 16):
-        plan += [(n, False, 20.0), (n, True, 20.0)]
+        plan += [(n, extra, 20.0, seconds) for extra in ("", "slow", "normal")]
     if quick:
-        plan = [(1, False, 20.0), (4, False, 20.0), (16, False, 20.0), (16, True, 20.0)]
+        plan = [(1, "", 20.0, seconds), (4, "", 20.0, seconds), (16, "", 20.0, seconds),
+                (16, "slow", 20.0, seconds), (16, "normal", 20.0, seconds)]
     else:
-        plan += [(1, False, 0.0), (4, False, 0.0)]  # no batching: one event per delta
-    runs = [_run_one(n, slow, seconds, batch) for n, slow, batch in plan]
+        # No batching, one event per delta: a viewer process cannot take 20k events/s,
+        # so these runs are short; they show what batching buys.
+        plan += [(1, "", 0.0, 2.0), (4, "", 0.0, 2.0)]
+    runs = [_run_one(n, extra, secs, batch) for n, extra, batch, secs in plan]
     checks = _checks(runs)
     out = {"runs": [asdict(r) for r in runs], "checks": checks, "load": os.getloadavg()}
     out["table"] = table(out)
@@ -287,20 +309,23 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def _checks(runs: list[RunResult]) -> dict[str, Any]:
-    base = {(r.viewers, r.batch_ms): r for r in runs if not r.slow}
+    by = {(r.viewers, r.batch_ms, r.extra): r for r in runs}
     slow_vs_base = []
     for r in runs:
-        b = base.get((r.viewers, r.batch_ms))
-        if r.slow and b is not None:
-            slow_vs_base.append({
-                "viewers": r.viewers,
-                "rate_change_pct": 100 * (r.events_per_s / b.events_per_s - 1),
-                "p50_change_pct": 100 * (r.p50_ms / b.p50_ms - 1),
-                "p99_change_pct": 100 * (r.p99_ms / b.p99_ms - 1),
-            })
+        if r.extra != "slow":
+            continue
+        for against in ("", "normal"):
+            b = by.get((r.viewers, r.batch_ms, against))
+            if b is not None:
+                slow_vs_base.append({
+                    "viewers": r.viewers, "against": against or "without",
+                    "rate_change_pct": 100 * (r.events_per_s / b.events_per_s - 1),
+                    "p50_change_pct": 100 * (r.p50_ms / b.p50_ms - 1),
+                    "p99_change_pct": 100 * (r.p99_ms / b.p99_ms - 1),
+                })
     return {
         "lost_total": sum(r.lost for r in runs),
-        "all_identical": all(r.identical and r.late_identical and r.slow_identical is not False
+        "all_identical": all(r.identical and r.late_identical and r.extra_identical is not False
                              for r in runs),
         "slow_vs_base": slow_vs_base,
         "slow_within_10pct": all(abs(c["rate_change_pct"]) <= 10 and c["p50_change_pct"] <= 10
@@ -314,14 +339,14 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"fan-out: 1 session, {RATE} token deltas/s, real broadcaster, viewers as processes "
         f"(load {result['load'][0]:.2f})",
-        f"{'viewers':>7} {'slow':>4} {'batch':>6} {'events':>7} {'ev/s/viewer':>11} "
+        f"{'viewers':>7} {'extra':>6} {'batch':>6} {'events':>7} {'ev/s/viewer':>11} "
         f"{'deltas/s/viewer':>15} {'p50 ms':>7} {'p99 ms':>7} {'push p50/p99 ms':>16} "
         f"{'lost':>4} {'missed live':>11} {'same seq':>8} {'late@50%':>8}",
     ]
     for r in rows:
-        same = "yes" if r.identical and r.slow_identical is not False else "NO"
+        same = "yes" if r.identical and r.extra_identical is not False else "NO"
         lines.append(
-            f"{r.viewers:>7} {'+1' if r.slow else '-':>4} {f'{r.batch_ms:g}ms':>6} {r.events:>7} "
+            f"{r.viewers:>7} {r.extra or '-':>6} {f'{r.batch_ms:g}ms':>6} {r.events:>7} "
             f"{r.events_per_s:>11.0f} {r.deltas_per_s:>15.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
             f"{f'{r.push_p50_ms:.2f}/{r.push_p99_ms:.2f}':>16} {r.lost:>4} {r.missed_live:>11} "
             f"{same:>8} {'yes' if r.late_identical else 'NO':>8}"
@@ -330,7 +355,9 @@ def table(result: dict[str, Any]) -> str:
     c = result["checks"]
     for s in c["slow_vs_base"]:
         lines.append(
-            f"with a 10x slower viewer, {s['viewers']} viewer(s): rate {s['rate_change_pct']:+.1f}%, "
+            f"with a 10x slower viewer, {s['viewers']} viewer(s), against the run "
+            f"{'without it' if s['against'] == 'without' else 'with a full-speed extra viewer'}: "
+            f"rate {s['rate_change_pct']:+.1f}%, "
             f"p50 {s['p50_change_pct']:+.1f}%, p99 {s['p99_change_pct']:+.1f}%"
         )
     lines.append(
@@ -339,7 +366,7 @@ def table(result: dict[str, Any]) -> str:
         f"{'yes' if c['slow_within_10pct'] else 'NO'}"
     )
     lines.append("p50/p99: first delta of a batch produced -> viewer (batching delay included); "
-                 "push: event pushed to the broadcaster -> viewer. 'slow' is not counted in the "
+                 "push: event pushed to the broadcaster -> viewer. The extra viewer is not counted in the "
                  "figures; 'missed live' counts events a viewer got from replay instead.")
     return "\n".join(lines)
 
