@@ -221,6 +221,7 @@ class Client:
             self._subs.add(sub)
         try:
             view = _View(from_seq, stop_at, on_lag)
+            live = False  # whether the subscription has delivered anything yet
             async for ev in self._fetch(session, view):
                 yield ev
             while sub is not None and not view.finished:
@@ -232,10 +233,12 @@ class Client:
                 if env.sid != session or not isinstance(env.body, Event):
                     continue
                 seq = env.body.seq
+                was_live, live = live, True
                 if seq < view.next_seq:
                     continue  # already seen through replay
                 if seq > view.next_seq:  # dropped live: fetch what is missing, then this one
-                    view.missed(seq - view.next_seq, time.time() - env.body.ts)
+                    if was_live:  # before the first live event, a gap is only the join race
+                        view.missed(seq - view.next_seq, time.time() - env.body.ts)
                     async for ev in self._fetch(session, view, to_seq=seq - 1):
                         yield ev
                     if seq != view.next_seq:
