@@ -227,7 +227,7 @@ class Client:
             while sub is not None and not view.finished:
                 env = await sub.get(RESYNC_IDLE_S)
                 if env is None:  # quiet: a tail lost live (or sent before we joined) comes back
-                    async for ev in self._fetch(session, view):
+                    async for ev in self._fetch(session, view, missed_live=live):
                         yield ev
                     continue
                 if env.sid != session or not isinstance(env.body, Event):
@@ -265,9 +265,13 @@ class Client:
                     raise
 
     async def _fetch(
-        self, session: str, view: _View, to_seq: int = 0
+        self, session: str, view: _View, to_seq: int = 0, *, missed_live: bool = False
     ) -> AsyncIterator[dict[str, Any]]:
-        """Replay from `view.next_seq` (to `to_seq`, 0 = end), batch after batch."""
+        """Replay from `view.next_seq` (to `to_seq`, 0 = end), batch after batch.
+
+        `missed_live`: whatever this brings should have come live (the subscription
+        was working), so it counts as dropped live for `on_lag`.
+        """
         while not view.finished:
             try:
                 reply = await self._replay_request(
@@ -282,13 +286,19 @@ class Client:
                 raise
             batch = reply.body
             assert isinstance(batch, ReplayBatch)
-            for frame in batch.events:
+            for i, frame in enumerate(batch.events):
                 try:
                     env = decode(frame)
                 except BadFrame:
                     continue
                 if not isinstance(env.body, Event) or env.body.seq < view.next_seq:
                     continue
+                if missed_live:  # tell before showing them: the rest of the batch is new
+                    age = time.time() - env.body.ts
+                    # Younger than the idle wait, it may just be on its way live.
+                    if age >= RESYNC_IDLE_S:
+                        view.missed(len(batch.events) - i, age)
+                    missed_live = bool(batch.more)
                 if env.body.seq > view.next_seq:  # a hole in the log itself
                     view.lost(env.body.seq - view.next_seq)
                 ev = event_dict(env)

@@ -154,6 +154,7 @@ def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):
                 late.append(ev)
             out, err = await asyncio.to_thread(resumed.communicate, timeout=30)
             assert resumed.returncode == 0, err
+            assert "behind" not in err  # a viewer that kept up is not told it fell behind
             after = [ev async for ev in client.events(run.session, 1)]
             return first, late, seen + json_lines(out), after, run.session
 
