@@ -24,7 +24,7 @@ import psutil
 from actors.config import ConfigError, config_path, load_config
 from actors.host.actor import Host, HostError, read_state
 from actors.render import Renderer
-from bus.client import Client
+from bus.client import Client, Lag
 from bus.endpoints import EndpointError, oploop_home
 from bus.errors import BusError, RemoteError, RequestTimeout
 
@@ -227,8 +227,16 @@ async def _cancel_quietly(client: Client, session: str) -> None:
 async def _watch(args: argparse.Namespace) -> int:
     render = Renderer(json_lines=args.json)
     async with Client.connect() as client:
-        await client.inspect(args.session)  # unknown session: a clear error, not a hang
-        async for event in client.events(args.session, args.from_seq, follow=not args.no_follow):
+        # The broadcaster keeps finished sessions' logs; a session just started may
+        # not have reached it yet. Unknown to both: a clear error, not a hang.
+        if await client.last_seq(args.session) is None:
+            await client.inspect(args.session)
+
+        def on_lag(lag: Lag) -> None:  # on stderr, so that --json output stays pure
+            print(f"oploop: {lag.describe()}", file=sys.stderr, flush=True)
+
+        async for event in client.events(args.session, args.from_seq,
+                                         follow=not args.no_follow, on_lag=on_lag):
             render.event(event)
     return EXIT_OK
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +26,7 @@ import zmq
 
 from bus.codec import decode
 from bus.endpoints import Endpoints
-from bus.errors import BadFrame, RemoteError
+from bus.errors import BadFrame, RemoteError, RequestTimeout
 from bus.messages import (
     Cancel,
     CancelAck,
@@ -52,8 +54,17 @@ TERMINAL_TYPES = frozenset({"DONE", "ERROR", "CANCELLED"})
 #: lost tail (dropped by PUB, or sent before the subscription took) is recovered.
 RESYNC_IDLE_S = 0.5
 
-#: Live events buffered per viewer before the oldest are dropped (recovered by replay).
-LIVE_QUEUE = 10_000
+#: Live events queued on the viewer's side (SUB RCVHWM); beyond it and the broadcaster's
+#: own per-viewer queue, events are dropped and recovered by replay.
+LIVE_HWM = 10_000
+
+#: One replay request waits this long before it is sent again ...
+REPLAY_TIMEOUT_S = 2.0
+#: ... and a broadcaster silent for this long in all is an error (not a restart).
+BROADCASTER_PATIENCE_S = 30.0
+
+#: A viewer that keeps falling behind is told at most this often.
+LAG_NOTICE_S = 1.0
 
 
 def event_dict(env: Envelope) -> dict[str, Any]:
@@ -82,6 +93,9 @@ class Client:
         self._control = Requester(self._reactor, "client.control", endpoints.address("control"))
         self._replay = Requester(self._reactor, "client.replay", endpoints.address("replay"))
         self._task: asyncio.Task[None] | None = None
+        # Live subscriptions still open (an abandoned `events()` iterator): closed
+        # by `aclose()`, since the context cannot terminate while a socket lives.
+        self._subs: set[_Subscription] = set()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -101,6 +115,8 @@ class Client:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for sub in list(self._subs):
+            sub.close()
         self._reactor.close()
         if self._own_ctx:
             self._ctx.term()
@@ -164,6 +180,23 @@ class Client:
 
     # -- events ------------------------------------------------------------------------
 
+    async def last_seq(self, session: str, timeout: float = 5.0) -> int | None:
+        """The newest seq the broadcaster holds for `session`, or None if it has none."""
+        try:
+            reply = await self._replay.request(ReplayRequest(1, 1), sid=session, timeout=timeout)
+        except RemoteError as exc:
+            if exc.code == "unknown_session":
+                return None
+            raise
+        assert isinstance(reply.body, ReplayBatch)
+        return reply.body.last_seq
+
+    async def broadcaster_stats(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The broadcaster's counters (sessions, viewers, recovered and lost events, ...)."""
+        reply = await self._replay.request(Stats(), timeout=timeout)
+        assert isinstance(reply.body, StatsReply)
+        return reply.body.counters
+
     async def events(
         self,
         session: str,
@@ -171,48 +204,47 @@ class Client:
         *,
         follow: bool = True,
         stop_at: Literal["first", "last"] = "last",
+        on_lag: Callable[[Lag], None] | None = None,
+        hwm: int = LIVE_HWM,
     ) -> AsyncIterator[dict[str, Any]]:
         """Yield `session`'s events from `from_seq` in order, without gap or duplicate.
 
         With `follow`, goes on live and ends after a terminal event: the first one
         seen (`stop_at="first"`, one run) or one that is the newest in the log
         (`"last"`). Without `follow`, ends at the end of the stored log.
+
+        Live events are read only as fast as the caller iterates: a slow caller's
+        backlog waits in zmq's queues (`hwm` on this side), the broadcaster drops
+        what overflows them, and the gap is refetched from the log. `on_lag` is
+        told each time that happens (at most once a second), and of events the
+        broadcaster no longer has (never, unless something lost them).
         """
-        live: asyncio.Queue[Envelope] = asyncio.Queue(LIVE_QUEUE)
-
-        def on_live(topic: bytes | None, env: Envelope, frame: bytes) -> None:
-            if live.full():
-                live.get_nowait()  # drop the oldest: the gap is refetched from replay
-            live.put_nowait(env)
-
-        sub = self._reactor.add(
-            zmq.SUB,
-            f"client.events.{session}",
-            on_live,
-            connect=self.endpoints.address("events"),
-            subscribe=session.encode(),
-            hwm=100_000,
-        )
+        # Subscribe before the first replay (Clone pattern): nothing published
+        # after the replay's snapshot can then slip between the two.
+        sub = None
+        if follow:
+            sub = _Subscription(self._ctx, self.endpoints.address("events"), session, hwm)
+            self._subs.add(sub)
         try:
-            view = _View(from_seq, stop_at)
+            view = _View(from_seq, stop_at, on_lag)
+            live = False  # whether the subscription has delivered anything yet
             async for ev in self._fetch(session, view):
                 yield ev
-            if view.finished or not follow:
-                return
-            while not view.finished:
-                try:
-                    async with asyncio.timeout(RESYNC_IDLE_S):
-                        env = await live.get()
-                except TimeoutError:
-                    async for ev in self._fetch(session, view):
+            while sub is not None and not view.finished:
+                env = await sub.get(RESYNC_IDLE_S)
+                if env is None:  # quiet: a tail lost live (or sent before we joined) comes back
+                    async for ev in self._fetch(session, view, missed_live=live):
                         yield ev
                     continue
                 if env.sid != session or not isinstance(env.body, Event):
                     continue
                 seq = env.body.seq
+                was_live, live = live, True
                 if seq < view.next_seq:
                     continue  # already seen through replay
-                if seq > view.next_seq:  # a gap: fetch what is missing, then this one
+                if seq > view.next_seq:  # dropped live: fetch what is missing, then this one
+                    if was_live:  # before the first live event, a gap is only the join race
+                        view.missed(seq - view.next_seq, time.time() - env.body.ts)
                     async for ev in self._fetch(session, view, to_seq=seq - 1):
                         yield ev
                     if seq != view.next_seq:
@@ -220,31 +252,61 @@ class Client:
                 ev = event_dict(env)
                 view.accept(ev, newest=seq)
                 yield ev
+            view.report()
         finally:
-            self._reactor.remove(sub)
+            if sub is not None:
+                sub.close()
+                self._subs.discard(sub)
+
+    async def _replay_request(self, body: ReplayRequest, session: str, timeout: float) -> Envelope:
+        """One replay request, sent again while the broadcaster does not answer (it may be
+        restarting; replay is idempotent) until `BROADCASTER_PATIENCE_S` have passed."""
+        waited = 0.0
+        while True:
+            try:
+                return await self._replay.request(body, sid=session, timeout=timeout)
+            except RequestTimeout:
+                waited += timeout
+                if waited >= BROADCASTER_PATIENCE_S:
+                    raise
 
     async def _fetch(
-        self, session: str, view: _View, to_seq: int = 0
+        self, session: str, view: _View, to_seq: int = 0, *, missed_live: bool = False
     ) -> AsyncIterator[dict[str, Any]]:
-        """Replay from `view.next_seq` (to `to_seq`, 0 = end), batch after batch."""
+        """Replay from `view.next_seq` (to `to_seq`, 0 = end), batch after batch.
+
+        `missed_live`: whatever this brings should have come live (the subscription
+        was working), so it counts as dropped live for `on_lag`.
+        """
         while not view.finished:
             try:
-                reply = await self._replay.request(
-                    ReplayRequest(view.next_seq, to_seq), sid=session, timeout=10.0
+                reply = await self._replay_request(
+                    ReplayRequest(view.next_seq, to_seq), session, REPLAY_TIMEOUT_S
                 )
             except RemoteError as exc:
-                if exc.code == "unknown_session":
-                    return  # not logged yet: live events or the next resync bring it
+                # unknown_session: not logged yet; bad_seq: a restarted broadcaster still
+                # recovering what we have already seen. Live events or the next resync
+                # bring the rest.
+                if exc.code in ("unknown_session", "bad_seq"):
+                    return
                 raise
             batch = reply.body
             assert isinstance(batch, ReplayBatch)
-            for frame in batch.events:
+            for i, frame in enumerate(batch.events):
                 try:
                     env = decode(frame)
                 except BadFrame:
                     continue
-                if not isinstance(env.body, Event) or env.body.seq != view.next_seq:
+                if not isinstance(env.body, Event) or env.body.seq < view.next_seq:
                     continue
+                if missed_live:  # tell before showing them: the rest of the batch is new
+                    age = time.time() - env.body.ts
+                    # Younger than the idle wait, it may just be on its way live.
+                    if age >= RESYNC_IDLE_S:
+                        view.missed(len(batch.events) - i, age)
+                    missed_live = bool(batch.more)
+                if env.body.seq > view.next_seq:  # a hole in the log itself
+                    view.lost(env.body.seq - view.next_seq)
                 ev = event_dict(env)
                 view.accept(ev, newest=batch.last_seq)
                 yield ev
@@ -254,13 +316,124 @@ class Client:
                 return
 
 
-class _View:
-    """Where one viewer stands in a session's sequence, and whether it is done."""
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """What a viewer is told when it fell behind.
 
-    def __init__(self, from_seq: int, stop_at: str) -> None:
+    `missed`: live events that were dropped before it read them (it got them
+    from the log instead); `behind_s`: how old the live stream was when it
+    noticed; `lost`: events the broadcaster no longer has (skipped).
+    """
+
+    missed: int
+    behind_s: float
+    lost: int = 0
+
+    def describe(self) -> str:
+        """One line for a person."""
+        parts = []
+        if self.missed:
+            parts.append(f"this viewer fell {self.behind_s:.1f} s behind the live stream: "
+                         f"{self.missed} events were dropped before it read them and were "
+                         "fetched again from the log")
+        if self.lost:
+            parts.append(f"{self.lost} events are missing from the log and cannot be shown")
+        return "; ".join(parts)
+
+
+class _Subscription:
+    """A SUB socket read only when the viewer asks for its next event.
+
+    Not served by the client's reactor on purpose: the reactor drains eagerly,
+    which would move a slow viewer's backlog into this process without bound.
+    Here the backlog stays in zmq's queues, bounded by the HWMs, and what
+    overflows them is dropped by the broadcaster's PUB and refetched by seq.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], address: str, session: str, hwm: int) -> None:
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        # Reconnect fast after a broadcaster restart (the default backs off to 100 ms).
+        sock.setsockopt(zmq.RECONNECT_IVL, 20)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        sock.setsockopt(zmq.SUBSCRIBE, session.encode())
+        sock.connect(address)
+        self.sock = sock
+        self._fd = sock.getsockopt(zmq.FD)
+        self._readable = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._fd, self._readable.set)
+
+    async def get(self, timeout: float) -> Envelope | None:
+        """The next live event, or None when none came within `timeout` seconds."""
+        deadline = self._loop.time() + timeout
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            else:
+                if len(frames) == 2:
+                    try:
+                        return decode(frames[1])
+                    except BadFrame:
+                        pass
+                continue
+            # The fd is edge-triggered: reading ZMQ_EVENTS re-arms it, then wait.
+            self._readable.clear()
+            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                continue
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._readable.wait()
+            except TimeoutError:
+                return None
+
+    def close(self) -> None:
+        """Unsubscribe and close the socket (again: nothing)."""
+        if not self.sock.closed:
+            self._loop.remove_reader(self._fd)
+            self.sock.close(linger=0)
+
+
+class _View:
+    """Where one viewer stands in a session's sequence, whether it is done, and how
+    far behind it fell (told to `on_lag` at most once per `LAG_NOTICE_S`)."""
+
+    def __init__(self, from_seq: int, stop_at: str, on_lag: Callable[[Lag], None] | None) -> None:
         self.next_seq = max(1, from_seq)
         self.stop_at = stop_at
         self.finished = False
+        self._on_lag = on_lag
+        self._missed = 0
+        self._lost = 0
+        self._behind_s = 0.0
+        self._told_at = -LAG_NOTICE_S
+
+    def missed(self, count: int, behind_s: float) -> None:
+        self._missed += count
+        self._behind_s = max(self._behind_s, behind_s)
+        self._maybe_tell()
+
+    def lost(self, count: int) -> None:
+        self._lost += count
+        self._maybe_tell(now=True)
+
+    def _maybe_tell(self, now: bool = False) -> None:
+        if now or time.monotonic() - self._told_at >= LAG_NOTICE_S:
+            self.report()
+
+    def report(self) -> None:
+        """Tell `on_lag` what has not been told yet."""
+        if self._on_lag is not None and (self._missed or self._lost):
+            self._on_lag(Lag(self._missed, self._behind_s, self._lost))
+        self._missed = self._lost = 0
+        self._behind_s = 0.0
+        self._told_at = time.monotonic()
 
     def accept(self, ev: dict[str, Any], newest: int) -> None:
         self.next_seq = ev["seq"] + 1

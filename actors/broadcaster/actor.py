@@ -8,11 +8,15 @@ from typing import Any
 
 import zmq
 
-from actors.broadcaster.log import EventLog
+from actors.broadcaster.backfill import Backfill
+from actors.broadcaster.log import Appended, EventLog
+from actors.broadcaster.settings import Retention, viewer_queue
+from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
-from bus.endpoints import Endpoints
+from bus.endpoints import Endpoints, oploop_home
 from bus.errors import BusError
 from bus.messages import Envelope, Event, ReplayBatch, ReplayRequest, Stats, StatsReply
+from bus.rpc import Requester
 from bus.sockets import Reactor
 
 log = logging.getLogger("oploop.broadcaster")
@@ -20,16 +24,27 @@ log = logging.getLogger("oploop.broadcaster")
 #: Replay answers in batches of at most this many bytes of events.
 REPLAY_BATCH_BYTES = 1 << 20
 
-#: PUB drops silently per subscriber at its high-water mark: set it high on
-#: purpose, and let seq + replay recover whatever is still dropped.
-EVENTS_SNDHWM = 100_000
+#: Kept small on purpose: what waits beyond it stays in the supervisor's PUSH
+#: queue, which survives a broadcaster restart, where this queue dies with it.
+INGEST_RCVHWM = 2_000
+
+#: Events are written to the store this long after the first unsaved one ...
+FLUSH_INTERVAL_S = 0.01
+#: ... or as soon as this many are waiting.
+FLUSH_EVENTS = 2_000
+
+#: How often retention is applied while running (it is also applied at start).
+PRUNE_INTERVAL_S = 600.0
 
 
 class Broadcaster:
-    """Logs sequenced events, publishes them, and replays any range on request."""
+    """Logs sequenced events, publishes them in order, and replays any range on request."""
 
-    def __init__(self, endpoints: Endpoints, log_: EventLog | None = None) -> None:
-        self.log = log_ or EventLog()
+    def __init__(
+        self, endpoints: Endpoints, store: EventStore, retention: Retention | None = None
+    ) -> None:
+        self.log = EventLog(store)
+        self.retention = retention or Retention.from_env()
         self.reactor = Reactor()
         self.viewers = 0
         self.refused: dict[str, int] = {}
@@ -39,26 +54,69 @@ class Broadcaster:
         )
         self.events = self.reactor.add(
             zmq.XPUB, "events", bind=endpoints.address("events"),
-            raw_handler=self.handle_subscription, hwm=EVENTS_SNDHWM,
+            # PUB drops silently per subscriber at its high-water mark: high on
+            # purpose, and seq + replay recover whatever is still dropped.
+            raw_handler=self.handle_subscription, hwm=viewer_queue(),
         )
+        # Every (un)subscription reaches us, not only a topic's first and last, so
+        # that `viewers` counts viewers rather than watched sessions.
+        self.events.sock.setsockopt(zmq.XPUB_VERBOSER, 1)
         self.ingest = self.reactor.add(
-            zmq.PULL, "ingest", self.handle_event, bind=endpoints.address("ingest"), hwm=100_000,
+            zmq.PULL, "ingest", self.handle_event, bind=endpoints.address("ingest"),
+            hwm=INGEST_RCVHWM,
         )
+        self.supervisor = Requester(self.reactor, "supervisor", endpoints.address("api"))
+        self.backfill = Backfill(self.supervisor, self.log, self.accept)
+        self._flush_timer: asyncio.TimerHandle | None = None
+
+    # -- ingest ------------------------------------------------------------------------
 
     def handle_event(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Log an event from the supervisor and publish it."""
+        """Log an event from the supervisor and publish it, or hold it if it came early."""
         if not isinstance(env.body, Event):
             self._refuse(f"ingest:{env.kind}")
             return
-        appended = self.log.append(env.sid, env.body.seq, frame)
-        if not appended.stored:
-            self._refuse(appended.reason.split(":")[0])
-            log.warning("event %s#%d not stored: %s", env.sid, env.body.seq, appended.reason)
+        if not env.sid:
+            self._refuse("no_session")
             return
+        seq = env.body.seq
+        appended = self.accept(env.sid, seq, frame)
+        if appended.stored:
+            if env.sid in self.backfill.held:
+                self.backfill.release(env.sid)
+        elif appended.gap:
+            self.backfill.hold(env.sid, seq, frame)
+        else:
+            self._refuse(appended.reason)
+
+    def accept(self, sid: str, seq: int, frame: bytes) -> Appended:
+        """Append event `seq` of `sid` to the log and, if it was next, publish it."""
+        appended = self.log.append(sid, seq, frame)
+        if not appended.stored:
+            return appended
         try:
-            self.events.send_frame(frame, env.sid.encode())
+            self.events.send_frame(frame, sid.encode())
         except BusError as exc:  # a PUB does not block; only a closed socket lands here
-            log.warning("could not publish %s#%d: %s", env.sid, env.body.seq, exc)
+            log.warning("could not publish %s#%d: %s", sid, seq, exc)
+        self._schedule_flush()
+        return appended
+
+    def _schedule_flush(self) -> None:
+        if self.log.unsaved >= FLUSH_EVENTS:
+            self.flush()
+        elif self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                FLUSH_INTERVAL_S, self.flush
+            )
+
+    def flush(self) -> None:
+        """Write the unsaved events to the store now."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self.log.flush()
+
+    # -- viewers -----------------------------------------------------------------------
 
     def handle_subscription(self, frames: list[bytes]) -> None:
         """Count viewers from XPUB (un)subscription notices."""
@@ -78,14 +136,17 @@ class Broadcaster:
         if last is None:
             self.replay.reply_error(peer, env.id, "unknown_session", f"no events for {env.sid!r}")
             return
-        if body.from_seq < 1 or body.to_seq < 0 or body.from_seq > last + 1:
-            self.replay.reply_error(
-                peer, env.id, "bad_seq",
-                f"from_seq must be in 1..{last + 1} and to_seq >= 0 (got {body.from_seq}, {body.to_seq})",
-            )
+        problem = _range_problem(body, last)
+        if problem:
+            self.replay.reply_error(peer, env.id, "bad_seq", problem)
             return
-        to_seq = body.to_seq or last
-        frames, more = self.log.range(env.sid, body.from_seq, to_seq, REPLAY_BATCH_BYTES)
+        to_seq = min(body.to_seq or last, last)
+        try:
+            frames, more = self.log.range(env.sid, body.from_seq, to_seq, REPLAY_BATCH_BYTES)
+        except StoreError as exc:
+            log.error("replay of %s failed: %s", env.sid, exc)
+            self.replay.reply_error(peer, env.id, "unavailable", "the event store cannot be read")
+            return
         try:
             self.replay.send(Envelope(ReplayBatch(frames, last, more), id=env.id, sid=env.sid), peer)
         except BusError as exc:
@@ -94,29 +155,74 @@ class Broadcaster:
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
+    # -- retention ---------------------------------------------------------------------
+
+    def prune(self) -> list[str]:
+        """Apply the retention settings to the store (and forget pruned sessions)."""
+        self.flush()
+        try:
+            removed = self.log.store.prune(self.retention.sessions, self.retention.max_age_s)
+        except StoreError as exc:
+            log.error("retention: %s", exc)
+            return []
+        self.log.forget(removed)
+        if removed:
+            log.info("retention: deleted the event logs of %d session(s)", len(removed))
+        return removed
+
+    async def _prune_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_INTERVAL_S)
+            self.prune()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
     def statistics(self) -> dict[str, Any]:
-        """Counters: sessions logged, viewers subscribed, refused events, per-port stats."""
+        """Counters: sessions logged, viewers subscribed, refused/recovered/lost events,
+        memory use of the log, per-port stats."""
         return {
             "sessions": len(self.log),
             "viewers": self.viewers,
             "refused": dict(self.refused),
+            "recovered": self.backfill.recovered,
+            "lost": self.backfill.lost,
+            "held": sum(len(h) for h in self.backfill.held.values()),
+            "log": self.log.statistics(),
             "ports": self.reactor.statistics(),
         }
 
     async def serve(self) -> None:
-        """Serve until cancelled."""
+        """Serve until cancelled; what is logged is saved on the way out."""
+        self.prune()
         try:
-            task = asyncio.ensure_future(self.reactor.run())
-            notify_ready()
-            await task
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.reactor.run())
+                notify_ready()
+                # A restart may have lost what was in flight: ask the supervisor.
+                group.create_task(self.backfill.reconcile())
+                group.create_task(self._prune_periodically())
         finally:
+            await self.backfill.aclose()
+            self.flush()
             self.reactor.close()
+            self.log.store.close()
+
+
+def _range_problem(req: ReplayRequest, last: int) -> str:
+    """Why `req` cannot be served from a log whose newest seq is `last` ("" if it can)."""
+    if req.from_seq < 1 or req.from_seq > last + 1:
+        return f"from_seq must be in 1..{last + 1} (got {req.from_seq})"
+    if req.to_seq < 0 or (req.to_seq and req.to_seq < req.from_seq):
+        return f"to_seq must be 0 (the end) or >= from_seq (got {req.to_seq})"
+    return ""
 
 
 async def _main() -> None:
-    await Broadcaster(Endpoints.for_home()).serve()
+    store = EventStore(oploop_home() / STORE_FILE)
+    await Broadcaster(Endpoints.for_home(), store).serve()
 
 
 def main() -> None:
     """Entry point of `python -m actors.broadcaster`."""
     run_actor("broadcaster", _main)
+

@@ -17,6 +17,7 @@ from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.history import Message
 from actors.supervisor.journal import Journal
+from actors.supervisor.resend import ResendRing
 from actors.supervisor.session import (
     ModelError,
     Session,
@@ -43,6 +44,7 @@ from bus.messages import (
     ListTools,
     LlmJob,
     LlmResult,
+    ReplayRequest,
     Retrying,
     RunStarted,
     SessionInfo,
@@ -92,6 +94,7 @@ class Supervisor:
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
         )
         self._outbox: deque[bytes] = deque()
+        self.resend = ResendRing()  # what a restarted broadcaster asks back (see resend.py)
         self._group: asyncio.TaskGroup | None = None
         self.io = _WorkerIO(self)
 
@@ -129,6 +132,7 @@ class Supervisor:
             self._publish(frame, sid, seq)
 
     def _publish(self, frame: bytes, sid: str, seq: int) -> None:
+        self.resend.add(sid, seq, frame)
         if self._outbox or not self._push(frame):
             if len(self._outbox) >= MAX_OUTBOX:
                 log.error("event outbox full: dropping %s#%d", sid, seq)
@@ -182,6 +186,8 @@ class Supervisor:
             # Accepted here too (the same rules), but behind the api's data; the
             # control socket is the fast path (`scripts/bench` compares the two).
             self._cancel(peer, env, body, port)
+        elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
+            port.send(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
 
@@ -254,6 +260,8 @@ class Supervisor:
         resumed = 0
         for session in self.journal.sessions(dict(self.config.agents)):
             self.sessions[session.id] = session
+            for seq, frame in self.journal.events(session.id):
+                self.resend.add(session.id, seq, frame)  # a broadcaster may still ask
             if session.run_over:
                 session.state = "idle"
                 continue
