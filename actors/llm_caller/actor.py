@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import sys
 import time
+from collections.abc import Mapping
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -11,6 +15,8 @@ from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.batcher import DeltaBatcher
 from actors.llm_caller.failures import CallFailed, classify
 from actors.llm_caller.policy import RetryPolicy
+from actors.llm_caller.scripted import BACKEND_ENV, ScriptedBackend
+from actors.offline_model.scenario import ScenarioError
 from actors.runtime import run_actor
 from actors.worker import Worker
 from bus.endpoints import Endpoints
@@ -99,14 +105,44 @@ class LlmCaller(Worker):
         await self.backend.aclose()
 
 
+BACKENDS = ("anthropic", "scripted")
+
+
+class UnknownBackend(ValueError):
+    """`OPLOOP_LLM_BACKEND` names no backend."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{BACKEND_ENV}={name!r}: expected one of {', '.join(BACKENDS)}")
+        self.name = name
+
+
+def backend_from_env(env: Mapping[str, str] = os.environ) -> ModelBackend:
+    """The backend `OPLOOP_LLM_BACKEND` selects: `anthropic` (default) or `scripted`."""
+    name = env.get(BACKEND_ENV) or "anthropic"
+    if name == "anthropic":
+        return AnthropicBackend()
+    if name == "scripted":
+        return ScriptedBackend.from_env(env)
+    raise UnknownBackend(name)
+
+
 async def _main() -> None:
-    caller = LlmCaller(Endpoints.for_home(), AnthropicBackend())
+    backend = backend_from_env()
+    caller = LlmCaller(Endpoints.for_home(), backend)
     try:
-        await caller.serve()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(caller.serve(), name="llm-caller")
+            if isinstance(backend, AnthropicBackend):
+                # Import the SDK once the caller serves, so start-up does not wait for it.
+                group.create_task(backend.preload(), name="sdk-preload")
     finally:
         await caller.aclose()
 
 
 def main() -> None:
     """Entry point of `python -m actors.llm_caller`."""
-    run_actor("llm", _main)
+    try:
+        run_actor("llm", _main)
+    except (UnknownBackend, ScenarioError) as exc:
+        print(f"oploop llm caller: {exc}", file=sys.stderr)
+        sys.exit(2)
