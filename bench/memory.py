@@ -1,0 +1,81 @@
+"""Memory: what an idle host holds, and what each idle session adds.
+
+RSS counts every resident page of each process, shared or not; PSS divides a
+shared page among the processes sharing it, the fairer sum for processes that
+share code. Both are summed over the host and every process under it. Then
+1000 sessions are opened (one short run each, then idle) and the added RSS,
+over all processes, is divided by their number.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+import uvloop
+
+from bench.driver import Driver
+from bench.host import BenchHost
+from bench.stats import summarize, table as text_table
+
+MB = 1024 * 1024
+
+
+def _usage(host: BenchHost) -> dict[str, Any]:
+    per: dict[str, dict[str, float]] = {}
+    for proc in host.processes():
+        try:
+            info = proc.memory_full_info()
+            name = " ".join(proc.cmdline()[-1:]).rsplit(".", 1)[-1] or proc.name()
+        except psutil.Error:
+            continue
+        key = name if name not in per else f"{name}-{proc.pid}"
+        per[key] = {"rss": info.rss, "pss": getattr(info, "pss", info.rss)}
+    return {
+        "rss": sum(p["rss"] for p in per.values()),
+        "pss": sum(p["pss"] for p in per.values()),
+        "processes": per,
+    }
+
+
+async def _open_sessions(host: BenchHost, count: int) -> None:
+    async with Driver(host.home) as driver:
+        await driver.many(count, 1)
+
+
+def _once(quick: bool) -> dict[str, float]:
+    sessions = 200 if quick else 1000
+    with BenchHost() as host:
+        time.sleep(1.0)  # let start-up garbage settle
+        idle = _usage(host)
+        uvloop.run(_open_sessions(host, 20))  # the first sessions pay one-off costs
+        before = _usage(host)
+        uvloop.run(_open_sessions(host, sessions))
+        after = _usage(host)
+    return {
+        "idle_rss": idle["rss"],
+        "idle_pss": idle["pss"],
+        "sessions": sessions,
+        "per_session_rss": (after["rss"] - before["rss"]) / sessions,
+        "processes": len(idle["processes"]),
+        **{f"rss.{k}": v["rss"] for k, v in idle["processes"].items()},
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Idle RSS/PSS of a host, and the RSS each idle session adds (median of runs)."""
+    return summarize([_once(quick) for _ in range(1 if quick else 3)])
+
+
+def table(result: dict[str, Any]) -> str:
+    """Memory figures."""
+    rows = [
+        ["idle host, RSS of all processes", f"{result['idle_rss'] / MB:.1f} MB"],
+        ["idle host, PSS of all processes", f"{result['idle_pss'] / MB:.1f} MB"],
+        [f"added RSS per idle session ({result['sessions']:.0f} open)",
+         f"{result['per_session_rss'] / 1024:.1f} KB"],
+    ]
+    rows += [[f"  RSS {k[4:]}", f"{v / MB:.1f} MB"]
+             for k, v in result.items() if k.startswith("rss.")]
+    return text_table(["memory", "median"], rows)
