@@ -8,12 +8,14 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.batcher import DeltaBatcher
 from actors.llm_caller.failures import CallFailed, classify
+from actors.llm_caller.histories import HISTORY_MISS, HistoryCache, HistoryMiss
 from actors.llm_caller.policy import RetryPolicy
 from actors.llm_caller.scripted import BACKEND_ENV, ScriptedBackend
 from actors.offline_model.scenario import ScenarioError
@@ -37,15 +39,20 @@ class LlmCaller(Worker):
         super().__init__(endpoints)
         self.backend = backend
         self.policy = policy or RetryPolicy.from_env()
+        self.histories = HistoryCache()
 
     async def perform(self, env: Envelope) -> Body:
         """Answer one `LlmJob` with `LlmResult`, or `JobFailed` once retries are spent."""
         job = env.body
         if not isinstance(job, LlmJob):
             return JobFailed("bad_job", f"an llm caller does not run {job.KIND}")
+        try:
+            request = self.histories.resolve(job)
+        except HistoryMiss as exc:
+            return JobFailed(HISTORY_MISS, str(exc), retryable=True)
         batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)))
         try:
-            message = await self._call_with_retries(env, job, batcher)
+            message = await self._call_with_retries(env, job, request, batcher)
         except CallFailed as exc:
             f = exc.failure
             return JobFailed(f.error, f.message, retryable=False, status=f.status)
@@ -54,7 +61,7 @@ class LlmCaller(Worker):
         return LlmResult(message)
 
     async def _call_with_retries(
-        self, env: Envelope, job: LlmJob, batcher: DeltaBatcher
+        self, env: Envelope, job: LlmJob, request: dict[str, Any], batcher: DeltaBatcher
     ) -> dict[str, object]:
         policy = self.policy
         deadline = env.deadline or time.time() + policy.request_timeout_s
@@ -93,9 +100,9 @@ class LlmCaller(Worker):
                     timeout_s = max(1.0, deadline - time.time())
                     if use_stream:
                         return await self.backend.stream(
-                            job.request, batcher.add, idle_s=policy.idle_s, timeout_s=timeout_s
+                            request, batcher.add, idle_s=policy.idle_s, timeout_s=timeout_s
                         )
-                    return await self.backend.create(job.request, timeout_s=timeout_s)
+                    return await self.backend.create(request, timeout_s=timeout_s)
         except Exception as exc:
             raise CallFailed(classify(exc), attempts) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")

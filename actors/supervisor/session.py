@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from actors.supervisor.agents import Agent
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
-from actors.supervisor.history import Message, add_user_text, sanitize
+from actors.supervisor.deltas import TurnCache
+from actors.supervisor.history import Message, add_user_text
 from actors.supervisor.request import build_request
 from actors.supervisor.turn import (
     Continue,
@@ -58,6 +59,8 @@ class Session:
     next_seq: int = 1
     created: float = field(default_factory=time.time)
     task: asyncio.Task[None] | None = None
+    #: What the turn path need not redo each turn (sanitising, history deltas).
+    turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -151,7 +154,8 @@ async def run_turns(session: Session, io: LoopIO, limit: int) -> RunResult:
         io.emit(session, "TURN_START", turn, {})
         tools = resolve_tools(io.tool_catalogue(), agent, turn)
         request = build_request(
-            agent, sanitize(session.history), tools, session=session.id, cwd=session.cwd
+            agent, session.turn_cache.sanitized(session.history), tools,
+            session=session.id, cwd=session.cwd,
         )
         reply = await io.call_model(session, request, stream=agent.streaming, turn=turn)
         session.history.append(stored_reply(reply))
