@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.llm_caller.backend import OnDelta
-from actors.offline_model import rules
 from actors.offline_model.plan import scripted_reply
 from actors.offline_model.scenario import (
     Scenario,
@@ -113,9 +112,19 @@ def run_position(messages: list[Any]) -> int:
             continue
         if message.get("role") == "assistant":
             replies += 1
-        elif rules.user_text(message):
+        elif _has_text(message):
             break
     return replies
+
+
+def _has_text(message: Mapping[str, Any]) -> bool:
+    """Whether a message carries text (a prompt), not only tool results."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return bool(content.strip())
+    return isinstance(content, list) and any(
+        isinstance(b, Mapping) and b.get("type") == "text" for b in content
+    )
 
 
 def _with_fresh_id(block: dict[str, Any], salt: str, position: int) -> dict[str, Any]:
