@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+import psutil
 import zmq
 
 from bench.stats import median, percentile, summarize, table as text_table, us
@@ -59,7 +60,7 @@ def _event(size: int) -> Envelope:
     return Envelope(Event(1, "TOKEN", 1, time.time(), {"text": "x" * size}), sid="s")
 
 
-async def _reactor_figures(address: str, quick: bool) -> dict[str, float]:
+async def _reactor_figures(address: str, server_pid: int, quick: bool) -> dict[str, float]:
     reactor = Reactor()
     got: asyncio.Queue[None] = asyncio.Queue()
     counter = [0]
@@ -76,19 +77,24 @@ async def _reactor_figures(address: str, quick: bool) -> dict[str, float]:
 
     port = reactor.add(zmq.DEALER, "client", on_reply, connect=address)
     task = asyncio.create_task(reactor.run())
+    me, peer = psutil.Process(), psutil.Process(server_pid)
     try:
         small = _event(16)
         rtts = []
-        for i in range(200 if quick else 2000):
+        rounds = 200 if quick else 2000
+        cpu0 = _cpu(me) + _cpu(peer)
+        for i in range(rounds):
             t0 = time.perf_counter()
             port.send(small)
             await got.get()
             if i >= 20:
                 rtts.append(time.perf_counter() - t0)
+        rtt_cpu = (_cpu(me) + _cpu(peer) - cpu0) / rounds
         n = 20_000 if quick else 100_000
         counter[0] = 0
         target[0] = n
         frame = encode(small)
+        cpu0 = _cpu(me) + _cpu(peer)
         t0 = time.perf_counter()
         sent = 0
         while sent < n:
@@ -99,6 +105,7 @@ async def _reactor_figures(address: str, quick: bool) -> dict[str, float]:
             await asyncio.sleep(0)
         await asyncio.wait_for(done.wait(), 60)
         rate = n / (time.perf_counter() - t0)
+        echo_cpu = (_cpu(me) + _cpu(peer) - cpu0) / n
     finally:
         task.cancel()
         try:
@@ -106,7 +113,14 @@ async def _reactor_figures(address: str, quick: bool) -> dict[str, float]:
         except asyncio.CancelledError:
             pass
         reactor.close()
-    return {"rtt_p50_s": median(rtts), "rtt_p99_s": percentile(rtts, 99), "echo_msg_s": rate}
+    return {"rtt_p50_s": median(rtts), "rtt_p99_s": percentile(rtts, 99), "echo_msg_s": rate,
+            "rtt_cpu_s": rtt_cpu, "echo_cpu_s": echo_cpu}
+
+
+def _cpu(proc: psutil.Process) -> float:
+    """CPU seconds a process has used: robust to a noisy machine, unlike wall time."""
+    t = proc.cpu_times()
+    return float(t.user + t.system)
 
 
 def _raw_rtt(address: str, quick: bool) -> float:
@@ -148,7 +162,7 @@ def _once(quick: bool) -> dict[str, float]:
         address = f"ipc://{tmp}/echo.sock"
         server = _server("reactor", address)
         try:
-            out.update(uvloop.run(_reactor_figures(address, quick)))
+            out.update(uvloop.run(_reactor_figures(address, server.pid, quick)))
         finally:
             server.kill()
             server.wait()
@@ -173,7 +187,9 @@ def table(result: dict[str, Any]) -> str:
     rows = [
         ["bus round trip p50 (Reactor + codec, ipc)", us(result["rtt_p50_s"])],
         ["bus round trip p99", us(result["rtt_p99_s"])],
+        ["bus round trip, CPU of both processes", us(result["rtt_cpu_s"])],
         ["bus echo throughput", f"{result['echo_msg_s']:,.0f} msg/s"],
+        ["bus echo, CPU per message echoed", us(result["echo_cpu_s"])],
         ["raw pyzmq REQ/REP round trip p50", us(result["raw_zmq_rtt_p50_s"])],
         ["codec encode+decode, 1 KB event", us(result["codec_1k_s"])],
     ]

@@ -97,6 +97,18 @@ class BenchHost:
         host = psutil.Process(int(state["pid"]))
         return [host, *host.children(recursive=True)]
 
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by each host process (keyed by pid): on a shared
+        machine, robust where wall time is not."""
+        out = {}
+        for proc in self.processes():
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[str(proc.pid)] = float(t.user + t.system)
+        return out
+
     def __enter__(self) -> BenchHost:
         self.start()
         return self

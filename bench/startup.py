@@ -23,7 +23,7 @@ def _time(backend: str) -> float:
 
 def run(quick: bool) -> dict[str, Any]:
     """Median seconds to ready, per model set-up."""
-    repeats = 3 if quick else 7
+    repeats = 2 if quick else 7
     out: dict[str, Any] = {}
     for backend in ("scripted", "offline"):
         times = [_time(backend) for _ in range(repeats)]

@@ -5,12 +5,16 @@ the tool's result going back. oploop's model is the in-process scripted
 backend of the llm caller (no HTTP), so a turn's time is oploop's own: the
 supervisor's loop, the hops to the llm caller and to an executor, the event
 stream. Sessions of 20 and of 200 turns; per-turn p50 and p99; each figure
-the median over several sessions.
+the median over several sessions. "CPU" is the CPU time per turn of every
+process involved (oploop: all host processes, the viewer not included; a
+peer: its one process), which a noisy shared machine disturbs far less than
+wall time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import uvloop
@@ -23,12 +27,18 @@ from bench.stats import median, ms, percentile, ratio, table as text_table
 LENGTHS = (20, 200)
 
 
-def _figures(turn_s: list[float], wall_s: float, turns: int) -> dict[str, float]:
+def _figures(turn_s: list[float], wall_s: float, turns: int, cpu_s: float) -> dict[str, float]:
     return {
         "p50_s": median(turn_s),
         "p99_s": percentile(turn_s, 99),
         "wall_per_turn_s": wall_s / turns,
+        "cpu_per_turn_s": cpu_s / turns,
     }
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> float:
+    """CPU seconds spent between two `BenchHost.cpu_s()` readings."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
 def _summary(samples: list[dict[str, float]]) -> dict[str, Any]:
@@ -43,9 +53,12 @@ async def _oploop(host: BenchHost, runs: dict[int, int]) -> dict[str, Any]:
         for turns, count in runs.items():
             samples = []
             for _ in range(count):
+                cpu0 = host.cpu_s()
                 t0 = loop.time()
                 run = await driver.run(turns)
-                samples.append(_figures(run.turn_s(), loop.time() - t0, turns))
+                elapsed = loop.time() - t0
+                cpu = cpu_delta(cpu0, host.cpu_s())
+                samples.append(_figures(run.turn_s(), elapsed, turns, cpu))
             out[str(turns)] = _summary(samples)
     return out
 
@@ -57,8 +70,9 @@ async def _peer(name: str, target: str, runs: dict[int, int]) -> dict[str, Any]:
     for turns, count in runs.items():
         samples = []
         for _ in range(count):
+            cpu0 = time.process_time()
             t = await run(turns)
-            samples.append(_figures(t["turn_s"], t["wall_s"], turns))
+            samples.append(_figures(t["turn_s"], t["wall_s"], turns, time.process_time() - cpu0))
         out[str(turns)] = _summary(samples)
     return out
 
@@ -86,17 +100,18 @@ def table(result: dict[str, Any]) -> str:
     rows = []
     for name, figs in systems.items():
         if "error" in figs:
-            rows.append([name, figs["error"], "", "", "", "", ""])
+            rows.append([name, figs["error"], "", "", "", "", "", "", ""])
             continue
         row = [name]
         for turns in LENGTHS:
             f = figs[str(turns)]
             row += [ms(f["p50_s"]), ms(f["p99_s"])]
         f20, f200 = figs["20"], figs["200"]
+        row.append(ms(f20["cpu_per_turn_s"]))
         row.append(ratio(f200["p50_s"], f20["p50_s"]))
         row.append("" if name == "oploop" else ratio(mine["20"]["p50_s"], f20["p50_s"]))
         row.append("" if name == "oploop" else ratio(mine["200"]["p50_s"], f200["p50_s"]))
         rows.append(row)
-    headers = ["per turn", "20: p50", "20: p99", "200: p50", "200: p99", "200/20",
+    headers = ["per turn", "20: p50", "20: p99", "200: p50", "200: p99", "20: CPU", "200/20",
                "oploop/peer @20", "oploop/peer @200"]
     return text_table(headers, rows)
