@@ -1,6 +1,7 @@
 """Memory: what an idle host holds, and what each idle session adds.
 
-RSS counts every resident page of each process, shared or not; PSS divides a
+Measured with the scripted model (no offline model process, no SDK), and
+for comparison with the default model set-up. RSS counts every resident page of each process, shared or not; PSS divides a
 shared page among the processes sharing it, the fairer sum for processes that
 share code. Both are summed over the host and every process under it. Then
 1000 sessions are opened (one short run each, then idle) and the added RSS,
@@ -63,9 +64,27 @@ def _once(quick: bool) -> dict[str, float]:
     }
 
 
+def _default_setup() -> dict[str, float]:
+    """Idle memory with the default model set-up: the offline model process, and llm
+    callers on the SDK (imported in the background once they serve)."""
+    with BenchHost(backend="offline") as host:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the SDK import has landed
+            time.sleep(0.5)
+            usage = _usage(host)
+            callers = [v["rss"] for k, v in usage["processes"].items() if "llm" in k]
+            if callers and min(callers) > 60 * MB:
+                break
+        time.sleep(0.5)
+        usage = _usage(host)
+    return {"default_idle_rss": usage["rss"], "default_idle_pss": usage["pss"]}
+
+
 def run(quick: bool) -> dict[str, Any]:
     """Idle RSS/PSS of a host, and the RSS each idle session adds (median of runs)."""
-    return summarize([_once(quick) for _ in range(1 if quick else 3)])
+    result = summarize([_once(quick) for _ in range(1 if quick else 3)])
+    result.update(_default_setup())
+    return result
 
 
 def table(result: dict[str, Any]) -> str:
@@ -78,4 +97,9 @@ def table(result: dict[str, Any]) -> str:
     ]
     rows += [[f"  RSS {k[4:]}", f"{v / MB:.1f} MB"]
              for k, v in result.items() if k.startswith("rss.")]
+    rows += [
+        ["idle host, default set-up (offline model, SDK), RSS",
+         f"{result['default_idle_rss'] / MB:.1f} MB"],
+        ["idle host, default set-up, PSS", f"{result['default_idle_pss'] / MB:.1f} MB"],
+    ]
     return text_table(["memory", "median"], rows)
