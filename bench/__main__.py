@@ -35,6 +35,16 @@ def discover() -> dict[str, ModuleType]:
     return found
 
 
+def floor_multiples(sections: dict[str, Any]) -> dict[str, float]:
+    """oploop's per-turn figures over the bus round trip measured in the same run."""
+    floor, turns = sections.get("floor", {}), sections.get("turns", {})
+    rtt = floor.get("rtt_p50_s")
+    mine = turns.get("systems", {}).get("oploop")
+    if not rtt or not mine or "error" in mine:
+        return {}
+    return {f"oploop turn p50 at {n} turns": mine[n]["p50_s"] / rtt for n in ("20", "200")}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen sections; print tables; write JSON. Exit 1 if a section failed."""
     parser = argparse.ArgumentParser(prog="bench", description=__doc__)
@@ -66,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         result["elapsed_s"] = elapsed
         report["sections"][name] = result
         print(f"\n== {name} ({elapsed:.1f} s)\n{text}", flush=True)
+    summary = floor_multiples(report["sections"])
+    if summary:
+        report["floor_multiples"] = summary
+        print("\n== as multiples of the floor (bus round trip p50)")
+        for name, value in summary.items():
+            print(f"  {name}: {value:.1f}x")
     report["machine"]["loadavg_end"] = list(machine()["loadavg"])
     print(f"\nload average at the end: "
           f"{' '.join(f'{x:.2f}' for x in report['machine']['loadavg_end'])}")

@@ -24,7 +24,7 @@ CONCURRENCY = (1, 10, 100, 1000)
 def _turns_for(sessions: int, quick: bool) -> int:
     """Turns per session: enough turns in all to time, few enough to stay short."""
     if sessions >= 1000:
-        return 2 if quick else 3
+        return 1 if quick else 3
     if sessions >= 100:
         return 5 if quick else 10
     return 10 if quick else 20
