@@ -12,7 +12,6 @@ Raw pyzmq (blocking REQ/REP, no codec, no asyncio) is given beside it.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import tempfile
