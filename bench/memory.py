@@ -24,14 +24,17 @@ MB = 1024 * 1024
 
 
 def _usage(host: BenchHost) -> dict[str, Any]:
+    state = host.state() or {}
+    names = {a["pid"]: a["name"] for a in state.get("actors", [])}
+    names[state.get("pid")] = "host"
     per: dict[str, dict[str, float]] = {}
     for proc in host.processes():
         try:
             info = proc.memory_full_info()
-            name = " ".join(proc.cmdline()[-1:]).rsplit(".", 1)[-1] or proc.name()
         except psutil.Error:
             continue
-        key = name if name not in per else f"{name}-{proc.pid}"
+        # actors by their host names (executor-1, llm-1, ...); anything else by pid
+        key = names.get(proc.pid) or f"pid-{proc.pid}"
         per[key] = {"rss": info.rss, "pss": getattr(info, "pss", info.rss)}
     return {
         "rss": sum(p["rss"] for p in per.values()),
@@ -72,7 +75,7 @@ def _default_setup() -> dict[str, float]:
         while time.monotonic() < deadline:  # until the SDK import has landed
             time.sleep(0.5)
             usage = _usage(host)
-            callers = [v["rss"] for k, v in usage["processes"].items() if "llm" in k]
+            callers = [v["rss"] for k, v in usage["processes"].items() if k.startswith("llm")]
             if callers and min(callers) > 60 * MB:
                 break
         time.sleep(0.5)

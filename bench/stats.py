@@ -35,7 +35,7 @@ def median_of(runs: int, measure: Callable[[], dict[str, float]]) -> dict[str, A
 def summarize(results: list[dict[str, float]]) -> dict[str, Any]:
     """The median of each key over `results`, plus the runs themselves."""
     keys = results[0].keys() if results else ()
-    return {**{k: median(r[k] for r in results) for k in keys}, "runs": results}
+    return {**{k: median(r[k] for r in results if k in r) for k in keys}, "runs": results}
 
 
 def machine() -> dict[str, Any]:
