@@ -15,7 +15,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.batcher import DeltaBatcher
 from actors.llm_caller.failures import CallFailed, classify
-from actors.llm_caller.histories import HISTORY_MISS, HistoryCache, HistoryMiss
+from actors.llm_caller.histories import HISTORY_MISS, BadHistory, HistoryCache, HistoryMiss
 from actors.llm_caller.policy import RetryPolicy
 from actors.llm_caller.scripted import BACKEND_ENV, ScriptedBackend
 from actors.offline_model.scenario import ScenarioError
@@ -50,6 +50,8 @@ class LlmCaller(Worker):
             request = self.histories.resolve(job)
         except HistoryMiss as exc:
             return JobFailed(HISTORY_MISS, str(exc), retryable=True)
+        except BadHistory as exc:
+            return JobFailed("bad_job", str(exc))
         batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)))
         try:
             message = await self._call_with_retries(env, job, request, batcher)

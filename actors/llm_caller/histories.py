@@ -18,7 +18,7 @@ from bus.messages import HISTORY_MISS, LlmJob
 #: Sessions whose history a caller keeps; a miss only costs one full send.
 MAX_SESSIONS = 4096
 
-__all__ = ["HISTORY_MISS", "HistoryCache", "HistoryMiss"]
+__all__ = ["HISTORY_MISS", "BadHistory", "HistoryCache", "HistoryMiss"]
 
 
 class HistoryMiss(Exception):
@@ -28,6 +28,10 @@ class HistoryMiss(Exception):
         have = "nothing" if held is None else f"revision {held}"
         super().__init__(f"history of {key}: delta against revision {wanted}, caller holds {have}")
         self.key, self.wanted, self.held = key, wanted, held
+
+
+class BadHistory(ValueError):
+    """The job's `request["messages"]` is not a list of messages."""
 
 
 class HistoryCache:
@@ -46,7 +50,7 @@ class HistoryCache:
             return request
         tail = request.get("messages") or []
         if not isinstance(tail, list):
-            tail = []
+            raise BadHistory(f"history of {job.history_key}: messages must be a list")
         if job.keep > 0:
             held = self._held.get(job.history_key)
             if held is None or held[0] != job.base_rev or len(held[1]) < job.keep:

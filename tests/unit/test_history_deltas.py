@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.llm_caller.histories import HistoryCache, HistoryMiss
+from actors.llm_caller.histories import BadHistory, HistoryCache, HistoryMiss
 from actors.supervisor.agents import DEFAULT_AGENT
 from actors.supervisor.deltas import TurnCache
 from actors.supervisor.history import add_user_text, sanitize
@@ -73,6 +73,14 @@ def test_a_caller_without_the_revision_misses_then_gets_the_full_request():
     memo.forget_callers()
     again = wire(job.for_caller(b"a"))
     assert again.keep == 0 and fresh.resolve(again) == request
+
+
+def test_a_delta_whose_messages_are_not_a_list_is_refused():
+    try:
+        HistoryCache().resolve(LlmJob({"messages": "nope"}, history_key="s", rev=1))
+        raise AssertionError("must refuse")
+    except BadHistory as exc:
+        assert "must be a list" in str(exc)
 
 
 def test_a_full_request_without_a_key_is_kept_as_is():
