@@ -13,9 +13,12 @@ Two costs grow with history length when done from scratch each turn:
   falling back to a full send for a caller that holds nothing, or after a
   `history_miss` (`forget_callers`).
 
-Both rely on what `history` guarantees: messages are never changed in place
-(every edit builds a new dict), so an unchanged message is the same object
-from one turn to the next, and comparing by identity is exact.
+Both rely on how the loop treats a history: messages are never changed in
+place (every edit builds a new dict), so an unchanged message is the same
+object from one turn to the next and comparing by identity is exact; and a
+session's history list only grows at its end (appended to, or its last message
+replaced). Code that rewrites earlier messages must assign a new list to
+`session.history`, which the memo then checks in full.
 """
 
 from __future__ import annotations
