@@ -252,16 +252,32 @@ class Disconnect(Body):
     KIND: ClassVar[str] = "disconnect"
 
 
+#: `JobFailed.error` of an llm caller that lacks the history revision a delta builds on.
+HISTORY_MISS = "history_miss"
+
+
 @dataclass(frozen=True, slots=True)
 class LlmJob(Body):
     """Supervisor -> llm caller: one Messages-API request (`request` is its JSON body).
 
     Answered by zero or more `Delta`/`Retrying`, then `LlmResult` or `JobFailed`.
+
+    History deltas (so a turn does not re-send the whole history): with a
+    `history_key`, the caller keeps the request's message list under that key
+    as revision `rev`. A later job may then send in `request["messages"]` only
+    what follows the first `keep` messages of revision `base_rev`. A caller
+    that does not hold that revision answers `JobFailed(error="history_miss",
+    retryable=True)` and the supervisor sends the job again in full (`keep` 0).
+    Without a `history_key` the request is complete and nothing is kept.
     """
 
     KIND: ClassVar[str] = "llm_job"
     request: dict[str, Any]
     stream: bool = True
+    history_key: str = ""
+    base_rev: int = 0
+    keep: int = 0
+    rev: int = 0
 
 
 @dataclass(frozen=True, slots=True)

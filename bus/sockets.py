@@ -5,9 +5,15 @@ near 50k msg/s and never yields while data keeps arriving, which starved a
 control socket for seconds under a flood. So a `Reactor` waits until any socket
 is readable, then serves every priority port until it is empty, then at most
 `batch` messages from each data port (re-serving priority ports in between),
-and yields to the loop between rounds. The zmq fd is edge-triggered: the
-reactor re-reads `ZMQ_EVENTS` before every wait, and every send kicks it,
-because a send can consume the edge that announced an incoming message.
+and yields to the loop between rounds.
+
+The zmq fd is edge-triggered: it fires when something changed, and reading
+`ZMQ_EVENTS` re-arms it. A port is therefore *pending* from the moment its fd
+fires (or a send on it — a send can consume the edge that announced an
+incoming message) until a read of `ZMQ_EVENTS` shows it empty; a round looks
+at pending ports only. Every look costs a call into libzmq (~1-3 us here) and
+a failed non-blocking `recv` far more (~7 us: pyzmq builds an exception), so
+a port is drained while `ZMQ_EVENTS` says POLLIN, never until `EAGAIN`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,13 @@ _ROUTED = {zmq.ROUTER}
 _TOPICAL = {zmq.SUB, zmq.XSUB}
 _SEND_ONLY = {zmq.PUSH, zmq.PUB}
 
+# Plain ints: pyzmq's enum members cost a conversion on every call of the hot path.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+
 
 class Port:
     """One zmq socket of a `Reactor`: decodes what arrives, encodes what leaves.
@@ -77,6 +90,8 @@ class Port:
         self.closed = False
         #: Send-only sockets are never drained (recv on them is an error).
         self.receives = sock.type not in _SEND_ONLY
+        #: Whether the reactor must look at this socket (fd fired, or we sent on it).
+        self.pending = True
 
     # -- sending -----------------------------------------------------------------------
 
@@ -90,9 +105,12 @@ class Port:
             raise Closed(f"port {self.name} is closed")
         try:
             if peer is None:
-                self.sock.send(frame, zmq.NOBLOCK)
+                self.sock.send(frame, _NOBLOCK)
             else:
-                self.sock.send_multipart((peer, frame), zmq.NOBLOCK)
+                # Two sends, not send_multipart: its flag arithmetic on pyzmq's enums cost
+                # more than the sends. A refusal (EAGAIN, EHOSTUNREACH) comes on the first.
+                self.sock.send(peer, _NOBLOCK_MORE)
+                self.sock.send(frame, _NOBLOCK)
         except zmq.Again as exc:
             if self.routed and peer is not None:
                 # ROUTER_MANDATORY reports an unknown peer as EAGAIN while it may
@@ -106,6 +124,7 @@ class Port:
                 raise Closed(f"port {self.name} is closed") from exc
             raise
         finally:
+            self.pending = True  # the send may have consumed the edge of an incoming message
             self.reactor.kick()
 
     def reply_error(self, peer: bytes | None, req_id: str, code: str, message: str) -> None:
@@ -118,22 +137,28 @@ class Port:
     # -- receiving ---------------------------------------------------------------------
 
     def drain(self, limit: int) -> int:
-        """Receive and dispatch up to `limit` messages without blocking; returns how many."""
+        """Receive and dispatch up to `limit` waiting messages; returns how many.
+
+        Leaves `pending` set when it stopped at `limit` with more waiting.
+        """
         n = 0
         sock = self.sock
-        if not self.receives:
-            return 0
-        while n < limit:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except zmq.ZMQError as exc:
-                if exc.errno in (zmq.ENOTSOCK, zmq.ETERM):
+        self.pending = False
+        try:
+            while sock.get(_EVENTS) & _POLLIN:
+                if n >= limit:
+                    self.pending = True
                     break
+                frames = [sock.recv(_NOBLOCK)]
+                while sock.get(_RCVMORE):
+                    frames.append(sock.recv(_NOBLOCK))
+                n += 1
+                self._dispatch(frames)
+        except zmq.Again:
+            pass
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.ENOTSOCK, zmq.ETERM):
                 raise
-            n += 1
-            self._dispatch(frames)
         self.received += n
         return n
 
@@ -183,10 +208,20 @@ class Port:
         the fd's signal, and an uncleared fd would wake the loop forever.
         """
         try:
-            events = self.sock.getsockopt(zmq.EVENTS)
+            events = self.sock.get(_EVENTS)
         except zmq.ZMQError:
             return False
-        return self.receives and bool(events & zmq.POLLIN)
+        return self.receives and bool(events & _POLLIN)
+
+    def serve(self, limit: int) -> int:
+        """Drain a pending port (re-arming a send-only one); how many messages it took."""
+        if not self.pending or self.closed:
+            return 0
+        if self.receives:
+            return self.drain(limit)
+        self.pending = False
+        self.readable()
+        return 0
 
     def close(self) -> None:
         """Close the socket at once (linger 0): what is queued is dropped."""
@@ -260,9 +295,15 @@ class Reactor:
         )
         self.ports.append(port)
         if self._wake is not None:
-            asyncio.get_running_loop().add_reader(sock.getsockopt(zmq.FD), self._wake.set)
+            asyncio.get_running_loop().add_reader(sock.getsockopt(zmq.FD), self._signal, port)
             self.kick()
         return port
+
+    def _signal(self, port: Port) -> None:
+        """The fd of `port` fired: look at it in the next round."""
+        port.pending = True
+        if self._wake is not None:
+            self._wake.set()
 
     def remove(self, port: Port) -> None:
         """Stop serving `port` and close it."""
@@ -282,15 +323,17 @@ class Reactor:
         loop = asyncio.get_running_loop()
         self._wake = wake = asyncio.Event()
         for port in self.ports:
-            loop.add_reader(port.sock.getsockopt(zmq.FD), wake.set)
+            port.pending = True
+            loop.add_reader(port.sock.getsockopt(zmq.FD), self._signal, port)
         try:
             while True:
-                if self._serve_round():
+                busy = self._serve_round()
+                if busy:
                     await asyncio.sleep(0)  # data keeps coming: let other tasks run
                     continue
+                if any(p.pending for p in self.ports):
+                    continue  # a handler sent on a port already looked at
                 wake.clear()
-                if any(p.readable() for p in self.ports):
-                    continue
                 await wake.wait()
         finally:
             self._wake = None
@@ -299,14 +342,22 @@ class Reactor:
                     loop.remove_reader(port.sock.getsockopt(zmq.FD))
 
     def _serve_round(self) -> bool:
-        """One round: all control, then a batch of each data port. True if work remains."""
-        priority = [p for p in self.ports if p.priority]
+        """One round over the pending ports: all control, then a batch of each data
+        port, control again after each batch. True if a data port has more waiting."""
+        ports = list(self.ports)  # a handler may add or remove ports
+        priority = [p for p in ports if p.priority]
+        for ctl in priority:
+            ctl.serve(1_000_000)
         busy = False
-        for port in self.ports:
-            for ctl in priority:
-                ctl.drain(1_000_000)
-            if not port.priority and port.drain(self.batch) >= self.batch:
-                busy = True
+        for port in ports:
+            if port.priority or not port.pending:
+                continue
+            if port.serve(self.batch):
+                for ctl in priority:
+                    # Look actively: a cancel must not wait behind the next batch.
+                    ctl.pending = True
+                    ctl.serve(1_000_000)
+            busy = busy or port.pending
         return busy
 
     def statistics(self) -> dict[str, Any]:

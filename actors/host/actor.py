@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,15 @@ class Child:
         }
 
 
+#: `scripted` runs the model inside the llm callers (`actors.llm_caller.scripted`):
+#: no endpoint, and no offline model process.
+LLM_BACKEND_ENV = "OPLOOP_LLM_BACKEND"
+
+
 def model_settings(env: dict[str, str]) -> dict[str, str] | None:
     """The model endpoint the user configured, or None: start the offline model."""
+    if env.get(LLM_BACKEND_ENV) == "scripted":
+        return {}
     key, url = env.get("ANTHROPIC_API_KEY"), env.get("ANTHROPIC_BASE_URL")
     if key or url:
         return {k: v for k, v in (("ANTHROPIC_API_KEY", key), ("ANTHROPIC_BASE_URL", url)) if v}
@@ -98,23 +106,31 @@ class Host:
         try:
             base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}
             model = model_settings(dict(os.environ))
-            if model is None:
-                model = await self._start_offline_model(base)
-            first = [Child("broadcaster", "actors.broadcaster", env=base),
-                     Child("supervisor", "actors.supervisor", env=base)]
-            workers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model})
-                       for i in range(self.llm_callers)]
-            workers += [Child(f"executor-{i + 1}", "actors.executor", env=base)
-                        for i in range(self.executors)]
-            await asyncio.gather(*(self._spawn(c) for c in first))
-            await asyncio.gather(*(self._spawn(c) for c in workers))
-            self.children += first + workers
+            # Every actor starts at once: zmq queues what a DEALER/PUSH sends before the
+            # peer binds, so no actor needs another up first, and on 2 cores the imports
+            # overlap. Only the llm callers wait, for the offline model's port.
+            others = [Child("broadcaster", "actors.broadcaster", env=base),
+                      Child("supervisor", "actors.supervisor", env=base)]
+            others += [Child(f"executor-{i + 1}", "actors.executor", env=base)
+                       for i in range(self.executors)]
+            self.children += others
+            await _all_or_none(
+                [*(self._spawn(c) for c in others), self._start_llm_callers(base, model)]
+            )
             for child in self.children:
                 self._watchers.append(asyncio.create_task(self._watch(child)))
             self._write_state("ready")
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_llm_callers(self, base: dict[str, str], model: dict[str, str] | None) -> None:
+        if model is None:
+            model = await self._start_offline_model(base)
+        callers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model})
+                   for i in range(self.llm_callers)]
+        self.children += callers
+        await _all_or_none([self._spawn(c) for c in callers])
 
     async def _start_offline_model(self, base: dict[str, str]) -> dict[str, str]:
         port_file = self.run_dir / OFFLINE_PORT_FILE
@@ -123,8 +139,8 @@ class Host:
         if self.scenario:
             args += ["--scenario", self.scenario]
         child = Child("offline-model", "actors.offline_model", args=args, env=base)
-        await self._spawn(child)
         self.children.append(child)
+        await self._spawn(child)
         self.offline = True
         port = int(port_file.read_text().strip())
         print(f"oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: using the offline "
@@ -253,6 +269,19 @@ class Host:
             await asyncio.shield(self.stop())
 
 
+async def _all_or_none(starts: list[Coroutine[Any, Any, None]]) -> None:
+    """Await every start; when one fails, cancel the rest before raising, so that
+    every process started so far is known (`child.proc`) to the `stop()` that follows."""
+    tasks = [asyncio.ensure_future(s) for s in starts]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 def _read_line(fd: int) -> bytes:
     """Read one short line from a pipe (b"" when the writer closed without one)."""
     out = b""
@@ -287,10 +316,22 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
     return data
 
 
-def main() -> None:
-    """Entry point of `python -m actors.host`."""
+def _env_count(name: str, default: int) -> int:
+    """A worker count from the environment (at least 1)."""
+    value = os.environ.get(name, "")
     try:
-        run_actor("host", lambda: Host().serve(), with_parent=False)
+        return max(1, int(value)) if value else default
+    except ValueError:
+        raise HostError(f"{name}={value!r}: expected a whole number of processes") from None
+
+
+def main() -> None:
+    """Entry point of `python -m actors.host`; `OPLOOP_LLM_CALLERS` (1) and
+    `OPLOOP_EXECUTORS` (2) say how many workers of each role to run."""
+    try:
+        host = Host(llm_callers=_env_count("OPLOOP_LLM_CALLERS", 1),
+                    executors=_env_count("OPLOOP_EXECUTORS", 2))
+        run_actor("host", host.serve, with_parent=False)
     except HostError as exc:
         print(f"oploop: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
 
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.batcher import DeltaBatcher
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
+from actors.llm_caller.histories import HISTORY_MISS, BadHistory, HistoryCache, HistoryMiss
 from actors.llm_caller.policy import RetryPolicy
+from actors.llm_caller.scripted import BACKEND_ENV, ScriptedBackend
+from actors.offline_model.scenario import ScenarioError
 from actors.runtime import run_actor
 from actors.worker import Worker
 from bus.endpoints import Endpoints
@@ -29,15 +38,22 @@ class LlmCaller(Worker):
         super().__init__(endpoints)
         self.backend = backend
         self.policy = policy or RetryPolicy.from_env()
+        self.histories = HistoryCache()
 
     async def perform(self, env: Envelope) -> Body:
         """Answer one `LlmJob` with `LlmResult`, or `JobFailed` once retries are spent."""
         job = env.body
         if not isinstance(job, LlmJob):
             return JobFailed("bad_job", f"an llm caller does not run {job.KIND}")
+        try:
+            request = self.histories.resolve(job)
+        except HistoryMiss as exc:
+            return JobFailed(HISTORY_MISS, str(exc), retryable=True)
+        except BadHistory as exc:
+            return JobFailed("bad_job", str(exc))
         batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)))
         try:
-            message = await self._call_with_retries(env, job, batcher)
+            message = await self._call_with_retries(env, job, request, batcher)
         except CallFailed as exc:
             f = exc.failure
             return JobFailed(f.error, f.message, retryable=False, status=f.status)
@@ -46,14 +62,14 @@ class LlmCaller(Worker):
         return LlmResult(message)
 
     async def _call_with_retries(
-        self, env: Envelope, job: LlmJob, batcher: DeltaBatcher
+        self, env: Envelope, job: LlmJob, request: dict[str, Any], batcher: DeltaBatcher
     ) -> dict[str, object]:
         def on_retry(attempt: int, error: str, wait_s: float) -> None:
             batcher.discard()  # the failed attempt's text is void; viewers get RETRY
             self.progress(env, Retrying(attempt, error, wait_s))
 
         return await call_with_retries(
-            self.backend, self.policy, job.request, stream=job.stream,
+            self.backend, self.policy, request, stream=job.stream,
             deadline=env.deadline or None, on_delta=batcher.add, on_retry=on_retry,
         )
 
@@ -62,14 +78,44 @@ class LlmCaller(Worker):
         await self.backend.aclose()
 
 
+BACKENDS = ("anthropic", "scripted")
+
+
+class UnknownBackend(ValueError):
+    """`OPLOOP_LLM_BACKEND` names no backend."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{BACKEND_ENV}={name!r}: expected one of {', '.join(BACKENDS)}")
+        self.name = name
+
+
+def backend_from_env(env: Mapping[str, str] = os.environ) -> ModelBackend:
+    """The backend `OPLOOP_LLM_BACKEND` selects: `anthropic` (default) or `scripted`."""
+    name = env.get(BACKEND_ENV) or "anthropic"
+    if name == "anthropic":
+        return AnthropicBackend()
+    if name == "scripted":
+        return ScriptedBackend.from_env(env)
+    raise UnknownBackend(name)
+
+
 async def _main() -> None:
-    caller = LlmCaller(Endpoints.for_home(), AnthropicBackend())
+    backend = backend_from_env()
+    caller = LlmCaller(Endpoints.for_home(), backend)
     try:
-        await caller.serve()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(caller.serve(), name="llm-caller")
+            if isinstance(backend, AnthropicBackend):
+                # Import the SDK once the caller serves, so start-up does not wait for it.
+                group.create_task(backend.preload(), name="sdk-preload")
     finally:
         await caller.aclose()
 
 
 def main() -> None:
     """Entry point of `python -m actors.llm_caller`."""
-    run_actor("llm", _main)
+    try:
+        run_actor("llm", _main)
+    except (UnknownBackend, ScenarioError) as exc:
+        print(f"oploop llm caller: {exc}", file=sys.stderr)
+        sys.exit(2)

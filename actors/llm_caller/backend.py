@@ -9,14 +9,16 @@ callback on the way.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import anthropic
+from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.llm_caller.failures import StreamIncomplete, StreamStalled
+
+if TYPE_CHECKING:
+    import anthropic
 
 OnDelta = Callable[[str, str], None]
 
@@ -97,23 +99,39 @@ def message_to_dict(message: Any) -> dict[str, Any]:
 class AnthropicBackend:
     """The real SDK, pointed at the API or any server that speaks it (`base_url`).
 
-    The SDK's own retries are off: the llm caller's retry policy owns them.
+    The SDK's own retries are off: the llm caller's retry policy owns them. The SDK
+    is imported off the event loop, on first use or by `preload()` once the caller
+    serves, not at start-up: it costs ~2.6 s and ~90 MB on these machines, which
+    a caller would otherwise spend before it could say it is ready.
     """
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None) -> None:
-        self.client = anthropic.AsyncAnthropic(
-            api_key=api_key or os.environ.get("ANTHROPIC_API_KEY") or "none",
-            base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
-            max_retries=0,
-        )
+        self.api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or "none"
+        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    async def preload(self) -> None:
+        """Import the SDK and build the client now (in a thread: the loop keeps serving)."""
+        await self.sdk_client()
+
+    async def sdk_client(self) -> anthropic.AsyncAnthropic:
+        """The SDK client, importing the SDK on first use."""
+        if self._client is None:
+            sdk = await asyncio.to_thread(importlib.import_module, "anthropic")
+            if self._client is None:  # another call may have built it meanwhile
+                self._client = sdk.AsyncAnthropic(
+                    api_key=self.api_key, base_url=self.base_url, max_retries=0
+                )
+        return self._client
 
     async def stream(
         self, request: dict[str, Any], on_delta: OnDelta, *, idle_s: float, timeout_s: float
     ) -> dict[str, Any]:
         """Stream one reply; the watchdog fires after `idle_s` without content."""
         loop = asyncio.get_running_loop()
-        kwargs = split_known(request, self.client.messages.stream)
-        async with self.client.messages.stream(**kwargs, timeout=timeout_s) as stream:
+        client = await self.sdk_client()
+        kwargs = split_known(request, client.messages.stream)
+        async with client.messages.stream(**kwargs, timeout=timeout_s) as stream:
             watchdog = asyncio.timeout(loop.time() + idle_s)
             try:
                 async with watchdog:
@@ -136,10 +154,12 @@ class AnthropicBackend:
 
     async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         """One non-streaming call (the fallback when a stream dies near the deadline)."""
-        kwargs = split_known(request, self.client.messages.create)
-        message = await self.client.messages.create(**kwargs, timeout=timeout_s)
+        client = await self.sdk_client()
+        kwargs = split_known(request, client.messages.create)
+        message = await client.messages.create(**kwargs, timeout=timeout_s)
         return message_to_dict(message)
 
     async def aclose(self) -> None:
-        """Close the SDK's HTTP client."""
-        await self.client.close()
+        """Close the SDK's HTTP client (if one was ever built)."""
+        if self._client is not None:
+            await self._client.close()

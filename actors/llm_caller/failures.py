@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import email.utils
+import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import anthropic
-import httpx2
+if TYPE_CHECKING:
+    import anthropic
+    import httpx2
 
 #: HTTP statuses worth another attempt (the rest of 4xx are the caller's fault).
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -39,7 +42,7 @@ class CallFailure:
     retry_after_s: float | None = None
 
 
-def _retry_after(headers: httpx2.Headers) -> float | None:
+def _retry_after(headers: httpx2.Headers | Any) -> float | None:
     """`retry-after-ms` or `retry-after` (seconds or an HTTP date), when present."""
     ms = headers.get("retry-after-ms")
     if ms:
@@ -59,6 +62,23 @@ def _retry_after(headers: httpx2.Headers) -> float | None:
 
 def classify(exc: BaseException) -> CallFailure:
     """Translate any exception of a model call into a `CallFailure`."""
+    # The SDK is imported only by the backend that uses it (it costs ~2.6 s and ~90 MB);
+    # where it was never imported, no exception can be one of its own.
+    sdk = sys.modules.get("anthropic")
+    transport = sys.modules.get("httpx2")
+    if sdk is not None:
+        failure = _classify_sdk(exc, sdk, transport)
+        if failure is not None:
+            return failure
+    if isinstance(exc, StreamStalled):
+        return CallFailure("stream_stalled", str(exc), True)
+    if isinstance(exc, StreamIncomplete):
+        return CallFailure("stream_incomplete", str(exc), True)
+    return CallFailure("internal", f"{type(exc).__name__}: {exc}", False)
+
+
+def _classify_sdk(exc: BaseException, anthropic: Any, httpx2: Any) -> CallFailure | None:
+    """The SDK's (and its transport's) exceptions, or None for any other."""
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
         kind = exc.type or f"http_{status}"
@@ -70,16 +90,12 @@ def classify(exc: BaseException) -> CallFailure:
         return CallFailure("timeout", str(exc), True)
     if isinstance(exc, anthropic.APIConnectionError):
         return CallFailure("connection", str(exc.__cause__ or exc), True)
-    if isinstance(exc, httpx2.TransportError):
+    if httpx2 is not None and isinstance(exc, httpx2.TransportError):
         # A stream dropped mid-way: the SDK lets the transport error through.
         return CallFailure("stream_dropped", f"{type(exc).__name__}: {exc}", True)
-    if isinstance(exc, StreamStalled):
-        return CallFailure("stream_stalled", str(exc), True)
-    if isinstance(exc, StreamIncomplete):
-        return CallFailure("stream_incomplete", str(exc), True)
     if isinstance(exc, anthropic.AnthropicError):
         return CallFailure("api_error", str(exc), False)
-    return CallFailure("internal", f"{type(exc).__name__}: {exc}", False)
+    return None
 
 
 class CallFailed(Exception):

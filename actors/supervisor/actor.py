@@ -36,13 +36,13 @@ from bus.messages import (
     CancelAck,
     ControlHello,
     Delta,
+    HISTORY_MISS,
     Envelope,
     Event,
     InspectSession,
     JobFailed,
     ListSessions,
     ListTools,
-    LlmJob,
     LlmResult,
     ReplayRequest,
     Retrying,
@@ -395,9 +395,15 @@ class _WorkerIO:
                     "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
                 })
 
-        job = LlmJob(request, stream)
-        reply = await self._job("llm", job, session, LLM_JOB_TIMEOUT_S, progress)
+        job = session.turn_cache.llm_job(session.id, request, stream)
+        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+                                for_worker=job.for_caller)
         body = reply.body
+        if isinstance(body, JobFailed) and body.error == HISTORY_MISS:
+            session.turn_cache.forget_callers()  # that caller lost its copy: send in full
+            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+                                    for_worker=job.for_caller)
+            body = reply.body
         if isinstance(body, LlmResult):
             return body.message
         if isinstance(body, JobFailed):
@@ -419,7 +425,7 @@ class _WorkerIO:
         return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)
 
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
-                   progress: Any) -> Envelope:
+                   progress: Any, for_worker: Any = None) -> Envelope:
         dispatcher = self.sup.dispatcher
         # The session's deadline bounds its jobs too, so workers can plan for it
         # (the llm caller falls back to a non-streaming call close to it).
@@ -428,7 +434,7 @@ class _WorkerIO:
             deadline = min(deadline, session.deadline)
         try:
             job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
-                                    on_progress=progress)
+                                    on_progress=progress, for_worker=for_worker)
         except NoCapacity as exc:
             raise ModelError("busy", str(exc)) from exc
         try:

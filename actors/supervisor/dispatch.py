@@ -10,6 +10,7 @@ llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -81,6 +82,8 @@ class Job:
     dispatches: int = 0
     #: Abort sent: the worker's slot stays taken until it acknowledges (its reply).
     aborted: bool = False
+    #: The body as one worker should receive it (history deltas), else `env.body`.
+    for_worker: Callable[[bytes], Body] | None = None
 
 
 def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
@@ -115,13 +118,17 @@ class Dispatcher:
     # -- submitting --------------------------------------------------------------------
 
     def submit(self, role: str, body: Body, *, sid: str, deadline: float,
-               on_progress: OnProgress) -> Job:
-        """Queue a job for a worker of `role`; await `job.future` for the final reply."""
+               on_progress: OnProgress,
+               for_worker: Callable[[bytes], Body] | None = None) -> Job:
+        """Queue a job for a worker of `role`; await `job.future` for the final reply.
+
+        `for_worker(worker_id)`, if given, makes the body sent to that worker."""
         if len(self.queues[role]) >= MAX_QUEUED:
             raise NoCapacity(f"{MAX_QUEUED} {role} jobs already waiting")
         jid = f"{self._prefix}{next(self._ids):x}"
         env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline)
-        job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress)
+        job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress,
+                  for_worker=for_worker)
         self.jobs[jid] = job
         self.queues[role].append(job)
         self._pump(role)
@@ -165,8 +172,11 @@ class Dispatcher:
             if worker is None:
                 return
             job = queue.popleft()
+            env = job.env
+            if job.for_worker is not None:
+                env = dataclasses.replace(env, body=job.for_worker(worker.id))
             try:
-                self.work.send(job.env, worker.id)
+                self.work.send(env, worker.id)
             except (PeerGone, Backpressure) as exc:
                 queue.appendleft(job)
                 log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 from actors.config import Config
 from actors.supervisor.agents import Agent
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
-from actors.supervisor.history import Message, add_reply, add_user_text, sanitize
+from actors.supervisor.deltas import TurnCache
+from actors.supervisor.history import Message, add_reply, add_user_text
 from actors.supervisor.request import build_request
 from actors.supervisor.router import parse_route, router_request
 from actors.supervisor.turn import (
@@ -90,6 +91,8 @@ class Session:
     run_turn: int = 0
     #: Outcomes of the current reply's tool calls that have finished, by call id.
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
+    #: What the turn path need not redo each turn (sanitising, history deltas).
+    turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -312,8 +315,8 @@ async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 
         emit(session, io, "TURN_START", turn, {})
         tools = [] if direct else resolve_tools(io.tool_catalogue(), agent, turn, config.hidden)
         request = build_request(
-            agent, sanitize(session.history), tools, session=session.id, cwd=session.cwd,
-            aliases=config.aliases,
+            agent, session.turn_cache.sanitized(session.history), tools,
+            session=session.id, cwd=session.cwd, aliases=config.aliases,
         )
         session.partial.clear()
         reply = await io.call_model(session, request, stream=agent.streaming, turn=turn)

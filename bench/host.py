@@ -1,0 +1,117 @@
+"""A host for the benchmark: started as a user starts one (`oploop up --detach`),
+in a temporary `$OPLOOP_HOME`, with the in-process scripted model, and stopped
+with `oploop down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bus.endpoints import Endpoints
+
+#: One trivial tool call per turn, for up to this many turns (runs are cut by max_turns).
+SCRIPT_TURNS = 1000
+
+
+def write_workload(directory: Path) -> tuple[Path, Path]:
+    """The small file every turn reads, and the scenario that reads it every turn."""
+    target = directory / "target.txt"
+    target.write_text("hello from the benchmark\n")
+    call = {"type": "tool_use", "name": "read_file", "input": {"path": str(target)}}
+    turns = [{"reply": [call]} for _ in range(SCRIPT_TURNS)]
+    script = directory / "script.json"
+    script.write_text(json.dumps({"description": "one read_file per turn", "turns": turns}))
+    return target, script
+
+
+class BenchHost:
+    """One detached host with `llm_callers` and `executors`, the scripted model on."""
+
+    def __init__(self, *, llm_callers: int = 1, executors: int = 2,
+                 backend: str = "scripted") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="oploop-bench-"))
+        self.home = self.dir / "home"
+        self.target, self.script = write_workload(self.dir)
+        self.env = {
+            **os.environ,
+            "OPLOOP_HOME": str(self.home),
+            "OPLOOP_LLM_CALLERS": str(llm_callers),
+            "OPLOOP_EXECUTORS": str(executors),
+        }
+        if backend == "scripted":
+            self.env["OPLOOP_LLM_BACKEND"] = "scripted"
+            self.env["OPLOOP_LLM_SCRIPT"] = str(self.script)
+        else:
+            for name in ("OPLOOP_LLM_BACKEND", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+                self.env.pop(name, None)
+        self.up_s = 0.0
+
+    def _oploop(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "actors.cli", *args], env=self.env, capture_output=True,
+            text=True, timeout=120, check=False,
+        )
+
+    def start(self) -> float:
+        """`oploop up --detach`; the seconds from running it to its exit (host ready)."""
+        started = time.perf_counter()
+        done = self._oploop("up", "--detach")
+        self.up_s = time.perf_counter() - started
+        if done.returncode != 0:
+            log = (self.home / "host.log")
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"oploop up failed: {done.stderr.strip()}\n{tail}")
+        return self.up_s
+
+    def stop(self) -> None:
+        """`oploop down`, then remove the temporary directory."""
+        try:
+            if self.state() is not None:
+                self._oploop("down")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def state(self) -> dict[str, Any] | None:
+        """The host's state file."""
+        try:
+            path = Endpoints.for_home(self.home).run_dir / "host.json"
+            data: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data
+
+    def processes(self) -> list[psutil.Process]:
+        """The host process and every process under it."""
+        state = self.state()
+        if state is None:
+            return []
+        host = psutil.Process(int(state["pid"]))
+        return [host, *host.children(recursive=True)]
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by each host process (keyed by pid): on a shared
+        machine, robust where wall time is not."""
+        out = {}
+        for proc in self.processes():
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[str(proc.pid)] = float(t.user + t.system)
+        return out
+
+    def __enter__(self) -> BenchHost:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

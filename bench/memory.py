@@ -1,0 +1,108 @@
+"""Memory: what an idle host holds, and what each idle session adds.
+
+Measured with the scripted model (no offline model process, no SDK), and
+for comparison with the default model set-up. RSS counts every resident page of each process, shared or not; PSS divides a
+shared page among the processes sharing it, the fairer sum for processes that
+share code. Both are summed over the host and every process under it. Then
+1000 sessions are opened (one short run each, then idle) and the added RSS,
+over all processes, is divided by their number.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+import uvloop
+
+from bench.driver import Driver
+from bench.host import BenchHost
+from bench.stats import summarize, table as text_table
+
+MB = 1024 * 1024
+
+
+def _usage(host: BenchHost) -> dict[str, Any]:
+    state = host.state() or {}
+    names = {a["pid"]: a["name"] for a in state.get("actors", [])}
+    names[state.get("pid")] = "host"
+    per: dict[str, dict[str, float]] = {}
+    for proc in host.processes():
+        try:
+            info = proc.memory_full_info()
+        except psutil.Error:
+            continue
+        # actors by their host names (executor-1, llm-1, ...); anything else by pid
+        key = names.get(proc.pid) or f"pid-{proc.pid}"
+        per[key] = {"rss": info.rss, "pss": getattr(info, "pss", info.rss)}
+    return {
+        "rss": sum(p["rss"] for p in per.values()),
+        "pss": sum(p["pss"] for p in per.values()),
+        "processes": per,
+    }
+
+
+async def _open_sessions(host: BenchHost, count: int) -> None:
+    async with Driver(host.home) as driver:
+        await driver.many(count, 1)
+
+
+def _once(quick: bool) -> dict[str, float]:
+    sessions = 200 if quick else 1000
+    with BenchHost() as host:
+        time.sleep(1.0)  # let start-up garbage settle
+        idle = _usage(host)
+        uvloop.run(_open_sessions(host, 20))  # the first sessions pay one-off costs
+        before = _usage(host)
+        uvloop.run(_open_sessions(host, sessions))
+        after = _usage(host)
+    return {
+        "idle_rss": idle["rss"],
+        "idle_pss": idle["pss"],
+        "sessions": sessions,
+        "per_session_rss": (after["rss"] - before["rss"]) / sessions,
+        "processes": len(idle["processes"]),
+        **{f"rss.{k}": v["rss"] for k, v in idle["processes"].items()},
+    }
+
+
+def _default_setup() -> dict[str, float]:
+    """Idle memory with the default model set-up: the offline model process, and llm
+    callers on the SDK (imported in the background once they serve)."""
+    with BenchHost(backend="offline") as host:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the SDK import has landed
+            time.sleep(0.5)
+            usage = _usage(host)
+            callers = [v["rss"] for k, v in usage["processes"].items() if k.startswith("llm")]
+            if callers and min(callers) > 60 * MB:
+                break
+        time.sleep(0.5)
+        usage = _usage(host)
+    return {"default_idle_rss": usage["rss"], "default_idle_pss": usage["pss"]}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Idle RSS/PSS of a host, and the RSS each idle session adds (median of runs)."""
+    result = summarize([_once(quick) for _ in range(1 if quick else 3)])
+    result.update(_default_setup())
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    """Memory figures."""
+    rows = [
+        ["idle host, RSS of all processes", f"{result['idle_rss'] / MB:.1f} MB"],
+        ["idle host, PSS of all processes", f"{result['idle_pss'] / MB:.1f} MB"],
+        [f"added RSS per idle session ({result['sessions']:.0f} open)",
+         f"{result['per_session_rss'] / 1024:.1f} KB"],
+    ]
+    rows += [[f"  RSS {k[4:]}", f"{v / MB:.1f} MB"]
+             for k, v in result.items() if k.startswith("rss.")]
+    rows += [
+        ["idle host, default set-up (offline model, SDK), RSS",
+         f"{result['default_idle_rss'] / MB:.1f} MB"],
+        ["idle host, default set-up, PSS", f"{result['default_idle_pss'] / MB:.1f} MB"],
+    ]
+    return text_table(["memory", "median"], rows)

@@ -1,0 +1,126 @@
+"""History deltas: what the supervisor sends each caller rebuilds the full request,
+and the incremental sanitiser agrees with `sanitize` everywhere."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.llm_caller.histories import BadHistory, HistoryCache, HistoryMiss
+from actors.supervisor.agents import DEFAULT_AGENT
+from actors.supervisor.deltas import TurnCache
+from actors.supervisor.history import add_user_text, sanitize
+from actors.supervisor.request import build_request
+from bus.codec import decode, encode
+from bus.messages import Envelope, LlmJob
+
+TOOLS = [{"name": "read_file", "description": "read", "input_schema": {"type": "object"}}]
+
+
+def wire(job: LlmJob) -> LlmJob:
+    """Through the codec, as a caller receives it."""
+    body = decode(encode(Envelope(job))).body
+    assert isinstance(body, LlmJob)
+    return body
+
+
+def one_turn(history, i):
+    history.append({"role": "assistant", "content": [
+        {"type": "tool_use", "id": f"t{i}", "name": "read_file", "input": {"path": "x"}}]})
+    history.append({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok", "is_error": False}]})
+
+
+def test_each_caller_rebuilds_every_request_exactly_and_deltas_stay_small():
+    memo, callers = TurnCache(), {b"a": HistoryCache(), b"b": HistoryCache()}
+    history = []
+    add_user_text(history, "go")
+    order = [b"a", b"a", b"b", b"a", b"b", b"b"] * 5
+    sizes, last_seen = [], {}
+    for i, worker in enumerate(order):
+        if i == 12:
+            add_user_text(history, "a follow-up")  # the last message replaced, not appended
+        request = build_request(DEFAULT_AGENT, memo.sanitized(history), TOOLS,
+                                session="s", cwd="/")
+        sent = wire(memo.llm_job("s", request, True).for_caller(worker))
+        assert callers[worker].resolve(sent) == request
+        behind = i - last_seen.get(worker, -99)
+        last_seen[worker] = i
+        # what that caller has not seen, and the messages whose cache breakpoint moved
+        sizes.append((len(sent.request["messages"]), behind))
+        one_turn(history, i)
+    assert sizes[0][0] == 1
+    assert all(n <= 2 * behind + 3 for n, behind in sizes[6:]), sizes
+    assert callers[b"a"].hits and callers[b"b"].hits
+
+
+def test_a_caller_without_the_revision_misses_then_gets_the_full_request():
+    memo, old = TurnCache(), HistoryCache()
+    history = [{"role": "user", "content": [{"type": "text", "text": "go"}]}]
+    for i in range(3):
+        request = build_request(DEFAULT_AGENT, memo.sanitized(history), TOOLS, session="s",
+                                cwd="/")
+        old.resolve(wire(memo.llm_job("s", request, True).for_caller(b"a")))
+        one_turn(history, i)
+    request = build_request(DEFAULT_AGENT, memo.sanitized(history), TOOLS, session="s", cwd="/")
+    job = memo.llm_job("s", request, True)
+    fresh = HistoryCache()  # the caller restarted under the same routing id
+    try:
+        fresh.resolve(wire(job.for_caller(b"a")))
+        raise AssertionError("a delta against nothing must miss")
+    except HistoryMiss as exc:
+        assert exc.held is None
+    memo.forget_callers()
+    again = wire(job.for_caller(b"a"))
+    assert again.keep == 0 and fresh.resolve(again) == request
+
+
+def test_a_delta_whose_messages_are_not_a_list_is_refused():
+    try:
+        HistoryCache().resolve(LlmJob({"messages": "nope"}, history_key="s", rev=1))
+        raise AssertionError("must refuse")
+    except BadHistory as exc:
+        assert "must be a list" in str(exc)
+
+
+def test_a_full_request_without_a_key_is_kept_as_is():
+    cache = HistoryCache()
+    request = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert cache.resolve(LlmJob(request)) is request and len(cache) == 0
+
+
+def test_least_recently_used_histories_go_first():
+    cache = HistoryCache(max_sessions=2)
+    for key in ("a", "b", "c"):
+        cache.resolve(LlmJob({"messages": []}, history_key=key, rev=1))
+    try:
+        cache.resolve(LlmJob({"messages": []}, history_key="a", base_rev=1, keep=1, rev=2))
+        raise AssertionError("a was evicted")
+    except HistoryMiss:
+        pass
+
+
+def use(i):
+    return {"type": "tool_use", "id": f"t{i}", "name": "shell", "input": {}}
+
+
+def result(i):
+    return {"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"}
+
+
+blocks = st.lists(st.one_of(st.just({"type": "text", "text": "x"}),
+                            st.integers(0, 3).map(use), st.integers(0, 3).map(result)),
+                  min_size=0, max_size=3)
+messages = st.lists(st.tuples(st.sampled_from(["user", "assistant"]), blocks).map(
+    lambda rc: {"role": rc[0], "content": [b for b in rc[1] if b["type"] != (
+        "tool_use" if rc[0] == "user" else "tool_result")]}), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=4))
+def test_incremental_sanitising_agrees_with_sanitize(growth):
+    memo, history = TurnCache(), []
+    for appended in growth:
+        history.extend(appended)
+        assert memo.sanitized(history) == sanitize(history)
+        assert memo.sanitized(history) == sanitize(history)  # from the memo this time
