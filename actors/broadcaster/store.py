@@ -9,12 +9,13 @@ SQLite gives the companions the database file's own mode.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from actors.storage import open_private_db
 
 #: The file name of the event store inside `$OPLOOP_HOME`.
 STORE_FILE = "events.db"
@@ -54,13 +55,7 @@ class EventStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            # Create the file 0600 before SQLite opens it, whatever the umask.
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-            os.chmod(path, 0o600)
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+            self._db = open_private_db(path, _SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open event store {path}: {exc}") from exc
 

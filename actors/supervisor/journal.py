@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
+from actors.storage import open_private_db
 from actors.supervisor.agents import Agent
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
@@ -51,14 +50,7 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Created 0600 before SQLite opens it (its -wal and -shm follow the mode).
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        os.chmod(path, 0o600)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
+        self.db = open_private_db(path, _SCHEMA)
         self.commits = 0
 
     @classmethod
