@@ -49,7 +49,7 @@ def _scenario(sessions: int) -> dict[str, Any]:
             turn = {"reply": [{"type": "tool_use", "name": "shell",
                                "input": {"command": _tool_command(f"9{i:03d}")}}]}
         else:
-            turn = {"reply": WORDS, "delay_s": 0.002}
+            turn = {"reply": WORDS, "delay_s": 0.01}  # ~30 s: still streaming when cancelled
         scripts[f"s{i}"] = [turn]
     return {"scripts": scripts}
 
