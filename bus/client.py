@@ -89,9 +89,11 @@ class Client:
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._reactor = Reactor(self._ctx)
-        self._api = Requester(self._reactor, "client.api", endpoints.address("api"))
-        self._control = Requester(self._reactor, "client.control", endpoints.address("control"))
-        self._replay = Requester(self._reactor, "client.replay", endpoints.address("replay"))
+        self._api, self._control, self._replay = (
+            Requester(self._reactor, f"client.{name}", endpoints.address(name),
+                      endpoints.client_side(name), watch=endpoints.remote)
+            for name in ("api", "control", "replay")
+        )
         self._task: asyncio.Task[None] | None = None
         # Live subscriptions still open (an abandoned `events()` iterator): closed
         # by `aclose()`, since the context cannot terminate while a socket lives.
@@ -99,9 +101,13 @@ class Client:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, home: Path | None = None) -> AsyncIterator[Client]:
-        """Connect to the host in `home` (default `$OPLOOP_HOME`); closes on exit."""
-        client = cls(Endpoints.for_home(home))
+    async def connect(cls, home: Path | None = None, *,
+                      endpoints: Endpoints | None = None) -> AsyncIterator[Client]:
+        """Connect to the host in `home`, or at `endpoints` (default: `OPLOOP_CONNECT`
+        with `OPLOOP_KEYS` when set, else the host of `$OPLOOP_HOME`); closes on exit."""
+        if endpoints is None:
+            endpoints = Endpoints.for_home(home) if home is not None else Endpoints.from_env()
+        client = cls(endpoints)
         client._task = asyncio.create_task(client._reactor.run(), name="client-reactor")
         try:
             yield client
@@ -223,7 +229,7 @@ class Client:
         # after the replay's snapshot can then slip between the two.
         sub = None
         if follow:
-            sub = _Subscription(self._ctx, self.endpoints.address("events"), session, hwm)
+            sub = _Subscription(self._ctx, self.endpoints, session, hwm)
             self._subs.add(sub)
         try:
             view = _View(from_seq, stop_at, on_lag)
@@ -350,15 +356,19 @@ class _Subscription:
     overflows them is dropped by the broadcaster's PUB and refetched by seq.
     """
 
-    def __init__(self, ctx: zmq.Context[Any], address: str, session: str, hwm: int) -> None:
+    def __init__(self, ctx: zmq.Context[Any], endpoints: Endpoints, session: str,
+                 hwm: int) -> None:
         sock: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
+        secure = endpoints.client_side("events")
+        if secure is not None:
+            secure(sock)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, hwm)
         # Reconnect fast after a broadcaster restart (the default backs off to 100 ms).
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         sock.setsockopt(zmq.SUBSCRIBE, session.encode())
-        sock.connect(address)
+        sock.connect(endpoints.address("events"))
         self.sock = sock
         self._fd = sock.getsockopt(zmq.FD)
         self._readable = asyncio.Event()

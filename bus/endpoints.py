@@ -1,25 +1,104 @@
-"""Where sockets live: a private runtime directory of `ipc://` endpoints.
+"""Where sockets live: a private runtime directory of `ipc://` endpoints, and
+optionally TCP for workers and clients on other machines.
 
 The runtime dir is `$OPLOOP_HOME/run` (mode 0700, so only this user can reach
 the sockets); each endpoint is a socket file in it (mode 0600 once bound).
+
+A host configured to listen on TCP (`[network]` in `oploop.toml`) also binds
+its five public endpoints on consecutive ports from `listen` (api, control,
+work, events, replay; `ingest` never leaves the machine) and, with CURVE (the
+default, and the only choice off loopback), every public socket requires an
+authorised key (`bus.security`). The host writes `run/network.json`, so that
+its actors and local clients find out without reading the configuration.
+A program elsewhere reaches it with `OPLOOP_CONNECT=tcp://HOST:PORT` and
+`OPLOOP_KEYS=<folder from oploop keys add>`.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import zmq
+
+from bus.security import ClientKeys, Gate, Keyring
 
 #: The sockets of a host, by name (see `bus.messages` for who binds what).
 ENDPOINT_NAMES = ("api", "control", "work", "ingest", "events", "replay")
+
+#: The endpoints a host may serve on TCP, in the order of their ports.
+PUBLIC_ENDPOINTS = ("api", "control", "work", "events", "replay")
+
+NETWORK_FILE = "network.json"
+
+#: Applies socket options (CURVE) to a socket before it binds or connects.
+Secure = Callable[["zmq.Socket[Any]"], None]
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_IPC_PATH = 107
 
 
 class EndpointError(Exception):
-    """The runtime dir cannot be used (path too long, wrong owner or mode)."""
+    """The runtime dir or a TCP address cannot be used (path too long, wrong owner
+    or mode, plain TCP off loopback, a malformed address)."""
+
+
+class PlainTcpRefused(EndpointError):
+    """TCP without CURVE on an address other machines may reach."""
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """Where a host also listens on TCP: five consecutive ports from `port`."""
+
+    host: str
+    port: int
+    curve: bool = True
+
+    @classmethod
+    def parse(cls, listen: str, curve: bool = True) -> Network:
+        """Check `tcp://HOST:PORT`; plain TCP (`curve` False) only on a loopback address."""
+        parts = urlsplit(listen)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        host = parts.hostname or ""
+        if parts.scheme != "tcp" or not host or port is None or parts.path or parts.query:
+            raise EndpointError(f"{listen!r}: expected tcp://HOST:PORT")
+        if not 1 <= port <= 65535 - len(PUBLIC_ENDPOINTS) + 1:
+            raise EndpointError(f"{listen!r}: the port must leave room for "
+                                f"{len(PUBLIC_ENDPOINTS)} consecutive ports")
+        if not curve and not _is_loopback(host):
+            raise PlainTcpRefused(f"{listen!r}: plain TCP on a non-loopback address is refused; "
+                                "keep CURVE on (curve = true) or listen on 127.0.0.1")
+        return cls(host, port, curve)
+
+    def address(self, name: str) -> str:
+        """The tcp address of public endpoint `name`."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port + PUBLIC_ENDPOINTS.index(name)}"
+
+    @property
+    def listen(self) -> str:
+        """The first address, as configured."""
+        return self.address(PUBLIC_ENDPOINTS[0])
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name or "*": it may reach other machines
 
 
 def oploop_home() -> Path:
@@ -29,14 +108,43 @@ def oploop_home() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Endpoints:
-    """The endpoint addresses of one host, derived from its runtime dir."""
+    """The endpoint addresses of one host, derived from its runtime dir (and its
+    network file), or of a host elsewhere (`remote`)."""
 
     run_dir: Path
+    network: Network | None = None
+    #: Reached over `network` from another machine (connect only, never bind).
+    remote: bool = False
+    #: The key folder: the home's `keys` (local) or an `OPLOOP_KEYS` folder (remote).
+    keys: Path | None = None
 
     @classmethod
     def for_home(cls, home: Path | None = None) -> Endpoints:
         """Endpoints of the host whose home is `home` (default `oploop_home()`)."""
-        return cls((home or oploop_home()) / "run")
+        home = home or oploop_home()
+        run_dir = home / "run"
+        return cls(run_dir, read_network(run_dir), keys=home / "keys")
+
+    @classmethod
+    def elsewhere(cls, address: str, keys: Path | None) -> Endpoints:
+        """Endpoints of a host on another machine, listening at `address`; `keys` is an
+        `OPLOOP_KEYS` folder, None for plain TCP (loopback only)."""
+        network = Network.parse(address, curve=keys is not None)
+        return cls(oploop_home() / "run", network, remote=True, keys=keys)
+
+    @classmethod
+    def from_env(cls) -> Endpoints:
+        """`OPLOOP_CONNECT` (+ `OPLOOP_KEYS`) when set, else the host of `$OPLOOP_HOME`."""
+        address = os.environ.get("OPLOOP_CONNECT", "")
+        if not address:
+            return cls.for_home()
+        keys = os.environ.get("OPLOOP_KEYS", "")
+        return cls.elsewhere(address, Path(keys).expanduser() if keys else None)
+
+    @property
+    def curve(self) -> bool:
+        """Whether the public endpoints require CURVE."""
+        return self.network is not None and self.network.curve
 
     def path(self, name: str) -> Path:
         """The socket file of endpoint `name`."""
@@ -45,8 +153,44 @@ class Endpoints:
         return self.run_dir / f"{name}.sock"
 
     def address(self, name: str) -> str:
-        """The zmq address of endpoint `name`."""
+        """The zmq address to connect to endpoint `name`."""
+        if self.remote:
+            assert self.network is not None
+            if name not in PUBLIC_ENDPOINTS:
+                raise EndpointError(f"endpoint {name!r} is not served to other machines")
+            return self.network.address(name)
         return f"ipc://{self.path(name)}"
+
+    def binds(self, name: str) -> list[str]:
+        """Every address endpoint `name` is bound at: its socket file, and TCP if public."""
+        out = [f"ipc://{self.path(name)}"]
+        if self.network is not None and name in PUBLIC_ENDPOINTS:
+            out.append(self.network.address(name))
+        return out
+
+    def server_side(self, name: str) -> Secure | None:
+        """What makes the socket bound at `name` a CURVE server, or None (no CURVE)."""
+        if not self.curve or name not in PUBLIC_ENDPOINTS:
+            return None
+        assert self.keys is not None
+        server = Keyring(self.keys).server()
+        return lambda sock: server.apply(sock, name)
+
+    def client_side(self, name: str) -> Secure | None:
+        """What makes a socket connecting to `name` a CURVE client, or None."""
+        if not self.curve or name not in PUBLIC_ENDPOINTS:
+            return None
+        assert self.keys is not None
+        return ClientKeys.load(self.keys).apply
+
+    def gate(self) -> Gate | None:
+        """A started ZAP handler for an actor that binds CURVE sockets, or None."""
+        if not self.curve or self.remote:
+            return None
+        assert self.keys is not None
+        gate = Gate(Keyring(self.keys))
+        gate.start()
+        return gate
 
     def socket_files(self) -> list[Path]:
         """Socket files present in the runtime dir now."""
@@ -78,3 +222,25 @@ class Endpoints:
             p.unlink(missing_ok=True)
             removed.append(p)
         return removed
+
+
+def read_network(run_dir: Path) -> Network | None:
+    """The network file a running host wrote in `run_dir`, or None (ipc only)."""
+    try:
+        data = json.loads((run_dir / NETWORK_FILE).read_text())
+        return Network(str(data["host"]), int(data["port"]), bool(data["curve"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_network(run_dir: Path, network: Network | None) -> None:
+    """Record (or, for None, remove) the host's network in `run_dir` (0600)."""
+    path = run_dir / NETWORK_FILE
+    if network is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"host": network.host, "port": network.port, "curve": network.curve}, f)
+    os.replace(tmp, path)

@@ -53,3 +53,13 @@ class RemoteError(BusError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class AccessDenied(BusError):
+    """The peer refused our handshake: our key is not authorised there (or revoked),
+    or one side speaks CURVE and the other does not."""
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"{endpoint}: the host {reason}")
+        self.endpoint = endpoint
+        self.reason = reason

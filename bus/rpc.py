@@ -9,7 +9,8 @@ import time
 
 import zmq
 
-from bus.errors import RemoteError, RequestTimeout
+from bus.endpoints import Secure
+from bus.errors import AccessDenied, RemoteError, RequestTimeout
 from bus.messages import Body, Envelope, ErrorReply
 from bus.sockets import Port, Reactor
 
@@ -27,9 +28,24 @@ class Requester:
     A late reply to a request that already timed out is dropped.
     """
 
-    def __init__(self, reactor: Reactor, name: str, address: str) -> None:
+    def __init__(self, reactor: Reactor, name: str, address: str,
+                 secure: Secure | None = None, *, watch: bool = False) -> None:
         self._pending: dict[str, asyncio.Future[Envelope]] = {}
-        self.port: Port = reactor.add(zmq.DEALER, name, self._on_reply, connect=address)
+        self.port: Port = reactor.add(zmq.DEALER, name, self._on_reply, connect=address,
+                                      secure=secure)
+        self.address = address
+        #: Why the peer refuses our handshake, while it does (CURVE only).
+        self.refusal: str | None = None
+        if secure is not None or watch:  # (`watch`: a peer that may want CURVE from us)
+            reactor.watch_handshakes(self.port, self._on_handshake)
+
+    def _on_handshake(self, refusal: str | None) -> None:
+        self.refusal = refusal
+        if refusal is None:
+            return
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(AccessDenied(self.address, refusal))
 
     def _on_reply(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         fut = self._pending.pop(env.id, None)
@@ -39,7 +55,10 @@ class Requester:
     async def request(
         self, body: Body, *, sid: str = "", job: str = "", timeout: float = 5.0
     ) -> Envelope:
-        """Send `body`, await its reply; raises `RemoteError` on an `ErrorReply`."""
+        """Send `body`, await its reply; raises `RemoteError` on an `ErrorReply`,
+        `AccessDenied` when the peer refuses our key, `RequestTimeout` without a reply."""
+        if self.refusal is not None:
+            raise AccessDenied(self.address, self.refusal)
         mid = new_id("r")
         fut: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._pending[mid] = fut

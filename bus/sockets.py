@@ -23,10 +23,11 @@ import errno
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from bus.codec import MAX_FRAME_BYTES, decode, encode
 from bus.errors import Backpressure, BadFrame, Closed, PeerGone
@@ -48,6 +49,9 @@ SOCKET_MAXMSGSIZE = 2 * MAX_FRAME_BYTES
 _ROUTED = {zmq.ROUTER}
 _TOPICAL = {zmq.SUB, zmq.XSUB}
 _SEND_ONLY = {zmq.PUSH, zmq.PUB}
+
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 # Plain ints: pyzmq's enum members cost a conversion on every call of the hot path.
 _EVENTS = int(zmq.EVENTS)
@@ -92,6 +96,10 @@ class Port:
         self.receives = sock.type not in _SEND_ONLY
         #: Whether the reactor must look at this socket (fd fired, or we sent on it).
         self.pending = True
+        #: Read the ZAP User-Id of each message (CURVE sockets whose handlers check it).
+        self.identify = False
+        #: The User-Id of the message being handled (`identify` ports; None otherwise).
+        self.user_id: str | None = None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -149,9 +157,12 @@ class Port:
                 if n >= limit:
                     self.pending = True
                     break
-                frames = [sock.recv(_NOBLOCK)]
-                while sock.get(_RCVMORE):
-                    frames.append(sock.recv(_NOBLOCK))
+                if self.identify:
+                    frames = self._recv_identified()
+                else:
+                    frames = [sock.recv(_NOBLOCK)]
+                    while sock.get(_RCVMORE):
+                        frames.append(sock.recv(_NOBLOCK))
                 n += 1
                 self._dispatch(frames)
         except zmq.Again:
@@ -161,6 +172,17 @@ class Port:
                 raise
         self.received += n
         return n
+
+    def _recv_identified(self) -> list[bytes]:
+        """One message, keeping the User-Id the ZAP handler gave its connection."""
+        parts = [self.sock.recv(_NOBLOCK, copy=False)]
+        while parts[-1].more:
+            parts.append(self.sock.recv(_NOBLOCK, copy=False))
+        try:
+            self.user_id = parts[-1].get("User-Id")
+        except zmq.ZMQError:  # no ZAP on that connection (ipc without CURVE)
+            self.user_id = None
+        return [part.bytes for part in parts]
 
     def _dispatch(self, frames: list[bytes]) -> None:
         if self.raw_handler is not None:
@@ -254,8 +276,9 @@ class Reactor:
         name: str,
         handler: Handler | None = None,
         *,
-        bind: str | None = None,
+        bind: str | Sequence[str] | None = None,
         connect: str | None = None,
+        secure: Callable[[zmq.Socket[bytes]], None] | None = None,
         priority: bool = False,
         reply_errors: bool = False,
         routing_id: bytes | None = None,
@@ -263,7 +286,8 @@ class Reactor:
         subscribe: bytes | None = None,
         raw_handler: RawHandler | None = None,
     ) -> Port:
-        """Create a socket, bind or connect it, and serve it with `handler`."""
+        """Create a socket, bind it (to one address or several) or connect it, and serve
+        it with `handler`. `secure` sets security options (CURVE) before either."""
         sock: zmq.Socket[bytes] = self.ctx.socket(socket_type)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, hwm)
@@ -278,26 +302,59 @@ class Reactor:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         if subscribe is not None:
             sock.setsockopt(zmq.SUBSCRIBE, subscribe)
+        binds = [bind] if isinstance(bind, str) else list(bind or ())
+        where = connect or ""
         try:
-            if bind:
+            if secure is not None:
+                secure(sock)
+            if binds:
                 sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAXMSGSIZE)
-                sock.bind(bind)
-                if bind.startswith("ipc://"):
-                    os.chmod(bind[len("ipc://"):], 0o600)  # only this user may connect
+            for where in binds:
+                sock.bind(where)
+                if where.startswith("ipc://"):
+                    os.chmod(where[len("ipc://"):], 0o600)  # only this user may connect
             if connect:
+                where = connect
                 sock.connect(connect)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
-            raise OSError(f"{name}: cannot {'bind' if bind else 'connect'} {bind or connect}: {exc}") from exc
+            raise OSError(f"{name}: cannot {'connect' if connect else 'bind'} {where}: {exc}") from exc
         port = Port(
             self, sock, name, handler,
             priority=priority, reply_errors=reply_errors, raw_handler=raw_handler,
         )
+        self._serve(port)
+        return port
+
+    def _serve(self, port: Port) -> None:
         self.ports.append(port)
         if self._wake is not None:
-            asyncio.get_running_loop().add_reader(sock.getsockopt(zmq.FD), self._signal, port)
+            asyncio.get_running_loop().add_reader(port.sock.getsockopt(zmq.FD), self._signal, port)
             self.kick()
-        return port
+
+    def watch_handshakes(self, port: Port, on_change: Callable[[str | None], None]) -> None:
+        """Tell `on_change` why the peer of a connecting `port` refused its handshake
+        (a CURVE key it does not admit, or no CURVE on one side), and None once a
+        handshake succeeds. A refused connection never delivers: without this, a
+        request would only time out."""
+        mon: zmq.Socket[bytes] = port.sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+        mon.setsockopt(zmq.LINGER, 0)
+
+        def handle(frames: list[bytes]) -> None:
+            try:
+                event = parse_monitor_message(frames)["event"]
+            except RuntimeError:
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                on_change(None)
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                on_change("refused this key")
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                on_change("failed the handshake (CURVE on one side only, or another key)")
+
+        self._serve(Port(self, mon, f"{port.name}.monitor", None, priority=False,
+                         reply_errors=False, raw_handler=handle))
 
     def _signal(self, port: Port) -> None:
         """The fd of `port` fired: look at it in the next round."""

@@ -1,0 +1,298 @@
+"""CURVE for endpoints that leave the machine: the keys, and who may connect where.
+
+Over `ipc://` the runtime dir's permissions (0700, sockets 0600) decide who may
+connect. Once a host also listens on TCP, every public socket is a CURVE server
+and a ZAP handler (`Gate`) admits a client only if its public key is authorised
+for that socket's *domain*:
+
+    domain   sockets         admits keys of role
+    api      api             control
+    control  control         control, worker
+    work     work            worker
+    view     events, replay  control, viewer
+
+So a viewer's key can watch and replay, never start or cancel; a worker's key
+cannot start runs. The host's own actors and the local CLI use the local key,
+admitted everywhere (reading it needs this user's file permissions).
+
+The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up`:
+
+    server.key, server.key_secret     the host's keypair (secret never leaves it)
+    client.key, client.key_secret     the local key
+    authorized/<role>/<name>.key      public keys admitted per role; read again
+                                      when the folder changes (add/revoke live)
+    issued/<name>/                    a key made by `oploop keys add`: copy the
+                                      folder to the remote machine as `OPLOOP_KEYS`
+
+A folder usable as `OPLOOP_KEYS` (the home's `keys`, or an issued one) holds
+`server.key` and `client.key_secret`: what a connecting side needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import stat
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+import zmq.utils.z85
+
+from bus.errors import BusError
+
+log = logging.getLogger("oploop.security")
+
+ROLES = ("control", "worker", "viewer")
+
+#: The ZAP domain of each public endpoint.
+DOMAIN_OF = {"api": "api", "control": "control", "work": "work",
+             "events": "view", "replay": "view"}
+
+#: Which key roles each domain admits.
+ADMITS = {"api": ("control",), "control": ("control", "worker"), "work": ("worker",),
+          "view": ("control", "viewer")}
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class CredentialError(BusError):
+    """Keys that cannot be used: missing, unreadable, open to others, or a bad name."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKeys:
+    """What a connecting side needs: its own keypair and the server's public key (z85)."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+    @classmethod
+    def load(cls, folder: Path) -> ClientKeys:
+        """The keys of an `OPLOOP_KEYS` folder (`server.key`, `client.key_secret`)."""
+        server, _ = _load(folder / "server.key")
+        public, secret = _load(folder / "client.key_secret")
+        if secret is None:
+            raise CredentialError(f"{folder / 'client.key_secret'} holds no secret key")
+        return cls(public, secret, server)
+
+    def apply(self, sock: zmq.Socket[Any]) -> None:
+        """Make `sock` a CURVE client of the server (before it connects)."""
+        sock.curve_serverkey = self.server_public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+
+@dataclass(frozen=True, slots=True)
+class ServerKeys:
+    """The host's keypair, applied to each public socket with its ZAP domain."""
+
+    public: bytes
+    secret: bytes
+
+    def apply(self, sock: zmq.Socket[Any], endpoint: str) -> None:
+        """Make `sock` a CURVE server whose clients `Gate` checks for `endpoint`'s domain."""
+        sock.curve_server = True
+        sock.curve_secretkey = self.secret
+        sock.zap_domain = DOMAIN_OF[endpoint].encode()
+
+
+class Keyring:
+    """The key folder of one host: create, issue, revoke, and check keys."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()  # the Gate's thread reads while the actor runs
+        self._cache: dict[str, tuple[float, frozenset[bytes]]] = {}
+        self._local: bytes | None = None
+
+    @classmethod
+    def for_home(cls, home: Path) -> Keyring:
+        """The keyring in `home/keys`."""
+        return cls(home / "keys")
+
+    # -- making keys -------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the folder (0700), the server and local keypairs if missing; refuse a
+        folder another user owns or others can read."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = self.folder.stat()
+        if st.st_uid != os.getuid():
+            raise CredentialError(f"{self.folder} is owned by uid {st.st_uid}")
+        os.chmod(self.folder, 0o700)
+        for sub in ("authorized", *(f"authorized/{role}" for role in ROLES), "issued"):
+            (self.folder / sub).mkdir(mode=0o700, exist_ok=True)
+        for name in ("server", "client"):
+            if not (self.folder / f"{name}.key_secret").exists():
+                _create(self.folder, name)
+
+    def server(self) -> ServerKeys:
+        """The host's keypair."""
+        public, secret = _load(self.folder / "server.key_secret")
+        if secret is None:
+            raise CredentialError(f"{self.folder / 'server.key_secret'} holds no secret key")
+        return ServerKeys(public, secret)
+
+    def local(self) -> ClientKeys:
+        """The local key, as a client uses it."""
+        return ClientKeys.load(self.folder)
+
+    def issue(self, name: str, role: str) -> Path:
+        """Make a keypair `name` for `role`, authorise it, and return the folder to copy
+        to the remote machine (its `OPLOOP_KEYS`)."""
+        if role not in ROLES:
+            raise CredentialError(f"role {role!r}: expected one of {', '.join(ROLES)}")
+        if not _NAME.fullmatch(name) or name in ("server", "client"):
+            raise CredentialError(f"key name {name!r}: letters, digits, '_', '.', '-' (not "
+                            "'server' or 'client')")
+        if self.role_of(name) is not None:
+            raise CredentialError(f"a key named {name!r} exists already (revoke it first)")
+        out = self.folder / "issued" / name
+        out.mkdir(mode=0o700)
+        _create(out, "client")
+        shutil.copyfile(self.folder / "server.key", out / "server.key")
+        authorised = self.folder / "authorized" / role / f"{name}.key"
+        shutil.copyfile(out / "client.key", authorised)
+        os.chmod(authorised, 0o600)
+        return out
+
+    def revoke(self, name: str) -> bool:
+        """Withdraw key `name` (from every role) and delete its issued folder."""
+        found = False
+        for role in ROLES:
+            path = self.folder / "authorized" / role / f"{name}.key"
+            if path.exists():
+                path.unlink()
+                found = True
+        issued = self.folder / "issued" / name
+        if _NAME.fullmatch(name) and issued.is_dir():
+            shutil.rmtree(issued)
+            found = True
+        return found
+
+    def role_of(self, name: str) -> str | None:
+        """The role key `name` is authorised for, or None."""
+        for role in ROLES:
+            if (self.folder / "authorized" / role / f"{name}.key").exists():
+                return role
+        return None
+
+    def names(self) -> dict[str, list[str]]:
+        """Authorised key names by role."""
+        out = {}
+        for role in ROLES:
+            folder = self.folder / "authorized" / role
+            out[role] = sorted(p.stem for p in folder.glob("*.key")) if folder.is_dir() else []
+        return out
+
+    # -- checking keys -----------------------------------------------------------------
+
+    def admits(self, domain: str, key: bytes) -> bool:
+        """Whether public key `key` (z85) may connect to sockets of `domain`."""
+        if key == self._local_key():
+            return True
+        return any(key in self._authorised(role) for role in ADMITS.get(domain, ()))
+
+    def role_of_key(self, key: bytes) -> str:
+        """The role of an admitted public key (raw or z85): "local" for the local key."""
+        z85 = key if len(key) == 40 else zmq.utils.z85.encode(key)
+        if z85 == self._local_key():
+            return "local"
+        return next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
+
+    def _local_key(self) -> bytes:
+        if self._local is None:
+            self._local = _load(self.folder / "client.key")[0]
+        return self._local
+
+    def _authorised(self, role: str) -> frozenset[bytes]:
+        """The public keys of `role`, re-read only when its folder changed."""
+        folder = self.folder / "authorized" / role
+        try:
+            mtime = folder.stat().st_mtime_ns
+        except OSError:
+            return frozenset()
+        with self._lock:
+            cached = self._cache.get(role)
+            if cached is not None and cached[0] == mtime:
+                return cached[1]
+            keys = frozenset(zmq.auth.load_certificates(folder))
+            self._cache[role] = (mtime, keys)
+            return keys
+
+
+class Gate:
+    """The ZAP handler of one actor's context: admits CURVE clients per domain by the
+    `Keyring`, counting what it allows and denies (`statistics()`).
+
+    It runs on its own thread (pyzmq's `ThreadAuthenticator`), so a busy actor
+    loop never delays a handshake. Start it before binding a CURVE socket: with
+    no ZAP handler, libzmq admits every client.
+    """
+
+    def __init__(self, keyring: Keyring, ctx: zmq.Context[Any] | None = None) -> None:
+        self.keyring = keyring
+        self.counts: Counter[str] = Counter()
+        from zmq.auth.thread import ThreadAuthenticator  # only hosts serving TCP need it
+
+        self._auth = ThreadAuthenticator(ctx or zmq.Context.instance(), log=log)
+        # The User-Id each admitted connection's messages carry: its key's role.
+        self._auth.curve_user_id = self.keyring.role_of_key  # type: ignore[method-assign]
+
+    def start(self) -> None:
+        """Serve ZAP requests for every domain."""
+        self._auth.start()
+        for domain in ADMITS:
+            self._auth.configure_curve_callback(domain, credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP's question, from the authenticator's thread: may `key` use `domain`?"""
+        try:
+            allowed = self.keyring.admits(domain, key)
+        except Exception:  # a ZAP edge: an unreadable key file denies, never crashes
+            log.exception("cannot check a key for domain %s", domain)
+            allowed = False
+        self.counts[f"{domain}.{'allowed' if allowed else 'denied'}"] += 1
+        if not allowed:
+            log.warning("denied a CURVE client on %s: key %s is not authorised",
+                        domain, key.decode(errors="replace"))
+        return allowed
+
+    def statistics(self) -> dict[str, int]:
+        """Handshakes allowed and denied, by domain."""
+        return dict(self.counts)
+
+    def stop(self) -> None:
+        """Stop serving ZAP requests."""
+        self._auth.stop()
+
+
+def _create(folder: Path, name: str) -> None:
+    """A new keypair as `name.key` (0644: public) and `name.key_secret` (0600)."""
+    old = os.umask(0o077)  # the secret is never readable by others, not even briefly
+    try:
+        public, secret = zmq.auth.create_certificates(folder, name)
+    finally:
+        os.umask(old)
+    os.chmod(public, 0o644)
+
+
+def _load(path: Path) -> tuple[bytes, bytes | None]:
+    """(public, secret) of a key file; refuses a secret file others can read."""
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except (OSError, ValueError) as exc:
+        raise CredentialError(f"cannot read key {path}: {exc}") from exc
+    if secret is not None and mode & 0o077:
+        raise CredentialError(f"{path} holds a secret key but is open to others (mode {mode:o}); "
+                        "chmod 600 it")
+    return public, secret

@@ -1,0 +1,104 @@
+"""Keys for TCP: made private, issued per role, checked per domain, revoked live."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from bus.endpoints import Endpoints, Network, read_network, write_network
+from bus.security import ClientKeys, CredentialError, Keyring
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def keyring(tmp_path):
+    ring = Keyring(tmp_path / "keys")
+    ring.ensure()
+    return ring
+
+
+def test_keys_are_made_once_and_kept_private(keyring):
+    folder = keyring.folder
+    assert mode(folder) == 0o700
+    assert mode(folder / "server.key_secret") == mode(folder / "client.key_secret") == 0o600
+    assert all(mode(p) == 0o700 for p in folder.rglob("*") if p.is_dir())
+    before = (folder / "server.key_secret").read_bytes()
+    keyring.ensure()
+    assert (folder / "server.key_secret").read_bytes() == before
+
+
+def test_issued_keys_are_admitted_by_their_role_only(keyring):
+    local = keyring.local()
+    viewer = ClientKeys.load(keyring.issue("tv", "viewer"))
+    worker = ClientKeys.load(keyring.issue("w-1", "worker"))
+    control = ClientKeys.load(keyring.issue("laptop", "control"))
+    assert viewer.server_public == worker.server_public == keyring.server().public
+    admitted = {
+        name: {d for d in ("api", "control", "work", "view") if keyring.admits(d, keys.public)}
+        for name, keys in [("local", local), ("viewer", viewer), ("worker", worker),
+                           ("control", control)]
+    }
+    assert admitted == {
+        "local": {"api", "control", "work", "view"},
+        "viewer": {"view"},
+        "worker": {"control", "work"},
+        "control": {"api", "control", "view"},
+    }
+    assert not keyring.admits("api", b"x" * 40)
+    assert keyring.names() == {"control": ["laptop"], "worker": ["w-1"], "viewer": ["tv"]}
+
+
+def test_revoking_a_key_takes_effect_at_the_next_handshake(keyring):
+    keys = ClientKeys.load(keyring.issue("laptop", "control"))
+    assert keyring.admits("api", keys.public)
+    assert keyring.revoke("laptop") and not keyring.revoke("laptop")
+    assert not keyring.admits("api", keys.public)
+    assert not (keyring.folder / "issued" / "laptop").exists()
+
+
+@pytest.mark.parametrize("name, role", [("../up", "control"), ("server", "control"),
+                                        ("", "viewer"), ("ok", "admin")])
+def test_bad_key_names_and_roles_are_refused(keyring, name, role):
+    with pytest.raises(CredentialError):
+        keyring.issue(name, role)
+
+
+def test_a_name_is_issued_once(keyring):
+    keyring.issue("twice", "viewer")
+    with pytest.raises(CredentialError, match="exists"):
+        keyring.issue("twice", "control")
+
+
+def test_a_secret_open_to_others_is_refused(keyring):
+    (keyring.folder / "client.key_secret").chmod(0o644)
+    with pytest.raises(CredentialError, match="open to others"):
+        keyring.local()
+
+
+def test_endpoints_follow_the_network_file(tmp_path, keyring):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert Endpoints.for_home(tmp_path).binds("api") == [f"ipc://{run_dir}/api.sock"]
+    write_network(run_dir, Network("127.0.0.1", 7400))
+    assert mode(run_dir / "network.json") == 0o600
+    assert read_network(run_dir) == Network("127.0.0.1", 7400)
+    ep = Endpoints.for_home(tmp_path)
+    assert ep.curve and ep.binds("events") == [f"ipc://{run_dir}/events.sock",
+                                               "tcp://127.0.0.1:7403"]
+    assert ep.binds("ingest") == [f"ipc://{run_dir}/ingest.sock"]  # never leaves the machine
+    assert ep.server_side("ingest") is None and ep.server_side("api") is not None
+    write_network(run_dir, None)
+    assert read_network(run_dir) is None and not Endpoints.for_home(tmp_path).curve
+
+
+def test_endpoints_elsewhere_connect_over_tcp_only(tmp_path, keyring):
+    ep = Endpoints.elsewhere("tcp://10.1.2.3:7400", keyring.folder)
+    assert ep.address("control") == "tcp://10.1.2.3:7401"
+    with pytest.raises(Exception, match="not served"):
+        ep.address("ingest")
+    with pytest.raises(Exception, match="plain TCP"):
+        Endpoints.elsewhere("tcp://10.1.2.3:7400", None)
