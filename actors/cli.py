@@ -21,12 +21,13 @@ from typing import Any
 
 import psutil
 
-from actors.config import ConfigError, config_path, load_config
+from actors.config import Config, ConfigError, config_path, load_config
 from actors.host.actor import Host, HostError, read_state
 from actors.render import Renderer
 from bus.client import Client, Lag
 from bus.endpoints import EndpointError, oploop_home
-from bus.errors import BusError, RemoteError, RequestTimeout
+from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
+from bus.security import ROLES, CredentialError, Keyring
 
 EXIT_OK, EXIT_ERROR, EXIT_CANCELLED = 0, 1, 130
 
@@ -40,13 +41,14 @@ def fail(message: str) -> int:
 # -- up / down / status -------------------------------------------------------------------
 
 
-def check_config() -> None:
+def check_config() -> Config:
     """Load and check `oploop.toml` now (raises `ConfigError`), and pin its path in
     `OPLOOP_CONFIG` so every actor of the host reads the very file checked here."""
     path = config_path()
-    load_config(path)
+    config = load_config(path)
     if path is not None:
         os.environ["OPLOOP_CONFIG"] = str(path.resolve())
+    return config
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -149,6 +151,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else ""))
+    if state.get("listen"):
+        print(f"listening on {state['listen']} (+4 ports), "
+              + ("CURVE: authorised keys only" if state.get("curve") else "plain TCP (loopback)"))
     print(f"{'actor':<15}{'pid':>8}{'state':>11}{'restarts':>10}{'cpu%':>7}{'cpu s':>8}{'rss MB':>8}")
     for r in rows:
         print(f"{r['name']:<15}{r['pid'] or '-':>8}{r['state']:>11}{r['restarts']:>10}"
@@ -170,6 +175,30 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    """CURVE keys for TCP: issue one to a remote worker, client or viewer; list; revoke."""
+    keyring = Keyring.for_home(oploop_home())
+    try:
+        keyring.ensure()
+        if args.action == "add":
+            if not args.name:
+                return fail("keys add: name the key (oploop keys add NAME --role ROLE)")
+            folder = keyring.issue(args.name, args.role)
+            print(f"oploop: key {args.name!r} ({args.role}) authorised; copy {folder} to the "
+                  "other machine and run there with\n"
+                  "  OPLOOP_CONNECT=tcp://THIS-HOST:PORT OPLOOP_KEYS=<that folder>")
+        elif args.action == "revoke":
+            if not args.name or not keyring.revoke(args.name):
+                return fail(f"keys revoke: no key named {args.name!r}")
+            print(f"oploop: key {args.name!r} revoked (new connections with it are refused)")
+        else:
+            for role, names in keyring.names().items():
+                print(f"{role:<8} {', '.join(names) or '-'}")
+    except CredentialError as exc:
+        return fail(str(exc))
+    return EXIT_OK
+
+
 # -- run / watch / cancel / sessions / tools ----------------------------------------------
 
 
@@ -177,9 +206,8 @@ def _fmt(v: Any) -> str:
 async def host_client() -> AsyncIterator[Client]:
     """A client of the running host, or of an embedded host started for this call."""
     host = None
-    if read_state() is None:
-        check_config()
-        host = Host()
+    if read_state() is None and not os.environ.get("OPLOOP_CONNECT"):
+        host = Host(network=check_config().network)
         await host.start()
     try:
         async with Client.connect() as client:
@@ -281,8 +309,12 @@ def _async(fn: Any) -> Any:
             return int(uvloop.run(fn(args)))
         except RemoteError as exc:
             return fail(exc.message)
+        except AccessDenied as exc:
+            return fail(f"{exc} (is OPLOOP_KEYS a folder from `oploop keys add` with the "
+                        "role this needs, and not revoked?)")
         except RequestTimeout:
-            return fail(f"no host answering in {oploop_home()} (is `oploop up` running?)")
+            where = os.environ.get("OPLOOP_CONNECT") or oploop_home()
+            return fail(f"no host answering at {where} (is `oploop up` running?)")
         except ConfigError as exc:
             return fail(f"bad configuration: {exc}")
         except (HostError, EndpointError, BusError, OSError) as exc:
@@ -301,6 +333,12 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="actors and sessions")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
+    keys = sub.add_parser("keys", help="CURVE keys of TCP workers, clients and viewers")
+    keys.add_argument("action", choices=("add", "list", "revoke"))
+    keys.add_argument("name", nargs="?")
+    keys.add_argument("--role", choices=ROLES, default="control",
+                      help="control: start, cancel, watch; worker: serve jobs; viewer: watch only")
+    keys.set_defaults(fn=cmd_keys)
     run = sub.add_parser("run", help="run a session and stream it")
     run.add_argument("prompt")
     run.add_argument("--agent")

@@ -20,6 +20,10 @@ so a typo fails there with a message naming the key, never mid-session::
     max_prompt_chars = 1000000
     max_running_sessions = 1000
 
+    [network]                     # also serve on TCP (workers, clients elsewhere)
+    listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
+    curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
+
     [agents.ops]                  # any field of `actors.supervisor.agents.Agent`
     model = "sonnet"
     max_turns = 30
@@ -39,10 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from actors.supervisor.agents import DEFAULT_AGENT, MODEL_ALIASES, Agent
+from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
 CONFIG_NAME = "oploop.toml"
 
-_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "agents"})
+_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "network", "agents"})
 
 
 class ConfigError(ValueError):
@@ -75,6 +80,8 @@ class Config:
     hidden: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     router: RouterConfig = RouterConfig()
     limits: Limits = Limits()
+    #: TCP besides ipc (None: ipc only, the default).
+    network: Network | None = None
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -133,8 +140,25 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         hidden=_hidden(data.get("hidden", {}), source),
         router=_record(RouterConfig, data.get("router", {}), source, "router"),
         limits=_record(Limits, data.get("limits", {}), source, "limits"),
+        network=_network(data.get("network"), source),
         source=source,
     )
+
+
+def _network(raw: Any, source: str) -> Network | None:
+    if raw is None:
+        return None
+    table = _table(raw, source, "network")
+    _no_unknown(table, {"listen", "curve"}, source, "network")
+    if "listen" not in table:
+        raise ConfigError(f"{source}: network.listen: required (tcp://HOST:PORT)")
+    listen = _check(str, table["listen"], source, "network.listen")
+    curve = _check(bool, table.get("curve", True), source, "network.curve")
+    try:
+        return Network.parse(listen, curve)
+    except EndpointError as exc:
+        key = "network.curve" if isinstance(exc, PlainTcpRefused) else "network.listen"
+        raise ConfigError(f"{source}: {key}: {exc}") from exc
 
 
 def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:

@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from actors.runtime import notify_ready
 from bus.endpoints import Endpoints
 from bus.errors import BusError
 from bus.heartbeat import INTERVAL_S, Liveness
@@ -33,11 +34,18 @@ from bus.messages import (
     Ready,
 )
 from bus.sockets import Reactor
-from actors.runtime import notify_ready
 
 log = logging.getLogger("oploop.worker")
 
 _SUPERVISOR = "supervisor"
+
+
+class WorkerRefused(Exception):
+    """The host refused this worker's key: nothing it can do will be accepted."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"the host at {address} refused this worker's key")
+        self.address = address
 
 
 class Worker(ABC):
@@ -53,12 +61,16 @@ class Worker(ABC):
         ident = self.worker_id.encode()
         self.control = self.reactor.add(
             zmq.DEALER, "control", self._on_control, connect=endpoints.address("control"),
-            priority=True, routing_id=ident + b".ctl",
+            secure=endpoints.client_side("control"), priority=True, routing_id=ident + b".ctl",
         )
         self.work = self.reactor.add(
             zmq.DEALER, "work", self._on_work, connect=endpoints.address("work"),
-            routing_id=ident,
+            secure=endpoints.client_side("work"), routing_id=ident,
         )
+        #: Set when the host refuses this worker's key (a worker elsewhere, over CURVE).
+        self.refused = asyncio.Event()
+        if endpoints.curve and endpoints.remote:
+            self.reactor.watch_handshakes(self.work, self._on_handshake)
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self._liveness: Liveness[str] = Liveness()
         self._aborted: set[str] = set()
@@ -93,6 +105,17 @@ class Worker(ABC):
             self.control.send(Envelope(ControlHello(self.worker_id)))
         except BusError:
             pass
+
+    def _on_handshake(self, refusal: str | None) -> None:
+        if refusal is not None:
+            log.error("%s: the host at %s %s: is OPLOOP_KEYS a folder issued for a worker "
+                      "(oploop keys add NAME --role worker), and not revoked?",
+                      self.worker_id, self.endpoints.address("work"), refusal)
+            self.refused.set()
+
+    async def _until_refused(self) -> None:
+        await self.refused.wait()
+        raise WorkerRefused(self.endpoints.address("work"))
 
     def _on_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
@@ -166,6 +189,9 @@ class Worker(ABC):
                 self._say_ready()
                 notify_ready()
                 group.create_task(self._beat(), name="heartbeat")
+                group.create_task(self._until_refused(), name="refusal")
+        except* WorkerRefused as refused:
+            raise SystemExit(f"oploop {self.role} worker: {refused.exceptions[0]}") from None
         finally:
             with contextlib.suppress(BusError):
                 self.work.send(Envelope(Disconnect()))

@@ -245,7 +245,7 @@ class Gate:
 
         self._auth = ThreadAuthenticator(ctx or zmq.Context.instance(), log=log)
         # The User-Id each admitted connection's messages carry: its key's role.
-        self._auth.curve_user_id = self.keyring.role_of_key  # type: ignore[method-assign]
+        self._auth.curve_user_id = self.keyring.role_of_key
 
     def start(self) -> None:
         """Serve ZAP requests for every domain."""

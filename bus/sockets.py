@@ -318,7 +318,8 @@ class Reactor:
                 sock.connect(connect)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
-            raise OSError(f"{name}: cannot {'connect' if connect else 'bind'} {where}: {exc}") from exc
+            verb = "connect" if connect else "bind"
+            raise OSError(f"{name}: cannot {verb} {where}: {exc}") from exc
         port = Port(
             self, sock, name, handler,
             priority=priority, reply_errors=reply_errors, raw_handler=raw_handler,

@@ -48,12 +48,14 @@ class Broadcaster:
         self.reactor = Reactor()
         self.viewers = 0
         self.refused: dict[str, int] = {}
+        self.gate = endpoints.gate()  # admits CURVE clients; before any bind
         self.replay = self.reactor.add(
-            zmq.ROUTER, "replay", self.handle_replay, bind=endpoints.address("replay"),
-            reply_errors=True,
+            zmq.ROUTER, "replay", self.handle_replay, bind=endpoints.binds("replay"),
+            secure=endpoints.server_side("replay"), reply_errors=True,
         )
         self.events = self.reactor.add(
-            zmq.XPUB, "events", bind=endpoints.address("events"),
+            zmq.XPUB, "events", bind=endpoints.binds("events"),
+            secure=endpoints.server_side("events"),
             # PUB drops silently per subscriber at its high-water mark: high on
             # purpose, and seq + replay recover whatever is still dropped.
             raw_handler=self.handle_subscription, hwm=viewer_queue(),
@@ -65,7 +67,8 @@ class Broadcaster:
             zmq.PULL, "ingest", self.handle_event, bind=endpoints.address("ingest"),
             hwm=INGEST_RCVHWM,
         )
-        self.supervisor = Requester(self.reactor, "supervisor", endpoints.address("api"))
+        self.supervisor = Requester(self.reactor, "supervisor", endpoints.address("api"),
+                                    endpoints.client_side("api"))
         self.backfill = Backfill(self.supervisor, self.log, self.accept)
         self._flush_timer: asyncio.TimerHandle | None = None
 
@@ -189,6 +192,7 @@ class Broadcaster:
             "held": sum(len(h) for h in self.backfill.held.values()),
             "log": self.log.statistics(),
             "ports": self.reactor.statistics(),
+            "auth": self.gate.statistics() if self.gate else {},
         }
 
     async def serve(self) -> None:
@@ -205,6 +209,8 @@ class Broadcaster:
             await self.backfill.aclose()
             self.flush()
             self.reactor.close()
+            if self.gate is not None:
+                self.gate.stop()
             self.log.store.close()
 
 

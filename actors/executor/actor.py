@@ -117,9 +117,9 @@ class Executor(Worker):
 
 
 async def _main() -> None:
-    home = Endpoints.for_home()
+    endpoints = Endpoints.from_env()  # OPLOOP_CONNECT: a worker on another machine
     try:
-        executor = Executor(home)
+        executor = Executor(endpoints)
     except PolicyError as exc:
         raise SystemExit(f"executor: bad sandbox configuration: {exc}") from exc
     await executor.serve()

@@ -18,9 +18,11 @@ from typing import Any
 
 import psutil
 
+from actors.config import ConfigError, load_config
 from actors.host.policy import RestartPolicy
 from actors.runtime import PARENT_PID_ENV, READY_FD_ENV, notify_ready, run_actor
-from bus.endpoints import Endpoints, oploop_home
+from bus.endpoints import NETWORK_FILE, Endpoints, Network, oploop_home, write_network
+from bus.security import CredentialError, Keyring
 
 log = logging.getLogger("oploop.host")
 
@@ -82,8 +84,9 @@ class Host:
     """Starts, watches, restarts and stops the actors of one `$OPLOOP_HOME`."""
 
     def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 2,
-                 scenario: str | None = None) -> None:
+                 scenario: str | None = None, network: Network | None = None) -> None:
         self.home = (home or oploop_home()).absolute()
+        self.network = network
         self.endpoints = Endpoints.for_home(self.home)
         self.run_dir = self.endpoints.run_dir
         self.llm_callers = llm_callers
@@ -104,6 +107,10 @@ class Host:
         for stale in self.endpoints.remove_stale():
             log.info("removed stale socket %s", stale)
         try:
+            # Keys are made at the first start, whether or not TCP is on yet, so that
+            # `oploop keys add` works before the network is configured.
+            Keyring.for_home(self.home).ensure()
+            write_network(self.run_dir, self.network)
             base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}
             model = model_settings(dict(os.environ))
             # Every actor starts at once: zmq queues what a DEALER/PUSH sends before the
@@ -120,6 +127,9 @@ class Host:
             for child in self.children:
                 self._watchers.append(asyncio.create_task(self._watch(child)))
             self._write_state("ready")
+        except CredentialError as exc:
+            await self.stop()
+            raise HostError(str(exc)) from exc
         except BaseException:
             await self.stop()
             raise
@@ -214,7 +224,9 @@ class Host:
 
     def _write_state(self, state: str) -> None:
         data = {"pid": os.getpid(), "state": state, "home": str(self.home),
-                "offline": self.offline, "actors": [c.describe() for c in self.children]}
+                "offline": self.offline, "actors": [c.describe() for c in self.children],
+                "listen": self.network.listen if self.network else None,
+                "curve": bool(self.network and self.network.curve)}
         tmp = self.run_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.chmod(tmp, 0o600)
@@ -252,7 +264,7 @@ class Host:
         for c in self.children:
             c.state = "stopped"
         self.endpoints.remove_stale()
-        for name in (STATE_FILE, OFFLINE_PORT_FILE, LOCK_FILE):
+        for name in (STATE_FILE, OFFLINE_PORT_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -330,8 +342,8 @@ def main() -> None:
     `OPLOOP_EXECUTORS` (2) say how many workers of each role to run."""
     try:
         host = Host(llm_callers=_env_count("OPLOOP_LLM_CALLERS", 1),
-                    executors=_env_count("OPLOOP_EXECUTORS", 2))
+                    executors=_env_count("OPLOOP_EXECUTORS", 2), network=load_config().network)
         run_actor("host", host.serve, with_parent=False)
-    except HostError as exc:
+    except (HostError, ConfigError) as exc:
         print(f"oploop: {exc}", file=sys.stderr)
         sys.exit(1)

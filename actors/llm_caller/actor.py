@@ -101,7 +101,7 @@ def backend_from_env(env: Mapping[str, str] = os.environ) -> ModelBackend:
 
 async def _main() -> None:
     backend = backend_from_env()
-    caller = LlmCaller(Endpoints.for_home(), backend)
+    caller = LlmCaller(Endpoints.from_env(), backend)
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(caller.serve(), name="llm-caller")

@@ -79,15 +79,19 @@ class Supervisor:
         self._dirty: dict[str, Session] = {}
         self._flush_scheduled = False
         self.sessions: dict[str, Session] = {}
+        self.gate = endpoints.gate()  # admits CURVE clients; before any bind
         self.reactor = Reactor()
         self.control = self.reactor.add(
-            zmq.ROUTER, "control", self.handle_control, bind=endpoints.address("control"),
-            priority=True, reply_errors=True,
+            zmq.ROUTER, "control", self.handle_control, bind=endpoints.binds("control"),
+            secure=endpoints.server_side("control"), priority=True, reply_errors=True,
         )
+        self.control.identify = endpoints.curve  # workers' keys reach it too: see _cancel
         self.api = self.reactor.add(
-            zmq.ROUTER, "api", self.handle_api, bind=endpoints.address("api"), reply_errors=True,
+            zmq.ROUTER, "api", self.handle_api, bind=endpoints.binds("api"),
+            secure=endpoints.server_side("api"), reply_errors=True,
         )
-        work = self.reactor.add(zmq.ROUTER, "work", None, bind=endpoints.address("work"))
+        work = self.reactor.add(zmq.ROUTER, "work", None, bind=endpoints.binds("work"),
+                                secure=endpoints.server_side("work"))
         self.dispatcher = Dispatcher(work, self.control)
         work.handler = self.dispatcher.handle_work
         self.events: Port = self.reactor.add(
@@ -301,6 +305,10 @@ class Supervisor:
         if isinstance(body, ControlHello) and peer is not None:
             self.dispatcher.handle_control_hello(peer, body)
         elif isinstance(body, Cancel):
+            if self.control.user_id == "worker":  # admitted for aborts, not for control
+                self.control.reply_error(peer, env.id, "forbidden",
+                                         "a worker's key cannot cancel sessions")
+                return
             self._cancel(peer, env, body)
         else:
             self.control.reply_error(peer, env.id, "bad_request", f"control does not serve {env.kind}")
@@ -346,6 +354,7 @@ class Supervisor:
             "outbox": len(self._outbox),
             **self.dispatcher.statistics(),
             "ports": self.reactor.statistics(),
+            "auth": self.gate.statistics() if self.gate else {},
         }
 
     async def serve(self) -> None:
@@ -364,6 +373,8 @@ class Supervisor:
                     self._flush()  # what this iteration emitted still goes out
                 self.journal.close()
             self.reactor.close()
+            if self.gate is not None:
+                self.gate.stop()
 
 
 class _WorkerIO:
@@ -449,7 +460,7 @@ class _WorkerIO:
 
 
 async def _main() -> None:
-    endpoints = Endpoints.for_home()
+    endpoints = Endpoints.for_home()  # the supervisor always runs beside its host
     journal = Journal.for_home(endpoints.run_dir.parent)
     await Supervisor(endpoints, load_config(), journal).serve()
 

@@ -84,3 +84,28 @@ def test_environment_turns_the_router_on_and_off(monkeypatch, tmp_path):
     assert not load_config(path).router.enabled
     monkeypatch.setenv("OPLOOP_INTENT_ROUTER", "on")
     assert load_config(path).router.enabled
+
+
+@pytest.mark.parametrize("network, key", [
+    ({"listen": "tcp://0.0.0.0:7400", "curve": False}, "network.curve"),
+    ({"listen": "tcp://db-1.example:7400", "curve": False}, "network.curve"),
+    ({"listen": "ipc:///tmp/x"}, "network.listen"),
+    ({"listen": "tcp://127.0.0.1"}, "network.listen"),
+    ({"listen": "tcp://127.0.0.1:65534"}, "network.listen"),
+    ({"curve": True}, "network.listen"),
+    ({"listen": "tcp://127.0.0.1:7400", "curve": "yes"}, "network.curve"),
+    ({"listen": "tcp://127.0.0.1:7400", "port": 1}, "network.port"),
+])
+def test_bad_network_settings_name_their_key(network, key):
+    with pytest.raises(ConfigError, match=key):
+        parse_config({"network": network})
+
+
+def test_network_settings():
+    assert parse_config({}).network is None
+    curve = parse_config({"network": {"listen": "tcp://0.0.0.0:7400"}}).network
+    assert curve is not None and curve.curve and curve.address("replay") == "tcp://0.0.0.0:7404"
+    plain = parse_config({"network": {"listen": "tcp://127.0.0.1:7400", "curve": False}}).network
+    assert plain is not None and not plain.curve and plain.address("api").endswith(":7400")
+    v6 = parse_config({"network": {"listen": "tcp://[::1]:7400", "curve": False}}).network
+    assert v6 is not None and v6.address("work") == "tcp://[::1]:7402"
