@@ -68,7 +68,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     home.mkdir(parents=True, exist_ok=True)
     rfd, wfd = os.pipe()
     started = time.perf_counter()
-    with open(home / "host.log", "ab") as logf:
+    # The log may quote prompts and tool output: this user's eyes only.
+    log_fd = os.open(home / "host.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(log_fd, 0o600)
+    with os.fdopen(log_fd, "ab") as logf:
         proc = subprocess.Popen(
             [sys.executable, "-m", "actors.host"], stdin=subprocess.DEVNULL, stdout=logf,
             stderr=logf, start_new_session=True, pass_fds=(wfd,),

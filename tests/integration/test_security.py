@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,18 @@ def test_a_client_elsewhere_needs_the_host_key_it_was_issued(tcp_host):
     env["OPLOOP_KEYS"] = str(issue(home, "onlooker", "viewer"))
     out = oploop(str(Path(home) / "elsewhere"), "run", "run `echo no`", env=env)
     assert out.returncode == 1 and "refused this key" in out.stderr, out.stderr
+
+
+def test_what_a_host_keeps_is_private(tcp_host):
+    home, _ = tcp_host
+    run(home, "run `echo private`")
+    root = Path(home)
+    modes = {p.relative_to(root).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in [root / "run", *(root / "run").iterdir(), root / "keys",
+                       *root.glob("*.db*"), root / "host.log",
+                       *(root / "keys").glob("*.key_secret")]}
+    assert modes.pop("run") == modes.pop("keys") == 0o700
+    assert modes.pop("run/offline.port") == 0o644  # a port number, read by the llm callers
+    assert {"journal.db", "events.db", "run/api.sock", "run/network.json",
+            "keys/server.key_secret", "host.log"} <= set(modes)
+    assert {name: mode for name, mode in modes.items() if mode != 0o600} == {}
