@@ -17,7 +17,7 @@ import bench
 from bench.stats import machine
 
 #: Sections in report order; modules written later (sandbox, fanout, ...) join if present.
-SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "fanout")
+SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "fanout", "curve")
 
 _HELPERS = {"stats", "host", "driver", "peers"}
 

@@ -40,16 +40,17 @@ class Run:
 
 
 class Driver:
-    """Starts runs on the host in `home` and follows all of them on one subscription."""
+    """Starts runs on the host in `home` (or at `endpoints`: over TCP) and follows all of
+    them on one subscription."""
 
-    def __init__(self, home: Path) -> None:
-        self.home = home
+    def __init__(self, home: Path, endpoints: Endpoints | None = None) -> None:
+        self.endpoints = endpoints or Endpoints.for_home(home)
         self.runs: dict[str, Run] = {}
         self.turns_ended = 0
         self._reactor = Reactor(zmq.Context.instance())
         self._reactor.add(
-            zmq.SUB, "bench.events", self._on_event,
-            connect=Endpoints.for_home(home).address("events"), subscribe=b"", hwm=10_000_000,
+            zmq.SUB, "bench.events", self._on_event, connect=self.endpoints.address("events"),
+            secure=self.endpoints.client_side("events"), subscribe=b"", hwm=10_000_000,
         )
 
     def _on_event(self, topic: bytes | None, env: Envelope, frame: bytes) -> None:
@@ -70,7 +71,7 @@ class Driver:
             run.done.set()
 
     async def __aenter__(self) -> Driver:
-        self._client_cm = Client.connect(self.home)
+        self._client_cm = Client.connect(endpoints=self.endpoints)
         self.client = await self._client_cm.__aenter__()
         self._task = asyncio.create_task(self._reactor.run(), name="bench-sub")
         await self._wait_subscribed()

@@ -37,9 +37,12 @@ class BenchHost:
     """One detached host with `llm_callers` and `executors`, the scripted model on."""
 
     def __init__(self, *, llm_callers: int = 1, executors: int = 2,
-                 backend: str = "scripted") -> None:
+                 backend: str = "scripted", listen: str = "") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="oploop-bench-"))
         self.home = self.dir / "home"
+        if listen:  # TCP with CURVE: every public socket of the host speaks CURVE
+            self.home.mkdir()
+            (self.home / "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
         self.target, self.script = write_workload(self.dir)
         self.env = {
             **os.environ,
@@ -55,7 +58,8 @@ class BenchHost:
                 self.env.pop(name, None)
         self.up_s = 0.0
 
-    def _oploop(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def oploop(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run `oploop ARGS` against this host."""
         return subprocess.run(
             [sys.executable, "-m", "actors.cli", *args], env=self.env, capture_output=True,
             text=True, timeout=120, check=False,
@@ -64,7 +68,7 @@ class BenchHost:
     def start(self) -> float:
         """`oploop up --detach`; the seconds from running it to its exit (host ready)."""
         started = time.perf_counter()
-        done = self._oploop("up", "--detach")
+        done = self.oploop("up", "--detach")
         self.up_s = time.perf_counter() - started
         if done.returncode != 0:
             log = (self.home / "host.log")
@@ -76,7 +80,7 @@ class BenchHost:
         """`oploop down`, then remove the temporary directory."""
         try:
             if self.state() is not None:
-                self._oploop("down")
+                self.oploop("down")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
