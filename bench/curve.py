@@ -18,7 +18,8 @@ import uvloop
 
 from bench.driver import Driver
 from bench.host import BenchHost
-from bench.stats import median, ms, ratio, table as text_table
+from bench.stats import median, ms, ratio
+from bench.stats import table as text_table
 from bench.turns import cpu_delta
 from bus.endpoints import Endpoints
 
