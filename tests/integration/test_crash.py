@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from bus.client import Client
-from hostkit import assert_one_run, of_type, oploop, running_host, workspace
+from hostkit import assert_one_run, of_type, oploop, run, running_host, workspace
 
 WORDS = " ".join(f"w{i}" for i in range(300))
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
@@ -143,3 +143,17 @@ def test_host_killed_takes_every_actor_with_it(short_home):
     assert again.returncode == 0, again.stderr
     assert oploop(short_home, "down").returncode == 0
     shutil.rmtree(short_home, ignore_errors=True)
+
+
+def test_offline_model_killed_mid_stream_comes_back_on_its_port(host, tmp_path):
+    """The llm callers' base URL is fixed when they start: a restarted offline model
+    must serve the port the dead one had, and the stream it dropped is retried."""
+    port = (Path(host) / "run" / "offline.port").read_text()
+    events, _ = asyncio.run(run_killing(host, "#stream talk", tmp_path, "offline-model",
+                                        first_token))
+    assert_one_run(events)
+    assert of_type(events, "RETRY") and events[-1]["type"] == "DONE"
+    assert (Path(host) / "run" / "offline.port").read_text() == port
+    after = run(host, "run `echo back`", cwd=str(tmp_path))
+    assert after[-1]["type"] == "DONE" and "back" in of_type(after, "TOOL_END")[0]["data"]["output"]
+    assert actor(host, "offline-model")["restarts"] == 1
