@@ -301,6 +301,11 @@ class OfflineServer:
     @staticmethod
     async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: Any) -> None:
         data = conn.send(event)
+        # A peer that hung up (an llm caller killed or cancelled mid-stream) closes the
+        # transport; uvloop's write then raises RuntimeError where asyncio's would only
+        # warn. Either way it is a vanished client: say so in the exception that means it.
+        if writer.is_closing():
+            raise ConnectionResetError("the client closed the connection")
         if data:
             writer.write(data)
         # drain after every event: it applies backpressure and notices a vanished peer
