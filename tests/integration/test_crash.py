@@ -157,3 +157,28 @@ def test_offline_model_killed_mid_stream_comes_back_on_its_port(host, tmp_path):
     after = run(host, "run `echo back`", cwd=str(tmp_path))
     assert after[-1]["type"] == "DONE" and "back" in of_type(after, "TOOL_END")[0]["data"]["output"]
     assert actor(host, "offline-model")["restarts"] == 1
+
+
+def test_start_lost_with_the_supervisor_is_sent_again_and_runs_once(host, tmp_path):
+    """A supervisor killed with a `StartRun` unread loses it: the client sends it again
+    (the same key), the restarted supervisor starts it, once."""
+
+    async def main():
+        async with Client.connect(Path(host)) as client:
+            assert await client.sessions() == []  # the api connection is up
+            pid = actor(host, "supervisor")["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            start = asyncio.create_task(client.start("run `echo once`", cwd=str(tmp_path)))
+            # The client's I/O thread writes the request into the stopped supervisor's
+            # socket at once, to die with it; the assertions hold however long this is.
+            await asyncio.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+            started = await start
+            events = [e async for e in client.events(started.session, started.from_seq,
+                                                     stop_at="first")]
+            return started, events, await client.sessions()
+
+    started, events, sessions = asyncio.run(main())
+    assert_one_run(events, started.from_seq)
+    assert events[-1]["type"] == "DONE"
+    assert [s["session"] for s in sessions] == [started.session]
