@@ -23,7 +23,8 @@ live in `bench.soak_verdict`):
   more times than the dispatcher re-issues it); every ERROR is listed with its trace;
 - every killed actor came back, and none was marked failed;
 - after `oploop down`, no process the host ever had under it is left (the
-  tree is sampled all along: actors, their children, sandboxed tool processes);
+  tree is sampled all along: actors, their children, sandboxed tool processes),
+  nor a sandbox cgroup of any executor it ran;
 - the RSS of the host process after the run is within `rss_tolerance` of before
   (measured after start-up and a warm-up session of each kind; the sum over
   every process is reported beside it).
@@ -217,6 +218,19 @@ class SoakHost:
                     left.append({"pid": pid, "cmdline": what, "ppid": proc.ppid()})
             except psutil.Error:
                 continue
+        return left + self.cgroups_left()
+
+    def cgroups_left(self) -> list[dict[str, Any]]:
+        """Per-call sandbox cgroups (`<cgroup>/oploop-sandbox/ex-<pid>-<start>`) still there
+        for an executor pid seen under the host (a killed executor's must go too)."""
+        pids = {pid for pid, _ in self.seen}
+        root = Path("/sys/fs/cgroup")
+        left = []
+        for depth in range(5):
+            for path in root.glob("/".join(["*"] * depth + ["oploop-sandbox", "ex-*"])):
+                with contextlib.suppress(ValueError, IndexError):
+                    if int(path.name.split("-")[1]) in pids:
+                        left.append({"cgroup": str(path)})
         return left
 
     def rss(self) -> dict[str, Any]:

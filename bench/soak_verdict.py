@@ -129,7 +129,8 @@ def report(config: SoakConfig, got: dict[str, Any],
                           if e["type"] == "TOOL_END" and e["data"].get("is_error"))
     failed = [a["name"] for a in got["actors"] if a.get("state") == "failed"]
     problems += [f"actor {n} was marked failed" for n in failed]
-    problems += [f"orphan process {o['pid']} ({o['cmdline']}) left after down" for o in orphans]
+    problems += [f"left after down: process {o['pid']} ({o['cmdline']})" if "pid" in o
+                 else f"left after down: cgroup {o['cgroup']}" for o in orphans]
     before, after = got["rss_before"], got["rss_after"]
     growth = after["host"] / before["host"] - 1 if before["host"] else 0.0
     if config.rss_tolerance is not None and abs(growth) > config.rss_tolerance:
