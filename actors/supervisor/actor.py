@@ -82,7 +82,7 @@ class Supervisor:
         self._dirty: dict[str, Session] = {}
         self._flush_scheduled = False
         #: Replies that must wait for the commit this iteration schedules.
-        self._after_commit: list[tuple[Envelope, bytes | None]] = []
+        self._after_commit: list[tuple[Port, Envelope, bytes | None]] = []
         #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
         self._starts: dict[str, RunStarted] = {}
         self.sessions: dict[str, Session] = {}
@@ -119,6 +119,12 @@ class Supervisor:
             self._publish(frame, session.id, seq)
             return
         self._unjournaled.append((session.id, seq, frame))
+        self._journal_later(session)
+
+    def _journal_later(self, session: Session) -> None:
+        """Journal `session`'s snapshot with this loop iteration's commit."""
+        if self.journal is None:
+            return
         self._dirty[session.id] = session
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -138,16 +144,18 @@ class Supervisor:
         for sid, seq, frame in events:
             self._publish(frame, sid, seq)
         replies, self._after_commit = self._after_commit, []
-        for env, peer in replies:
-            self.api.send(env, peer)
+        for port, env, peer in replies:
+            port.send(env, peer)
 
-    def _reply_committed(self, env: Envelope, peer: bytes | None) -> None:
-        """Send `env` once what this iteration emitted is journaled: a client told that
-        a run started must find it after a supervisor restart."""
+    def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
+        """Send `env` (on `port`, default the api) once what this iteration emitted is
+        journaled: a client told that a run started, or was cancelled, must find it so
+        after a supervisor restart."""
+        port = port or self.api
         if self._flush_scheduled:
-            self._after_commit.append((env, peer))
+            self._after_commit.append((port, env, peer))
         else:
-            self.api.send(env, peer)
+            port.send(env, peer)
 
     def _remember_start(self, key: str, started: RunStarted) -> None:
         if not key:
@@ -357,7 +365,9 @@ class Supervisor:
             return
         if req.mode == "operation":
             session.stop_request = "operation"
-            port.send(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer)
+            self._journal_later(session)  # a restart keeps the request: ack after commit
+            self._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
+                                  port)
             return
         # The workers are told first (their control sockets are served before data),
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
@@ -365,7 +375,8 @@ class Supervisor:
         finish_cancelled(session, self.io, "ui", req.reason)
         if session.task is not None:
             session.task.cancel()
-        port.send(Envelope(CancelAck(session.id, "cancelled"), id=env.id), peer)
+        ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
+        self._reply_committed(ack, peer, port)
 
     # -- running -----------------------------------------------------------------------
 
