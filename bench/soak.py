@@ -73,7 +73,7 @@ TALK_WORDS = 200
 
 
 #: The kinds of session (see `prompt`).
-KINDS = ("shell", "slow_shell", "read", "list", "write", "multi", "talk", "plain")
+KINDS = ("shell", "slow_shell", "read", "list", "write", "multi", "talk", "plain", "cancel")
 
 
 @dataclass
@@ -111,6 +111,8 @@ def prompt(kind: str, i: int, data: Path) -> str:
         "multi": f"list {data} and read {data}/notes.txt, then run `echo multi-{i}`",
         "talk": f"#talk {i}",
         "plain": f"hello number {i}",
+        # cancelled (UI cancel) by the driver once its tool has started
+        "cancel": f"run `sleep 30; echo never-{i}`",
     }[kind]
 
 
@@ -251,13 +253,17 @@ class SoakHost:
 # -- the run ---------------------------------------------------------------------------------
 
 
-async def follow(client: Client, run: SessionRun, patience_s: float) -> list[dict[str, Any]]:
-    """One viewer's events of `run` from its `from_seq` to the first terminal event."""
+async def follow(client: Client, run: SessionRun, patience_s: float,
+                 canceller: bool = False) -> list[dict[str, Any]]:
+    """One viewer's events of `run` from its `from_seq` to the first terminal event;
+    the `canceller` cancels a "cancel" run once its tool has started."""
     events: list[dict[str, Any]] = []
     try:
         async with asyncio.timeout(patience_s):
             async for ev in client.events(run.session, run.from_seq, stop_at="first"):
                 events.append(ev)
+                if canceller and run.kind == "cancel" and ev["type"] == "TOOL_START":
+                    await cancel(client, run)
     except TimeoutError:
         run.view_errors.append(f"no terminal event within {patience_s:g} s "
                                f"(last: {events[-1]['type'] if events else 'none'})")
@@ -276,8 +282,18 @@ async def one_session(clients: list[Client], run: SessionRun, cwd: Path,
         run.start_error = f"{type(exc).__name__}: {exc}"
         return
     run.session, run.from_seq = started.session, started.from_seq
-    run.views = list(await asyncio.gather(*(follow(c, run, patience_s) for c in clients)))
+    run.views = list(await asyncio.gather(*(follow(c, run, patience_s, canceller=n == 0)
+                                            for n, c in enumerate(clients))))
     run.ended_at = time.monotonic()
+
+
+async def cancel(client: Client, run: SessionRun) -> None:
+    """UI-cancel `run`; what the supervisor said is kept for the verdict."""
+    try:
+        ack = await client.cancel(run.session)
+        run.cancel = f"ack: {ack.state}"
+    except Exception as exc:  # a lost cancel is a finding
+        run.cancel = f"{type(exc).__name__}: {exc}"
 
 
 class Killer:
@@ -376,10 +392,10 @@ async def drive(host: SoakHost, config: SoakConfig, data: Path) -> dict[str, Any
             out["warmup"] = [w.terminal() or (w.start_error or "none") for w in warm]
             await asyncio.sleep(1.0)  # let the warm-up's garbage go before measuring
         out["rss_before"] = host.rss()
-        runs = [SessionRun(i, kinds[rng.randrange(len(kinds))], "")
-                for i in range(config.sessions)]
-        for r in runs:
-            r.prompt = prompt(r.kind, r.index, data)
+        # Every kind as often as the others, in a random order.
+        assigned = [kinds[i % len(kinds)] for i in range(config.sessions)]
+        rng.shuffle(assigned)
+        runs = [SessionRun(i, kind, prompt(kind, i, data)) for i, kind in enumerate(assigned)]
         killer = Killer(host, config, rng)
         stop = asyncio.Event()
         t0 = time.monotonic()

@@ -35,6 +35,8 @@ class SessionRun:
     views: list[list[dict[str, Any]]] = field(default_factory=list)
     view_errors: list[str] = field(default_factory=list)
     stored: list[dict[str, Any]] = field(default_factory=list)
+    #: A "cancel" run: what the cancel got ("ack: cancelled", or the error).
+    cancel: str = ""
 
     def terminal(self) -> str:
         """The type of the first viewer's last event, if terminal ("" otherwise)."""
@@ -76,7 +78,25 @@ def check_run(run: SessionRun) -> list[str]:
                         f"({len(run.stored)} stored, {len(run.views[0])} seen)")
     if run.terminal() == "ERROR" and not explained_error(run):
         problems.append(f"{where}: ended in ERROR: {run.views[0][-1]['data']}")
+    if run.kind == "cancel":
+        problems += [f"{where}: {p}" for p in check_cancel(run)]
+    elif run.terminal() == "CANCELLED":
+        problems.append(f"{where}: CANCELLED, and nobody cancelled it")
     return problems
+
+
+def check_cancel(run: SessionRun) -> list[str]:
+    """A run cancelled once its tool started must end CANCELLED ("ui") if the cancel
+    was acknowledged; it may have ended first (its executor killed, the tool failed,
+    the model answered): then the cancel finds nothing running."""
+    end = run.terminal()
+    if run.cancel == "ack: cancelled":
+        if end != "CANCELLED" or run.views[0][-1]["data"].get("mode") != "ui":
+            return [f"cancel acknowledged, but the run ended {end}"]
+        return []
+    if end in ("DONE", "ERROR") and "not_running" in run.cancel:
+        return []
+    return [f"cancel: {run.cancel or 'never sent (no TOOL_START)'}; the run ended {end}"]
 
 
 def explained_error(run: SessionRun) -> str:
