@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ LIVE_HWM = 10_000
 REPLAY_TIMEOUT_S = 2.0
 #: ... and a broadcaster silent for this long in all is an error (not a restart).
 BROADCASTER_PATIENCE_S = 30.0
+
+#: A start without a reply for this long is sent again (same key: started once).
+START_RESEND_S = 2.0
 
 #: A viewer that keeps falling behind is told at most this often.
 LAG_NOTICE_S = 1.0
@@ -140,9 +144,24 @@ class Client:
         cwd: str | None = None,
         timeout: float = 10.0,
     ) -> RunStarted:
-        """Start a run (a new session, or a follow-up in `session`)."""
-        body = StartRun(prompt, session, agent, max_turns, deadline_s, cwd or os.getcwd())
-        reply = await self._api.request(body, timeout=timeout)
+        """Start a run (a new session, or a follow-up in `session`).
+
+        Sent again every `START_RESEND_S` without a reply, until `timeout`: a
+        supervisor restarting loses what it had not answered. Every resend carries
+        the same key, so the run starts once however many arrive.
+        """
+        body = StartRun(prompt, session, agent, max_turns, deadline_s, cwd or os.getcwd(),
+                        key=secrets.token_hex(8))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while True:
+            wait = min(START_RESEND_S, end - loop.time())
+            try:
+                reply = await self._api.request(body, timeout=wait)
+                break
+            except RequestTimeout:
+                if loop.time() >= end - 0.001:
+                    raise RequestTimeout(body.KIND, timeout) from None
         assert isinstance(reply.body, RunStarted)
         return reply.body
 

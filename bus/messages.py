@@ -77,7 +77,11 @@ class StartRun(Body):
     `session` empty starts a new session, else continues that session with a
     follow-up user message. `max_turns` 0 means the agent's own limit;
     `deadline_s` 0 means none. `cwd` is where relative tool paths resolve.
-    Reply: `RunStarted` or `ErrorReply`.
+    `key`: chosen by the client, the same for every resend of one start (a
+    supervisor that restarted may have lost the request, or the reply): a
+    `StartRun` whose key the supervisor knows is answered with that run's
+    `RunStarted` again, never started twice.
+    Reply: `RunStarted` or `ErrorReply`, sent once the run is journaled.
     """
 
     KIND: ClassVar[str] = "start_run"
@@ -87,6 +91,7 @@ class StartRun(Body):
     max_turns: int = 0
     deadline_s: float = 0.0
     cwd: str = ""
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

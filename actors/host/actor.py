@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Coroutine
@@ -48,6 +49,8 @@ class Child:
     module: str
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: File descriptors of the host's that every incarnation inherits (as numbered).
+    fds: tuple[int, ...] = ()
     proc: asyncio.subprocess.Process | None = None
     started: float = 0.0
     restarts: int = 0
@@ -95,6 +98,7 @@ class Host:
         self.children: list[Child] = []
         self.offline = False
         self._lock_fd: int | None = None
+        self._offline_sock: socket.socket | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -145,14 +149,21 @@ class Host:
     async def _start_offline_model(self, base: dict[str, str]) -> dict[str, str]:
         port_file = self.run_dir / OFFLINE_PORT_FILE
         port_file.unlink(missing_ok=True)
-        args = ["--port-file", str(port_file)]
+        # The host binds the port and keeps the listening socket; each incarnation of
+        # the offline model serves it. A restarted one on a port of its own would leave
+        # every llm caller calling the dead one's address (their environment is fixed
+        # at spawn), and while none runs, connections wait in the backlog.
+        sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self._offline_sock = sock
+        args = ["--port-file", str(port_file), "--fd", str(sock.fileno())]
         if self.scenario:
             args += ["--scenario", self.scenario]
-        child = Child("offline-model", "actors.offline_model", args=args, env=base)
+        child = Child("offline-model", "actors.offline_model", args=args, env=base,
+                      fds=(sock.fileno(),))
         self.children.append(child)
         await self._spawn(child)
         self.offline = True
-        port = int(port_file.read_text().strip())
+        port = sock.getsockname()[1]
         print(f"oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: using the offline "
               f"model on 127.0.0.1:{port}", file=sys.stderr)
         # The offline model's address is given as the SDK's own variables, so the llm
@@ -166,7 +177,7 @@ class Host:
         try:
             child.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", child.module, *child.args,
-                env=env, pass_fds=(wfd,), stdin=asyncio.subprocess.DEVNULL,
+                env=env, pass_fds=(wfd, *child.fds), stdin=asyncio.subprocess.DEVNULL,
             )
         finally:
             os.close(wfd)
@@ -266,6 +277,9 @@ class Host:
         self.endpoints.remove_stale()
         for name in (STATE_FILE, OFFLINE_PORT_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
+        if self._offline_sock is not None:
+            self._offline_sock.close()
+            self._offline_sock = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -1,7 +1,12 @@
 """`python -m actors.offline_model`: serve until SIGTERM/SIGINT, port in a file.
 
-The host starts this process and learns the ephemeral port from `--port-file`,
-written atomically (tmp file + `os.replace`) so a reader never sees half a number.
+Run alone, it binds `--port` (0: an ephemeral one) and writes the port to
+`--port-file`, atomically (tmp file + `os.replace`) so a reader never sees half
+a number. The host instead hands it a listening socket it bound itself and
+keeps (`--fd`): every incarnation of the offline model then serves the same
+port, so the llm callers' `ANTHROPIC_BASE_URL` stays right across a restart,
+and a connection made while it is down waits in the socket's backlog for the
+next one instead of being refused.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port-file", required=True, help="where to write the bound port")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = an ephemeral port")
+    parser.add_argument("--fd", type=int, help="serve on this inherited listening socket "
+                        "instead of binding --host/--port")
     parser.add_argument("--scenario", help="a scenario JSON file (format: see the package doc)")
     parser.add_argument(
         "--delta-delay-ms", type=float, default=0.0, help="pause between streamed deltas"
@@ -52,8 +60,9 @@ async def serve(args: argparse.Namespace, scenario: Scenario | None) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else None
     server = await start_server(
-        args.host, args.port, scenario, delta_delay_s=args.delta_delay_ms / 1000
+        args.host, args.port, scenario, delta_delay_s=args.delta_delay_ms / 1000, sock=sock
     )
     try:
         write_port_file(args.port_file, server.port)

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import socket
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -100,11 +101,16 @@ class OfflineServer:
         self._errors = 0
         self._abandoned = 0
 
-    async def listen(self, host: str, port: int) -> None:
-        """Bind and start accepting; `port` 0 picks a free one (see `.port`)."""
+    async def listen(self, host: str, port: int, sock: socket.socket | None = None) -> None:
+        """Bind and start accepting; `port` 0 picks a free one (see `.port`). With
+        `sock`, accept on that listening socket instead (one the host bound and keeps)."""
         # A plain callback, not a coroutine: it runs inside connection_made, so
         # the connection's task is registered before aclose() can miss it.
-        self._server = await asyncio.start_server(self._accept, host, port)
+        if sock is not None:
+            self._server = await asyncio.start_server(self._accept, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._accept, host, port,
+                                                      reuse_address=True)
         self.host, self.port = self._server.sockets[0].getsockname()[:2]
 
     def statistics(self) -> ServerStatistics:
@@ -295,6 +301,11 @@ class OfflineServer:
     @staticmethod
     async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: Any) -> None:
         data = conn.send(event)
+        # A peer that hung up (an llm caller killed or cancelled mid-stream) closes the
+        # transport; uvloop's write then raises RuntimeError where asyncio's would only
+        # warn. Either way it is a vanished client: say so in the exception that means it.
+        if writer.is_closing():
+            raise ConnectionResetError("the client closed the connection")
         if data:
             writer.write(data)
         # drain after every event: it applies backpressure and notices a vanished peer
@@ -314,12 +325,14 @@ async def start_server(
     scenario: ScenarioSource = None,
     *,
     delta_delay_s: float = 0.0,
+    sock: socket.socket | None = None,
 ) -> OfflineServer:
     """Start the offline model; `scenario` may be a path, parsed JSON or a `Scenario`.
 
     `delta_delay_s` paces streamed deltas (0 = as fast as possible) unless a
-    scripted turn sets its own `delay_s`.
+    scripted turn sets its own `delay_s`. `sock`: a listening socket to serve on
+    instead of binding `host:port`.
     """
     server = OfflineServer(as_scenario(scenario), delta_delay_s=delta_delay_s)
-    await server.listen(host, port)
+    await server.listen(host, port, sock)
     return server

@@ -321,10 +321,10 @@ class CgroupTree:
         return killed
 
     def close(self) -> None:
-        """Remove this executor's own (empty) directories."""
-        for root in self._roots:
-            with contextlib.suppress(OSError):
-                (root / self.owner).rmdir()
+        """Remove this executor's directories, with any call's still there (its processes
+        killed first): a call whose clean-up never ran (its task cancelled mid-way) must
+        not outlive the executor, as only a later executor's sweep would remove it."""
+        self._sweep_owner(self.owner)
 
 
 def _start_time(pid: int) -> int:

@@ -146,7 +146,8 @@ class Sandbox:
         return killed
 
     def close(self) -> None:
-        """Stop the fork server; remove this executor's (empty) cgroup directories."""
+        """Stop the fork server; remove this executor's cgroup directories (and any
+        call's left in them)."""
         if self._fork is not None:
             self._fork.close()
         if self._cgroups is not None:

@@ -66,6 +66,9 @@ LLM_JOB_TIMEOUT_S = 900.0
 CATALOGUE_WAIT_S = 5.0
 #: Events that could not be pushed (broadcaster away) wait here, in order.
 MAX_OUTBOX = 1_000_000
+#: Start keys remembered (resends come within seconds; the journal keeps each
+#: session's latest across a restart).
+MAX_START_KEYS = 10_000
 
 
 class Supervisor:
@@ -78,6 +81,10 @@ class Supervisor:
         self._unjournaled: list[tuple[str, int, bytes]] = []
         self._dirty: dict[str, Session] = {}
         self._flush_scheduled = False
+        #: Replies that must wait for the commit this iteration schedules.
+        self._after_commit: list[tuple[Port, Envelope, bytes | None]] = []
+        #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
+        self._starts: dict[str, RunStarted] = {}
         self.sessions: dict[str, Session] = {}
         self.gate = endpoints.gate()  # admits CURVE clients; before any bind
         self.reactor = Reactor()
@@ -116,6 +123,12 @@ class Supervisor:
             self._publish(frame, session.id, seq)
             return
         self._unjournaled.append((session.id, seq, frame))
+        self._journal_later(session)
+
+    def _journal_later(self, session: Session) -> None:
+        """Journal `session`'s snapshot with this loop iteration's commit."""
+        if self.journal is None:
+            return
         self._dirty[session.id] = session
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -134,6 +147,26 @@ class Supervisor:
                           len(events))
         for sid, seq, frame in events:
             self._publish(frame, sid, seq)
+        replies, self._after_commit = self._after_commit, []
+        for port, env, peer in replies:
+            port.send(env, peer)
+
+    def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
+        """Send `env` (on `port`, default the api) once what this iteration emitted is
+        journaled: a client told that a run started, or was cancelled, must find it so
+        after a supervisor restart."""
+        port = port or self.api
+        if self._flush_scheduled:
+            self._after_commit.append((port, env, peer))
+        else:
+            port.send(env, peer)
+
+    def _remember_start(self, key: str, started: RunStarted) -> None:
+        if not key:
+            return
+        self._starts[key] = started
+        if len(self._starts) > MAX_START_KEYS:
+            del self._starts[next(iter(self._starts))]
 
     def _publish(self, frame: bytes, sid: str, seq: int) -> None:
         self.resend.add(sid, seq, frame)
@@ -223,6 +256,10 @@ class Supervisor:
         return None
 
     def _start_run(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
+        known = self._starts.get(req.key) if req.key else None
+        if known is not None:  # a resend: the first one started the run
+            self._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
+            return
         refusal = self._refusal(req)
         if refusal is not None:
             self.api.reply_error(peer, env.id, *refusal)
@@ -236,9 +273,11 @@ class Supervisor:
         # A cancelled run's task may still be unwinding: the new one waits for it.
         previous = session.task if session.task and not session.task.done() else None
         from_seq = session.next_seq
+        session.run_from_seq, session.start_key = from_seq, req.key
         limit = begin_run(session, self.io, req.prompt, req.max_turns, req.deadline_s)
-        self.api.send(Envelope(RunStarted(session.id, session.runs, from_seq), id=env.id,
-                               sid=session.id), peer)
+        started = RunStarted(session.id, session.runs, from_seq)
+        self._remember_start(req.key, started)
+        self._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
         assert self._group is not None
         task = self._group.create_task(
             self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
@@ -264,6 +303,8 @@ class Supervisor:
         resumed = 0
         for session in self.journal.sessions(dict(self.config.agents)):
             self.sessions[session.id] = session
+            self._remember_start(session.start_key,
+                                 RunStarted(session.id, session.runs, session.run_from_seq))
             for seq, frame in self.journal.events(session.id):
                 self.resend.add(session.id, seq, frame)  # a broadcaster may still ask
             if session.run_over:
@@ -332,7 +373,9 @@ class Supervisor:
             return
         if req.mode == "operation":
             session.stop_request = "operation"
-            port.send(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer)
+            self._journal_later(session)  # a restart keeps the request: ack after commit
+            self._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
+                                  port)
             return
         # The workers are told first (their control sockets are served before data),
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
@@ -340,7 +383,8 @@ class Supervisor:
         finish_cancelled(session, self.io, "ui", req.reason)
         if session.task is not None:
             session.task.cancel()
-        port.send(Envelope(CancelAck(session.id, "cancelled"), id=env.id), peer)
+        ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
+        self._reply_committed(ack, peer, port)
 
     # -- running -----------------------------------------------------------------------
 

@@ -42,6 +42,9 @@ log = logging.getLogger("oploop.dispatch")
 
 #: Jobs waiting for a free worker, per role, before new ones are refused.
 MAX_QUEUED = 100_000
+#: A model call whose llm caller died is re-issued this many times, then failed: a
+#: job that kills every worker it lands on must not go round them for ever.
+MAX_REDISPATCH = 3
 
 ROLES = ("llm", "tool")
 
@@ -101,7 +104,7 @@ def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
 class Dispatcher:
     """Owns the workers of the `work` socket and every job sent to them."""
 
-    def __init__(self, work: Port, control: Port, max_redispatch: int = 3) -> None:
+    def __init__(self, work: Port, control: Port, max_redispatch: int = MAX_REDISPATCH) -> None:
         self.work = work
         self.control = control
         self.max_redispatch = max_redispatch

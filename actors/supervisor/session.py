@@ -89,6 +89,10 @@ class Session:
     #: The current run's turn limit, and the turn it is in (for a resume).
     run_limit: int = 0
     run_turn: int = 0
+    #: The current run's first seq, and the key of the `StartRun` that began it (a
+    #: resent start is answered with this run).
+    run_from_seq: int = 0
+    start_key: str = ""
     #: Outcomes of the current reply's tool calls that have finished, by call id.
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
     #: What the turn path need not redo each turn (sanitising, history deltas).

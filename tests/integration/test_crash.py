@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from bus.client import Client
-from hostkit import assert_one_run, of_type, oploop, running_host, workspace
+from hostkit import assert_one_run, of_type, oploop, run, running_host, workspace
 
 WORDS = " ".join(f"w{i}" for i in range(300))
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
@@ -143,3 +143,42 @@ def test_host_killed_takes_every_actor_with_it(short_home):
     assert again.returncode == 0, again.stderr
     assert oploop(short_home, "down").returncode == 0
     shutil.rmtree(short_home, ignore_errors=True)
+
+
+def test_offline_model_killed_mid_stream_comes_back_on_its_port(host, tmp_path):
+    """The llm callers' base URL is fixed when they start: a restarted offline model
+    must serve the port the dead one had, and the stream it dropped is retried."""
+    port = (Path(host) / "run" / "offline.port").read_text()
+    events, _ = asyncio.run(run_killing(host, "#stream talk", tmp_path, "offline-model",
+                                        first_token))
+    assert_one_run(events)
+    assert of_type(events, "RETRY") and events[-1]["type"] == "DONE"
+    assert (Path(host) / "run" / "offline.port").read_text() == port
+    after = run(host, "run `echo back`", cwd=str(tmp_path))
+    assert after[-1]["type"] == "DONE" and "back" in of_type(after, "TOOL_END")[0]["data"]["output"]
+    assert actor(host, "offline-model")["restarts"] == 1
+
+
+def test_start_lost_with_the_supervisor_is_sent_again_and_runs_once(host, tmp_path):
+    """A supervisor killed with a `StartRun` unread loses it: the client sends it again
+    (the same key), the restarted supervisor starts it, once."""
+
+    async def main():
+        async with Client.connect(Path(host)) as client:
+            assert await client.sessions() == []  # the api connection is up
+            pid = actor(host, "supervisor")["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            start = asyncio.create_task(client.start("run `echo once`", cwd=str(tmp_path)))
+            # The client's I/O thread writes the request into the stopped supervisor's
+            # socket at once, to die with it; the assertions hold however long this is.
+            await asyncio.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+            started = await start
+            events = [e async for e in client.events(started.session, started.from_seq,
+                                                     stop_at="first")]
+            return started, events, await client.sessions()
+
+    started, events, sessions = asyncio.run(main())
+    assert_one_run(events, started.from_seq)
+    assert events[-1]["type"] == "DONE"
+    assert [s["session"] for s in sessions] == [started.session]

@@ -17,6 +17,7 @@ import pytest
 from sbhelp import BOUND_S, TEST_POLICY, Host, need, processes_with, wait_processes
 
 from actors.sandbox import Sandbox, SandboxConfig
+from actors.sandbox.cgroups import CgroupTree, Hierarchies
 from actors.tools.process import run_command
 
 HERE = Path(__file__).parent
@@ -114,6 +115,26 @@ def test_new_executor_kills_leftovers(host: Host) -> None:
         _stop(holder)
         for proc in processes_with(tok):
             proc.kill()
+
+
+def test_close_leaves_no_call_cgroup_behind() -> None:
+    """A call whose clean-up never ran (its task cancelled mid-way) leaves its cgroup
+    directory, and a process in it: the executor's close removes both."""
+    need("cgroup")
+    tree = CgroupTree(Hierarchies.discover())
+    tree.prepare()
+    call = tree.new_call()
+    for d in call.dirs:
+        d.mkdir()
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        for d in call.dirs:
+            (d / "cgroup.procs").write_text(str(sleeper.pid))
+        tree.close()
+        assert sleeper.wait(timeout=BOUND_S) != 0
+        assert not [d for d in call.dirs if d.parent.exists()]
+    finally:
+        _stop(sleeper)
 
 
 def _start_holder(host: Host, command: str, off: frozenset[str]) -> subprocess.Popen[bytes]:

@@ -16,6 +16,7 @@ import anthropic
 import h11
 import httpx2
 import pytest
+import uvloop
 
 from actors.offline_model import OfflineServer, ScenarioError, start_server
 
@@ -351,6 +352,50 @@ def test_close_while_streaming_leaves_nothing_behind() -> None:
         assert server.statistics().connections_open == 0
 
     asyncio.run(main())
+
+
+def test_clients_gone_mid_stream_are_abandoned_replies_on_uvloop() -> None:
+    """The process runs on uvloop, whose transports raise RuntimeError when written
+    after the peer is gone: still a client that hung up, not a server failure."""
+    words = " ".join(f"w{i}" for i in range(400))
+    clients = 30
+
+    async def hang_up(port: int, after_s: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = json.dumps({**ask("hello"), "stream": True}).encode()
+        head = (f"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                f"\r\ncontent-length: {len(body)}\r\n\r\n")
+        writer.write(head.encode() + body)
+        await reader.readuntil(b"content_block_delta")  # mid-stream now
+        await asyncio.sleep(after_s)  # hang up at various points of the server's writes
+        writer.transport.abort()
+
+    async def main() -> None:
+        # one scripted turn per request: they all share the default session
+        server = await start_server(scenario=[{"reply": words, "delay_s": 0.002}] * clients)
+        try:
+            await asyncio.gather(*(hang_up(server.port, (n % 5) * 0.003)
+                                   for n in range(clients)))
+            async with asyncio.timeout(5):
+                while server.statistics().abandoned < clients:  # noqa: ASYNC110 (a counter)
+                    await asyncio.sleep(0.01)
+            assert (await raw_http_ok(server.port)) == 200  # and it goes on serving
+        finally:
+            await server.aclose()
+        assert server.statistics().connections_open == 0
+
+    uvloop.run(main())
+
+
+async def raw_http_ok(port: int) -> int:
+    """The status of one plain request."""
+    client = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{port}", api_key="offline",
+                                      max_retries=0)
+    try:
+        reply = await client.messages.with_raw_response.create(**ask("hello"))
+        return reply.status_code
+    finally:
+        await client.close()
 
 
 # --- the process -------------------------------------------------------------------------

@@ -1,0 +1,227 @@
+"""The soak's verdict: what each session's views must satisfy, and the report.
+
+Kept apart from the driver (`bench.soak`), which collects `SessionRun`s and
+`Kill`s; here they are checked and summed up, with no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.supervisor.dispatch import MAX_REDISPATCH
+from bench.stats import machine, percentile
+
+if TYPE_CHECKING:
+    from bench.soak import SoakConfig
+
+TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+
+
+@dataclass
+class SessionRun:
+    """One session: what was asked, and what each viewer saw."""
+
+    index: int
+    kind: str
+    prompt: str
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    session: str = ""
+    from_seq: int = 0
+    start_error: str = ""
+    views: list[list[dict[str, Any]]] = field(default_factory=list)
+    view_errors: list[str] = field(default_factory=list)
+    stored: list[dict[str, Any]] = field(default_factory=list)
+    #: A "cancel" run: what the cancel got ("ack: cancelled", or the error).
+    cancel: str = ""
+
+    def terminal(self) -> str:
+        """The type of the first viewer's last event, if terminal ("" otherwise)."""
+        last = self.views[0][-1]["type"] if self.views and self.views[0] else ""
+        return last if last in TERMINAL else ""
+
+
+@dataclass
+class Kill:
+    """One SIGKILL: when (s since the first session), whom, and how long it took to return."""
+
+    at_s: float
+    actor: str
+    pid: int
+    back_s: float = -1.0
+
+
+
+def check_run(run: SessionRun) -> list[str]:
+    """What is wrong with one session's views (empty: nothing)."""
+    where = f"session {run.index} ({run.kind}, {run.session or 'not started'})"
+    if run.start_error:
+        return [f"{where}: start failed: {run.start_error}"]
+    problems = [f"{where}: {e}" for e in run.view_errors]
+    for n, view in enumerate(run.views):
+        seqs = [e["seq"] for e in view]
+        if seqs != list(range(run.from_seq, run.from_seq + len(view))):
+            problems.append(f"{where}: viewer {n} seqs not contiguous from {run.from_seq}: "
+                            f"{_gaps(seqs, run.from_seq)}")
+        terminals = [e["type"] for e in view if e["type"] in TERMINAL]
+        if len(terminals) != 1 or not view or view[-1]["type"] not in TERMINAL:
+            problems.append(f"{where}: viewer {n} terminal events {terminals}, "
+                            f"last {view[-1]['type'] if view else 'none'}")
+        if n and view != run.views[0]:
+            problems.append(f"{where}: viewer {n} differs from viewer 0 "
+                            f"({len(view)} vs {len(run.views[0])} events)")
+    if run.views and run.stored[:len(run.views[0])] != run.views[0]:
+        problems.append(f"{where}: the stored log differs from what viewers saw "
+                        f"({len(run.stored)} stored, {len(run.views[0])} seen)")
+    if run.terminal() == "ERROR" and not explained_error(run):
+        problems.append(f"{where}: ended in ERROR: {run.views[0][-1]['data']}")
+    if run.kind == "cancel":
+        problems += [f"{where}: {p}" for p in check_cancel(run)]
+    elif run.terminal() == "CANCELLED":
+        problems.append(f"{where}: CANCELLED, and nobody cancelled it")
+    return problems
+
+
+def check_cancel(run: SessionRun) -> list[str]:
+    """A run cancelled once its tool started must end CANCELLED ("ui") if the cancel
+    was acknowledged; it may have ended first (its executor killed, the tool failed,
+    the model answered): then the cancel finds nothing running."""
+    end = run.terminal()
+    if run.cancel == "ack: cancelled":
+        if end != "CANCELLED" or run.views[0][-1]["data"].get("mode") != "ui":
+            return [f"cancel acknowledged, but the run ended {end}"]
+        return []
+    if end in ("DONE", "ERROR") and "not_running" in run.cancel:
+        return []
+    return [f"cancel: {run.cancel or 'never sent (no TOOL_START)'}; the run ended {end}"]
+
+
+def explained_error(run: SessionRun) -> str:
+    """Why `run` legitimately ended in ERROR, or "" (then it is a problem).
+
+    Legitimate: a model call re-issued `MAX_REDISPATCH` times, every llm caller it
+    went to killed under it (the cap that stops a job that kills its workers).
+    """
+    view = run.views[0] if run.views else []
+    if not view or view[-1]["type"] != "ERROR":
+        return ""
+    turn = view[max(i for i, e in enumerate(view) if e["type"] in ("TURN_START", "RESUMED")):]
+    deaths = [e for e in turn if e["type"] == "RETRY"
+              and str(e["data"].get("error", "")).startswith("llm caller")]
+    if view[-1]["data"].get("error") == "worker_died" and len(deaths) >= MAX_REDISPATCH:
+        return (f"the model call lost its llm caller {len(deaths) + 1} times (re-issued "
+                f"{MAX_REDISPATCH} times, then failed)")
+    return ""
+
+
+def trace(run: SessionRun) -> list[str]:
+    """The first viewer's events of `run`, one short line each (seconds since the
+    first), tokens left out (for the report)."""
+    view = run.views[0] if run.views else []
+    t0 = view[0]["ts"] if view else 0.0
+    return [f"{e['seq']} +{e['ts'] - t0:.2f}s {e['type']} {json.dumps(e['data'])[:100]}"
+            for e in view if e["type"] not in ("TOKEN", "THINKING")]
+
+
+def _gaps(seqs: list[int], first: int) -> str:
+    expected = first
+    for s in seqs:
+        if s != expected:
+            return f"expected {expected}, got {s}"
+        expected += 1
+    return "ok"
+
+
+def report(config: SoakConfig, got: dict[str, Any],
+           orphans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures as JSON, with `problems` (empty: the soak passed). `got`: what
+    `bench.soak.drive` collected."""
+    runs: list[SessionRun] = got["runs"]
+    kills: list[Kill] = got["kills"]
+    problems = [p for r in runs for p in check_run(r)] + got["kill_problems"]
+    first_views = [r.views[0] for r in runs if r.views]
+    counts = Counter(e["type"] for v in first_views for e in v)
+    # Tool calls that failed, by what they said (an executor killed mid-call: legitimate).
+    tool_errors = Counter(str(e["data"].get("output", ""))[:60] for v in first_views for e in v
+                          if e["type"] == "TOOL_END" and e["data"].get("is_error"))
+    failed = [a["name"] for a in got["actors"] if a.get("state") == "failed"]
+    problems += [f"actor {n} was marked failed" for n in failed]
+    problems += [f"left after down: process {o['pid']} ({o['cmdline']})" if "pid" in o
+                 else f"left after down: cgroup {o['cgroup']}" for o in orphans]
+    before, after = got["rss_before"], got["rss_after"]
+    growth = after["host"] / before["host"] - 1 if before["host"] else 0.0
+    if config.rss_tolerance is not None and abs(growth) > config.rss_tolerance:
+        problems.append(f"host RSS {before['host'] / 2**20:.1f} -> {after['host'] / 2**20:.1f} "
+                        f"MiB ({growth:+.0%}), beyond {config.rss_tolerance:.0%}")
+    durations = [r.ended_at - r.started_at for r in runs if r.ended_at]
+    plan = asdict(config)
+    plan["kinds"] = list(config.kinds)
+    return {
+        "config": plan,
+        "machine": machine(),
+        "sessions": {
+            "total": len(runs),
+            "started": sum(1 for r in runs if r.session),
+            "start_failures": [r.start_error for r in runs if r.start_error],
+            "by_kind": dict(Counter(r.kind for r in runs)),
+            "terminal": dict(Counter(r.terminal() or "none" for r in runs)),
+            "errors": [{"index": r.index, "kind": r.kind, "session": r.session,
+                        "data": r.views[0][-1]["data"], "explained": explained_error(r),
+                        "trace": trace(r)} for r in runs if r.terminal() == "ERROR"],
+            "failed": [{"index": r.index, "kind": r.kind, "session": r.session,
+                        "trace": trace(r)} for r in runs if check_run(r)],
+            "duration_s": {"p50": percentile(durations, 50), "p95": percentile(durations, 95),
+                           "max": max(durations, default=0.0)},
+        },
+        "warmup": got["warmup"],
+        "events": {"total": sum(counts.values()), "RETRY": counts["RETRY"],
+                   "RESUMED": counts["RESUMED"], "TOOL_END": counts["TOOL_END"],
+                   "tool_errors": sum(tool_errors.values()),
+                   "tool_errors_by_output": dict(tool_errors),
+                   "retry_errors": dict(Counter(e["data"].get("error", "")[:60] for v in first_views
+                                                for e in v if e["type"] == "RETRY"))},
+        "kills": {"total": len(kills),
+                  "per_actor": dict(Counter(k.actor for k in kills)),
+                  "list": [asdict(k) for k in kills],
+                  "back_s_max": max((k.back_s for k in kills), default=0.0)},
+        "restarts": {a["name"]: a["restarts"] for a in got["actors"]},
+        "failed_actors": failed,
+        "time": {"sessions_s": round(got["sessions_s"], 2), "run_s": round(got["run_s"], 2)},
+        "rss": {"before": before, "after": after, "host_growth": growth},
+        "stats": got["stats"],
+        "orphans": orphans,
+        "problems": problems,
+        "ok": not problems,
+    }
+
+
+def summary(rep: dict[str, Any]) -> str:
+    """The report for a person."""
+    s, k, e, rss = rep["sessions"], rep["kills"], rep["events"], rep["rss"]
+    mib = 2**20
+    lines = [
+        f"soak: {s['total']} sessions over {rep['config']['duration_s']:g} s, "
+        f"{rep['config']['viewers']} viewers each, seed {rep['config']['seed']}; "
+        f"load average {' '.join(f'{x:.2f}' for x in rep['machine']['loadavg'])}",
+        f"  started {s['started']}, start failures {len(s['start_failures'])}; "
+        f"terminal {s['terminal']}",
+        f"  kills {k['total']}: {k['per_actor']} (slowest return {k['back_s_max']:.2f} s)",
+        f"  events {e['total']}: RETRY {e['RETRY']}, RESUMED {e['RESUMED']}, "
+        f"tool results {e['TOOL_END']} ({e['tool_errors']} errors)",
+        f"  time: last session ended {rep['time']['sessions_s']:.1f} s after the first "
+        f"started; session p50 {s['duration_s']['p50']:.2f} s, p95 "
+        f"{s['duration_s']['p95']:.2f} s, max {s['duration_s']['max']:.2f} s",
+        f"  RSS host {rss['before']['host'] / mib:.1f} -> {rss['after']['host'] / mib:.1f} MiB "
+        f"({rss['host_growth']:+.1%}); all processes {rss['before']['total'] / mib:.1f} -> "
+        f"{rss['after']['total'] / mib:.1f} MiB",
+        f"  restarts {rep['restarts']}; orphans after down: {len(rep['orphans'])}",
+    ]
+    for err in s["errors"]:
+        why = f"; explained: {err['explained']}" if err["explained"] else "; UNEXPLAINED"
+        lines.append(f"  ERROR in session {err['index']} ({err['kind']}): {err['data']}{why}")
+    lines.append("  OK" if rep["ok"] else f"  FAILED: {len(rep['problems'])} problems")
+    lines += [f"    - {p}" for p in rep["problems"][:40]]
+    return "\n".join(lines)
