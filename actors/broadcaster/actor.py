@@ -127,7 +127,7 @@ class Broadcaster:
         """Answer `ReplayRequest` (events of a session from a seq) and `Stats`."""
         body = env.body
         if isinstance(body, Stats):
-            self.replay.send(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+            self.replay.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
             return
         if not isinstance(body, ReplayRequest):
             self.replay.reply_error(peer, env.id, "bad_request", f"replay does not serve {env.kind}")
@@ -147,10 +147,7 @@ class Broadcaster:
             log.error("replay of %s failed: %s", env.sid, exc)
             self.replay.reply_error(peer, env.id, "unavailable", "the event store cannot be read")
             return
-        try:
-            self.replay.send(Envelope(ReplayBatch(frames, last, more), id=env.id, sid=env.sid), peer)
-        except BusError as exc:
-            log.info("replay reply to %r dropped: %s", peer, exc)
+        self.replay.reply(Envelope(ReplayBatch(frames, last, more), id=env.id, sid=env.sid), peer)
 
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1

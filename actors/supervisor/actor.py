@@ -161,14 +161,14 @@ class Supervisor:
         if isinstance(body, StartRun):
             self._start_run(peer, env, body)
         elif isinstance(body, ListSessions):
-            port.send(Envelope(SessionList([s.summary() for s in self.sessions.values()]),
-                               id=env.id), peer)
+            port.reply(Envelope(SessionList([s.summary() for s in self.sessions.values()]),
+                                id=env.id), peer)
         elif isinstance(body, InspectSession):
             session = self.sessions.get(body.session)
             if session is None:
                 port.reply_error(peer, env.id, "unknown_session", f"no session {body.session!r}")
                 return
-            port.send(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
+            port.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
         elif isinstance(body, ListTools):
             agent = self.config.agent(body.agent)
             if agent is None:
@@ -179,15 +179,15 @@ class Supervisor:
             first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
             later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
             listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later) for t in tools]
-            port.send(Envelope(ToolList(listed), id=env.id), peer)
+            port.reply(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
-            port.send(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+            port.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
         elif isinstance(body, Cancel):
             # Accepted here too (the same rules), but behind the api's data; the
             # control socket is the fast path (`scripts/bench` compares the two).
             self._cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
-            port.send(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
+            port.reply(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
 
@@ -233,14 +233,16 @@ class Supervisor:
         previous = session.task if session.task and not session.task.done() else None
         from_seq = session.next_seq
         limit = begin_run(session, self.io, req.prompt, req.max_turns, req.deadline_s)
-        self.api.send(Envelope(RunStarted(session.id, session.runs, from_seq), id=env.id,
-                               sid=session.id), peer)
         assert self._group is not None
         task = self._group.create_task(
             self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
         )
         session.task = task
         task.add_done_callback(lambda t: self._run_ended(session, t))
+        # Replied last, and a client gone by now changes nothing: the run is accepted
+        # and goes on (it can be found with `oploop sessions`), never left half-begun.
+        self.api.reply(Envelope(RunStarted(session.id, session.runs, from_seq), id=env.id,
+                                sid=session.id), peer)
 
     def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
         if session.task is not task:
@@ -324,7 +326,7 @@ class Supervisor:
             return
         if req.mode == "operation":
             session.stop_request = "operation"
-            port.send(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer)
+            port.reply(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer)
             return
         # The workers are told first (their control sockets are served before data),
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
@@ -332,7 +334,7 @@ class Supervisor:
         finish_cancelled(session, self.io, "ui", req.reason)
         if session.task is not None:
             session.task.cancel()
-        port.send(Envelope(CancelAck(session.id, "cancelled"), id=env.id), peer)
+        port.reply(Envelope(CancelAck(session.id, "cancelled"), id=env.id), peer)
 
     # -- running -----------------------------------------------------------------------
 
