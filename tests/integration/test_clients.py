@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import zmq
 
@@ -86,3 +87,64 @@ def test_clients_that_start_a_run_and_vanish_leave_nothing_stuck(host):
         assert_one_run(runs[s["session"]])
     assert "running" not in stats["sessions"], stats["sessions"]
     assert not stats["ports"]["api"]["rejected"].get("handler_error"), stats["ports"]["api"]
+
+
+def _zmtp_prop(name: bytes, value: bytes) -> bytes:
+    return bytes([len(name)]) + name + len(value).to_bytes(4, "big") + value
+
+
+#: A ZMTP 3.0 greeting (NULL mechanism, as client), and a DEALER's READY command.
+GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32
+_READY = b"\x05READY" + _zmtp_prop(b"Socket-Type", b"DEALER") + _zmtp_prop(b"Identity", b"")
+HANDSHAKE = GREETING + b"\x04" + bytes([len(_READY)]) + _READY
+
+#: What a client that vanishes mid-request may have written: nothing, part of the
+#: greeting, part of the handshake, a frame cut short, a frame announcing 4 EiB.
+HALF_REQUESTS = [
+    b"",
+    GREETING[:5],
+    GREETING[:-7],
+    HANDSHAKE[:-4],
+    HANDSHAKE + b"\x00\xc8" + encode(Envelope(StartRun("cut short"), id="half"))[:20],
+    HANDSHAKE + b"\x02" + (1 << 62).to_bytes(8, "big") + b"x" * 100,
+]
+
+
+def test_clients_that_send_half_a_request_and_vanish_leave_actors_serving(host):
+    ends = Endpoints.for_home(Path(host))
+    state = json.loads((Path(host) / "run" / "host.json").read_text())
+    pids = {a["name"]: a["pid"] for a in state["actors"]}
+    serving = [psutil.Process(pids[name]) for name in ("supervisor", "broadcaster")]
+
+    async def scenario():
+        async with Client.connect(Path(host)) as client:
+            before = (await client.stats(), await client.broadcaster_stats())
+            fds = [p.num_fds() for p in serving]  # with this client connected
+            for name in ("api", "control", "replay", "work", "events", "ingest"):
+                path = ends.address(name).removeprefix("ipc://")
+                for garbage in HALF_REQUESTS:
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+                        raw.connect(path)
+                        raw.sendall(garbage)
+            # Each connection closed by the actor once it saw the peer go: no fd left.
+            await wait_for(lambda: _fds(serving),
+                           lambda now: all(n <= f for n, f in zip(now, fds, strict=True)),
+                           what="the actors to close every half-open connection")
+            after = (await client.stats(), await client.broadcaster_stats())
+            started = await client.start("hello again")
+            events = [e async for e in client.events(started.session, started.from_seq,
+                                                    stop_at="first")]
+            return before, after, events
+
+    before, after, events = asyncio.run(scenario())
+    assert after[0]["sessions"] == before[0]["sessions"]
+    assert after[0]["workers"] == before[0]["workers"]
+    assert after[1]["sessions"] == before[1]["sessions"]
+    assert_one_run(events)
+    assert events[-1]["type"] == "DONE"
+    state = json.loads((Path(host) / "run" / "host.json").read_text())
+    assert all(a["restarts"] == 0 and a["state"] == "running" for a in state["actors"])
+
+
+async def _fds(procs: list[Any]) -> list[int]:
+    return [p.num_fds() for p in procs]
