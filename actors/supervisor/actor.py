@@ -204,10 +204,12 @@ class Supervisor:
                                  f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
         if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
             return "bad_request", "max_turns and deadline_s must be >= 0"
-        running = sum(1 for s in self.sessions.values() if s.state == "running")
+        # A run counts until its terminal event, not until its task has unwound.
+        running = sum(1 for s in self.sessions.values() if not s.run_over)
         if running >= limits.max_running_sessions:
             return "busy", (f"{running} sessions are running, the limit "
-                            f"(limits.max_running_sessions)")
+                            f"(limits.max_running_sessions = {limits.max_running_sessions}): "
+                            f"try again when one has ended")
         if req.session:
             session = self.sessions.get(req.session)
             if session is None:

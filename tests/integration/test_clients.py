@@ -17,8 +17,9 @@ import zmq
 from bus.client import Client
 from bus.codec import encode
 from bus.endpoints import Endpoints
+from bus.errors import RemoteError
 from bus.messages import Envelope, StartRun
-from hostkit import TERMINAL, assert_one_run, running_host
+from hostkit import assert_one_run, oploop, running_host, workspace
 
 
 @pytest.fixture
@@ -148,3 +149,84 @@ def test_clients_that_send_half_a_request_and_vanish_leave_actors_serving(host):
 
 async def _fds(procs: list[Any]) -> list[int]:
     return [p.num_fds() for p in procs]
+
+
+# -- limits ------------------------------------------------------------------------------
+
+
+#: A script whose tool waits (in the session's workspace, where the sandbox lets it
+#: look) until the test creates `gate` there: "running" is then a state, not a moment.
+GATED = {"gated": [
+    {"reply": [{"type": "tool_use", "name": "shell", "input": {
+        "command": "while [ ! -e gate ]; do sleep 0.02; done; echo opened"}}]},
+    {"reply": "through the gate", "stop_reason": "end_turn"},
+]}
+
+
+def open_gate(home: str, session: str) -> None:
+    """Let the gated tool of `session` finish."""
+    (workspace(home, session) / "gate").touch()
+
+
+@pytest.fixture
+def limited_host(short_home, tmp_path):
+    """A host allowing prompts of 60 chars and 2 running sessions, playing `GATED`."""
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"scripts": GATED}))
+    (Path(short_home) / "oploop.toml").write_text(
+        "[limits]\nmax_prompt_chars = 60\nmax_running_sessions = 2\n")
+    with running_host(short_home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as home:
+        yield home
+
+
+def one_line_error(run: Any) -> str:
+    """The single stderr line of a CLI call that failed with exit status 1."""
+    assert run.returncode == 1, (run.returncode, run.stdout, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("oploop: "), run.stderr
+    return lines[0]
+
+
+def test_over_long_prompts_and_too_many_sessions_are_refused_clearly(limited_host):
+    home = limited_host
+    too_long = one_line_error(oploop(home, "run", "x" * 61))
+    assert "61 chars" in too_long and "limit of 60" in too_long
+    assert "limits.max_prompt_chars" in too_long
+
+    async def scenario():
+        async with Client.connect(Path(home)) as client:
+            with pytest.raises(RemoteError) as refused:
+                await client.start("y" * 61)
+            assert refused.value.code == "too_large"
+            runs = [await client.start(f"#gated {i}") for i in range(2)]
+            views = [client.events(r.session, r.from_seq, stop_at="first") for r in runs]
+            held: list[list[dict[str, Any]]] = [[], []]
+            for view, seen in zip(views, held, strict=True):
+                async for event in view:  # both running, held at the gate
+                    seen.append(event)
+                    if event["type"] == "TOOL_START":
+                        break
+            with pytest.raises(RemoteError) as busy:
+                await client.start("hello")
+            cli = await asyncio.to_thread(oploop, home, "run", "hello")
+            sessions = await client.sessions()
+            for r in runs:
+                open_gate(home, r.session)
+            for view, seen in zip(views, held, strict=True):
+                seen += [e async for e in view]
+            after = await client.start("hello again")  # the limit counts running ones only
+            ended = [e async for e in client.events(after.session, after.from_seq,
+                                                    stop_at="first")]
+            return busy.value, cli, sessions, held, ended
+
+    busy, cli, sessions, held, ended = asyncio.run(scenario())
+    assert busy.code == "busy" and "limits.max_running_sessions = 2" in busy.message
+    assert "limits.max_running_sessions" in one_line_error(cli)
+    assert len(sessions) == 2  # the refused runs made no session
+    for events in held:
+        assert_one_run(events)
+        assert events[-1]["type"] == "DONE"
+        (tool,) = [e["data"] for e in events if e["type"] == "TOOL_END"]
+        assert tool["output"].strip() == "opened" and not tool["is_error"]
+    assert_one_run(ended)
+    assert ended[-1]["type"] == "DONE"
