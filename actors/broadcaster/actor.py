@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 import zmq
@@ -47,6 +48,7 @@ class Broadcaster:
         self.retention = retention or Retention.from_env()
         self.reactor = Reactor()
         self.viewers = 0
+        self._subscribed: Counter[bytes] = Counter()  # viewers per topic
         self.refused: dict[str, int] = {}
         self.replay = self.reactor.add(
             zmq.ROUTER, "replay", self.handle_replay, bind=endpoints.address("replay"),
@@ -119,9 +121,21 @@ class Broadcaster:
     # -- viewers -----------------------------------------------------------------------
 
     def handle_subscription(self, frames: list[bytes]) -> None:
-        """Count viewers from XPUB (un)subscription notices."""
-        if len(frames) == 1 and frames[0][:1] in (b"\x00", b"\x01"):
-            self.viewers += 1 if frames[0][:1] == b"\x01" else -1
+        """Count viewers from XPUB (un)subscription notices; anything else a peer sends
+        upstream on `events` is ignored (viewers only read)."""
+        if len(frames) != 1 or frames[0][:1] not in (b"\x00", b"\x01"):
+            return
+        topic = frames[0][1:]
+        if frames[0][:1] == b"\x01":
+            self._subscribed[topic] += 1
+            self.viewers += 1
+        elif self._subscribed[topic] > 0:
+            # XPUB passes on an unsubscription of a topic nobody subscribed (a raw
+            # client can send one): counted, it would make `viewers` lie, even negative.
+            self._subscribed[topic] -= 1
+            self.viewers -= 1
+            if not self._subscribed[topic]:
+                del self._subscribed[topic]
 
     def handle_replay(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         """Answer `ReplayRequest` (events of a session from a seq) and `Stats`."""

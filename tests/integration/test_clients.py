@@ -15,10 +15,17 @@ import pytest
 import zmq
 
 from bus.client import Client
-from bus.codec import encode
+from bus.codec import decode, encode
 from bus.endpoints import Endpoints
 from bus.errors import RemoteError
-from bus.messages import Envelope, StartRun
+from bus.messages import (
+    Cancel,
+    Envelope,
+    ErrorReply,
+    InspectSession,
+    ListSessions,
+    StartRun,
+)
 from hostkit import assert_one_run, oploop, running_host, workspace
 
 
@@ -94,20 +101,58 @@ def _zmtp_prop(name: bytes, value: bytes) -> bytes:
     return bytes([len(name)]) + name + len(value).to_bytes(4, "big") + value
 
 
-#: A ZMTP 3.0 greeting (NULL mechanism, as client), and a DEALER's READY command.
+#: A ZMTP 3.0 greeting (NULL mechanism, as client).
 GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32
-_READY = b"\x05READY" + _zmtp_prop(b"Socket-Type", b"DEALER") + _zmtp_prop(b"Identity", b"")
-HANDSHAKE = GREETING + b"\x04" + bytes([len(_READY)]) + _READY
+
+
+def zmtp_frame(body: bytes, more: bool = False, command: bool = False) -> bytes:
+    """One ZMTP 3.0 frame (short or long form)."""
+    flags = (1 if more else 0) | (4 if command else 0)
+    if len(body) < 256:
+        return bytes([flags, len(body)]) + body
+    return bytes([flags | 2]) + len(body).to_bytes(8, "big") + body
+
+
+def zmtp_handshake(socket_type: bytes) -> bytes:
+    """What a peer of `socket_type` writes before its first message."""
+    ready = b"\x05READY" + _zmtp_prop(b"Socket-Type", socket_type) + _zmtp_prop(b"Identity", b"")
+    return GREETING + zmtp_frame(ready, command=True)
+
+
+HANDSHAKE = zmtp_handshake(b"DEALER")
+
+
+def zmtp_connect(path: str, socket_type: bytes) -> socket.socket:
+    """A raw unix connection that has done the ZMTP handshake as `socket_type`: ready
+    for messages (libzmq reads none before its own READY has gone out)."""
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.settimeout(10)
+    raw.connect(path)
+    raw.sendall(zmtp_handshake(socket_type))
+    _read_exactly(raw, 64)  # its greeting ...
+    flags, size = _read_exactly(raw, 2)
+    assert flags == 4, flags  # ... and its READY command
+    _read_exactly(raw, size)
+    return raw
+
+
+def _read_exactly(raw: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = raw.recv(n - len(data))
+        assert chunk, "the peer closed the connection during the handshake"
+        data += chunk
+    return data
 
 #: What a client that vanishes mid-request may have written: nothing, part of the
-#: greeting, part of the handshake, a frame cut short, a frame announcing 4 EiB.
-HALF_REQUESTS = [
-    b"",
-    GREETING[:5],
-    GREETING[:-7],
-    HANDSHAKE[:-4],
-    HANDSHAKE + b"\x00\xc8" + encode(Envelope(StartRun("cut short"), id="half"))[:20],
-    HANDSHAKE + b"\x02" + (1 << 62).to_bytes(8, "big") + b"x" * 100,
+#: greeting, part of the handshake, ...
+HALF_HANDSHAKES = [b"", GREETING[:5], GREETING[:-7], HANDSHAKE[:-4]]
+#: ... or, after a whole handshake, a frame cut short, a frame announcing 4 EiB,
+#: a message whose last frame never comes.
+HALF_MESSAGES = [
+    zmtp_frame(encode(Envelope(StartRun("cut short"), id="half")))[:20],
+    b"\x02" + (1 << 62).to_bytes(8, "big") + b"x" * 100,
+    zmtp_frame(encode(Envelope(StartRun("never sent"), id="half")), more=True),
 ]
 
 
@@ -123,9 +168,13 @@ def test_clients_that_send_half_a_request_and_vanish_leave_actors_serving(host):
             fds = [p.num_fds() for p in serving]  # with this client connected
             for name in ("api", "control", "replay", "work", "events", "ingest"):
                 path = ends.address(name).removeprefix("ipc://")
-                for garbage in HALF_REQUESTS:
+                for garbage in HALF_HANDSHAKES:
                     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
                         raw.connect(path)
+                        raw.sendall(garbage)
+                peer_type = {"events": b"SUB", "ingest": b"PUSH"}.get(name, b"DEALER")
+                for garbage in HALF_MESSAGES:
+                    with await asyncio.to_thread(zmtp_connect, path, peer_type) as raw:
                         raw.sendall(garbage)
             # Each connection closed by the actor once it saw the peer go: no fd left.
             await wait_for(lambda: _fds(serving),
@@ -230,3 +279,91 @@ def test_over_long_prompts_and_too_many_sessions_are_refused_clearly(limited_hos
         assert tool["output"].strip() == "opened" and not tool["is_error"]
     assert_one_run(ended)
     assert ended[-1]["type"] == "DONE"
+
+
+# -- viewers are read-only -----------------------------------------------------------------
+
+
+@pytest.fixture
+def gated_host(short_home, tmp_path):
+    """A host playing `GATED` (no limits)."""
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"scripts": GATED}))
+    with running_host(short_home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as home:
+        yield home
+
+
+def test_viewer_sockets_never_cancel_or_start_anything(gated_host):
+    home = gated_host
+    ends = Endpoints.for_home(Path(home))
+
+    async def scenario():
+        async with Client.connect(Path(home)) as client:
+            run = await client.start("#gated watched")
+            sid = run.session
+            seen: list[dict[str, Any]] = []
+            view = client.events(sid, run.from_seq, stop_at="first")
+            async for event in view:
+                seen.append(event)
+                if event["type"] == "TOOL_START":
+                    break
+            verbs = [Cancel(sid, "ui"), Cancel(sid, "operation"), StartRun("evil"),
+                     StartRun("evil", session=sid), ListSessions(), InspectSession(sid)]
+            replies = await asyncio.to_thread(_ask_replay, ends.address("replay"), sid, verbs)
+            viewers = (await client.broadcaster_stats())["viewers"]
+            raw = await asyncio.to_thread(_spray_events, ends.address("events"), sid, verbs)
+            try:
+                # The subscription sent last is counted: the broadcaster has read
+                # everything before it (one connection keeps its order), and the
+                # unsubscriptions of nothing did not count.
+                stats = await wait_for(client.broadcaster_stats,
+                                       lambda s: s["viewers"] >= viewers + 1,
+                                       what="the broadcaster to read what was sent on `events`")
+                during = await client.sessions()
+            finally:
+                raw.close()
+            open_gate(home, sid)
+            seen += [e async for e in view]
+            return replies, stats, during, seen, await client.sessions()
+
+    replies, stats, during, seen, after = asyncio.run(scenario())
+    assert [(type(r), r.code) for r in replies] == [(ErrorReply, "bad_request")] * len(replies)
+    assert [(s["state"], s["runs"]) for s in during] == [("running", 1)]
+    assert stats["viewers"] == 2, stats["viewers"]  # this test's client, and the raw one
+    assert_one_run(seen)
+    assert seen[-1]["type"] == "DONE" and not [e for e in seen if e["type"] == "CANCELLED"]
+    assert [(s["state"], s["runs"]) for s in after] == [("idle", 1)]
+
+
+def _ask_replay(address: str, sid: str, bodies: list[Any]) -> list[Any]:
+    """Send each body on the replay socket as a request; the reply bodies."""
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
+        sock.connect(address)
+        replies = []
+        for i, body in enumerate(bodies):
+            sock.send(encode(Envelope(body, id=f"v{i}", sid=sid)))
+            replies.append(decode(sock.recv()).body)
+        sock.close()
+        return replies
+    finally:
+        ctx.term()
+
+
+def _spray_events(address: str, sid: str, bodies: list[Any]) -> socket.socket:
+    """Send, upstream on the `events` XPUB as a raw XSUB peer (no libzmq to filter it),
+    verbs, garbage and unsubscriptions of topics it never subscribed; then a
+    subscription to `sid`, the one thing that may change the viewer count. Returns the
+    connection, open (closing it ends that subscription)."""
+    messages = [zmtp_frame(encode(Envelope(body, id="x", sid=sid))) for body in bodies]
+    # (Not an unsubscription of `sid`: the XPUB does not say whose it is, so it would
+    # uncount the real viewer of `sid`; the count is a statistic, never a permission.)
+    messages += [zmtp_frame(b"\x00never-subscribed"), zmtp_frame(b"\x00"), zmtp_frame(b"\xc1"),
+                 zmtp_frame(b"a", more=True) + zmtp_frame(b"\x01b", more=True) + zmtp_frame(b"c"),
+                 zmtp_frame(b"\x02" + b"x" * 1000), zmtp_frame(b"\x01" + sid.encode())]
+    raw = zmtp_connect(address.removeprefix("ipc://"), b"XSUB")
+    raw.sendall(b"".join(messages))
+    return raw
