@@ -247,8 +247,8 @@ class Supervisor:
                                 sid=session.id), peer)
 
     def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
-        if session.task is not task:
-            return  # a newer run owns the session now
+        if session.task is not task or session.suspended:
+            return  # a newer run owns the session now, or the next supervisor will
         session.task = None
         session.state = "idle"
         if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
@@ -352,8 +352,21 @@ class Supervisor:
             "ports": self.reactor.statistics(),
         }
 
+    def _suspend_runs(self) -> None:
+        """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run
+        open as journaled, to be resumed by the next supervisor, rather than end it.
+        Its jobs are still aborted as its tasks unwind, so no tool outlives it."""
+        suspended = 0
+        for session in self.sessions.values():
+            if session.task is not None and not session.task.done():
+                session.suspended = True
+                suspended += not session.run_over
+        if suspended:
+            log.warning("stopping: %d running session(s) left to resume at the next start",
+                        suspended)
+
     async def serve(self) -> None:
-        """Serve until cancelled."""
+        """Serve until cancelled; runs in flight then are left to the next supervisor."""
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
@@ -362,6 +375,11 @@ class Supervisor:
                 group.create_task(self._drain_outbox(), name="outbox")
                 self.resume_journaled()
                 notify_ready()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    self._suspend_runs()
+                    raise
         finally:
             if self.journal is not None:
                 if self._unjournaled or self._dirty:

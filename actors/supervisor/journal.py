@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS events (
 
 #: Session fields a snapshot carries (the rest is runtime state: tasks, hooks).
 _FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
-           "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn")
+           "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
+           "started_calls")
 
 
 class Journal:
@@ -113,6 +114,7 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
     raw_agent["category_allowlist"] = tuple(raw_agent.get("category_allowlist", ()))
     agent = agents.get(raw_agent.get("name", "")) or Agent(**raw_agent)
     outcomes = {k: ToolOutcome(v[0], v[1], v[2]) for k, v in data.pop("outcomes").items()}
-    session = Session(agent=agent, **{k: data[k] for k in _FIELDS})
+    # (A field added since the journal was written takes its default.)
+    session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
     session.outcomes = outcomes
     return session
