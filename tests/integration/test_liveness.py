@@ -73,6 +73,90 @@ def host(short_home, tmp_path):
         yield home
 
 
+def test_a_silent_executor_is_dead_its_tool_fails_and_it_comes_back(host, tmp_path):
+    executor = actor(host, "executor-1")["pid"]
+
+    async def scenario():
+        async with Client.connect(Path(host)) as client:
+            started = await client.start("#tool go", cwd=str(tmp_path))
+            sid = started.session
+            events: list[dict[str, Any]] = []
+            view = client.events(sid, started.from_seq, stop_at="first")
+            async for event in view:
+                events.append(event)
+                if event["type"] == "TOOL_START":
+                    break
+            await until(lambda: (workspace(host, sid) / "started").exists() and marked(),
+                        "the tool to run")
+            os.kill(executor, signal.SIGSTOP)  # alive, but silent
+            try:
+                events += [e async for e in view]
+                dead = await workers(client)
+            finally:
+                os.kill(executor, signal.SIGCONT)
+            # Back: it drops the job the supervisor has written off (killing its tool)
+            # and announces itself again.
+            await until(lambda: not marked(), "the abandoned tool to be killed")
+            while (await workers(client))["tool"] != 1:
+                await asyncio.sleep(0.02)
+            again = await client.start("#again go", cwd=str(tmp_path))
+            later = [e async for e in client.events(again.session, again.from_seq,
+                                                    stop_at="first")]
+            return sid, events, dead, later
+
+    sid, events, dead, later = asyncio.run(scenario())
+    assert_one_run(events)
+    (end,) = of_type(events, "TOOL_END")
+    assert end["data"]["is_error"] and "missed 3 heartbeats" in end["data"]["output"]
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "carried on"
+    assert dead["tool"] == 0
+    assert (workspace(host, sid) / "started").read_text() == "ran\n"  # never re-run
+    assert_one_run(later)
+    (end,) = of_type(later, "TOOL_END")
+    assert not end["data"]["is_error"] and end["data"]["output"].strip() == "used again"
+    me = actor(host, "executor-1")
+    assert me["pid"] == executor and me["restarts"] == 0  # the same process, used again
+
+
+def test_a_silent_llm_caller_is_dead_and_its_call_made_again(host, tmp_path):
+    caller = actor(host, "llm-1")["pid"]
+
+    async def scenario():
+        async with Client.connect(Path(host)) as client:
+            started = await client.start("#stream talk", cwd=str(tmp_path))
+            events: list[dict[str, Any]] = []
+            view = client.events(started.session, started.from_seq, stop_at="first")
+            async for event in view:
+                events.append(event)
+                if event["type"] == "TOKEN":
+                    break
+            os.kill(caller, signal.SIGSTOP)
+            try:
+                async for event in view:
+                    events.append(event)
+                    if event["type"] == "RETRY":
+                        break
+                dead = await workers(client)
+            finally:
+                os.kill(caller, signal.SIGCONT)
+            # The only caller: the call waits for it to come back, then goes to it.
+            events += [e async for e in view]
+            return events, dead
+
+    events, dead = asyncio.run(scenario())
+    assert_one_run(events)
+    (retry,) = of_type(events, "RETRY")  # one: the caller came back announcing itself once
+    assert "missed 3 heartbeats" in retry["data"]["error"]
+    assert dead["llm"] == 0
+    assert events[-1]["type"] == "DONE", events[-1]["data"]
+    # The call made again streamed the answer; nothing the stalled one still sent leaked in.
+    after = events[events.index(retry):]
+    assert "".join(e["data"]["text"] for e in of_type(after, "TOKEN")) == "carried on"
+    assert events[-1]["data"]["text"] == "carried on"
+    me = actor(host, "llm-1")
+    assert me["pid"] == caller and me["restarts"] == 0
+
+
 def test_a_restart_storm_marks_the_actor_failed_and_the_host_goes_on(short_home):
     with running_host(short_home) as home:
         kills = 0
