@@ -111,6 +111,8 @@ def actor_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     rows += [dict(a) for a in state["actors"]]
     procs = {}
     for row in rows:
+        if not row["pid"]:
+            continue  # not running (psutil.Process(None) would be this very process)
         with contextlib.suppress(psutil.Error, TypeError):
             p = psutil.Process(row["pid"])
             p.cpu_percent(None)
@@ -163,6 +165,11 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{_fmt(r['cpu_percent']):>7}{_fmt(r['cpu_s']):>8}{_fmt(r['rss_mb']):>8}")
     total = sum(r["rss_mb"] or 0 for r in rows)
     print(f"{'total':<15}{'':>44}{total:>8.1f}")
+    for r in rows:
+        if r["state"] == "failed":
+            print(f"{r['name']} FAILED: it kept dying, so the host stopped restarting it "
+                  f"(the others go on; see {state['home']}/host.log, then `oploop down` "
+                  f"and `oploop up`)")
     running = sum(1 for s in sessions if s["state"] == "running")
     print(f"sessions: {len(sessions)} ({running} running)")
     for s in sessions:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -74,6 +75,10 @@ class Worker(ABC):
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self._liveness: Liveness[str] = Liveness()
         self._aborted: set[str] = set()
+        #: Every message on `work` is numbered (its envelope id); the supervisor's
+        #: `Disconnect` carries the number of the message it answers.
+        self._sent = itertools.count(1)
+        self._ready_no = 0  # the number of our latest Ready
         self._group: asyncio.TaskGroup | None = None
 
     # -- what a role provides ----------------------------------------------------------
@@ -88,19 +93,22 @@ class Worker(ABC):
 
     # -- protocol ----------------------------------------------------------------------
 
-    def send(self, body: Body, job: str = "", sid: str = "") -> None:
-        """Send `body` to the supervisor on the work socket (dropped if it is gone)."""
+    def send(self, body: Body, job: str = "", sid: str = "") -> int:
+        """Send `body` to the supervisor on the work socket (dropped if it is gone);
+        returns the message's number."""
+        number = next(self._sent)
         try:
-            self.work.send(Envelope(body, job=job, sid=sid))
+            self.work.send(Envelope(body, id=str(number), job=job, sid=sid))
         except BusError as exc:
             log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+        return number
 
     def progress(self, env: Envelope, body: Body) -> None:
         """Send an intermediate message (delta, retrying) for the job of `env`."""
         self.send(body, job=env.job, sid=env.sid)
 
     def _say_ready(self) -> None:
-        self.send(Ready(self.role, self.capacity, self.tools()))
+        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools()))
         try:
             self.control.send(Envelope(ControlHello(self.worker_id)))
         except BusError:
@@ -131,6 +139,11 @@ class Worker(ABC):
         if isinstance(body, Heartbeat):
             return
         if isinstance(body, Disconnect):
+            if self._answers_an_old_message(env.id):
+                # It was sent before our latest Ready reached the supervisor (we had
+                # noticed its silence and announced ourselves meanwhile): that Ready is
+                # the answer. Another would have it write off jobs it sends us meanwhile.
+                return
             # The supervisor does not know us (it restarted, or declared us dead): the
             # jobs we hold are answered by it already, as lost. Stop them, so that no
             # tool of a forgotten job goes on running, then announce ourselves again.
@@ -142,6 +155,14 @@ class Worker(ABC):
             return
         assert self._group is not None
         self.jobs[env.job] = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+
+    def _answers_an_old_message(self, answered: str) -> bool:
+        """Whether a `Disconnect` answering our message number `answered` predates
+        our latest Ready (no number: we cannot tell, so it does not)."""
+        try:
+            return int(answered) < self._ready_no
+        except ValueError:
+            return False
 
     def _abandon_jobs(self) -> None:
         """Cancel every job in hand (each ends as an aborted one)."""

@@ -252,7 +252,12 @@ class Heartbeat(Body):
 
 @dataclass(frozen=True, slots=True)
 class Disconnect(Body):
-    """Either way on `work`: forget me (worker leaving) / I do not know you, say `Ready`."""
+    """Either way on `work`: forget me (worker leaving) / I do not know you, say `Ready`.
+
+    Workers number their messages (the envelope `id`); the supervisor's `Disconnect`
+    carries the id of the message it answers, so that a worker can tell one that
+    predates its latest `Ready` (and ignore it) from one that does not.
+    """
 
     KIND: ClassVar[str] = "disconnect"
 

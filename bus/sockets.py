@@ -91,6 +91,8 @@ class Port:
         self.topical = sock.type in _TOPICAL
         self.received = 0
         self.rejected: Counter[str] = Counter()
+        #: Replies dropped because their requester had gone (see `reply`).
+        self.undelivered = 0
         self.closed = False
         #: Send-only sockets are never drained (recv on them is an error).
         self.receives = sock.type not in _SEND_ONLY
@@ -135,12 +137,21 @@ class Port:
             self.pending = True  # the send may have consumed the edge of an incoming message
             self.reactor.kick()
 
+    def reply(self, env: Envelope, peer: bytes | None) -> bool:
+        """Answer a request; False (counted in `undelivered`, never raised) when the
+        requester has gone or stopped reading. A reply is the last thing a handler
+        does for a request, so its failing must not undo or skip what it answers."""
+        try:
+            self.send(env, peer)
+        except (PeerGone, Backpressure, Closed) as exc:
+            self.undelivered += 1
+            log.info("%s: %s reply to %r not delivered: %s", self.name, env.kind, peer, exc)
+            return False
+        return True
+
     def reply_error(self, peer: bytes | None, req_id: str, code: str, message: str) -> None:
         """Answer a request with an `ErrorReply`, ignoring a peer that went away."""
-        try:
-            self.send(Envelope(ErrorReply(code, message), id=req_id), peer)
-        except (PeerGone, Backpressure, Closed):
-            log.debug("%s: could not deliver error reply to %r", self.name, peer)
+        self.reply(Envelope(ErrorReply(code, message), id=req_id), peer)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -252,8 +263,10 @@ class Port:
             self.sock.close(linger=0)
 
     def statistics(self) -> dict[str, Any]:
-        """Counters of this port: messages received, frames rejected by reason."""
-        return {"received": self.received, "rejected": dict(self.rejected)}
+        """Counters of this port: messages received, frames rejected by reason,
+        replies not delivered."""
+        return {"received": self.received, "rejected": dict(self.rejected),
+                "undelivered": self.undelivered}
 
 
 class Reactor:

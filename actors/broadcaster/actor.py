@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 import zmq
@@ -47,6 +48,7 @@ class Broadcaster:
         self.retention = retention or Retention.from_env()
         self.reactor = Reactor()
         self.viewers = 0
+        self._subscribed: Counter[bytes] = Counter()  # viewers per topic
         self.refused: dict[str, int] = {}
         self.gate = endpoints.gate()  # admits CURVE clients; before any bind
         self.replay = self.reactor.add(
@@ -122,15 +124,27 @@ class Broadcaster:
     # -- viewers -----------------------------------------------------------------------
 
     def handle_subscription(self, frames: list[bytes]) -> None:
-        """Count viewers from XPUB (un)subscription notices."""
-        if len(frames) == 1 and frames[0][:1] in (b"\x00", b"\x01"):
-            self.viewers += 1 if frames[0][:1] == b"\x01" else -1
+        """Count viewers from XPUB (un)subscription notices; anything else a peer sends
+        upstream on `events` is ignored (viewers only read)."""
+        if len(frames) != 1 or frames[0][:1] not in (b"\x00", b"\x01"):
+            return
+        topic = frames[0][1:]
+        if frames[0][:1] == b"\x01":
+            self._subscribed[topic] += 1
+            self.viewers += 1
+        elif self._subscribed[topic] > 0:
+            # XPUB passes on an unsubscription of a topic nobody subscribed (a raw
+            # client can send one): counted, it would make `viewers` lie, even negative.
+            self._subscribed[topic] -= 1
+            self.viewers -= 1
+            if not self._subscribed[topic]:
+                del self._subscribed[topic]
 
     def handle_replay(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         """Answer `ReplayRequest` (events of a session from a seq) and `Stats`."""
         body = env.body
         if isinstance(body, Stats):
-            self.replay.send(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+            self.replay.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
             return
         if not isinstance(body, ReplayRequest):
             self.replay.reply_error(peer, env.id, "bad_request", f"replay does not serve {env.kind}")
@@ -150,10 +164,7 @@ class Broadcaster:
             log.error("replay of %s failed: %s", env.sid, exc)
             self.replay.reply_error(peer, env.id, "unavailable", "the event store cannot be read")
             return
-        try:
-            self.replay.send(Envelope(ReplayBatch(frames, last, more), id=env.id, sid=env.sid), peer)
-        except BusError as exc:
-            log.info("replay reply to %r dropped: %s", peer, exc)
+        self.replay.reply(Envelope(ReplayBatch(frames, last, more), id=env.id, sid=env.sid), peer)
 
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1

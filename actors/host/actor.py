@@ -58,10 +58,12 @@ class Child:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
 
     def describe(self) -> dict[str, Any]:
-        """The child as written to the state file."""
+        """The child as written to the state file (no pid while it is not alive: a
+        dead one's pid may already be another process's)."""
+        alive = self.proc is not None and self.proc.returncode is None
         return {
             "name": self.name,
-            "pid": self.proc.pid if self.proc else None,
+            "pid": self.proc.pid if alive and self.proc else None,
             "restarts": self.restarts,
             "state": self.state,
             "started": self.started,
@@ -234,6 +236,8 @@ class Host:
             self._write_state("ready")
 
     def _write_state(self, state: str) -> None:
+        if state == "ready" and any(c.state == "failed" for c in self.children):
+            state = "degraded"  # until the host stops: a failed actor stays failed
         data = {"pid": os.getpid(), "state": state, "home": str(self.home),
                 "offline": self.offline, "actors": [c.describe() for c in self.children],
                 "listen": self.network.listen if self.network else None,

@@ -149,7 +149,7 @@ class Supervisor:
             self._publish(frame, sid, seq)
         replies, self._after_commit = self._after_commit, []
         for port, env, peer in replies:
-            port.send(env, peer)
+            port.reply(env, peer)
 
     def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
         """Send `env` (on `port`, default the api) once what this iteration emitted is
@@ -159,7 +159,7 @@ class Supervisor:
         if self._flush_scheduled:
             self._after_commit.append((port, env, peer))
         else:
-            port.send(env, peer)
+            port.reply(env, peer)
 
     def _remember_start(self, key: str, started: RunStarted) -> None:
         if not key:
@@ -198,14 +198,14 @@ class Supervisor:
         if isinstance(body, StartRun):
             self._start_run(peer, env, body)
         elif isinstance(body, ListSessions):
-            port.send(Envelope(SessionList([s.summary() for s in self.sessions.values()]),
-                               id=env.id), peer)
+            port.reply(Envelope(SessionList([s.summary() for s in self.sessions.values()]),
+                                id=env.id), peer)
         elif isinstance(body, InspectSession):
             session = self.sessions.get(body.session)
             if session is None:
                 port.reply_error(peer, env.id, "unknown_session", f"no session {body.session!r}")
                 return
-            port.send(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
+            port.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
         elif isinstance(body, ListTools):
             agent = self.config.agent(body.agent)
             if agent is None:
@@ -216,15 +216,15 @@ class Supervisor:
             first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
             later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
             listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later) for t in tools]
-            port.send(Envelope(ToolList(listed), id=env.id), peer)
+            port.reply(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
-            port.send(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+            port.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
         elif isinstance(body, Cancel):
             # Accepted here too (the same rules), but behind the api's data; the
             # control socket is the fast path (`scripts/bench` compares the two).
             self._cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
-            port.send(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
+            port.reply(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
 
@@ -241,10 +241,12 @@ class Supervisor:
                                  f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
         if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
             return "bad_request", "max_turns and deadline_s must be >= 0"
-        running = sum(1 for s in self.sessions.values() if s.state == "running")
+        # A run counts until its terminal event, not until its task has unwound.
+        running = sum(1 for s in self.sessions.values() if not s.run_over)
         if running >= limits.max_running_sessions:
             return "busy", (f"{running} sessions are running, the limit "
-                            f"(limits.max_running_sessions)")
+                            f"(limits.max_running_sessions = {limits.max_running_sessions}): "
+                            f"try again when one has ended")
         if req.session:
             session = self.sessions.get(req.session)
             if session is None:
@@ -275,19 +277,21 @@ class Supervisor:
         from_seq = session.next_seq
         session.run_from_seq, session.start_key = from_seq, req.key
         limit = begin_run(session, self.io, req.prompt, req.max_turns, req.deadline_s)
-        started = RunStarted(session.id, session.runs, from_seq)
-        self._remember_start(req.key, started)
-        self._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
         assert self._group is not None
         task = self._group.create_task(
             self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
         )
         session.task = task
         task.add_done_callback(lambda t: self._run_ended(session, t))
+        # Replied last (once journaled), and a client gone by now changes nothing: the
+        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
+        started = RunStarted(session.id, session.runs, from_seq)
+        self._remember_start(req.key, started)
+        self._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
 
     def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
-        if session.task is not task:
-            return  # a newer run owns the session now
+        if session.task is not task or session.suspended:
+            return  # a newer run owns the session now, or the next supervisor will
         session.task = None
         session.state = "idle"
         if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
@@ -401,8 +405,21 @@ class Supervisor:
             "auth": self.gate.statistics() if self.gate else {},
         }
 
+    def _suspend_runs(self) -> None:
+        """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run
+        open as journaled, to be resumed by the next supervisor, rather than end it.
+        Its jobs are still aborted as its tasks unwind, so no tool outlives it."""
+        suspended = 0
+        for session in self.sessions.values():
+            if session.task is not None and not session.task.done():
+                session.suspended = True
+                suspended += not session.run_over
+        if suspended:
+            log.warning("stopping: %d running session(s) left to resume at the next start",
+                        suspended)
+
     async def serve(self) -> None:
-        """Serve until cancelled."""
+        """Serve until cancelled; runs in flight then are left to the next supervisor."""
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
@@ -411,6 +428,11 @@ class Supervisor:
                 group.create_task(self._drain_outbox(), name="outbox")
                 self.resume_journaled()
                 notify_ready()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    self._suspend_runs()
+                    raise
         finally:
             if self.journal is not None:
                 if self._unjournaled or self._dirty:

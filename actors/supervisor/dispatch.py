@@ -207,7 +207,8 @@ class Dispatcher:
                 # re-announce, once: its queued messages must not each draw a
                 # Disconnect, or it would answer with as many Readys.
                 self._told.add(peer)
-                self._send_quiet(peer, Disconnect())
+                # Its number tells the worker whether this predates its latest Ready.
+                self._send_quiet(peer, Disconnect(), answering=env.id)
             return
         if isinstance(body, Heartbeat):
             return
@@ -290,6 +291,7 @@ class Dispatcher:
                 job.on_progress(Envelope(
                     Retrying(job.dispatches, f"llm caller {reason}", 0.0), sid=job.env.sid, job=jid,
                 ))
+                self._rename(job)
                 self.queues["llm"].appendleft(job)
             else:
                 what = "executor" if worker.role == "tool" else "llm caller"
@@ -298,9 +300,19 @@ class Dispatcher:
             self.catalogue_changed.set()
         self._pump(worker.role)
 
-    def _send_quiet(self, peer: bytes, body: Body) -> None:
+    def _rename(self, job: Job) -> None:
+        """Give a job about to be re-issued a new id. A worker declared dead may be
+        alive (stalled, then back) and the job may go to it again: what it still
+        sends about the first dispatch (deltas, "aborted") names the old id and is
+        ignored, instead of being taken for news of the second."""
+        self.jobs.pop(job.id, None)
+        job.id = f"{self._prefix}{next(self._ids):x}"
+        job.env = dataclasses.replace(job.env, id=job.id, job=job.id)
+        self.jobs[job.id] = job
+
+    def _send_quiet(self, peer: bytes, body: Body, answering: str = "") -> None:
         try:
-            self.work.send(Envelope(body), peer)
+            self.work.send(Envelope(body, id=answering), peer)
         except BusError:
             pass
 

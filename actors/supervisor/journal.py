@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS events (
 #: Session fields a snapshot carries (the rest is runtime state: tasks, hooks).
 _FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
            "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
-           "run_from_seq", "start_key")
+           "run_from_seq", "start_key", "started_calls")
 
 
 class Journal:

@@ -95,6 +95,11 @@ class Session:
     start_key: str = ""
     #: Outcomes of the current reply's tool calls that have finished, by call id.
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
+    #: Ids of the current reply's tool calls whose `TOOL_START` went out.
+    started_calls: list[str] = field(default_factory=list)
+    #: The supervisor is stopping: the run is left open, as journaled, for the next
+    #: supervisor to resume; it is not ended (cancelled) on the way out.
+    suspended: bool = False
     #: What the turn path need not redo each turn (sanitising, history deltas).
     turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
 
@@ -186,6 +191,7 @@ def begin_run(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
     session.run_over = False
     session.partial.clear()
     session.outcomes.clear()
+    session.started_calls.clear()
     session.run_limit, session.run_turn = limit, 0
     session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
     emit(session, io, "SESSION_START", 0, {
@@ -205,15 +211,24 @@ def resume_run(session: Session, io: LoopIO, reason: str) -> int:
     """Pick up a run a supervisor restart interrupted; returns the turn to go on from.
 
     A reply whose tools were running keeps the results that were recorded and
-    gets `INTERRUPTED` for the others (never a re-run: tools have side effects);
-    a model call in flight starts again (text streamed since the turn's
-    `TURN_START` is void, as after a `RETRY`).
+    gets `INTERRUPTED` for the others (never a re-run: tools have side effects),
+    each started one with its `TOOL_END`, so that viewers see it end; a model
+    call in flight starts again (text streamed since the turn's `TURN_START` is
+    void, as after a `RETRY`).
     """
     emit(session, io, "RESUMED", session.run_turn, {"reason": reason})
     session.partial.clear()
     last = session.history[-1] if session.history else {}
     if last.get("role") == "assistant" and tool_calls(last):
+        for call in tool_calls(last):
+            if call.id in session.started_calls and call.id not in session.outcomes:
+                emit(session, io, "TOOL_END", session.run_turn, {
+                    "tool_use_id": call.id, "name": call.name, "is_error": True,
+                    "output": INTERRUPTED, "duration_ms": 0.0,
+                })
         close_open_calls(session.history, INTERRUPTED, session.outcomes)
+        session.outcomes.clear()
+        session.started_calls.clear()
         emit(session, io, "TURN_END", session.run_turn, {"stop": "tool_use"})
         return session.run_turn + 1
     return max(1, session.run_turn)
@@ -231,7 +246,8 @@ async def drive_run(session: Session, io: LoopIO, limit: int, first_turn: int = 
     except StopRun as stop:
         finish_cancelled(session, io, stop.mode, run=run)
     except asyncio.CancelledError:
-        finish_cancelled(session, io, "ui", run=run)
+        if not session.suspended:
+            finish_cancelled(session, io, "ui", run=run)
         raise
     except TimeoutError:
         if not deadline.expired():
@@ -342,9 +358,11 @@ async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 
             check_stop(session)
             offered = {t["name"] for t in tools}
             session.outcomes.clear()
+            session.started_calls.clear()
             outcomes = await run_calls(session, io, step.calls, offered, turn)
             session.history.append(results_message(step.calls, outcomes))
             session.outcomes.clear()
+            session.started_calls.clear()
             emit(session, io, "TURN_END", turn, {"stop": "tool_use"})
         elif isinstance(step, Continue):
             emit(session, io, "TURN_END", turn, {"stop": step.reason})
@@ -390,6 +408,7 @@ async def run_calls(
             emit(session, io, "TOOL_START", turn, {
                 "tool_use_id": call.id, "name": call.name, "input": call.input,
             })
+            session.started_calls.append(call.id)
             if call.name in offered:
                 outcome = await io.run_tool(session, call, timeout_s=agent.tool_timeout_s)
             else:  # hidden or unknown: never run, and the refusal names no hidden tool

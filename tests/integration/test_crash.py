@@ -182,3 +182,51 @@ def test_start_lost_with_the_supervisor_is_sent_again_and_runs_once(host, tmp_pa
     assert_one_run(events, started.from_seq)
     assert events[-1]["type"] == "DONE"
     assert [s["session"] for s in sessions] == [started.session]
+
+
+def test_host_killed_mid_tool_then_up_again_resumes_the_session(short_home, tmp_path):
+    scenario = tmp_path / "scenario.json"
+    once = {"reply": [{"type": "tool_use", "name": "shell",
+                       "input": {"command": f"echo ran >> started; exec sleep {MARK}0"}}]}
+    scenario.write_text(json.dumps({"scripts": {"tool": [once, OK]}}))
+    env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}
+    up = oploop(short_home, "up", "--detach", env=env)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((Path(short_home) / "run" / "host.json").read_text())
+    procs = [psutil.Process(a["pid"]) for a in state["actors"]]
+
+    async def start_and_kill_the_host():
+        async with Client.connect(Path(short_home)) as client:
+            started = await client.start("#tool go", cwd=str(tmp_path))
+            when = tool_started(short_home)
+            async for event in client.events(started.session, started.from_seq):
+                if await when(event):
+                    break
+            os.kill(state["pid"], signal.SIGKILL)
+            return started.session
+
+    sid = asyncio.run(start_and_kill_the_host())
+    _, alive = psutil.wait_procs(procs, timeout=15)
+    assert not alive, [p.pid for p in alive]
+    asyncio.run(until(lambda: not marked(), what="the tool to die with its executor"))
+    # The next host's model is a new process: it plays on from the turn after the tool.
+    scenario.write_text(json.dumps({"scripts": {"tool": [OK]}}))
+
+    async def watch_it_end():
+        async with Client.connect(Path(short_home)) as client:
+            events = [e async for e in client.events(sid, 1, stop_at="first")]
+            return events, await client.inspect(sid)
+
+    with running_host(short_home, env):
+        events, info = asyncio.run(watch_it_end())
+    assert_one_run(events)
+    assert [e["type"] for e in events].count("RESUMED") == 1
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "carried on"
+    (start,) = of_type(events, "TOOL_START")
+    (end,) = of_type(events, "TOOL_END")  # the viewer sees the tool end, interrupted
+    assert end["data"]["tool_use_id"] == start["data"]["tool_use_id"]
+    assert end["data"]["is_error"] and end["data"]["output"].startswith("interrupted")
+    result = info.history[2]["content"][0]
+    assert result["is_error"] and result["content"].startswith("interrupted")
+    assert info.summary["state"] == "idle" and info.summary["runs"] == 1
+    assert (workspace(short_home, sid) / "started").read_text() == "ran\n"  # run once, ever

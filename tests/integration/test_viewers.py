@@ -72,33 +72,38 @@ def assert_contiguous_to_one_terminal(events: list[dict[str, Any]]) -> None:
 # -- a real host, a session held at a gate -------------------------------------------------
 
 
-def gated_scenario(tmp_path: Path) -> tuple[Path, Path]:
+def gated_scenario(tmp_path: Path) -> Path:
     """A scenario whose first turn streams text, then runs a shell tool that waits for
-    `gate` to exist; the second turn streams more text and ends."""
-    gate = tmp_path / "gate"
+    a file `gate` to exist in its workspace (the only place of the host's the sandbox
+    lets it see); the second turn streams more text and ends."""
     words = " ".join(f"word{i}" for i in range(150))
     scenario = tmp_path / "gated.json"
     scenario.write_text(json.dumps([
         {"reply": [
             {"type": "text", "text": f"first turn: {words}"},
             {"type": "tool_use", "name": "shell", "input": {
-                "command": f"while [ ! -e {gate} ]; do sleep 0.02; done; echo opened",
+                "command": "while [ ! -e gate ]; do sleep 0.02; done; echo opened",
                 "timeout_s": 50}},
         ]},
         {"reply": f"second turn: {words}", "stop_reason": "end_turn"},
     ]))
-    return scenario, gate
+    return scenario
 
 
 @pytest.fixture
 def gated_host(short_home, tmp_path):
-    """A host whose sessions stop at a gate; yields (home, gate file)."""
-    scenario, gate = gated_scenario(tmp_path)
+    """A host whose sessions stop at a gate; yields (home, a function opening the gate
+    of a session)."""
+    scenario = gated_scenario(tmp_path)
     # One event per streamed word: a few hundred events per session.
     env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario), "OPLOOP_TOKEN_BATCH_MS": "0"}
     up = oploop(short_home, "up", "--detach", env=env)
     assert up.returncode == 0, up.stderr
-    yield short_home, gate
+
+    def open_gate(session: str) -> None:
+        (Path(short_home) / "workspaces" / session / "gate").touch()
+
+    yield short_home, open_gate
     down = oploop(short_home, "down")
     assert down.returncode == 0, down.stderr
     assert not Endpoints.for_home(Path(short_home)).socket_files()
@@ -125,7 +130,7 @@ def watch_process(home: str, session: str, *args: str) -> subprocess.Popen[str]:
 
 
 def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):
-    home, gate = gated_host
+    home, open_gate = gated_host
 
     async def scenario():
         async with Client.connect(Path(home)) as client:
@@ -147,7 +152,7 @@ def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):
             doomed.communicate()
             resumed = watch_process(home, run.session, "--from-seq", str(seen[-1]["seq"] + 1))
 
-            gate.touch()
+            open_gate(run.session)
             async for ev in stream:
                 first.append(ev)
             async for ev in late_stream:
@@ -161,6 +166,8 @@ def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):
     first, late, restarted, after, sid = asyncio.run(scenario())
     assert_contiguous_to_one_terminal(first)
     assert first[-1]["type"] == "DONE" and len(first) > 300
+    (tool,) = [e["data"] for e in first if e["type"] == "TOOL_END"]
+    assert tool["output"].strip() == "opened"  # the gate opened: no timeout
     assert late == first and restarted == first and after == first
     no_follow = oploop(home, "watch", "--json", "--no-follow", sid)
     assert no_follow.returncode == 0, no_follow.stderr
@@ -168,7 +175,7 @@ def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):
 
 
 def test_broadcaster_killed_mid_session_loses_nothing(gated_host):
-    home, gate = gated_host
+    home, open_gate = gated_host
 
     async def scenario():
         async with Client.connect(Path(home)) as client:
@@ -180,7 +187,7 @@ def test_broadcaster_killed_mid_session_loses_nothing(gated_host):
             os.kill(broadcaster, signal.SIGKILL)
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(broadcaster).wait(10)
-            gate.touch()  # the second turn streams while the broadcaster is away
+            open_gate(run.session)  # the second turn streams while the broadcaster is away
             async for ev in stream:
                 seen.append(ev)
             stats = await client.broadcaster_stats()
