@@ -94,6 +94,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     if state is None:
         return fail(f"no host is running in {oploop_home()}")
     try:
+        running = [s["session"] for s in asyncio.run(_sessions(timeout=2.0))
+                   if s["state"] == "running"]
+    except BusError:  # a supervisor that does not answer is stopped all the same
+        running = []
+    try:
         proc = psutil.Process(state["pid"])
         proc.terminate()
         proc.wait(timeout=15)
@@ -102,6 +107,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     except psutil.TimeoutExpired:
         return fail(f"host {state['pid']} did not stop within 15 s")
     print("oploop: host stopped")
+    if running:
+        # Runs are journaled, not ended: say so, since they go on at the next `up`.
+        print(f"oploop: {len(running)} running session(s) will resume at the next "
+              f"`oploop up` in this home ({', '.join(running)}); to end a run instead, "
+              "`oploop cancel` it before `oploop down`")
     return EXIT_OK
 
 
@@ -130,9 +140,9 @@ def actor_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-async def _sessions() -> list[dict[str, Any]]:
+async def _sessions(timeout: float = 5.0) -> list[dict[str, Any]]:
     async with Client.connect() as client:
-        return await client.sessions()
+        return await client.sessions(timeout=timeout)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

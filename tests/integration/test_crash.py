@@ -184,7 +184,8 @@ def test_start_lost_with_the_supervisor_is_sent_again_and_runs_once(host, tmp_pa
     assert [s["session"] for s in sessions] == [started.session]
 
 
-def test_host_killed_mid_tool_then_up_again_resumes_the_session(short_home, tmp_path):
+@pytest.mark.parametrize("stop", ["SIGKILL", "oploop down"])
+def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp_path, stop):
     scenario = tmp_path / "scenario.json"
     once = {"reply": [{"type": "tool_use", "name": "shell",
                        "input": {"command": f"echo ran >> started; exec sleep {MARK}0"}}]}
@@ -202,7 +203,13 @@ def test_host_killed_mid_tool_then_up_again_resumes_the_session(short_home, tmp_
             async for event in client.events(started.session, started.from_seq):
                 if await when(event):
                     break
-            os.kill(state["pid"], signal.SIGKILL)
+            if stop == "SIGKILL":
+                os.kill(state["pid"], signal.SIGKILL)
+            else:  # a deliberate stop journals the run too, and says it will resume
+                down = oploop(short_home, "down")
+                assert down.returncode == 0, down.stderr
+                assert "1 running session(s) will resume" in down.stdout
+                assert started.session in down.stdout
             return started.session
 
     sid = asyncio.run(start_and_kill_the_host())
