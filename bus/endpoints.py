@@ -23,10 +23,8 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import zmq
 
 from bus.security import ClientKeys, Gate, Keyring
 
@@ -37,6 +35,9 @@ ENDPOINT_NAMES = ("api", "control", "work", "ingest", "events", "replay")
 PUBLIC_ENDPOINTS = ("api", "control", "work", "events", "replay")
 
 NETWORK_FILE = "network.json"
+
+if TYPE_CHECKING:
+    import zmq
 
 #: Applies socket options (CURVE) to a socket before it binds or connects.
 Secure = Callable[["zmq.Socket[Any]"], None]

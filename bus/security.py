@@ -39,13 +39,14 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import zmq
-import zmq.auth
-import zmq.utils.z85
+from typing import TYPE_CHECKING, Any
 
 from bus.errors import BusError
+
+# pyzmq is imported where keys are made or checked, not here: the host process,
+# which only makes sure the keys exist, then never loads libzmq (~4 MiB of RSS).
+if TYPE_CHECKING:
+    import zmq
 
 log = logging.getLogger("oploop.security")
 
@@ -203,7 +204,9 @@ class Keyring:
 
     def role_of_key(self, key: bytes) -> str:
         """The role of an admitted public key (raw or z85): "local" for the local key."""
-        z85 = key if len(key) == 40 else zmq.utils.z85.encode(key)
+        from zmq.utils import z85 as codec
+
+        z85 = key if len(key) == 40 else codec.encode(key)
         if z85 == self._local_key():
             return "local"
         return next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
@@ -224,6 +227,8 @@ class Keyring:
             cached = self._cache.get(role)
             if cached is not None and cached[0] == mtime:
                 return cached[1]
+            import zmq.auth
+
             keys = frozenset(zmq.auth.load_certificates(folder))
             self._cache[role] = (mtime, keys)
             return keys
@@ -241,7 +246,8 @@ class Gate:
     def __init__(self, keyring: Keyring, ctx: zmq.Context[Any] | None = None) -> None:
         self.keyring = keyring
         self.counts: Counter[str] = Counter()
-        from zmq.auth.thread import ThreadAuthenticator  # only hosts serving TCP need it
+        import zmq
+        from zmq.auth.thread import ThreadAuthenticator
 
         self._auth = ThreadAuthenticator(ctx or zmq.Context.instance(), log=log)
         # The User-Id each admitted connection's messages carry: its key's role.
@@ -277,6 +283,8 @@ class Gate:
 
 def _create(folder: Path, name: str) -> None:
     """A new keypair as `name.key` (0644: public) and `name.key_secret` (0600)."""
+    import zmq.auth
+
     old = os.umask(0o077)  # the secret is never readable by others, not even briefly
     try:
         public, secret = zmq.auth.create_certificates(folder, name)
@@ -287,6 +295,8 @@ def _create(folder: Path, name: str) -> None:
 
 def _load(path: Path) -> tuple[bytes, bytes | None]:
     """(public, secret) of a key file; refuses a secret file others can read."""
+    import zmq.auth
+
     try:
         public, secret = zmq.auth.load_certificate(path)
         mode = stat.S_IMODE(path.stat().st_mode)
