@@ -101,6 +101,14 @@ def _read_all(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+@dataclass(frozen=True, slots=True)
+class SandboxStatistics:
+    """What a sandbox holds now; between calls, a long-running executor holds nothing."""
+
+    launchers: int  # launchers started and not yet closed
+    call_cgroups: int  # call cgroup directories present (one per hierarchy per call)
+
+
 class Sandbox:
     """Runs risky tools under their policies; one per executor process."""
 
@@ -152,6 +160,11 @@ class Sandbox:
             self._fork.close()
         if self._cgroups is not None:
             self._cgroups.close()
+
+    def statistics(self) -> SandboxStatistics:
+        """Launchers and call cgroups held now (a leak shows as a count that stays up)."""
+        cgroups = len(self._cgroups.calls()) if self._cgroups is not None else 0
+        return SandboxStatistics(len(self._launchers), cgroups)
 
     # -- workspaces and policies ---------------------------------------------------------
 
