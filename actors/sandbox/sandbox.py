@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.tools.process import Spawner, ToolRefused, release
+from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
 from . import bwrap, seccomp
 from . import launcher as launcher_mod
@@ -278,6 +278,20 @@ class Sandbox:
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
         spec = self._spec(policy, cwd, call, argv=argv, write=write)
+        try:
+            return await self._start(spec, call)
+        except BaseException:
+            if call is not None:
+                # Cancelled (or failed) after the launcher was started: it is killed and
+                # reaped by now, but may have made the call's cgroup, and forked into it.
+                await run_to_end(_remove_when_empty(call))
+            raise
+
+    async def _start(self, spec: dict[str, object], call: CallCgroup | None) -> SandboxedChild:
+        """Start the launcher: forked by the fork server, or exec'd if that is gone.
+
+        A cancellation meanwhile kills and reaps a launcher already started.
+        """
         if self._fork is not None:
             try:
                 return await self._launch_forked(spec, call)
