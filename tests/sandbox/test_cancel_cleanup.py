@@ -168,6 +168,46 @@ def test_second_cancel_during_clean_up(host: Host) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("abort", [False, True], ids=["timeout", "timeout-then-abort"])
+def test_job_timeout(host: Host, abort: bool) -> None:
+    """The executor's job timeout (a scope around the tool) fires while the tool runs,
+    alone or followed by an Abort during the clean-up: still a TimeoutError when alone
+    (the executor answers "timed out"), a cancellation with the Abort."""
+    need("cgroup", "cgroup_kill")
+    tok = token()
+
+    async def scenario() -> None:
+        fds = await warm_up(host)
+        task: asyncio.Task[object] | None = None
+
+        def maybe_abort() -> None:
+            if abort:
+                assert task is not None
+                task.cancel()
+
+        spawn = hooked(host.sandbox.spawner("shell", host.policy), maybe_abort)
+        scopes: list[asyncio.Timeout] = []
+
+        async def job() -> object:
+            # As Executor.perform: the job's timeout is a scope around the tool.
+            async with asyncio.timeout(None) as scope:
+                scopes.append(scope)
+                return await run_command(f"exec sleep 1000.{tok}", host.workspace,
+                                         timeout_s=60, cap=1024, spawn=spawn)
+
+        task = asyncio.create_task(job())
+        await wait_processes(tok, 1)
+        scopes[0].reschedule(asyncio.get_running_loop().time())  # expires now
+        if abort:
+            await cancelled(task)
+        else:
+            with pytest.raises(TimeoutError):
+                await task
+        assert_nothing_left(host.sandbox, tok, fds)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("tool", ["shell", "write_file"])
 def test_cancel_during_launch(host: Host, tool: str) -> None:
     """Cancelled after the fork server forked the launcher, before the launch returned."""
