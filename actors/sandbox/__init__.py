@@ -18,7 +18,7 @@ from . import bwrap
 from .cgroups import Limits
 from .layers import layers_report, machine_layers
 from .policy import LAYERS, Policy, PolicyError, SandboxConfig
-from .sandbox import Sandbox, SandboxedChild, SandboxRefused
+from .sandbox import Sandbox, SandboxedChild, SandboxRefused, SandboxStatistics
 
 __all__ = [
     "bwrap",
@@ -29,6 +29,7 @@ __all__ = [
     "Sandbox",
     "SandboxConfig",
     "SandboxRefused",
+    "SandboxStatistics",
     "SandboxedChild",
     "layers_report",
     "machine_layers",

@@ -275,6 +275,14 @@ class CgroupTree:
             freezer = self.hier.v1["freezer"] / ROOT_NAME / self.owner / name
         return CallCgroup(dirs, v2, freezer)
 
+    def calls(self) -> list[Path]:
+        """The call directories of this executor present now, in every hierarchy."""
+        found: list[Path] = []
+        for root in self._roots:
+            with contextlib.suppress(OSError):
+                found.extend(d for d in (root / self.owner).iterdir() if d.is_dir())
+        return found
+
     def prepare(self) -> None:
         """Create this executor's directories (the launcher only makes the call's own)."""
         for root in self._roots:

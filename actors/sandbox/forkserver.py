@@ -20,6 +20,8 @@ import sys
 import threading
 from pathlib import Path
 
+from actors.tools.process import run_to_end
+
 _DIR = str(Path(__file__).resolve().parent)
 BOOTSTRAP = (
     f"import sys; sys.path[:0] = [{_DIR!r}]; import zygote; zygote.serve(*map(int, sys.argv[1:]))"
@@ -34,14 +36,11 @@ class ForkServerGone(Exception):
 class ServedProcess:
     """A launcher forked by the server, with the parts of asyncio's Process that we use."""
 
-    def __init__(
-        self, pid: int, stdout: asyncio.StreamReader, transport: asyncio.BaseTransport,
-        status_fd: int,
-    ) -> None:
+    def __init__(self, pid: int, status_fd: int) -> None:
         self.pid = pid
-        self.stdout: asyncio.StreamReader | None = stdout
+        self.stdout: asyncio.StreamReader | None = None  # set by connect_stdout
         self.returncode: int | None = None
-        self._transport = transport
+        self._transport: asyncio.BaseTransport | None = None
         self._status_fd = status_fd
         self._status = b""
         try:
@@ -49,9 +48,19 @@ class ServedProcess:
         except ProcessLookupError:
             self._pidfd = -1
 
+    async def connect_stdout(self, fd: int) -> None:
+        """Read the launcher's output from the pipe `fd` (taken over: closed even on failure)."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        self._transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", 0)
+        )
+        self.stdout = reader
+
     def close_stdout(self) -> None:
         """Close our end of the output pipe."""
-        self._transport.close()
+        if self._transport is not None:
+            self._transport.close()
 
     def kill(self) -> None:
         """SIGKILL the launcher (through its pidfd: never a stranger with a reused pid)."""
@@ -146,12 +155,17 @@ class ForkServer:
         finally:
             for fd in (out_w, err_w, st_w):
                 os.close(fd)
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(loop=loop)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(out_r, "rb", 0)
-        )
-        return ServedProcess(pid, reader, transport, st_r), err_r
+        served = ServedProcess(pid, st_r)
+        try:
+            await served.connect_stdout(out_r)
+        except BaseException:
+            # Cancelled after the fork: the launcher runs, and only this call knows it.
+            # Kill it, and wait (whatever else is cancelled) until the server reaped it.
+            os.close(err_r)
+            served.kill()
+            await run_to_end(served.wait())
+            raise
+        return served, err_r
 
     def _request(self, fds: list[int]) -> int:
         with self._lock:

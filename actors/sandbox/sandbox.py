@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.tools.process import Spawner, ToolRefused
+from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
 from . import bwrap, seccomp
 from . import launcher as launcher_mod
@@ -78,18 +78,30 @@ class SandboxedChild:
                 self.process.kill()
 
     async def aclose(self) -> str:
-        """Wait until the cgroup is empty, remove it; return the launcher's refusal ("" if none)."""
+        """Wait until the cgroup is empty, remove it; return the launcher's refusal ("" if none).
+
+        Safe to call again after a cancellation cut it short: the cgroup steps
+        are redone harmlessly, the error pipe is closed (and `on_close` run) once.
+        """
         try:
-            if self.cgroup is not None:
-                if not await self.cgroup.wait_empty(_GONE_S):
-                    log.error("sandbox cgroup %s still populated after kill", self.cgroup.dirs[0])
-                self.cgroup.remove()
-            return _read_all(self.errfd)
+            if self.cgroup is not None and not await _remove_when_empty(self.cgroup):
+                log.error("sandbox cgroup %s still populated after kill", self.cgroup.dirs[0])
+            return _read_all(self.errfd) if self.errfd >= 0 else ""
         finally:
-            with contextlib.suppress(OSError):
-                os.close(self.errfd)
-            if self.on_close is not None:
-                self.on_close(self)
+            if self.errfd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self.errfd)
+                self.errfd = -1  # never closed twice: the number may be another file's by then
+                if self.on_close is not None:
+                    self.on_close(self)
+
+
+async def _remove_when_empty(cgroup: CallCgroup) -> bool:
+    """Kill what is left in `cgroup` until it is empty (bounded), then remove it;
+    False if it stayed populated."""
+    emptied = await cgroup.wait_empty(_GONE_S)
+    cgroup.remove()
+    return emptied
 
 
 def _read_all(fd: int) -> str:
@@ -99,6 +111,14 @@ def _read_all(fd: int) -> str:
         while chunk := os.read(fd, 4096):
             chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxStatistics:
+    """What a sandbox holds now; between calls, a long-running executor holds nothing."""
+
+    launchers: int  # launchers started and not yet closed
+    call_cgroups: int  # call cgroup directories present (one per hierarchy per call)
 
 
 class Sandbox:
@@ -152,6 +172,11 @@ class Sandbox:
             self._fork.close()
         if self._cgroups is not None:
             self._cgroups.close()
+
+    def statistics(self) -> SandboxStatistics:
+        """Launchers and call cgroups held now (a leak shows as a count that stays up)."""
+        cgroups = len(self._cgroups.calls()) if self._cgroups is not None else 0
+        return SandboxStatistics(len(self._launchers), cgroups)
 
     # -- workspaces and policies ---------------------------------------------------------
 
@@ -222,8 +247,7 @@ class Sandbox:
                 await proc.wait()
         finally:
             child.kill()
-            await proc.wait()
-            refused = await child.aclose()
+            refused = await release(child)  # to the end, even if cancelled (again) meanwhile
         if refused:
             raise ToolRefused(f"refused by the sandbox: {refused}")
         text = reply.decode("utf-8", "replace")
@@ -254,6 +278,20 @@ class Sandbox:
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
         spec = self._spec(policy, cwd, call, argv=argv, write=write)
+        try:
+            return await self._start(spec, call)
+        except BaseException:
+            if call is not None:
+                # Cancelled (or failed) after the launcher was started: it is killed and
+                # reaped by now, but may have made the call's cgroup, and forked into it.
+                await run_to_end(_remove_when_empty(call))
+            raise
+
+    async def _start(self, spec: dict[str, object], call: CallCgroup | None) -> SandboxedChild:
+        """Start the launcher: forked by the fork server, or exec'd if that is gone.
+
+        A cancellation meanwhile kills and reaps a launcher already started.
+        """
         if self._fork is not None:
             try:
                 return await self._launch_forked(spec, call)

@@ -16,7 +16,9 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class ToolRefused(Exception):
@@ -56,7 +58,8 @@ class Child(Protocol):
         """After the process exited: wait until the tree is gone, release what it held.
 
         Returns why the command never ran ("" when it did), e.g. a sandbox
-        layer that a policy requires and that could not be applied.
+        layer that a policy requires and that could not be applied. Safe to
+        call again when a cancellation cut it short (`release` does).
         """
 
 
@@ -180,29 +183,67 @@ async def run_command(
     out = CappedOutput(cap)
     # Owned here: awaited in _drain, or cancelled in the finally below.
     reader = asyncio.create_task(_pump(proc.stdout, out))
-    finished = False
+    complete = False
     try:
-        timed_out = await _wait_exit(proc, timeout_s)
-        finished = True
+        try:
+            timed_out = await _wait_exit(proc, timeout_s)
+        finally:
+            # Synchronous, so it happens at once even while this task is being cancelled.
+            child.kill()
+        complete = await _drain(reader)
     finally:
-        # Synchronous, so it happens even while this task is being cancelled.
-        child.kill()
-        if not finished:
+        if not complete:
             reader.cancel()
-            # Cancelled: still wait (bounded) until the tree is gone, so "cancel
-            # returned" means "nothing of the call runs any more".
-            await _reap(child, proc)
-    complete = await _drain(reader)
-    if not complete:
-        _close_stdout(proc)
-    refused = await _reap(child, proc)
+        # Cancelled or not, here or while draining, even cancelled again meanwhile:
+        # wait (bounded) until the tree is gone and release its cgroup, so "the call
+        # returned" means "nothing of it runs or remains".
+        refused = await release(child)
     output = out.text()
     if not complete:
         output += "\n[stopped reading: a detached process holds the output open]"
     return CommandResult(output, proc.returncode, timed_out, refused)
 
 
-async def _reap(child: Child, proc: ChildProcess) -> str:
+async def release(child: Child) -> str:
+    """After `child.kill()`: wait until its tree is gone and release what it held (the
+    sandbox's call cgroup); why it never ran ("" if it did).
+
+    A cancellation meanwhile does not cut this short: the release is finished,
+    then the cancellation goes on. The usual call costs nothing for it: only a
+    cancelled one redoes the release (each step may be repeated) in a task of
+    its own.
+    """
+    try:
+        return await _reap(child)
+    except asyncio.CancelledError:
+        await run_to_end(_reap(child))
+        raise
+
+
+async def run_to_end(aw: Awaitable[T]) -> T:
+    """Await `aw` to its end even if this task is cancelled (once or more) meanwhile,
+    then let the cancellation go on: for clean-up a cancel must not skip.
+
+    Only for bounded work, since the caller cannot be cancelled out of it. A
+    failure of `aw` while a cancellation waits is chained to the cancellation.
+    """
+    task = asyncio.ensure_future(aw)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            # wait() never cancels what it waits for, unlike awaiting the task.
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is None:
+        return task.result()
+    if not task.cancelled() and (error := task.exception()) is not None:
+        raise cancelled from error
+    raise cancelled
+
+
+async def _reap(child: Child) -> str:
+    proc = child.process
     # asyncio's Process.wait() also waits for the pipes to close (CPython < 3.13):
     # close our end first, the reader has all it will get.
     _close_stdout(proc)

@@ -1,0 +1,268 @@
+"""A call cancelled at any stage of its life leaves nothing behind while the executor runs:
+no process, no call cgroup, no launcher, no file descriptor.
+
+An executor's close sweeps whatever its calls left (test_kill_tree); these cases check
+the calls themselves, one stage at a time: cancelled while the launcher is being
+started, while the output is drained after a normal exit, and cancelled again while
+the clean-up of a first cancel runs (an Abort after a timeout, or the supervisor's
+jobs abandoned after an Abort). Each stage is reached by a real event (the launcher
+forked, `run_command` killing the tree), never by a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from sbhelp import TEST_POLICY, Host, need, processes_with, wait_processes
+
+from actors.sandbox import Sandbox, SandboxConfig, SandboxedChild
+from actors.tools.process import ChildProcess, Spawner, run_command
+
+
+def token() -> str:
+    """A unique fractional `sleep` duration, to find the tool from the host."""
+    return str(secrets.randbelow(10**8)).zfill(8)
+
+
+@dataclass
+class HookedChild:
+    """A real sandboxed child that runs `on_kill` after `run_command` kills its tree:
+    the moment the call moves from running to its clean-up."""
+
+    inner: SandboxedChild
+    on_kill: Callable[[], None]
+
+    @property
+    def process(self) -> ChildProcess:
+        """The launcher."""
+        return self.inner.process
+
+    def kill(self) -> None:
+        """Kill the tree, then run the hook."""
+        self.inner.kill()
+        self.on_kill()
+
+    async def aclose(self) -> str:
+        """The sandbox's own clean-up."""
+        return await self.inner.aclose()
+
+
+def hooked(spawn: Spawner, on_kill: Callable[[], None]) -> Spawner:
+    """`spawn`, its children wrapped in `HookedChild`."""
+
+    async def wrapped(command: str, cwd: Path) -> HookedChild:
+        child = await spawn(command, cwd)
+        assert isinstance(child, SandboxedChild)
+        return HookedChild(child, on_kill)
+
+    return wrapped
+
+
+def open_fds() -> set[int]:
+    """This process's open file descriptors."""
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def fork_server_children() -> list[psutil.Process]:
+    """Launchers forked by this process's fork server and not yet reaped by it."""
+    out = []
+    for server in psutil.Process().children():
+        if any("zygote" in part for part in server.cmdline()):
+            out.extend(server.children())
+    return out
+
+
+def exec_launchers() -> list[psutil.Process]:
+    """Launchers this process exec'd itself (the fallback without a fork server)."""
+    return [
+        proc for proc in psutil.Process().children()
+        if any("launcher.main" in part for part in proc.cmdline())
+    ]
+
+
+async def warm_up(host: Host, sandbox: Sandbox | None = None) -> set[int]:
+    """One whole call first (the fork server, the event loop's fds); the fds after it."""
+    res = await run_command(
+        "true", host.workspace, timeout_s=10, cap=1024,
+        spawn=(sandbox or host.sandbox).spawner("shell", host.policy),
+    )
+    # An exec'd launcher's status is sometimes lost (255): asyncio's Popen.send_signal
+    # polls, and so reaps, the launcher before its child-watcher thread does.
+    assert res.returncode == 0 or sandbox is not None, res
+    assert not res.refused, res
+    return open_fds()
+
+
+def assert_nothing_left(sandbox: Sandbox, tok: str, fds: set[int]) -> None:
+    """The invariants once a cancelled call has returned: checked at once, no waiting."""
+    stats = sandbox.statistics()
+    left = {
+        "call cgroup dirs": stats.call_cgroups,
+        "launchers not closed": stats.launchers,
+        "tool processes": len(processes_with(tok)),
+        "launchers unreaped": len(fork_server_children()) + len(exec_launchers()),
+        "fds": sorted(open_fds() - fds),
+    }
+    assert not any(left.values()), f"the cancelled call left: {left}"
+
+
+async def cancelled(task: asyncio.Task[object]) -> None:
+    """Await `task`, which must end cancelled."""
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_cancel_while_draining_after_exit(host: Host) -> None:
+    """The tool exited; its tree is killed and its output drained when the cancel lands."""
+    need("cgroup")
+    tok = token()
+
+    async def scenario() -> None:
+        fds = await warm_up(host)
+        task: asyncio.Task[object] | None = None
+
+        def cancel() -> None:
+            assert task is not None
+            task.cancel()
+
+        spawn = hooked(host.sandbox.spawner("shell", host.policy), cancel)
+        task = asyncio.create_task(
+            run_command(f"echo {tok}", host.workspace, timeout_s=30, cap=1024, spawn=spawn)
+        )
+        await cancelled(task)
+        assert_nothing_left(host.sandbox, tok, fds)
+
+    asyncio.run(scenario())
+
+
+def test_second_cancel_during_clean_up(host: Host) -> None:
+    """Cancelled while running, and again while that cancel kills and reaps the tree."""
+    need("cgroup", "cgroup_kill")
+    tok = token()
+
+    async def scenario() -> None:
+        fds = await warm_up(host)
+        task: asyncio.Task[object] | None = None
+
+        def cancel_again() -> None:
+            assert task is not None
+            task.cancel()
+
+        spawn = hooked(host.sandbox.spawner("shell", host.policy), cancel_again)
+        task = asyncio.create_task(
+            run_command(f"exec sleep 1000.{tok}", host.workspace, timeout_s=60, cap=1024,
+                        spawn=spawn)
+        )
+        await wait_processes(tok, 1)
+        task.cancel()
+        await cancelled(task)
+        assert_nothing_left(host.sandbox, tok, fds)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("abort", [False, True], ids=["timeout", "timeout-then-abort"])
+def test_job_timeout(host: Host, abort: bool) -> None:
+    """The executor's job timeout (a scope around the tool) fires while the tool runs,
+    alone or followed by an Abort during the clean-up: still a TimeoutError when alone
+    (the executor answers "timed out"), a cancellation with the Abort."""
+    need("cgroup", "cgroup_kill")
+    tok = token()
+
+    async def scenario() -> None:
+        fds = await warm_up(host)
+        task: asyncio.Task[object] | None = None
+
+        def maybe_abort() -> None:
+            if abort:
+                assert task is not None
+                task.cancel()
+
+        spawn = hooked(host.sandbox.spawner("shell", host.policy), maybe_abort)
+        scopes: list[asyncio.Timeout] = []
+
+        async def job() -> object:
+            # As Executor.perform: the job's timeout is a scope around the tool.
+            async with asyncio.timeout(None) as scope:
+                scopes.append(scope)
+                return await run_command(f"exec sleep 1000.{tok}", host.workspace,
+                                         timeout_s=60, cap=1024, spawn=spawn)
+
+        task = asyncio.create_task(job())
+        await wait_processes(tok, 1)
+        scopes[0].reschedule(asyncio.get_running_loop().time())  # expires now
+        if abort:
+            await cancelled(task)
+        else:
+            with pytest.raises(TimeoutError):
+                await task
+        assert_nothing_left(host.sandbox, tok, fds)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("tool", ["shell", "write_file"])
+def test_cancel_during_launch(host: Host, tool: str) -> None:
+    """Cancelled after the fork server forked the launcher, before the launch returned."""
+    need("cgroup", "cgroup_kill")
+    tok = token()
+
+    async def scenario() -> None:
+        fds = await warm_up(host)
+        if tool == "shell":
+            call = run_command(f"exec sleep 1000.{tok}", host.workspace, timeout_s=60,
+                               cap=1024, spawn=host.sandbox.spawner("shell", host.policy))
+        else:
+            call = host.sandbox.write_file(
+                "write_file", host.policy, host.workspace / f"f{tok}", b"x", host.workspace
+            )
+        task = asyncio.create_task(call)
+        # Its first step runs up to its first await: the fork (a blocking round trip
+        # to the fork server) is behind it, connecting the output pipe is not.
+        await asyncio.sleep(0)
+        assert not task.done()
+        assert len(fork_server_children()) == 1, "expected the launcher forked by now"
+        task.cancel()
+        await cancelled(task)
+        assert_nothing_left(host.sandbox, tok, fds)
+
+    asyncio.run(scenario())
+
+
+def test_cancel_during_exec_launch(host: Host) -> None:
+    """Without a fork server: cancelled once the launcher is exec'd, before it is connected.
+
+    asyncio kills the process it was starting; the call's cgroup, if the launcher
+    made it by then, goes too."""
+    need("cgroup", "cgroup_kill")
+    tok = token()
+    sandbox = Sandbox(
+        SandboxConfig(TEST_POLICY), host.home / "workspaces", hide=(host.home,),
+        fork_server=False,
+    )
+    sandbox.start()
+
+    async def scenario() -> None:
+        fds = await warm_up(host, sandbox)
+        task = asyncio.create_task(
+            run_command(f"exec sleep 1000.{tok}", host.workspace, timeout_s=60, cap=1024,
+                        spawn=sandbox.spawner("shell", host.policy))
+        )
+        await asyncio.sleep(0)  # up to its first await: the launcher's exec is behind it
+        assert not task.done()
+        assert len(exec_launchers()) == 1, "expected the launcher started by now"
+        task.cancel()
+        await cancelled(task)
+        assert_nothing_left(sandbox, tok, fds)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sandbox.close()
