@@ -141,7 +141,9 @@ def actor_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def _sessions(timeout: float = 5.0) -> list[dict[str, Any]]:
-    async with Client.connect() as client:
+    """The sessions of the host in `$OPLOOP_HOME` (this machine's, whatever
+    OPLOOP_CONNECT says: status and down are about it)."""
+    async with Client.connect(oploop_home()) as client:
         return await client.sessions(timeout=timeout)
 
 

@@ -36,6 +36,9 @@ PUBLIC_ENDPOINTS = ("api", "control", "work", "events", "replay")
 
 NETWORK_FILE = "network.json"
 
+#: What points a client or worker at a host elsewhere (see `Endpoints.from_env`).
+REMOTE_ENV = ("OPLOOP_CONNECT", "OPLOOP_KEYS")
+
 if TYPE_CHECKING:
     import zmq
 

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.storage import open_private_db
+from actors.storage import EVENTS_FILE, open_private_db
 
 #: The file name of the event store inside `$OPLOOP_HOME`.
-STORE_FILE = "events.db"
+STORE_FILE = EVENTS_FILE
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

@@ -15,6 +15,7 @@ from typing import Any
 
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig
+from actors.storage import private_files
 from actors.tools import (
     BUILTIN,
     Catalogue,
@@ -62,7 +63,13 @@ class Executor(Worker):
         sandbox: Sandbox | None = None,
     ) -> None:
         super().__init__(endpoints)
-        self.sandbox = sandbox or default_sandbox(endpoints.run_dir.parent)
+        home = endpoints.run_dir.parent
+        self.sandbox = sandbox or default_sandbox(home)
+        #: Never read or listed by the unsandboxed tools: the keys (a secret read into a
+        #: session's events would reach every viewer), the runtime dir, the journal and
+        #: event store (every session's history).
+        self.private = tuple(p.resolve() for p in
+                             (home / "keys", home / "run", *private_files(home)))
         if catalogue is None:
             catalogue = sandboxed_catalogue(self.sandbox)
             self.sandboxed = frozenset({"shell", "write_file"})
@@ -92,7 +99,7 @@ class Executor(Worker):
             policy = self.sandbox.config.policy(job.name)
             cwd = await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
-        ctx = ToolContext(cwd=cwd, deadline=env.deadline or None)
+        ctx = ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private)
         started = time.perf_counter()
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;

@@ -22,7 +22,7 @@ import psutil
 from actors.config import ConfigError, load_config
 from actors.host.policy import RestartPolicy
 from actors.runtime import PARENT_PID_ENV, READY_FD_ENV, notify_ready, run_actor
-from bus.endpoints import NETWORK_FILE, Endpoints, Network, oploop_home, write_network
+from bus.endpoints import NETWORK_FILE, REMOTE_ENV, Endpoints, Network, oploop_home, write_network
 from bus.security import CredentialError, Keyring
 
 log = logging.getLogger("oploop.host")
@@ -175,7 +175,10 @@ class Host:
     async def _spawn(self, child: Child) -> None:
         """Start `child` and wait until it says ready (or dies, or times out)."""
         rfd, wfd = os.pipe()
-        env = {**os.environ, **child.env, READY_FD_ENV: str(wfd)}
+        # A host's own actors always serve it: never the host OPLOOP_CONNECT names
+        # (set in the user's shell for the CLI, it must not carry over to them).
+        env = {k: v for k, v in os.environ.items() if k not in REMOTE_ENV}
+        env.update(child.env, **{READY_FD_ENV: str(wfd)})
         try:
             child.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", child.module, *child.args,

@@ -22,14 +22,14 @@ from typing import Any
 
 import msgpack
 
-from actors.storage import open_private_db
+from actors.storage import JOURNAL_FILE, open_private_db
 from actors.supervisor.agents import Agent
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
 
 log = logging.getLogger("oploop.journal")
 
-JOURNAL_NAME = "journal.db"
+JOURNAL_NAME = JOURNAL_FILE
 #: Events kept per session for the broadcaster's resends (older ones are pruned).
 KEEP_EVENTS = 20_000
 

@@ -63,12 +63,12 @@ async def read_file(ctx: ToolContext, path: PathArg) -> str | ToolOutcome:
     at most 256 KiB, with a note saying how much was cut)."""
     target = resolve_path(ctx, path)
     try:
-        return await asyncio.to_thread(_read_text, target, READ_CAP)
+        return await asyncio.to_thread(_read_text, target, READ_CAP, ctx.private)
     except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in the path
         return _os_error("read_file", target, exc)
 
 
-def _read_text(target: Path, cap: int) -> str | ToolOutcome:
+def _read_text(target: Path, cap: int, private: tuple[Path, ...] = ()) -> str | ToolOutcome:
     st = os.stat(target)
     if stat.S_ISDIR(st.st_mode):
         raise IsADirectoryError(21, os.strerror(21), str(target))
@@ -76,6 +76,8 @@ def _read_text(target: Path, cap: int) -> str | ToolOutcome:
         # A FIFO or a terminal would block the reading thread, possibly forever.
         return ToolOutcome.error(f"read_file: {target}: not a regular file")
     with open(target, "rb") as f:
+        if _is_private(f.fileno(), private):
+            raise PermissionError(13, "oploop's own files are not readable by tools", str(target))
         data = f.read(cap)
         more = bool(f.read(1))
     text = data.decode("utf-8", "replace")
@@ -95,14 +97,20 @@ async def list_dir(ctx: ToolContext, path: PathArg) -> str | ToolOutcome:
     symbolic links in "@" (at most 1000 entries)."""
     target = resolve_path(ctx, path)
     try:
-        return await asyncio.to_thread(_list_entries, target, LIST_CAP)
+        return await asyncio.to_thread(_list_entries, target, LIST_CAP, ctx.private)
     except (OSError, ValueError) as exc:
         return _os_error("list_dir", target, exc)
 
 
-def _list_entries(target: Path, cap: int) -> str:
-    with os.scandir(target) as it:
-        entries = sorted(it, key=lambda e: e.name)
+def _list_entries(target: Path, cap: int, private: tuple[Path, ...] = ()) -> str:
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _is_private(fd, private):
+            raise PermissionError(13, "oploop's own files are not listable by tools", str(target))
+        with os.scandir(fd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    finally:
+        os.close(fd)
     if not entries:
         return "(empty directory)"
     lines = [e.name + _entry_mark(e) for e in entries[:cap]]
@@ -111,7 +119,19 @@ def _list_entries(target: Path, cap: int) -> str:
     return "\n".join(lines)
 
 
-def _entry_mark(entry: os.DirEntry[str]) -> str:
+def _is_private(fd: int, private: tuple[Path, ...]) -> bool:
+    """Whether the file open at `fd` lies in one of the `private` directories.
+
+    Judged by the open file's own path (its /proc link), not the path asked for,
+    so that no symbolic link, `..` or swap between a check and the open gets by.
+    """
+    if not private:
+        return False
+    real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    return any(real == p or p in real.parents for p in private)
+
+
+def _entry_mark(entry: os.DirEntry[str] | os.DirEntry[bytes]) -> str:
     # Checked first: a link to a directory is shown as a link, not followed.
     if entry.is_symlink():
         return "@"

@@ -34,12 +34,14 @@ class ToolContext(Generic[Deps]):
     `deadline` is absolute wall-clock time (`time.time()`), as carried in an
     envelope across processes; None means no deadline. `deps` are the
     dependencies a program embedding the loop gives its tools (`Runner`);
-    None in the executor process.
+    None in the executor process. `private`: directories the unsandboxed file
+    tools refuse to read or list (the host's keys, journal and sockets).
     """
 
     cwd: Path
     deadline: float | None = None
     deps: Deps = None  # type: ignore[assignment]
+    private: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

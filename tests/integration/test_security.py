@@ -229,3 +229,21 @@ def test_what_a_host_keeps_is_private(tcp_host):
     assert {"journal.db", "events.db", "run/api.sock", "run/network.json",
             "keys/server.key_secret", "host.log"} <= set(modes)
     assert {name: mode for name, mode in modes.items() if mode != 0o600} == {}
+
+
+def test_tools_cannot_read_the_keys_or_the_journal(tcp_host):
+    home, _ = tcp_host
+    for path in (f"{home}/keys/client.key_secret", f"{home}/journal.db"):
+        events = run(home, f"read {path}")
+        (end,) = [e for e in events if e["type"] == "TOOL_END"]
+        assert end["data"]["is_error"] and "oploop's own files" in end["data"]["output"]
+        assert "secret-key" not in json.dumps(events)
+
+
+def test_a_host_up_from_a_shell_pointed_elsewhere_still_serves_itself(short_home, tmp_path):
+    elsewhere = {"OPLOOP_CONNECT": "tcp://127.0.0.1:1", "OPLOOP_KEYS": str(tmp_path)}
+    with running_host(short_home, elsewhere):  # its workers must not follow OPLOOP_CONNECT
+        assert run(short_home, "run `echo served here`")[-1]["type"] == "DONE"
+        status = oploop(short_home, "status", "--json", env=elsewhere)
+        assert status.returncode == 0, status.stderr  # status is about this home's host
+        assert json.loads(status.stdout)["sessions"]

@@ -215,3 +215,29 @@ def test_write_file_missing_content(tmp_path: Path) -> None:
     out = call(tmp_path, "write_file", path="a")
     assert out == ToolOutcome("write_file: 'content': field required", True)
     assert not (tmp_path / "a").exists()
+
+
+def test_private_directories_are_refused_however_they_are_reached(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    keys = home / "keys"
+    keys.mkdir(parents=True)
+    (keys / "client.key_secret").write_text("secret-key = 'x'\n")
+    (home / "notes.txt").write_text("not private\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "link").symlink_to(keys / "client.key_secret")
+    (work / "dirlink").symlink_to(keys)
+    ctx = ToolContext(cwd=work, private=(keys.resolve(),))
+
+    def run(name: str, path: str) -> ToolOutcome:
+        return asyncio.run(invoke(BUILTIN, name, {"path": path}, ctx))
+
+    for name, path in [("read_file", str(keys / "client.key_secret")),
+                       ("read_file", "link"),
+                       ("read_file", "../home/keys/client.key_secret"),
+                       ("list_dir", str(keys)), ("list_dir", "dirlink")]:
+        out = run(name, path)
+        assert out.is_error and "oploop's own files" in out.output, (name, path, out)
+        assert "secret-key" not in out.output
+    assert run("read_file", str(home / "notes.txt")).output == "not private\n"
+    assert "keys/" in run("list_dir", str(home)).output  # its name is no secret
