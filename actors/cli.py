@@ -216,7 +216,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         else:
             for role, names in keyring.names().items():
                 print(f"{role:<8} {', '.join(names) or '-'}")
-    except CredentialError as exc:
+    except (CredentialError, OSError) as exc:
         return fail(str(exc))
     return EXIT_OK
 

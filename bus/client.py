@@ -387,7 +387,10 @@ class _Subscription:
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         sock.setsockopt(zmq.SUBSCRIBE, session.encode())
-        sock.connect(endpoints.address("events"))
+        address = endpoints.address("events")
+        if address.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(address)
         self.sock = sock
         self._fd = sock.getsockopt(zmq.FD)
         self._readable = asyncio.Event()

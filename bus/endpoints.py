@@ -187,12 +187,12 @@ class Endpoints:
         assert self.keys is not None
         return ClientKeys.load(self.keys).apply
 
-    def gate(self) -> Gate | None:
-        """A started ZAP handler for an actor that binds CURVE sockets, or None."""
+    def gate(self, ctx: zmq.Context[Any]) -> Gate | None:
+        """A started ZAP handler for an actor that binds CURVE sockets in `ctx`, or None."""
         if not self.curve or self.remote:
             return None
         assert self.keys is not None
-        gate = Gate(Keyring(self.keys))
+        gate = Gate(Keyring(self.keys), ctx)
         gate.start()
         return gate
 

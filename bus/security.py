@@ -20,7 +20,8 @@ The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up`:
     server.key, server.key_secret     the host's keypair (secret never leaves it)
     client.key, client.key_secret     the local key
     authorized/<role>/<name>.key      public keys admitted per role; read again
-                                      when the folder changes (add/revoke live)
+                                      when the folder changes (a revoked key is
+                                      refused at its next handshake)
     issued/<name>/                    a key made by `oploop keys add`: copy the
                                       folder to the remote machine as `OPLOOP_KEYS`
 
@@ -111,7 +112,7 @@ class Keyring:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._lock = threading.Lock()  # the Gate's thread reads while the actor runs
-        self._cache: dict[str, tuple[float, frozenset[bytes]]] = {}
+        self._cache: dict[str, tuple[tuple[tuple[str, int], ...], frozenset[bytes]]] = {}
         self._local: bytes | None = None
 
     @classmethod
@@ -123,7 +124,7 @@ class Keyring:
 
     def ensure(self) -> None:
         """Create the folder (0700), the server and local keypairs if missing; refuse a
-        folder another user owns or others can read."""
+        folder another user owns, and close one others could enter (chmod 0700)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = self.folder.stat()
         if st.st_uid != os.getuid():
@@ -151,9 +152,7 @@ class Keyring:
         to the remote machine (its `OPLOOP_KEYS`)."""
         if role not in ROLES:
             raise CredentialError(f"role {role!r}: expected one of {', '.join(ROLES)}")
-        if not _NAME.fullmatch(name) or name in ("server", "client"):
-            raise CredentialError(f"key name {name!r}: letters, digits, '_', '.', '-' (not "
-                            "'server' or 'client')")
+        _check_name(name)
         if self.role_of(name) is not None:
             raise CredentialError(f"a key named {name!r} exists already (revoke it first)")
         out = self.folder / "issued" / name
@@ -166,7 +165,11 @@ class Keyring:
         return out
 
     def revoke(self, name: str) -> bool:
-        """Withdraw key `name` (from every role) and delete its issued folder."""
+        """Withdraw key `name` (from every role) and delete its issued folder.
+
+        Connections already made with it stay up (CURVE checks a key at the
+        handshake): restart the host to cut them too."""
+        _check_name(name)
         found = False
         for role in ROLES:
             path = self.folder / "authorized" / role / f"{name}.key"
@@ -174,13 +177,14 @@ class Keyring:
                 path.unlink()
                 found = True
         issued = self.folder / "issued" / name
-        if _NAME.fullmatch(name) and issued.is_dir():
+        if issued.is_dir():
             shutil.rmtree(issued)
             found = True
         return found
 
     def role_of(self, name: str) -> str | None:
         """The role key `name` is authorised for, or None."""
+        _check_name(name)
         for role in ROLES:
             if (self.folder / "authorized" / role / f"{name}.key").exists():
                 return role
@@ -203,13 +207,18 @@ class Keyring:
         return any(key in self._authorised(role) for role in ADMITS.get(domain, ()))
 
     def role_of_key(self, key: bytes) -> str:
-        """The role of an admitted public key (raw or z85): "local" for the local key."""
+        """The role of an admitted public key (raw or z85): "local" for the local key,
+        "unknown" when it cannot be told (it runs on the ZAP thread: never raises)."""
         from zmq.utils import z85 as codec
 
-        z85 = key if len(key) == 40 else codec.encode(key)
-        if z85 == self._local_key():
-            return "local"
-        return next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
+        try:
+            z85 = key if len(key) == 40 else codec.encode(key)
+            if z85 == self._local_key():
+                return "local"
+            return next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
+        except Exception:  # a ZAP edge: an exception here would end the ZAP thread
+            log.exception("cannot tell the role of an admitted key")
+            return "unknown"
 
     def _local_key(self) -> bytes:
         if self._local is None:
@@ -217,20 +226,22 @@ class Keyring:
         return self._local
 
     def _authorised(self, role: str) -> frozenset[bytes]:
-        """The public keys of `role`, re-read only when its folder changed."""
+        """The public keys of `role`, re-read only when its folder's listing changed
+        (names and inodes: a folder's mtime may not tick between two quick changes)."""
         folder = self.folder / "authorized" / role
         try:
-            mtime = folder.stat().st_mtime_ns
+            with os.scandir(folder) as entries:
+                listing = tuple(sorted((e.name, e.inode()) for e in entries))
         except OSError:
             return frozenset()
         with self._lock:
             cached = self._cache.get(role)
-            if cached is not None and cached[0] == mtime:
+            if cached is not None and cached[0] == listing:
                 return cached[1]
             import zmq.auth
 
             keys = frozenset(zmq.auth.load_certificates(folder))
-            self._cache[role] = (mtime, keys)
+            self._cache[role] = (listing, keys)
             return keys
 
 
@@ -243,13 +254,15 @@ class Gate:
     no ZAP handler, libzmq admits every client.
     """
 
-    def __init__(self, keyring: Keyring, ctx: zmq.Context[Any] | None = None) -> None:
+    def __init__(self, keyring: Keyring, ctx: zmq.Context[Any]) -> None:
         self.keyring = keyring
         self.counts: Counter[str] = Counter()
-        import zmq
         from zmq.auth.thread import ThreadAuthenticator
 
-        self._auth = ThreadAuthenticator(ctx or zmq.Context.instance(), log=log)
+        # ZAP is per context: the handler must serve the very context the CURVE
+        # sockets live in, or libzmq finds none there and admits every client.
+        self.context = ctx
+        self._auth = ThreadAuthenticator(ctx, log=log)
         # The User-Id each admitted connection's messages carry: its key's role.
         self._auth.curve_user_id = self.keyring.role_of_key
 
@@ -279,6 +292,13 @@ class Gate:
     def stop(self) -> None:
         """Stop serving ZAP requests."""
         self._auth.stop()
+
+
+def _check_name(name: str) -> None:
+    """Refuse a key name that is not a plain file name of ours (no `/`, no `..`)."""
+    if not _NAME.fullmatch(name) or name in ("server", "client"):
+        raise CredentialError(f"key name {name!r}: letters, digits, '_', '.', '-' (not "
+                              "'server' or 'client')")
 
 
 def _create(folder: Path, name: str) -> None:

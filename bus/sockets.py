@@ -53,6 +53,10 @@ _SEND_ONLY = {zmq.PUSH, zmq.PUB}
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                      | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
+# Handshake failures that a retry cannot mend: the two sides are set up apart.
+_MISCONFIGURED = {int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH),
+                  int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)}
+
 # Plain ints: pyzmq's enum members cost a conversion on every call of the hot path.
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
@@ -317,6 +321,8 @@ class Reactor:
             sock.setsockopt(zmq.SUBSCRIBE, subscribe)
         binds = [bind] if isinstance(bind, str) else list(bind or ())
         where = connect or ""
+        if any(a.startswith("tcp://[") for a in [*binds, where]):
+            sock.setsockopt(zmq.IPV6, 1)  # off by default: an IPv6 address would not bind
         try:
             if secure is not None:
                 secure(sock)
@@ -347,25 +353,27 @@ class Reactor:
             self.kick()
 
     def watch_handshakes(self, port: Port, on_change: Callable[[str | None], None]) -> None:
-        """Tell `on_change` why the peer of a connecting `port` refused its handshake
-        (a CURVE key it does not admit, or no CURVE on one side), and None once a
-        handshake succeeds. A refused connection never delivers: without this, a
-        request would only time out."""
+        """Tell `on_change` why the peer of a connecting `port` refuses its handshake
+        (a CURVE key it does not admit, no CURVE on one side, another server key),
+        and None once a handshake succeeds. A refused connection never delivers:
+        without this, a request would only time out. A connection cut mid-handshake
+        (a peer restarting) is no refusal: libzmq connects again by itself."""
         mon: zmq.Socket[bytes] = port.sock.get_monitor_socket(_HANDSHAKE_EVENTS)
         mon.setsockopt(zmq.LINGER, 0)
 
         def handle(frames: list[bytes]) -> None:
             try:
-                event = parse_monitor_message(frames)["event"]
+                message = parse_monitor_message(frames)
             except RuntimeError:
                 return
+            event, value = message["event"], int(message["value"])
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 on_change(None)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 on_change("refused this key")
-            elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                on_change("failed the handshake (CURVE on one side only, or another key)")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value in _MISCONFIGURED:
+                on_change("failed the handshake (CURVE on one side only, or another "
+                          "server key)")
 
         self._serve(Port(self, mon, f"{port.name}.monitor", None, priority=False,
                          reply_errors=False, raw_handler=handle))

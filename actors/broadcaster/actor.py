@@ -50,7 +50,7 @@ class Broadcaster:
         self.viewers = 0
         self._subscribed: Counter[bytes] = Counter()  # viewers per topic
         self.refused: dict[str, int] = {}
-        self.gate = endpoints.gate()  # admits CURVE clients; before any bind
+        self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.replay = self.reactor.add(
             zmq.ROUTER, "replay", self.handle_replay, bind=endpoints.binds("replay"),
             secure=endpoints.server_side("replay"), reply_errors=True,

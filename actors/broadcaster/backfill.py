@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from actors.broadcaster.log import Appended, EventLog
 from bus.codec import decode
-from bus.errors import BadFrame, BusError, RemoteError, RequestTimeout
+from bus.errors import AccessDenied, BadFrame, BusError, RemoteError, RequestTimeout
 from bus.messages import Event, ListSessions, ReplayBatch, ReplayRequest, SessionList
 from bus.rpc import Requester
 
@@ -109,6 +109,9 @@ class Backfill:
                 except RemoteError as exc:
                     self._give_up(sid, last, target, exc.message)
                     continue
+                except AccessDenied as exc:  # our own host refusing our key: set up wrong
+                    log.error("cannot ask the supervisor for events of %s: %s", sid, exc)
+                    return
                 timeouts = 0
                 batch = reply.body
                 assert isinstance(batch, ReplayBatch)

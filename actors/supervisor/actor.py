@@ -60,6 +60,9 @@ from bus.sockets import Port, Reactor
 
 log = logging.getLogger("oploop.supervisor")
 
+#: Who may cancel on the control socket, by ZAP User-Id (None: ipc without CURVE).
+CONTROLLERS = frozenset({None, "local", "control"})
+
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
 #: How long a run waits for a first executor to announce its tools.
@@ -86,13 +89,14 @@ class Supervisor:
         #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
         self._starts: dict[str, RunStarted] = {}
         self.sessions: dict[str, Session] = {}
-        self.gate = endpoints.gate()  # admits CURVE clients; before any bind
         self.reactor = Reactor()
+        self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.control = self.reactor.add(
             zmq.ROUTER, "control", self.handle_control, bind=endpoints.binds("control"),
             secure=endpoints.server_side("control"), priority=True, reply_errors=True,
         )
-        self.control.identify = endpoints.curve  # workers' keys reach it too: see _cancel
+        # Workers' keys reach it too (for aborts): cancels check who sent them.
+        self.control.identify = endpoints.curve
         self.api = self.reactor.add(
             zmq.ROUTER, "api", self.handle_api, bind=endpoints.binds("api"),
             secure=endpoints.server_side("api"), reply_errors=True,
@@ -350,9 +354,9 @@ class Supervisor:
         if isinstance(body, ControlHello) and peer is not None:
             self.dispatcher.handle_control_hello(peer, body)
         elif isinstance(body, Cancel):
-            if self.control.user_id == "worker":  # admitted for aborts, not for control
+            if self.control.user_id not in CONTROLLERS:  # e.g. a worker: here for aborts
                 self.control.reply_error(peer, env.id, "forbidden",
-                                         "a worker's key cannot cancel sessions")
+                                         "only a control key can cancel sessions")
                 return
             self._cancel(peer, env, body)
         else:

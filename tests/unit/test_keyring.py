@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 import pytest
+import zmq
 
 from bus.endpoints import Endpoints, Network, read_network, write_network
 from bus.security import ClientKeys, CredentialError, Keyring
+from bus.sockets import Reactor
 
 
 def mode(path) -> int:
@@ -102,3 +105,30 @@ def test_endpoints_elsewhere_connect_over_tcp_only(tmp_path, keyring):
         ep.address("ingest")
     with pytest.raises(Exception, match="plain TCP"):
         Endpoints.elsewhere("tcp://10.1.2.3:7400", None)
+
+
+def test_names_that_leave_the_key_folder_are_refused(keyring):
+    keyring.issue("ok", "viewer")
+    for name in ("../../server", "../client", "a/b", ""):
+        with pytest.raises(CredentialError):
+            keyring.revoke(name)
+    assert (keyring.folder / "server.key").exists() and keyring.role_of("ok") == "viewer"
+
+
+def test_roles_of_admitted_keys_are_the_user_ids(keyring):
+    control = ClientKeys.load(keyring.issue("laptop", "control"))
+    assert keyring.role_of_key(control.public) == "control"
+    assert keyring.role_of_key(keyring.local().public) == "local"
+    assert keyring.role_of_key(b"y" * 40) == "unknown"
+
+
+@pytest.mark.skipif(not Path("/proc/net/if_inet6").exists() or
+                    not Path("/proc/net/if_inet6").read_text().strip(),
+                    reason="this machine has no IPv6 loopback")
+def test_an_ipv6_address_binds():
+    reactor = Reactor(zmq.Context.instance())
+    try:
+        port = reactor.add(zmq.ROUTER, "v6", bind="tcp://[::1]:*")
+        assert port.sock.getsockopt(zmq.IPV6) == 1
+    finally:
+        reactor.close()
