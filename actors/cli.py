@@ -170,7 +170,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           + (" (offline model)" if state["offline"] else ""))
     if state.get("listen"):
         print(f"listening on {state['listen']} (+4 ports), "
-              + ("CURVE: authorised keys only" if state.get("curve") else "plain TCP (loopback)"))
+              + ("CURVE: authorised keys only" if state.get("curve") else "plain TCP on loopback: any local user can connect"))
     print(f"{'actor':<15}{'pid':>8}{'state':>11}{'restarts':>10}{'cpu%':>7}{'cpu s':>8}{'rss MB':>8}")
     for r in rows:
         print(f"{r['name']:<15}{r['pid'] or '-':>8}{r['state']:>11}{r['restarts']:>10}"

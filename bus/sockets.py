@@ -147,6 +147,10 @@ class Port:
         does for a request, so its failing must not undo or skip what it answers."""
         try:
             self.send(env, peer)
+        except BadFrame as exc:  # e.g. a history too large for one frame: say so instead
+            log.warning("%s: %s reply to %r cannot be sent: %s", self.name, env.kind, peer, exc)
+            self.reply_error(peer, env.id, exc.reason, f"the reply cannot be sent: {exc.detail}")
+            return False
         except (PeerGone, Backpressure, Closed) as exc:
             self.undelivered += 1
             log.info("%s: %s reply to %r not delivered: %s", self.name, env.kind, peer, exc)
