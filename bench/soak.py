@@ -53,6 +53,7 @@ from typing import Any
 import psutil
 import uvloop
 
+from actors.host.policy import RestartPolicy
 from bench.soak_verdict import Kill, SessionRun, report, summary
 from bus.client import Client
 
@@ -64,9 +65,9 @@ def victims(llm_callers: int, executors: int) -> list[str]:
             *(f"executor-{i + 1}" for i in range(executors))]
 
 
-#: The host marks an actor failed after 5 deaths in 30 s (`actors.host.policy`): the
-#: killer keeps each actor well below that.
-STORM_WINDOW_S, MAX_KILLS_IN_WINDOW = 30.0, 3
+#: The host marks an actor failed after `storm` deaths in `window_s` (`RestartPolicy`):
+#: the killer keeps each actor well below that.
+STORM_WINDOW_S, MAX_KILLS_IN_WINDOW = RestartPolicy.window_s, RestartPolicy.storm - 2
 
 #: Words of the long streamed reply (`#talk` sessions), paced by the offline model.
 TALK_WORDS = 200

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,37 @@ def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def workspace(home: str, session: str) -> Path:
     """Where the risky tools of `session` run (the sandbox's per-session directory)."""
     return Path(home) / "workspaces" / session
+
+
+def actors(home: str) -> list[dict[str, Any]]:
+    """The host's record of its actors (host.json)."""
+    state: dict[str, Any] = json.loads((Path(home) / "run" / "host.json").read_text())
+    return list(state["actors"])
+
+
+def actor(home: str, name: str) -> dict[str, Any]:
+    """The host's record of actor `name`."""
+    return next(a for a in actors(home) if a["name"] == name)
+
+
+def processes_with(mark: str) -> list[int]:
+    """The pids of processes whose command line holds `mark` (a test's own tool)."""
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(mark in part for part in p.info["cmdline"] or ())]
+
+
+def wait_until(predicate: Any, what: str = "condition", timeout: float = 30.0) -> None:
+    """Poll an observable state (a process table, a state file) until `predicate()` holds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+async def until(predicate: Any, what: str = "condition", timeout: float = 30.0) -> None:
+    """`wait_until` for async code."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)

@@ -12,9 +12,20 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hostkit import (
+    actor,
+    actors,
+    assert_one_run,
+    of_type,
+    oploop,
+    processes_with,
+    run,
+    running_host,
+    until,
+    workspace,
+)
 
 from bus.client import Client
-from hostkit import assert_one_run, of_type, oploop, run, running_host, workspace
 
 WORDS = " ".join(f"w{i}" for i in range(300))
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
@@ -34,25 +45,8 @@ def host(short_home, tmp_path):
         yield running
 
 
-def _actors(home: str) -> list[dict]:
-    return json.loads((Path(home) / "run" / "host.json").read_text())["actors"]
-
-
-def actor(home: str, name: str) -> dict:
-    return next(a for a in _actors(home) if a["name"] == name)
-
-
 def marked() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any(MARK in part for part in p.info["cmdline"] or ())]
-
-
-async def until(predicate, timeout=15.0, what="condition"):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+    return processes_with(MARK)
 
 
 async def run_killing(home, prompt, cwd, name, when):
@@ -65,7 +59,7 @@ async def run_killing(home, prompt, cwd, name, when):
             events.append(event)
             if killed is None and await when(event):
                 if name == "executor":  # whichever executor runs the tool
-                    pids = {a["pid"]: a["name"] for a in _actors(home)}
+                    pids = {a["pid"]: a["name"] for a in actors(home)}
                     owner = next(p for p in psutil.Process(marked()[0]).parents()
                                  if p.pid in pids)
                     killed, name = owner.pid, pids[owner.pid]

@@ -7,15 +7,23 @@ import asyncio
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from hostkit import (
+    actor,
+    assert_one_run,
+    of_type,
+    oploop,
+    processes_with,
+    running_host,
+    until,
+    wait_until,
+    workspace,
+)
 
 from bus.client import Client
-from hostkit import assert_one_run, of_type, oploop, running_host, workspace
 
 MARK = "4343"
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
@@ -29,33 +37,9 @@ SCRIPTS = {
 }
 
 
-def actor(home: str, name: str) -> dict[str, Any]:
-    """The host's record of actor `name` (host.json)."""
-    state = json.loads((Path(home) / "run" / "host.json").read_text())
-    return next(a for a in state["actors"] if a["name"] == name)
-
-
 def marked() -> list[int]:
     """The processes of this file's long-running tool."""
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any(MARK in part for part in p.info["cmdline"] or ())]
-
-
-def wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    """Poll an observable state until `predicate()` holds."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-async def until(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    """`wait_until` for async code."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+    return processes_with(MARK)
 
 
 async def workers(client: Client) -> dict[str, int]:
