@@ -43,8 +43,9 @@ log = logging.getLogger("oploop.dispatch")
 #: Jobs waiting for a free worker, per role, before new ones are refused.
 MAX_QUEUED = 100_000
 #: A model call whose llm caller died is re-issued this many times, then failed: a
-#: job that kills every worker it lands on must not go round them for ever.
-MAX_REDISPATCH = 3
+#: job that kills every worker it lands on must not go round them for ever. Six
+#: attempts in all, as many as a model call gets for its own failures.
+MAX_REDISPATCH = 5
 
 ROLES = ("llm", "tool")
 
