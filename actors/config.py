@@ -164,7 +164,7 @@ def _network(raw: Any, source: str) -> Network | None:
 def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
     if "name" in raw:
         raise ConfigError(f"{source}: agents.{name}.name: the table name is the agent's name")
-    agent = _record(Agent, {**raw, "name": name}, source, f"agents.{name}")
+    agent: Agent = _record(Agent, {**raw, "name": name}, source, f"agents.{name}")
     if agent.max_turns < 1:
         raise ConfigError(f"{source}: agents.{name}.max_turns: must be at least 1")
     if agent.max_tokens < 1:

@@ -89,7 +89,8 @@ class OutputParser(Generic[Output]):
         """The answer as `Output`; raises ValueError saying what is wrong."""
         raw = _json_part(text[:MAX_OUTPUT_CHARS])
         try:
-            return self.adapter.validate_json(raw)
+            output: Output = self.adapter.validate_json(raw)
+            return output
         except pydantic.ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"

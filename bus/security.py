@@ -15,7 +15,8 @@ So a viewer's key can watch and replay, never start or cancel; a worker's key
 cannot start runs. The host's own actors and the local CLI use the local key,
 admitted everywhere (reading it needs this user's file permissions).
 
-The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up`:
+The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up` with
+CURVE on (or the first `oploop keys`):
 
     server.key, server.key_secret     the host's keypair (secret never leaves it)
     client.key, client.key_secret     the local key

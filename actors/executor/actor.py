@@ -99,7 +99,8 @@ class Executor(Worker):
             policy = self.sandbox.config.policy(job.name)
             cwd = await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
-        ctx = ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private)
+        ctx: ToolContext[None] = ToolContext(cwd=cwd, deadline=env.deadline or None,
+                                             private=self.private)
         started = time.perf_counter()
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;

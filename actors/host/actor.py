@@ -113,9 +113,10 @@ class Host:
         for stale in self.endpoints.remove_stale():
             log.info("removed stale socket %s", stale)
         try:
-            # Keys are made at the first start, whether or not TCP is on yet, so that
-            # `oploop keys add` works before the network is configured.
-            Keyring.for_home(self.home).ensure()
+            # Keys are made at the first start that serves CURVE (or by the first
+            # `oploop keys add`); a host on ipc alone never loads pyzmq's key code.
+            if self.network is not None and self.network.curve:
+                Keyring.for_home(self.home).ensure()
             write_network(self.run_dir, self.network)
             base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}
             model = model_settings(dict(os.environ))

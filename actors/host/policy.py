@@ -32,4 +32,4 @@ class RestartPolicy:
         if len(self._deaths) >= self.storm:
             return None
         self._streak = 0 if ran_s >= self.stable_s else self._streak + 1
-        return min(self.cap_s, self.base_s * 2 ** max(0, self._streak - 1))
+        return min(self.cap_s, self.base_s * 2.0 ** max(0, self._streak - 1))

@@ -52,5 +52,5 @@ class RetryPolicy:
         """
         if retry_after_s is not None:
             return min(retry_after_s, self.cap_s)
-        step = self.base_s * 2 ** (failed_attempts - 1)
+        step: float = self.base_s * 2.0 ** (failed_attempts - 1)
         return min(self.cap_s, step + random.uniform(0, step / 2))

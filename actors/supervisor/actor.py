@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -325,7 +326,7 @@ class Supervisor:
                 name=f"session-{session.id}-{session.runs}",
             )
             session.task = task
-            task.add_done_callback(lambda t, s=session: self._run_ended(s, t))
+            task.add_done_callback(functools.partial(self._run_ended, session))
             resumed += 1
         if resumed:
             log.warning("resumed %d session(s) from the journal", resumed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from actors.supervisor.agents import Agent
@@ -16,7 +17,7 @@ def resolve_tools(
     catalogue: list[ToolSpecDict],
     agent: Agent,
     turn: int,
-    hidden: dict[tuple[str, str], frozenset[str]] = DEFAULT_HIDDEN,
+    hidden: Mapping[tuple[str, str], frozenset[str]] = DEFAULT_HIDDEN,
 ) -> list[ToolSpecDict]:
     """The tools offered on `turn`, in catalogue order."""
     tools = catalogue

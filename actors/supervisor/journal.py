@@ -104,7 +104,8 @@ def snapshot(session: Session) -> bytes:
     data["agent"] = dataclasses.asdict(session.agent)
     data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms]
                         for k, o in session.outcomes.items()}
-    return msgpack.packb(data, use_bin_type=True)
+    packed: bytes = msgpack.packb(data, use_bin_type=True)
+    return packed
 
 
 def restore(blob: bytes, agents: dict[str, Agent]) -> Session:

@@ -13,12 +13,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .builtin import BUILTIN, FileWriter, make_shell, make_write_file
-    from .process import Child, CommandResult, Spawner, ToolRefused, run_command, spawn_local
-    from .registry import Catalogue, Tool, ToolContext, ToolOutcome, invoke, tool
-    from .schema import ToolInputError
-    from .spec import ToolSpec
+if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run time)
+    from .builtin import BUILTIN as BUILTIN
+    from .builtin import FileWriter as FileWriter
+    from .builtin import make_shell as make_shell
+    from .builtin import make_write_file as make_write_file
+    from .process import Child as Child
+    from .process import CommandResult as CommandResult
+    from .process import Spawner as Spawner
+    from .process import ToolRefused as ToolRefused
+    from .process import run_command as run_command
+    from .process import spawn_local as spawn_local
+    from .registry import Catalogue as Catalogue
+    from .registry import Tool as Tool
+    from .registry import ToolContext as ToolContext
+    from .registry import ToolOutcome as ToolOutcome
+    from .registry import invoke as invoke
+    from .registry import tool as tool
+    from .schema import ToolInputError as ToolInputError
+    from .spec import ToolSpec as ToolSpec
 
 _HOMES = {
     "BUILTIN": "builtin", "FileWriter": "builtin", "make_shell": "builtin",

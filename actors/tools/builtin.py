@@ -17,7 +17,7 @@ import signal
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -41,7 +41,7 @@ PathArg = Annotated[
 ]
 
 
-def resolve_path(ctx: ToolContext, path: str) -> Path:
+def resolve_path(ctx: ToolContext[Any], path: str) -> Path:
     """`path` as the tools see it: `~` expanded, relative paths against `ctx.cwd`."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else ctx.cwd / p
@@ -58,7 +58,7 @@ def _os_error(tool_name: str, path: Path, exc: OSError | ValueError) -> ToolOutc
 
 
 @tool(tags=("fs", "core"), risky=False, core=True)
-async def read_file(ctx: ToolContext, path: PathArg) -> str | ToolOutcome:
+async def read_file(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
     """Read a text file and return its contents (UTF-8, undecodable bytes replaced;
     at most 256 KiB, with a note saying how much was cut)."""
     target = resolve_path(ctx, path)
@@ -92,7 +92,7 @@ def _read_text(target: Path, cap: int, private: tuple[Path, ...] = ()) -> str | 
 
 
 @tool(tags=("fs", "core"), risky=False, core=True)
-async def list_dir(ctx: ToolContext, path: PathArg) -> str | ToolOutcome:
+async def list_dir(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
     """List a directory's entries, sorted, one per line: directories end in "/",
     symbolic links in "@" (at most 1000 entries)."""
     target = resolve_path(ctx, path)
@@ -156,7 +156,7 @@ def make_write_file(writer: FileWriter = write_local) -> Tool:
 
     @tool(tags=("fs",), risky=True, name="write_file")
     async def write_file(
-        ctx: ToolContext,
+        ctx: ToolContext[Any],
         path: PathArg,
         content: Annotated[str, Field(description="The complete new contents of the file.")],
     ) -> str | ToolOutcome:
@@ -183,7 +183,7 @@ def make_shell(spawn: Spawner = spawn_local, *, cap: int = SHELL_OUTPUT_CAP) -> 
 
     @tool(tags=("exec",), risky=True, name="shell")
     async def shell(
-        ctx: ToolContext,
+        ctx: ToolContext[Any],
         command: Annotated[str, Field(description="The command line, run by /bin/sh -c.")],
         timeout_s: Annotated[
             float,

@@ -84,7 +84,7 @@ class Tool:
         """The validated keyword arguments for `data`; raise ToolInputError naming the field."""
         return self.input_model.validate(data)
 
-    async def call(self, kwargs: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
+    async def call(self, kwargs: dict[str, Any], ctx: ToolContext[Any]) -> ToolOutcome:
         """Run the implementation with already-validated `kwargs`; exceptions propagate."""
         result = await (self.fn(ctx, **kwargs) if self.wants_ctx else self.fn(**kwargs))
         if isinstance(result, ToolOutcome):
@@ -178,7 +178,7 @@ class Catalogue(Mapping[str, Tool]):
 
 
 async def invoke(
-    catalogue: Mapping[str, Tool], name: str, input: object, ctx: ToolContext
+    catalogue: Mapping[str, Tool], name: str, input: object, ctx: ToolContext[Any]
 ) -> ToolOutcome:
     """Run tool `name` on `input` and return its outcome; only cancellation propagates.
 
@@ -196,7 +196,7 @@ async def invoke(
     return await _run(found, kwargs, ctx)
 
 
-async def _run(found: Tool, kwargs: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
+async def _run(found: Tool, kwargs: dict[str, Any], ctx: ToolContext[Any]) -> ToolOutcome:
     remaining = None if ctx.deadline is None else ctx.deadline - time.time()
     if remaining is not None and remaining <= 0:
         return ToolOutcome.error(f"{found.name}: deadline passed before the call started")
