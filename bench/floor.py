@@ -21,7 +21,8 @@ from typing import Any
 import psutil
 import zmq
 
-from bench.stats import median, percentile, summarize, table as text_table, us
+from bench.stats import median, percentile, summarize, us
+from bench.stats import table as text_table
 from bus.codec import decode, encode
 from bus.messages import Envelope, Event
 from bus.sockets import Reactor

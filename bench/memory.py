@@ -18,7 +18,8 @@ import uvloop
 
 from bench.driver import Driver
 from bench.host import BenchHost
-from bench.stats import summarize, table as text_table
+from bench.stats import summarize
+from bench.stats import table as text_table
 
 MB = 1024 * 1024
 

@@ -65,8 +65,11 @@ def openai_agents_runner(target: str) -> Callable[[int], Awaitable[Timing]]:
     """A function running one openai-agents session of `turns` tool turns."""
     from agents import Agent, ModelResponse, Runner, Usage, function_tool, set_tracing_disabled
     from agents.models.interface import Model
-    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
-    from openai.types.responses import ResponseOutputText
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
 
     set_tracing_disabled(True)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from bench.host import BenchHost
-from bench.stats import median, table as text_table
+from bench.stats import median
+from bench.stats import table as text_table
 
 
 def _time(backend: str) -> float:

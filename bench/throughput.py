@@ -16,7 +16,8 @@ import uvloop
 from bench import peers
 from bench.driver import Driver
 from bench.host import BenchHost
-from bench.stats import median, table as text_table
+from bench.stats import median
+from bench.stats import table as text_table
 
 CONCURRENCY = (1, 10, 100, 1000)
 

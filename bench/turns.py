@@ -22,7 +22,8 @@ import uvloop
 from bench import peers
 from bench.driver import Driver
 from bench.host import BenchHost
-from bench.stats import median, ms, percentile, ratio, table as text_table
+from bench.stats import median, ms, percentile, ratio
+from bench.stats import table as text_table
 
 LENGTHS = (20, 200)
 

@@ -60,7 +60,7 @@ def _checker(tp: Any) -> Check:
     if origin is list:
         item = _checker(args[0])
         return lambda v: isinstance(v, list) and all(item(x) for x in v)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, __import__("types").UnionType):
         options = [_checker(a) for a in args]
         return lambda v: any(ok(v) for ok in options)
     raise TypeError(f"no wire checker for annotation {tp!r}")

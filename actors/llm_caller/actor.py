@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 

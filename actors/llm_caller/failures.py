@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import anthropic
     import httpx2
 
 #: HTTP statuses worth another attempt (the rest of 4xx are the caller's fault).

@@ -21,10 +21,9 @@ from collections.abc import Sequence
 
 import uvloop
 
-from actors.runtime import die_with_parent, notify_ready
-
 from actors.offline_model.scenario import Scenario, ScenarioError, load_scenario
 from actors.offline_model.server import start_server
+from actors.runtime import die_with_parent, notify_ready
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

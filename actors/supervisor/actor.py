@@ -33,11 +33,11 @@ from bus.codec import encode
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure
 from bus.messages import (
+    HISTORY_MISS,
     Cancel,
     CancelAck,
     ControlHello,
     Delta,
-    HISTORY_MISS,
     Envelope,
     Event,
     InspectSession,

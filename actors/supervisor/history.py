@@ -80,9 +80,7 @@ def _append(kept: list[Message], original: Message, role: str, content: list[Any
     if kept and kept[-1]["role"] == role:
         kept[-1] = {"role": role, "content": blocks(kept[-1]) + content}
         return
-    if content == blocks(original) and isinstance(original.get("content"), list):
-        kept.append(original)
-    elif isinstance(original.get("content"), str) and len(content) == 1:
+    if content == blocks(original) and isinstance(original.get("content"), list) or isinstance(original.get("content"), str) and len(content) == 1:
         kept.append(original)
     else:
         kept.append({"role": role, "content": content})

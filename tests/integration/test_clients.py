@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 import zmq
+from hostkit import assert_one_run, oploop, running_host, workspace
 
 from bus.client import Client
 from bus.codec import decode, encode
@@ -26,7 +27,6 @@ from bus.messages import (
     ListSessions,
     StartRun,
 )
-from hostkit import assert_one_run, oploop, running_host, workspace
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from hostkit import assert_one_run, running_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,6 @@ from bus.client import Client
 from bus.codec import encode
 from bus.endpoints import Endpoints
 from bus.messages import BY_KIND, Envelope, Event, Ready, StartRun
-from hostkit import assert_one_run, running_host
 
 STEPS = 8
 SCRIPTS = {"steady": [

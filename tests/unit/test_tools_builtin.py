@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.tools import BUILTIN, ToolContext, ToolOutcome, invoke
-from actors.tools import builtin
+from actors.tools import BUILTIN, ToolContext, ToolOutcome, builtin, invoke
 
 IS_ROOT = os.geteuid() == 0
 

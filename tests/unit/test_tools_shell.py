@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from actors.tools import (
     BUILTIN,
-    Child,
     Catalogue,
+    Child,
     ToolContext,
     ToolOutcome,
     invoke,
