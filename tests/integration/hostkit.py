@@ -54,6 +54,17 @@ def running_host(home: str, env: dict[str, str] | None = None) -> Iterator[str]:
         assert not Endpoints.for_home(Path(home)).socket_files()
 
 
+@contextlib.contextmanager
+def scripted_host(home: str, scripts: dict[str, Any], directory: Path,
+                  env: dict[str, str] | None = None) -> Iterator[str]:
+    """`running_host` whose offline model plays `scripts` (a scenario file written in
+    `directory`; the format is in `actors/offline_model/__init__.py`)."""
+    scenario = directory / "scenario.json"
+    scenario.write_text(json.dumps({"scripts": scripts}))
+    with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario), **(env or {})}) as h:
+        yield h
+
+
 def events_of(stdout: str) -> list[dict[str, Any]]:
     """The events of `oploop run --json` output."""
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]

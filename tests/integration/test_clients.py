@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 import zmq
-from hostkit import assert_one_run, oploop, running_host, workspace
+from hostkit import assert_one_run, oploop, running_host, scripted_host, workspace
 
 from bus.client import Client
 from bus.codec import decode, encode
@@ -220,11 +220,9 @@ def open_gate(home: str, session: str) -> None:
 @pytest.fixture
 def limited_host(short_home, tmp_path):
     """A host allowing prompts of 60 chars and 2 running sessions, playing `GATED`."""
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps({"scripts": GATED}))
     (Path(short_home) / "oploop.toml").write_text(
         "[limits]\nmax_prompt_chars = 60\nmax_running_sessions = 2\n")
-    with running_host(short_home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as home:
+    with scripted_host(short_home, GATED, tmp_path) as home:
         yield home
 
 
@@ -287,9 +285,7 @@ def test_over_long_prompts_and_too_many_sessions_are_refused_clearly(limited_hos
 @pytest.fixture
 def gated_host(short_home, tmp_path):
     """A host playing `GATED` (no limits)."""
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps({"scripts": GATED}))
-    with running_host(short_home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as home:
+    with scripted_host(short_home, GATED, tmp_path) as home:
         yield home
 
 

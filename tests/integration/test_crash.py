@@ -21,6 +21,7 @@ from hostkit import (
     processes_with,
     run,
     running_host,
+    scripted_host,
     until,
     workspace,
 )
@@ -39,9 +40,7 @@ SCRIPTS = {
 
 @pytest.fixture
 def host(short_home, tmp_path):
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps({"scripts": SCRIPTS}))
-    with running_host(short_home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as running:
+    with scripted_host(short_home, SCRIPTS, tmp_path) as running:
         yield running
 
 

@@ -18,6 +18,7 @@ from hostkit import (
     oploop,
     processes_with,
     running_host,
+    scripted_host,
     until,
     wait_until,
     workspace,
@@ -50,10 +51,7 @@ async def workers(client: Client) -> dict[str, int]:
 @pytest.fixture
 def host(short_home, tmp_path):
     """One llm caller and one executor: a worker declared dead has no stand-in."""
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps({"scripts": SCRIPTS}))
-    env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario), "OPLOOP_EXECUTORS": "1"}
-    with running_host(short_home, env) as home:
+    with scripted_host(short_home, SCRIPTS, tmp_path, {"OPLOOP_EXECUTORS": "1"}) as home:
         yield home
 
 
