@@ -197,6 +197,18 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _reachable_at() -> str:
+    """The address other machines reach this host at, as far as `oploop.toml` says."""
+    try:
+        network = load_config().network
+    except ConfigError:
+        network = None
+    if network is None:
+        return "tcp://THIS-HOST:PORT (set [network] listen in oploop.toml)"
+    host = network.host if network.host not in ("0.0.0.0", "*", "::") else "THIS-HOST"
+    return f"tcp://{host}:{network.port}"
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     """CURVE keys for TCP: issue one to a remote worker, client or viewer; list; revoke."""
     keyring = Keyring.for_home(oploop_home())
@@ -207,8 +219,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 return fail("keys add: name the key (oploop keys add NAME --role ROLE)")
             folder = keyring.issue(args.name, args.role)
             print(f"oploop: key {args.name!r} ({args.role}) authorised; copy {folder} to the "
-                  "other machine and run there with\n"
-                  "  OPLOOP_CONNECT=tcp://THIS-HOST:PORT OPLOOP_KEYS=<that folder>")
+                  "other machine (then delete it here) and run there with\n"
+                  f"  OPLOOP_CONNECT={_reachable_at()} OPLOOP_KEYS=<that folder>")
         elif args.action == "revoke":
             if not args.name or not keyring.revoke(args.name):
                 return fail(f"keys revoke: no key named {args.name!r}")
