@@ -8,8 +8,9 @@ SPEC_FD and applies, in order, every layer the spec asks for:
 
     cgroup (join the call's cgroup, limits already named) · setsid ·
     parent-death signal · rlimits · namespaces (mount, net, ipc, uts, pid) →
-    fork the pid namespace's init → fork the tool: mounts (private /tmp, hidden
-    host paths) · unprivileged uid · no_new_privs · Landlock · seccomp → exec
+    fork the pid namespace's init → fork the tool: mounts (private /tmp and
+    /run, hidden host paths, /sys and /proc/sys reduced) · unprivileged uid ·
+    no_new_privs · Landlock · seccomp → exec
 
 A layer listed in the spec's `required` that fails stops the launch: the
 reason goes to ERR_FD and the tool never runs (fail closed). The executor reads
@@ -48,9 +49,11 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
@@ -63,6 +66,13 @@ SIGPIPE = 13
 SIGXFSZ = 25
 
 # Landlock (linux/landlock.h). The syscall numbers are the same on all architectures.
+SYS_OPEN_TREE = 428  # new mount API: same numbers on every architecture, too
+SYS_MOVE_MOUNT = 429
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = 0o2000000
+AT_FDCWD = -100
+MOVE_MOUNT_F_EMPTY_PATH = 4
+MNT_DETACH = 2
 SYS_LANDLOCK_CREATE_RULESET = 444
 SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
@@ -272,6 +282,54 @@ def setup_mounts(spec: dict[str, Any], cwd: str, new_proc: bool) -> None:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 
+def private_run(paths: list[str], size: str) -> None:
+    """An empty tmpfs over /run (and a real /var/run): no host daemon's socket inside."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   f"size={size},mode=0755")
+
+
+def mask_host_info(masks: list[tuple[str, list[str]]], size: str) -> None:
+    """Replace each masked tree (/sys, /proc/sys) by an empty read-only tmpfs holding
+    only its kept entries, read-only (the CPUs for nproc, pid_max for ps).
+
+    The kept entries are cloned (`open_tree`) before the tree goes, then attached
+    on the tmpfs; the tree itself is detached when it is a mount (/sys, with the
+    cgroup and other file systems on it), so not even its mount points show.
+    """
+    for root, keep in masks:
+        if not os.path.isdir(root):
+            continue
+        held = []
+        for rel in keep:
+            try:
+                held.append((rel, _clone_tree(os.path.join(root, rel))))
+            except OSError:
+                continue  # not on this machine: nothing to keep
+        if os.path.ismount(root):
+            _check(_libc.umount2(root.encode(), MNT_DETACH), f"umount {root}")
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _mount("tmpfs", root, "tmpfs", flags, f"size={size},mode=0555")
+        for rel, fd in held:
+            target = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(target), mode=0o555, exist_ok=True)
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.mkdir(target, 0o555)
+            else:
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+            _check(_libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
+                                 MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {target}")
+            os.close(fd)
+            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None)
+        _mount(None, root, None, MS_REMOUNT | MS_RDONLY | flags, None)
+
+
+def _clone_tree(path: str) -> int:
+    return _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(),
+                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC), f"open_tree {path}")
+
+
 def drop_uid(uid: int, gid: int) -> None:
     """Become `uid`/`gid` with no supplementary groups; the capabilities go with root."""
     os.setgroups([])
@@ -442,6 +500,8 @@ class Launch:
             os.close(alive_r)
             if spec["unshare"] & CLONE_NEWNS:
                 self.layer("namespaces", setup_mounts, spec, spec["cwd"], pidns)
+                self.layer("namespaces", private_run, spec["private_run"], spec["tmpfs_size"])
+                self.layer("namespaces", mask_host_info, spec["mask"], spec["tmpfs_size"])
             if spec["unshare"] & CLONE_NEWUTS:
                 _libc.sethostname(b"sandbox", 7)
         except LayerFailed as exc:

@@ -5,8 +5,11 @@ libseccomp) and exports it as classic BPF; the launcher installs those bytes
 with one prctl, so it never loads libseccomp itself, and bubblewrap takes the
 same bytes through `--seccomp FD`.
 
-Denied (EPERM): every socket family but AF_UNIX unless the policy allows the
-network; ptrace, process_vm_*, io_uring_*, unshare/setns/mount and friends,
+Denied (EPERM): without the network, every `socket()` (AF_UNIX included: Landlock
+does not cover `connect()` on a path, so a unix socket could reach any host
+daemon whose socket file the tool can see) and every `socketpair()` but AF_UNIX
+(a connected pair reaches nothing outside, and pipes-as-sockets are common);
+ptrace, process_vm_*, io_uring_*, unshare/setns/mount and friends,
 namespace flags on clone, bpf, keyctl, perf_event_open, userfaultfd, TIOCSTI
 and TIOCLINUX (terminal injection). clone3 answers ENOSYS, so libc falls back
 to clone, whose flags a filter can see. Other architectures are killed.
@@ -81,8 +84,8 @@ def build(*, network: bool) -> bytes:
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))
     if not network:
+        f.add_rule(deny, "socket")
         # NE on the full 64 bits is the safe direction: any other value is refused.
-        f.add_rule(deny, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
         f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
     fd = os.memfd_create("oploop-seccomp")
     try:
