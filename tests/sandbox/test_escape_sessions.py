@@ -87,7 +87,7 @@ def test_process_hoard_does_not_starve_another_session(host: Host) -> None:
             victim = await shell(host.sandbox, policy, other, FORKS)
             # The hoarding session itself is the one that cannot fork any more.
             try:
-                own = await shell(host.sandbox, policy, host.workspace, "/bin/true & wait && echo forked")
+                own = await shell(host.sandbox, policy, host.workspace, FORKS)
             except ToolRefused as exc:  # its shell cannot even start: exec fails on NPROC
                 own = str(exc)
             return made, victim, own
