@@ -480,8 +480,9 @@ def _rlimits(policy: Policy, as_user: bool) -> list[tuple[str, int, int]]:
         ("core", 0, 0),
     ]
     if as_user and policy.limits.pids > 0:
-        # Counted per uid across every sandbox of this uid (root ignores it):
-        # a backstop behind the cgroup's exact pids.max, hence the slack.
+        # Counted per uid across the machine (root ignores it), and each session has
+        # its own uid: it bounds the session's calls together, never another
+        # session's; a backstop behind the cgroup's exact pids.max, hence the slack.
         limits.append(("nproc", policy.limits.pids * 4, policy.limits.pids * 4))
     if policy.address_space > 0:
         limits.append(("as", policy.address_space, policy.address_space))
