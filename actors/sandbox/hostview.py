@@ -4,11 +4,11 @@
 databases); inside it is an empty tmpfs. `/sys` names the NICs and shows the
 whole cgroup tree (other calls', other hosts'); `/proc/sys` the kernel's
 settings. Both become empty read-only tmpfs keeping only what ordinary tools
-read: the CPUs (`nproc`, `os.cpu_count()`, `ps`, `lscpu`), the NUMA nodes
-(`ps`, `top`), and a few sysctls (`ps`: pid_max; `id`: ngroups_max; `top`:
-osrelease). The launcher applies it in its mount namespace
-(`launcher.private_run`, `launcher.mask_host_info`); `bwrap_args` says the same
-to bubblewrap.
+read, copied: the CPUs online (`os.cpu_count()`, `getconf`, `ps`), and a few
+sysctls (`ps`: pid_max; `id`: ngroups_max; `top`: osrelease). The launcher
+applies it in its mount namespace (`launcher.private_run`,
+`launcher.mask_host_info`); `bwrap_args` says the same to bubblewrap, with
+read-only binds of the same files.
 """
 
 from __future__ import annotations
@@ -20,13 +20,31 @@ from pathlib import Path
 PRIVATE_RUN = ("/run", "/var/run")
 """Covered by an empty tmpfs (a /var/run symlink to /run needs nothing more)."""
 
-SYS_KEEP = ("devices/system/cpu", "devices/system/node")
+SYS_KEEP = (
+    "devices/system/cpu/online", "devices/system/cpu/possible", "devices/system/cpu/present",
+)
 PROC_SYS_KEEP = (
     "kernel/pid_max", "kernel/ngroups_max", "kernel/osrelease", "kernel/ostype",
     "vm/overcommit_memory",
 )
-HOST_INFO_MASKS = (("/sys", SYS_KEEP), ("/proc/sys", PROC_SYS_KEEP))
-"""Each masked tree and the entries (relative) kept in it, read-only."""
+_KEEP_CAP = 4096  # bytes kept of each file (they hold a line each)
+
+
+@functools.cache
+def host_info_masks() -> tuple[tuple[str, tuple[tuple[str, bytes], ...]], ...]:
+    """Each masked tree and copies of the files kept in it, read once per executor:
+    none of them changes while it runs."""
+    out = []
+    for root, keep in (("/sys", SYS_KEEP), ("/proc/sys", PROC_SYS_KEEP)):
+        files = []
+        for rel in keep:
+            try:
+                with open(os.path.join(root, rel), "rb") as f:
+                    files.append((rel, f.read(_KEEP_CAP)))
+            except OSError:
+                continue  # not on this machine: the tools fall back
+        out.append((root, tuple(files)))
+    return tuple(out)
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import marshal
 import os
@@ -411,7 +412,7 @@ class Sandbox:
             "hide": [(p, "1777") for p in _PRIVATE_TMP] + [(p, "0755") for p in self.hide],
             "tmpfs_size": TMPFS_SIZE,
             "private_run": hostview.private_run(cwd) if ns else [],
-            "mask": [(root, list(keep)) for root, keep in hostview.HOST_INFO_MASKS] if ns else [],
+            "mask": _masks() if ns else [],
             "cwd": str(cwd),
             "uid": uid,
             "gid": uid,
@@ -443,6 +444,12 @@ class Sandbox:
 
 
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
+
+
+@functools.cache
+def _masks() -> list[tuple[str, list[tuple[str, bytes]]]]:
+    # Built once: marshal takes lists, and the copies never change.
+    return [(root, list(files)) for root, files in hostview.host_info_masks()]
 
 
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:

