@@ -164,7 +164,13 @@ class Sandbox:
         if self._cgroups is not None:
             killed = self._cgroups.sweep_leftovers()
             capped = self._use_cgroup(self.config.default)
-            self._cgroups.prepare(self.executor_limits if capped else None)
+            try:
+                self._cgroups.prepare(self.executor_limits if capped else None)
+            except OSError as exc:
+                # Calls would run without the caps over them all: refuse those that
+                # require the cgroup layer, as for any other missing layer.
+                log.error("executor cgroup caps not applied: %s", exc)
+                self.layers = {**self.layers, "cgroup": f"executor caps not applied: {exc}"}
         if subreaper:
             launcher_mod._prctl(_PR_SET_CHILD_SUBREAPER, 1)
             self._subreaper = True

@@ -7,14 +7,16 @@ session's `shell` fail with "Cannot fork". A uid per session confines that
 
 The record of which session holds which uid is the owner of its workspace
 directory: nothing else to keep in step, and it survives restarts. A new
-session takes the uid its id hashes to (blake2b, the same in every process),
-or the next uid of the range that no other workspace owns (linear probing):
+session takes the uid its workspace path hashes to (blake2b, the same in every
+process), or the next uid of the range that no other workspace owns (linear probing):
 two live sessions hashing to the same uid get different ones. The choice is
 made under an exclusive `flock` on the workspaces directory, so two executors
 of one host assigning at once cannot pick the same uid. A range of a single
 uid (`uid = N`) is the operator's explicit choice to share it.
 
-Hosts on one machine share nothing here: give each home its own `uid_range`.
+Hosts on one machine do not see each other's workspaces: two homes sharing a
+range only hash differently (the workspace path is hashed); give each home its
+own `uid_range` where sessions of different hosts must never share a uid.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ class UidsExhausted(Exception):
         self.last = last
 
 
-def preferred(name: str, first: int, last: int) -> int:
-    """The uid `name` hashes to in [first, last]: where its probe starts."""
-    digest = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+def preferred(workspaces: Path, name: str, first: int, last: int) -> int:
+    """The uid the workspace `workspaces/name` hashes to in [first, last]: where its
+    probe starts. The path, not the bare session id, so two homes sharing a range
+    do not map their "default" sessions to one uid."""
+    key = os.fsencode(str(workspaces.absolute() / name))
+    digest = hashlib.blake2b(key, digest_size=8).digest()
     return first + int.from_bytes(digest, "big") % (last - first + 1)
 
 
@@ -71,7 +76,7 @@ def assign(workspaces: Path, name: str, first: int, last: int) -> tuple[Path, in
 
 
 def _free_uid(workspaces: Path, name: str, first: int, last: int) -> int:
-    start = preferred(name, first, last)
+    start = preferred(workspaces, name, first, last)
     if first == last:
         return first
     taken = _taken(workspaces, name)

@@ -180,9 +180,10 @@ def test_uid_assignment_is_deterministic_and_collision_safe(workspaces: Path) ->
     first, last = 70000, 70007
     names = [f"s{i}" for i in range(40)]
     clash = next((a, b) for a in names for b in names
-                 if a < b and preferred(a, first, last) == preferred(b, first, last))
+                 if a < b and preferred(workspaces, a, first, last)
+                 == preferred(workspaces, b, first, last))
     got = [assign(workspaces, name, first, last)[1] for name in clash]
-    assert got[0] == preferred(clash[0], first, last)
+    assert got[0] == preferred(workspaces, clash[0], first, last)
     assert got[0] != got[1], "two live sessions hashing alike share a uid"
     # Stable: the workspace's owner is the record.
     assert assign(workspaces, clash[1], first, last)[1] == got[1]
