@@ -410,7 +410,8 @@ class Sandbox:
         uid = call_uid if "uid" in on else -1
         spec: dict[str, object] = {
             "required": sorted(layer for layer in LAYERS if policy.requires(layer)),
-            "cgroup": call.launch_spec(self._hier, policy.limits) if call else None,
+            "cgroup": (call.launch_spec(self._hier, _within(policy.limits, self.executor_limits))
+                       if call else None),
             "pdeathsig": "pdeathsig" in on,
             "ppid": os.getpid(),
             "rlimits": _rlimits(policy, uid >= 0) if "rlimits" in on else [],
@@ -456,6 +457,22 @@ _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
 def _masks() -> list[tuple[str, list[tuple[str, bytes]]]]:
     # Built once: marshal takes lists, and the copies never change.
     return [(root, list(files)) for root, files in hostview.host_info_masks()]
+
+
+def _within(limits: Limits, cap: Limits) -> Limits:
+    """A call's limits, none above the executor's caps (0: none of that kind). The
+    parent bounds the call anyway, but v1 refuses a cpu quota above its parent's."""
+
+    def lower(value: float, bound: float) -> float:
+        if bound <= 0:
+            return value
+        return bound if value <= 0 else min(value, bound)
+
+    return Limits(
+        memory_bytes=int(lower(limits.memory_bytes, cap.memory_bytes)),
+        pids=int(lower(limits.pids, cap.pids)),
+        cpu=lower(limits.cpu, cap.cpu),
+    )
 
 
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:

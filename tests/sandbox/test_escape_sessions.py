@@ -219,7 +219,7 @@ def test_executor_cgroup_caps_every_call_together(host: Host) -> None:
         for path, value in tree.limit_files(caps):
             assert Path(path).read_text().split()[0] == value.split()[0], path
         generous = dataclasses.replace(
-            host.policy, limits=Limits(memory_bytes=1024 * 1024 * 1024, pids=400, cpu=1.0)
+            host.policy, limits=Limits(memory_bytes=1024 * 1024 * 1024, pids=400, cpu=2.0)
         )
         ws = sandbox.workspace("s1")
 
