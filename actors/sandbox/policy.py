@@ -17,6 +17,9 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
 
     [tools.shell]               # per tool; any Limits/Policy field
     network = "none"            # or "host"; "none": no socket() at all, unix ones included
+    unix_sockets = false        # true: AF_UNIX allowed offline (Python's forkserver, local
+                                #   test servers); only sockets the tool can see: /run,
+                                #   /tmp are private, but e.g. /var/lib's are reachable
     memory_mb = 512
     pids = 256
     cpu = 1.0                   # cores
@@ -66,7 +69,8 @@ class PolicyError(ValueError):
 class Policy:
     """How one risky tool runs: limits, network, timeout, and the layers it needs."""
 
-    network: str = "none"  # "none": loopback-less net namespace, no inet sockets; "host"
+    network: str = "none"  # "none": loopback-less net namespace, no socket(); "host"
+    unix_sockets: bool = False  # offline, still allow AF_UNIX sockets (see the example)
     limits: Limits = field(default_factory=Limits)
     cpu_s: int = 60
     file_bytes: int = 256 * 1024 * 1024
@@ -152,7 +156,8 @@ class SandboxConfig:
 
 _MB = 1024 * 1024
 _TOOL_KEYS = {
-    "network", "memory_mb", "pids", "cpu", "cpu_s", "file_mb", "nofile", "as_mb", "timeout_s",
+    "network", "unix_sockets", "memory_mb", "pids", "cpu", "cpu_s", "file_mb", "nofile",
+    "as_mb", "timeout_s",
 }
 _TOP_KEYS = _TOOL_KEYS | {"uid", "uid_range", "optional", "off", "ro_paths", "backend"}
 _EXECUTOR_KEYS = ("executor_memory_mb", "executor_pids", "executor_cpu")
@@ -175,6 +180,12 @@ def _executor_limits(top: dict[str, Any], where: str) -> Limits | None:
     if min(limits.memory_bytes, limits.pids, limits.cpu) <= 0:
         raise PolicyError(f"{where}: executor_* limits must be positive, got {given}")
     return limits
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+    return value
 
 
 def _uid_range(table: dict[str, Any], base: Policy) -> tuple[int, int]:
@@ -201,6 +212,7 @@ def _policy(base: Policy, table: dict[str, Any], where: str, *, top: bool) -> Po
         )
         return Policy(
             network=str(table.get("network", base.network)),
+            unix_sockets=_bool(table.get("unix_sockets", base.unix_sockets), "unix_sockets"),
             limits=limits,
             cpu_s=int(table.get("cpu_s", base.cpu_s)),
             file_bytes=int(table.get("file_mb", base.file_bytes / _MB) * _MB),

@@ -424,7 +424,8 @@ class Sandbox:
             "uid": uid,
             "gid": uid,
             "landlock": None,
-            "seccomp": seccomp.build(network=not offline) if "seccomp" in on else None,
+            "seccomp": (seccomp.build(network=not offline, unix=policy.unix_sockets)
+                        if "seccomp" in on else None),
         }
         if "landlock" in on:
             rw = [str(cwd)]

@@ -1,4 +1,4 @@
-"""The sandbox's seccomp filter, compiled once per network setting with libseccomp.
+"""The sandbox's seccomp filter, compiled once per socket setting with libseccomp.
 
 The executor builds the filter (PyPI `pyseccomp`, a ctypes binding of
 libseccomp) and exports it as classic BPF; the launcher installs those bytes
@@ -7,12 +7,14 @@ same bytes through `--seccomp FD`.
 
 Denied (EPERM): without the network, every `socket()` (AF_UNIX included: Landlock
 does not cover `connect()` on a path, so a unix socket could reach any host
-daemon whose socket file the tool can see) and every `socketpair()` but AF_UNIX
-(a connected pair reaches nothing outside, and pipes-as-sockets are common);
-ptrace, process_vm_*, io_uring_*, unshare/setns/mount and friends,
-namespace flags on clone, bpf, keyctl, perf_event_open, userfaultfd, TIOCSTI
-and TIOCLINUX (terminal injection). clone3 answers ENOSYS, so libc falls back
-to clone, whose flags a filter can see. Other architectures are killed.
+daemon whose socket file the tool can see; a policy with `unix_sockets` keeps
+AF_UNIX, for multiprocessing's forkserver and local test servers) and every
+`socketpair()` but AF_UNIX (a connected pair reaches nothing outside, and
+multiprocessing's pipes are such pairs); ptrace, process_vm_*, io_uring_*,
+unshare/setns/mount and friends, namespace flags on clone, bpf, keyctl,
+perf_event_open, userfaultfd, TIOCSTI and TIOCLINUX (terminal injection).
+clone3 answers ENOSYS, so libc falls back to clone, whose flags a filter can
+see. Other architectures are killed (the i386 `int 0x80` and x32 ABIs too).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def available() -> tuple[bool, str]:
 
 
 @functools.cache
-def build(*, network: bool) -> bytes:
-    """The filter as classic BPF bytes; `network` keeps inet/other sockets allowed."""
+def build(*, network: bool, unix: bool = False) -> bytes:
+    """The filter as classic BPF bytes; `network` keeps every socket allowed, `unix`
+    (without the network) AF_UNIX ones."""
     try:
         import pyseccomp as sc
     except (ImportError, OSError, RuntimeError) as exc:  # no libseccomp, or not loadable
@@ -84,8 +87,11 @@ def build(*, network: bool) -> bytes:
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))
     if not network:
-        f.add_rule(deny, "socket")
         # NE on the full 64 bits is the safe direction: any other value is refused.
+        if unix:
+            f.add_rule(deny, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        else:
+            f.add_rule(deny, "socket")
         f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
     fd = os.memfd_create("oploop-seccomp")
     try:

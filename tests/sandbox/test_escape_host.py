@@ -273,3 +273,38 @@ def test_network_none_means_no_socket(host: Host) -> None:
     assert host.py(code, TEST_POLICY.lowered(network="host")).output == "OPEN\n"
     assert_still_works(host)
 
+
+FORKSERVER = """
+import multiprocessing as mp, socket, sys
+if __name__ == "__main__":
+    with mp.get_context("forkserver").Pool(2) as pool:
+        print("POOL", sum(pool.map(abs, [-1, -2])), flush=True)
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        print("INET")
+    except OSError as exc:
+        print("NOINET", exc.errno)
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+        print("CONNECTED")
+    except OSError as exc:
+        print("HOSTSOCK", exc.errno)
+"""
+
+
+def test_unix_sockets_policy_keeps_only_af_unix(
+    host: Host, host_sockets: list[tuple[Path, socket.socket]]
+) -> None:
+    """`unix_sockets = true`: Python's forkserver (3.14's default) works offline; still no
+    inet socket, and the host's /run sockets stay out of sight."""
+    need("seccomp", "namespaces")
+    need_python()
+    policy = host.policy.lowered(unix_sockets=True)
+    (host.workspace / "fs.py").write_text(FORKSERVER)
+    run_socket = host_sockets[0][0]
+    res = host.run(f"{PYTHON} -I fs.py {run_socket}", policy)
+    assert res.output.split("\n")[:3] == ["POOL 3", "NOINET 1", "HOSTSOCK 2"], res.output
+    _never_connected(host_sockets[:1])
+    assert_still_works(host)
+

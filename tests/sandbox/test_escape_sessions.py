@@ -258,7 +258,7 @@ def test_executor_caps_default_from_the_machine_and_config(tmp_path: Path) -> No
     from actors.sandbox import PolicyError
 
     for bad in ("uid_range = [0, 10]", "uid_range = [5, 4]", "uid = 7\nuid_range = [7, 8]",
-                "executor_memory_mb = -1"):
+                "executor_memory_mb = -1", 'unix_sockets = "yes"'):
         (tmp_path / "sandbox.toml").write_text(f"[sandbox]\n{bad}\n")
         with pytest.raises(PolicyError):
             SandboxConfig.load(tmp_path)
