@@ -18,8 +18,8 @@ import subprocess
 from . import hostview
 from .policy import Policy
 
-# Bound read-only when present; everything else (/root, /home, /run, the oploop
-# home, the host's /tmp) simply does not exist inside.
+# Bound read-only when present; everything else (/root, /home, /var, /srv, the
+# oploop home, the host's /tmp and /run) simply does not exist inside.
 _RO_ROOT = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 
 
