@@ -6,12 +6,13 @@ session's `shell` fail with "Cannot fork". A uid per session confines that
 (and signals, ptrace, /proc access) to the session itself.
 
 The record of which session holds which uid is the owner of its workspace
-directory: nothing else to keep in step, and it survives restarts. A new
-session takes the uid its workspace path hashes to (blake2b, the same in every
-process), or the next uid of the range that no other workspace owns (linear probing):
-two live sessions hashing to the same uid get different ones. The choice is
-made under an exclusive `flock` on the workspaces directory, so two executors
-of one host assigning at once cannot pick the same uid. A range of a single
+directory, indexed by a claim per uid (`CLAIMS`) that is only trusted while
+that workspace still exists with that owner: a removed session frees its uid.
+A new session takes the uid its workspace path hashes to (blake2b, the same in
+every process), or the next uid of the range no live workspace holds (linear
+probing): two live sessions hashing to the same uid get different ones. The
+choice is made under an exclusive `flock` on the workspaces directory, so two
+executors of one host assigning at once cannot pick the same uid. A range of a single
 uid (`uid = N`) is the operator's explicit choice to share it.
 
 Hosts on one machine do not see each other's workspaces: two homes sharing a
@@ -50,6 +51,12 @@ def preferred(workspaces: Path, name: str, first: int, last: int) -> int:
     return first + int.from_bytes(digest, "big") % (last - first + 1)
 
 
+CLAIMS = ".uids"
+"""In the workspaces directory: one symlink per uid held, `<uid>` -> the workspace's
+name, so a probe costs a readlink and a stat, not a scan of every workspace.
+(Not a possible workspace name: those are letters, digits, '-' and '_'.)"""
+
+
 def assign(workspaces: Path, name: str, first: int, last: int) -> tuple[Path, int]:
     """Create (0700) or find the workspace `workspaces/name`, owned by its session's uid.
 
@@ -64,9 +71,15 @@ def assign(workspaces: Path, name: str, first: int, last: int) -> tuple[Path, in
             owner = os.stat(path).st_uid
         except FileNotFoundError:
             owner = -1
-        if first <= owner <= last:
+        if first == last:  # one uid for all: the operator's choice, nothing to record
+            uid = first
+        elif first <= owner <= last:
+            _claim(_claims(workspaces, first, last), owner, name)
             return path, owner
-        uid = _free_uid(workspaces, name, first, last)
+        else:
+            uid = _free_uid(workspaces, name, first, last)
+        if owner == uid:
+            return path, uid
         if owner < 0:
             path.mkdir(mode=0o700)
             os.chown(path, uid, uid)
@@ -76,27 +89,57 @@ def assign(workspaces: Path, name: str, first: int, last: int) -> tuple[Path, in
 
 
 def _free_uid(workspaces: Path, name: str, first: int, last: int) -> int:
+    claims = _claims(workspaces, first, last)
     start = preferred(workspaces, name, first, last)
-    if first == last:
-        return first
-    taken = _taken(workspaces, name)
     size = last - first + 1
     for step in range(size):
         uid = first + (start - first + step) % size
-        if uid not in taken:
+        if _holder(claims, workspaces, uid) in (None, name):
+            _claim(claims, uid, name)
             return uid
     raise UidsExhausted(first, last, workspaces)
 
 
-def _taken(workspaces: Path, name: str) -> set[int]:
-    """The uids owning the other workspaces (read only when a session starts)."""
-    taken: set[int] = set()
+def _holder(claims: Path, workspaces: Path, uid: int) -> str | None:
+    """The workspace holding `uid`, or None (no claim, or a stale one: the workspace
+    is gone or owned by another uid now)."""
+    try:
+        name = os.readlink(claims / str(uid))
+    except FileNotFoundError:
+        return None
+    try:
+        held = os.stat(workspaces / name, follow_symlinks=False).st_uid == uid
+    except FileNotFoundError:
+        held = False
+    return name if held else None
+
+
+def _claim(claims: Path, uid: int, name: str) -> None:
+    link = claims / str(uid)
+    try:
+        if os.readlink(link) == name:
+            return
+        os.unlink(link)  # stale: its workspace is gone or has another uid (checked)
+    except FileNotFoundError:
+        pass
+    os.symlink(name, link)
+
+
+def _claims(workspaces: Path, first: int, last: int) -> Path:
+    """The claims directory; made from the workspaces' owners when missing (once)."""
+    claims = workspaces / CLAIMS
+    if claims.is_dir():
+        return claims
+    claims.mkdir(mode=0o700)
     with os.scandir(workspaces) as entries:
         for entry in entries:
-            if entry.name != name and entry.is_dir(follow_symlinks=False):
-                with contextlib.suppress(FileNotFoundError):
-                    taken.add(entry.stat(follow_symlinks=False).st_uid)
-    return taken
+            if entry.name == CLAIMS or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                uid = entry.stat(follow_symlinks=False).st_uid
+                if first <= uid <= last and _holder(claims, workspaces, uid) is None:
+                    _claim(claims, uid, entry.name)
+    return claims
 
 
 def _chown_tree(path: Path, uid: int) -> None:

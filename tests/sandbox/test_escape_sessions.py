@@ -20,7 +20,7 @@ from sbhelp import PYTHON, TEST_POLICY, Host, need, need_python
 
 from actors.sandbox import Limits, Policy, Sandbox, SandboxConfig, SandboxedChild
 from actors.sandbox.cgroups import CgroupTree
-from actors.sandbox.uids import UidsExhausted, assign, preferred
+from actors.sandbox.uids import CLAIMS, UidsExhausted, assign, preferred
 from actors.tools.process import ToolRefused, release, run_command
 
 HOARD = """
@@ -187,10 +187,15 @@ def test_uid_assignment_is_deterministic_and_collision_safe(workspaces: Path) ->
     assert got[0] != got[1], "two live sessions hashing alike share a uid"
     # Stable: the workspace's owner is the record.
     assert assign(workspaces, clash[1], first, last)[1] == got[1]
+    def held() -> set[int]:
+        return {p.stat().st_uid for p in workspaces.iterdir() if p.name != CLAIMS}
+
     for name in names:
-        if len({p.stat().st_uid for p in workspaces.iterdir()}) == last - first + 1:
+        if len(held()) == last - first + 1:
             break
         assign(workspaces, name, first, last)
+    # The claims index lost: rebuilt from the workspaces' owners, nothing handed out twice.
+    shutil.rmtree(workspaces / CLAIMS)
     with pytest.raises(UidsExhausted, match="uid_range"):
         assign(workspaces, "one-too-many", first, last)
     # A workspace from before (owned by another uid) is given one of the range, all of it.
@@ -203,6 +208,24 @@ def test_uid_assignment_is_deterministic_and_collision_safe(workspaces: Path) ->
     assert {p.stat().st_uid for p in (old, old / "sub", old / "sub" / "f")} == {uid}
     # One uid configured: every session shares it (the operator's choice).
     assert assign(workspaces, "shared", 64000, 64000)[1] == 64000
+
+
+def _assign_many(workspaces: Path, prefix: str, count: int) -> list[int]:
+    return [assign(workspaces, f"{prefix}{i}", 70000, 70047)[1] for i in range(count)]
+
+
+def test_concurrent_executors_never_share_a_uid(workspaces: Path) -> None:
+    """Two executors (processes) creating sessions at once, 40 for 48 uids: all distinct."""
+    if os.geteuid() != 0:
+        pytest.skip("assigning uids chowns workspaces: needs root")
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        parts = list(pool.map(_assign_many, [workspaces] * 2, ["a", "b"], [20, 20]))
+    uids = parts[0] + parts[1]
+    assert len(set(uids)) == 40, sorted(uids)
+    owners = [p.stat().st_uid for p in workspaces.iterdir() if p.name != CLAIMS]
+    assert sorted(owners) == sorted(uids)
 
 
 def test_executor_cgroup_caps_every_call_together(host: Host) -> None:
