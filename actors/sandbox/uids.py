@@ -94,24 +94,25 @@ def _free_uid(workspaces: Path, name: str, first: int, last: int) -> int:
     size = last - first + 1
     for step in range(size):
         uid = first + (start - first + step) % size
-        if _holder(claims, workspaces, uid) in (None, name):
+        if _holder(claims, workspaces, uid, first, last) in (None, name):
             _claim(claims, uid, name)
             return uid
     raise UidsExhausted(first, last, workspaces)
 
 
-def _holder(claims: Path, workspaces: Path, uid: int) -> str | None:
+def _holder(claims: Path, workspaces: Path, uid: int, first: int, last: int) -> str | None:
     """The workspace holding `uid`, or None (no claim, or a stale one: the workspace
-    is gone or owned by another uid now)."""
+    is gone, or has another uid of the range now). A workspace owned by a uid outside
+    the range keeps its claim: an unmounted quota image's mount point, say."""
     try:
         name = os.readlink(claims / str(uid))
     except FileNotFoundError:
         return None
     try:
-        held = os.stat(workspaces / name, follow_symlinks=False).st_uid == uid
+        owner = os.stat(workspaces / name, follow_symlinks=False).st_uid
     except FileNotFoundError:
-        held = False
-    return name if held else None
+        return None
+    return None if owner != uid and first <= owner <= last else name
 
 
 def _claim(claims: Path, uid: int, name: str) -> None:
@@ -137,7 +138,7 @@ def _claims(workspaces: Path, first: int, last: int) -> Path:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 uid = entry.stat(follow_symlinks=False).st_uid
-                if first <= uid <= last and _holder(claims, workspaces, uid) is None:
+                if first <= uid <= last and _holder(claims, workspaces, uid, first, last) is None:
                     _claim(claims, uid, entry.name)
     return claims
 

@@ -210,6 +210,21 @@ def test_uid_assignment_is_deterministic_and_collision_safe(workspaces: Path) ->
     assert assign(workspaces, "shared", 64000, 64000)[1] == 64000
 
 
+def test_claim_survives_an_unmounted_workspace(workspaces: Path) -> None:
+    """A workspace seen root-owned for a while (its quota image not mounted yet) keeps
+    its uid: a newcomer gets another; once the workspace is gone the uid is free."""
+    if os.geteuid() != 0:
+        pytest.skip("assigning uids chowns workspaces: needs root")
+    _, held = assign(workspaces, "a", 70000, 70001)
+    os.chown(workspaces / "a", 0, 0)
+    _, other = assign(workspaces, "b", 70000, 70001)
+    assert other != held
+    with pytest.raises(UidsExhausted):
+        assign(workspaces, "c", 70000, 70001)
+    (workspaces / "a").rmdir()
+    assert assign(workspaces, "c", 70000, 70001)[1] == held
+
+
 def _assign_many(workspaces: Path, prefix: str, count: int) -> list[int]:
     return [assign(workspaces, f"{prefix}{i}", 70000, 70047)[1] for i in range(count)]
 
