@@ -24,7 +24,7 @@ so a typo fails there with a message naming the key, never mid-session::
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
 
-    [agents.ops]                  # any field of `actors.supervisor.agents.Agent`
+    [agents.ops]                  # any field of `Agent`
     model = "sonnet"
     max_turns = 30
     category_allowlist = ["files"]
@@ -42,8 +42,57 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.supervisor.agents import DEFAULT_AGENT, MODEL_ALIASES, Agent
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
+
+# -- agents (here, not in the supervisor: the runner and the config use them too) ----
+
+#: Split point of a system prompt: what precedes it is the static, cacheable prefix.
+CACHE_BOUNDARY = "<<cache-boundary>>"
+
+#: Short names for concrete model ids.
+MODEL_ALIASES: dict[str, str] = {
+    "sonnet": "claude-sonnet-4-5",
+    "opus": "claude-opus-4-1",
+    "haiku": "claude-haiku-4-5",
+}
+
+DEFAULT_SYSTEM = (
+    "You are an operator: you carry out the user's requests on their machine with the "
+    "tools you are given, and you report what the tools actually returned. Be brief."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """One agent's configuration (defaults are the reference loop's)."""
+
+    name: str = "default"
+    model: str = "sonnet"
+    system: str = DEFAULT_SYSTEM
+    max_turns: int = 16
+    temperature: float = 0.3
+    max_tokens: int = 4096
+    streaming: bool = True
+    parallel_tools: bool = True
+    max_parallel_tools: int = 8
+    category_allowlist: tuple[str, ...] = ()
+    platform: str = "local"
+    mode: str = "default"
+    tool_timeout_s: float = 120.0
+    #: Seconds a run may take before it is cancelled with mode "deadline" (0: none).
+    deadline_s: float = 0.0
+    #: Set when the session acts on another machine: environment reminders are suppressed.
+    target_machine: str = ""
+
+    def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
+        """The concrete model id (an alias resolved, a concrete id as is)."""
+        return aliases.get(self.model, self.model)
+
+
+DEFAULT_AGENT = Agent()
+
+
+# -- the file ------------------------------------------------------------------------
 
 CONFIG_NAME = "oploop.toml"
 

@@ -31,12 +31,11 @@ from typing import Any, Generic, TypeVar
 
 import pydantic
 
-from actors.config import Config, load_config
+from actors.config import DEFAULT_AGENT, Agent, Config, load_config
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
-from actors.supervisor.agents import DEFAULT_AGENT, Agent
 from actors.supervisor.history import Message
 from actors.supervisor.session import ModelError, Session, emit, run_session
 from actors.supervisor.turn import ToolCall, ToolOutcome

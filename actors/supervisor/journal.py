@@ -22,8 +22,8 @@ from typing import Any
 
 import msgpack
 
+from actors.config import Agent
 from actors.storage import JOURNAL_FILE, open_private_db
-from actors.supervisor.agents import Agent
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
 
