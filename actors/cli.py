@@ -17,13 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from actors.config import Config, ConfigError, config_path, load_config
-from actors.host.actor import Host, HostError, read_state
+from actors.config import ConfigError
+from actors.host.actor import HostError, host_for, read_state
 from actors.render import Renderer
+from actors.settings import CONFIG_ENV, Settings, load_settings
 from bus.client import Client, Lag
 from bus.endpoints import EndpointError, oploop_home
 from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
@@ -41,14 +43,15 @@ def fail(message: str) -> int:
 # -- up / down / status -------------------------------------------------------------------
 
 
-def check_config() -> Config:
-    """Load and check `oploop.toml` now (raises `ConfigError`), and pin its path in
-    `OPLOOP_CONFIG` so every actor of the host reads the very file checked here."""
-    path = config_path()
-    config = load_config(path)
-    if path is not None:
-        os.environ["OPLOOP_CONFIG"] = str(path.resolve())
-    return config
+def check_settings() -> Settings:
+    """Load and check `oploop.toml` and the environment now (raises `ConfigError`), and
+    pin the file's path in `OPLOOP_CONFIG` so every actor of the host reads the very
+    file checked here."""
+    settings = load_settings()
+    source = settings.config.source
+    if source != "<defaults>":
+        os.environ[CONFIG_ENV] = str(Path(source).resolve())
+    return settings
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -56,7 +59,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if read_state() is not None:
         return fail(f"a host is already running in {oploop_home()}")
     try:
-        check_config()
+        check_settings()
     except ConfigError as exc:
         return fail(f"bad configuration: {exc}")
     if not args.detach:
@@ -200,7 +203,7 @@ def _fmt(v: Any) -> str:
 def _reachable_at() -> str:
     """The address other machines reach this host at, as far as `oploop.toml` says."""
     try:
-        network = load_config().network
+        network = load_settings().config.network
     except ConfigError:
         network = None
     if network is None:
@@ -240,8 +243,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
 async def host_client() -> AsyncIterator[Client]:
     """A client of the running host, or of an embedded host started for this call."""
     host = None
-    if read_state() is None and not os.environ.get("OPLOOP_CONNECT"):
-        host = Host(network=check_config().network)
+    settings = check_settings()
+    if read_state() is None and not settings.connect:
+        host = host_for(settings)
         await host.start()
     try:
         async with Client.connect() as client:
@@ -347,13 +351,21 @@ def _async(fn: Any) -> Any:
             return fail(f"{exc} (is OPLOOP_KEYS a folder from `oploop keys add` with the "
                         "role this needs, and not revoked?)")
         except RequestTimeout:
-            where = os.environ.get("OPLOOP_CONNECT") or oploop_home()
-            return fail(f"no host answering at {where} (is `oploop up` running?)")
+            return fail(f"no host answering at {_where()} (is `oploop up` running?)")
         except ConfigError as exc:
             return fail(f"bad configuration: {exc}")
         except (HostError, EndpointError, BusError, OSError) as exc:
             return fail(str(exc))
     return run
+
+
+def _where() -> str:
+    """Where the CLI looks for a host (`OPLOOP_CONNECT`, else this home)."""
+    try:
+        settings = load_settings()
+    except ConfigError:
+        return str(oploop_home())
+    return settings.connect or str(settings.home)
 
 
 def parser() -> argparse.ArgumentParser:

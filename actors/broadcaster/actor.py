@@ -11,10 +11,11 @@ import zmq
 
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
-from actors.broadcaster.settings import Retention, viewer_queue
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
+from actors.config import Retention
 from actors.runtime import notify_ready, run_actor
-from bus.endpoints import Endpoints, oploop_home
+from actors.settings import Settings
+from bus.endpoints import Endpoints
 from bus.errors import BusError
 from bus.messages import Envelope, Event, ReplayBatch, ReplayRequest, Stats, StatsReply
 from bus.rpc import Requester
@@ -34,6 +35,9 @@ FLUSH_INTERVAL_S = 0.01
 #: ... or as soon as this many are waiting.
 FLUSH_EVENTS = 2_000
 
+#: Live events queued per viewer (the XPUB's SNDHWM; `OPLOOP_VIEWER_QUEUE`).
+DEFAULT_VIEWER_QUEUE = 100_000
+
 #: How often retention is applied while running (it is also applied at start).
 PRUNE_INTERVAL_S = 600.0
 
@@ -42,10 +46,11 @@ class Broadcaster:
     """Logs sequenced events, publishes them in order, and replays any range on request."""
 
     def __init__(
-        self, endpoints: Endpoints, store: EventStore, retention: Retention | None = None
+        self, endpoints: Endpoints, store: EventStore, retention: Retention | None = None,
+        viewer_queue: int = DEFAULT_VIEWER_QUEUE,
     ) -> None:
         self.log = EventLog(store)
-        self.retention = retention or Retention.from_env()
+        self.retention = retention or Retention()
         self.reactor = Reactor()
         self.viewers = 0
         self._subscribed: Counter[bytes] = Counter()  # viewers per topic
@@ -60,7 +65,7 @@ class Broadcaster:
             secure=endpoints.server_side("events"),
             # PUB drops silently per subscriber at its high-water mark: high on
             # purpose, and seq + replay recover whatever is still dropped.
-            raw_handler=self.handle_subscription, hwm=viewer_queue(),
+            raw_handler=self.handle_subscription, hwm=viewer_queue,
         )
         # Every (un)subscription reaches us, not only a topic's first and last, so
         # that `viewers` counts viewers rather than watched sessions.
@@ -175,7 +180,7 @@ class Broadcaster:
         """Apply the retention settings to the store (and forget pruned sessions)."""
         self.flush()
         try:
-            removed = self.log.store.prune(self.retention.sessions, self.retention.max_age_s)
+            removed = self.log.store.prune(self.retention.max_sessions, self.retention.max_age_s)
         except StoreError as exc:
             log.error("retention: %s", exc)
             return []
@@ -234,9 +239,10 @@ def _range_problem(req: ReplayRequest, last: int) -> str:
     return ""
 
 
-async def _main() -> None:
-    store = EventStore(oploop_home() / STORE_FILE)
-    await Broadcaster(Endpoints.for_home(), store).serve()
+async def _main(settings: Settings) -> None:
+    store = EventStore(settings.home / STORE_FILE)
+    await Broadcaster(Endpoints.for_home(settings.home), store, settings.config.retention,
+                      settings.viewer_queue).serve()
 
 
 def main() -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import zmq
 
-from actors.config import Config, load_config
+from actors.config import Config
 from actors.runtime import notify_ready, run_actor
+from actors.settings import Settings
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.history import Message
@@ -530,10 +531,10 @@ class _WorkerIO:
             raise
 
 
-async def _main() -> None:
-    endpoints = Endpoints.for_home()  # the supervisor always runs beside its host
-    journal = Journal.for_home(endpoints.run_dir.parent)
-    await Supervisor(endpoints, load_config(), journal).serve()
+async def _main(settings: Settings) -> None:
+    endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
+    journal = Journal.for_home(settings.home)
+    await Supervisor(endpoints, settings.config, journal).serve()
 
 
 def main() -> None:

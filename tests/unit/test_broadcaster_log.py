@@ -12,9 +12,7 @@ from hypothesis import strategies as st
 
 from actors.broadcaster.actor import _range_problem
 from actors.broadcaster.log import EventLog
-from actors.broadcaster.settings import Retention
 from actors.broadcaster.store import EventStore
-from actors.llm_caller.batcher import FLUSH_INTERVAL_S, interval_from_env
 from actors.supervisor.resend import ResendRing
 from bus.messages import ErrorReply, ReplayBatch, ReplayRequest
 
@@ -131,28 +129,6 @@ def test_prune_by_count_and_by_age(store):
     assert len(store.prune(keep_sessions=1, max_age_s=0)) == 1
     assert [s.sid for s in store.sessions()] == ["newer"]
     assert store.range("old", 1, 3, 1 << 20) == ([], False)
-
-
-def test_retention_settings_from_env(monkeypatch):
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_SESSIONS", "5")
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_DAYS", "0.5")
-    r = Retention.from_env()
-    assert (r.sessions, r.max_age_s) == (5, 43_200)
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_DAYS", "soon")
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_SESSIONS", "-3")
-    assert Retention.from_env() == Retention()
-
-
-def test_token_batch_interval_from_env(monkeypatch):
-    monkeypatch.delenv("OPLOOP_TOKEN_BATCH_MS", raising=False)
-    assert interval_from_env() == FLUSH_INTERVAL_S
-    monkeypatch.setenv("OPLOOP_TOKEN_BATCH_MS", "5")
-    assert interval_from_env() == 0.005
-    monkeypatch.setenv("OPLOOP_TOKEN_BATCH_MS", "0")
-    assert interval_from_env() == 0
-    for bad in ("-1", "fast", "1e9"):
-        monkeypatch.setenv("OPLOOP_TOKEN_BATCH_MS", bad)
-        assert interval_from_env() == FLUSH_INTERVAL_S
 
 
 @pytest.mark.parametrize(("from_seq", "to_seq", "ok"), [
