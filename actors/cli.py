@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from actors.config import ConfigError
+from actors.config import ConfigError, parse_duration
 from actors.host.actor import HostError, host_for, read_state
 from actors.render import Renderer
 from actors.settings import CONFIG_ENV, Settings, load_settings
@@ -324,6 +324,42 @@ async def _list_sessions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _report_removed(removed: list[str], refused: dict[str, str], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"removed": removed, "refused": refused}))
+    else:
+        print(f"oploop: deleted {len(removed)} session(s)"
+              + (f": {', '.join(removed)}" if removed else ""))
+        for why in refused.values():
+            print(f"oploop: {why}", file=sys.stderr)
+    return EXIT_ERROR if refused else EXIT_OK
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    async with Client.connect() as client:
+        done = await client.prune(older_than_s=args.older_than, keep=args.keep)
+    return _report_removed(done.removed, done.refused, args.json)
+
+
+async def _rm(args: argparse.Namespace) -> int:
+    async with Client.connect() as client:
+        done = await client.remove(args.sessions)
+    return _report_removed(done.removed, done.refused, args.json)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 async def _tools(args: argparse.Namespace) -> int:
     async with host_client() as client:
         tools = await client.tools(args.agent or "")
@@ -403,9 +439,22 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("session")
     cancel.add_argument("--mode", choices=("ui", "operation"), default="ui")
     cancel.set_defaults(fn=_async(_cancel))
-    ses = sub.add_parser("sessions", help="list sessions")
+    ses = sub.add_parser("sessions", help="list sessions (or prune them)")
     ses.add_argument("--json", action="store_true")
     ses.set_defaults(fn=_async(_list_sessions))
+    ses_sub = ses.add_subparsers(dest="action")
+    prune = ses_sub.add_parser(
+        "prune", help="delete finished sessions now by [retention] (running ones never)")
+    prune.add_argument("--older-than", type=_duration, default=-1.0, metavar="DURATION",
+                       help="delete those idle for longer (30d, 12h, 15m, 90s)")
+    prune.add_argument("--keep", type=_count, default=-1, metavar="N",
+                       help="keep only the N most recently active")
+    prune.add_argument("--json", action="store_true")
+    prune.set_defaults(fn=_async(_prune))
+    rm = sub.add_parser("rm", help="delete sessions: history, events, everything")
+    rm.add_argument("sessions", nargs="+", metavar="SESSION")
+    rm.add_argument("--json", action="store_true")
+    rm.set_defaults(fn=_async(_rm))
     tools = sub.add_parser("tools", help="list tools as an agent sees them")
     tools.add_argument("--agent")
     tools.add_argument("--json", action="store_true")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,19 @@ class Journal:
     def prune(self, sid: str, last_seq: int, keep: int = KEEP_EVENTS) -> None:
         """Drop the events of `sid` older than its newest `keep`."""
         self.db.execute("DELETE FROM events WHERE sid = ? AND seq <= ?", (sid, last_seq - keep))
+
+    def remove(self, sids: Collection[str]) -> None:
+        """Delete the snapshots and kept events of `sids`, in one transaction."""
+        db = self.db
+        params = [(sid,) for sid in sids]
+        db.execute("BEGIN")
+        try:
+            db.executemany("DELETE FROM events WHERE sid = ?", params)
+            db.executemany("DELETE FROM sessions WHERE id = ?", params)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def sessions(self, agents: dict[str, Agent]) -> list[Session]:
         """Every journaled session, rebuilt (an agent no longer configured keeps the

@@ -115,20 +115,16 @@ def test_skip_to_leaves_a_hole_that_range_shows(store):
     assert log.skip_to("a", 5) == 0  # never backwards
 
 
-def test_prune_by_count_and_by_age(store):
+def test_remove_deletes_whole_sessions_and_forget_drops_them_from_memory(store):
     log = EventLog(store)
     for sid in ("old", "mid", "new"):
         fill(log, sid, 3)
         log.flush()
-    store._db.execute("UPDATE sessions SET updated = 1000 WHERE sid = 'old'")
-    store._db.execute("UPDATE sessions SET updated = 2000 WHERE sid = 'mid'")
-    assert store.prune(keep_sessions=0, max_age_s=0) == []
-    assert store.prune(keep_sessions=0, max_age_s=86_400) == ["mid", "old"]
-    fill(log, "newer", 1)
-    log.flush()
-    assert len(store.prune(keep_sessions=1, max_age_s=0)) == 1
-    assert [s.sid for s in store.sessions()] == ["newer"]
+    store.remove(["old", "mid", "never-seen"])
+    log.forget(["old", "mid"])
+    assert [s.sid for s in store.sessions()] == ["new"]
     assert store.range("old", 1, 3, 1 << 20) == ([], False)
+    assert log.last_seq("old") is None and log.last_seq("new") == 3
 
 
 @pytest.mark.parametrize(("from_seq", "to_seq", "ok"), [
