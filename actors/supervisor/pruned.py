@@ -51,10 +51,6 @@ class Tombstones:
         row = self._db.execute("SELECT 1 FROM pruned WHERE sid = ?", (sid,)).fetchone()
         return row is not None
 
-    def discard(self, sid: str) -> None:
-        """Forget `sid` (a session of that id exists again)."""
-        self._db.execute("DELETE FROM pruned WHERE sid = ?", (sid,))
-
     def __len__(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM pruned").fetchone()[0])
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sqlite3
 from pathlib import Path
 
 import pytest
-from hostkit import oploop, run, running_host, wait_until
+from hostkit import actor, oploop, run, running_host, wait_until
 
 from bus.client import Client
 from bus.errors import RemoteError
@@ -107,3 +109,11 @@ def test_retention_applies_at_start_and_periodically(short_home):
                    "the broadcaster to drop the pruned logs", timeout=20)
         out = oploop(short_home, "watch", sids[0])
         assert "(pruned)" in out.stderr
+        # The tombstones outlive the supervisor.
+        old = actor(short_home, "supervisor")["pid"]
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: actor(short_home, "supervisor")["pid"] not in (None, old)
+                   and actor(short_home, "supervisor")["state"] == "running",
+                   "the supervisor to be restarted")
+        out = oploop(short_home, "run", "--session", sids[1], "hello again")
+        assert f"no such session '{sids[1]}' (pruned)" in out.stderr, out.stderr
