@@ -136,9 +136,11 @@ class Runner(Generic[Deps, Output]):
         settings: Settings | None = None,
     ) -> None:
         # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*).
-        if settings is None and (config is None or policy is None):
-            settings = load_settings()
-        self.config = config or settings.config  # type: ignore[union-attr]
+        if config is None or policy is None:
+            settings = settings or load_settings()
+            config = config or settings.config
+            policy = policy or RetryPolicy.from_settings(settings.retry)
+        self.config = config
         self.parser = OutputParser(output_type) if output_type is not None else None
         if self.parser is not None:
             agent = dataclasses.replace(
@@ -147,7 +149,7 @@ class Runner(Generic[Deps, Output]):
         self.agent = agent
         self.catalogue = Catalogue([*(BUILTIN.values() if builtin else ()), *tools])
         self.backend = backend or AnthropicBackend()
-        self.policy = policy or RetryPolicy.from_settings(settings.retry)  # type: ignore[union-attr]
+        self.policy = policy
         self.on_event = on_event
         self._sessions = 0
 

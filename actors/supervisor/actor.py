@@ -274,6 +274,9 @@ class Supervisor:
             del self._starts[key]
         frame = encode(Envelope(ForgetSessions(list(sids))))
         if self._outbox or not self._push(frame):
+            if len(self._outbox) >= MAX_OUTBOX:  # the next pruning finds those logs again
+                log.error("event outbox full: the broadcaster keeps %d deleted log(s)", len(sids))
+                return
             self._outbox.append(frame)
 
     def _remove_sessions(self, peer: bytes | None, env: Envelope, req: RemoveSessions) -> None:
