@@ -29,12 +29,12 @@ import os
 import stat
 import sys
 
-# The one atomic writer (actors/atomic.py). Run by the bootstrap, this file is a top-level
+# The one atomic writer (actors/fileops.py). Run by the bootstrap, this file is a top-level
 # module with actors/ on sys.path; imported by the executor, it is actors.sandbox.launcher.
 if __package__:
-    from actors.atomic import write_atomic
+    from actors.fileops import write_atomic
 else:
-    from atomic import write_atomic  # type: ignore[no-redef]
+    from fileops import write_atomic  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
 if TYPE_CHECKING:

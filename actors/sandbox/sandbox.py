@@ -34,7 +34,7 @@ log = logging.getLogger("oploop.sandbox")
 FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
 
 LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
-#: `actors/`, after the launcher's own directory: the launcher imports `atomic` from it.
+#: `actors/`, after the launcher's own directory: the launcher imports `fileops` from it.
 SHARED_DIR = str(Path(LAUNCHER_DIR).parent)
 BOOTSTRAP = (
     f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}, {SHARED_DIR!r}]; import launcher; "

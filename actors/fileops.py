@@ -1,8 +1,9 @@
-"""Replacing a file atomically: the one writer of `write_file`, sandboxed or not.
+"""The file tools' system calls, shared by the sandbox launcher and the unconfined tools:
+for now the one atomic writer of `write_file`, sandboxed or not.
 
 Standard library only, and cheap to import: the sandbox launcher imports this
 file as a top-level module (its bootstrap puts `actors/` on `sys.path`) on every
-sandboxed write; the unsandboxed `write_file` imports it as `actors.atomic`.
+sandboxed write; the unsandboxed `write_file` imports it as `actors.fileops`.
 """
 
 from __future__ import annotations
