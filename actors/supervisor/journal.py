@@ -77,18 +77,20 @@ class Journal:
         """Drop the events of `sid` older than its newest `keep`."""
         self.db.execute("DELETE FROM events WHERE sid = ? AND seq <= ?", (sid, last_seq - keep))
 
-    def remove(self, sids: Collection[str]) -> None:
-        """Delete the snapshots and kept events of `sids`, in one transaction."""
+    def remove(self, sids: Collection[str]) -> int:
+        """Delete the snapshots and kept events of `sids`, in one transaction; returns how
+        many sessions it held."""
         db = self.db
         params = [(sid,) for sid in sids]
         db.execute("BEGIN")
         try:
             db.executemany("DELETE FROM events WHERE sid = ?", params)
-            db.executemany("DELETE FROM sessions WHERE id = ?", params)
+            held = db.executemany("DELETE FROM sessions WHERE id = ?", params).rowcount
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        return held
 
     def sessions(self, agents: dict[str, Agent]) -> list[Session]:
         """Every journaled session, rebuilt (an agent no longer configured keeps the

@@ -60,9 +60,9 @@ class LegacySessionStore:
             out.append(SessionOverview(sid, last, last, size, False))
         return out
 
-    def remove(self, sids: Collection[str]) -> None:
-        """Delete `sids` from the journal (snapshots and kept events)."""
-        self.journal.remove(sids)
+    def remove(self, sids: Collection[str]) -> int:
+        """Delete `sids` from the journal (snapshots and kept events); how many it held."""
+        return self.journal.remove(sids)
 
 
 def _read_only(path: Path) -> contextlib.closing[sqlite3.Connection]:

@@ -40,8 +40,9 @@ class SessionStore(Protocol):
     def sessions_overview(self) -> list[SessionOverview]:
         """Every stored session, cheaply (no history is decoded)."""
 
-    def remove(self, sids: Collection[str]) -> None:
-        """Delete `sids` and everything stored of them, in one transaction."""
+    def remove(self, sids: Collection[str]) -> int:
+        """Delete `sids` and everything stored of them, in one transaction; returns how
+        many of them the store held."""
 
 
 @dataclass(frozen=True, slots=True)
