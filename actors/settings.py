@@ -7,22 +7,22 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 
 | variable | default | meaning |
 |---|---|---|
-| `OPLOOP_HOME` | `~/.oploop` | the host's home (read by `bus.endpoints.oploop_home`, since `bus` imports nothing of `actors`) |
-| `OPLOOP_CONFIG` | | the `oploop.toml` to use (else `$OPLOOP_HOME/oploop.toml`, else `./oploop.toml`) |
-| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host on another machine and the key folder for it (`bus.endpoints`) |
+| `OPLOOP_HOME` | `~/.oploop` | the host's home (read in `bus.endpoints`: bus imports no actors) |
+| `OPLOOP_CONFIG` | | the `oploop.toml` (else `$OPLOOP_HOME/oploop.toml`, `./oploop.toml`) |
+| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`bus.endpoints`) |
 | `OPLOOP_LOG_LEVEL` | WARNING | DEBUG, INFO, WARNING, ERROR or CRITICAL |
 | `OPLOOP_INTENT_ROUTER` | | `on` / `off` overrides `[router] enabled` |
 | `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
 | `OPLOOP_RETRY_BASE_S` | 0.5 | first backoff, doubling ... |
 | `OPLOOP_RETRY_MAX_S` | 32 | ... up to this |
 | `OPLOOP_STREAM_IDLE_S` | 2 | a stream silent this long is retried |
-| `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text is batched this long (0..10000; 0: one event per delta) |
+| `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text batched this long (0..10000; 0: none) |
 | `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
 | `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
 | `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
 | `OPLOOP_EXECUTORS` | 2 | executor processes of a host (at least 1) |
-| `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer before a slow viewer's are dropped (it refetches them) |
+| `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
 
