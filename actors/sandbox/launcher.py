@@ -30,6 +30,13 @@ import os
 import stat
 import sys
 
+# The one atomic writer (actors/fileops.py). Run by the bootstrap, this file is a top-level
+# module with actors/ on sys.path; imported by the executor, it is actors.sandbox.launcher.
+if __package__:
+    from actors.fileops import write_atomic
+else:
+    from fileops import write_atomic  # type: ignore[no-redef]
+
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
 if TYPE_CHECKING:
     from typing import Any
@@ -314,41 +321,6 @@ def drop_uid(uid: int, gid: int) -> None:
 
 
 # --- the file writer (write_file runs here, after the lockdown) -----------------------
-
-
-def write_atomic(target: str, data: bytes) -> str:
-    """Replace `target` with `data` atomically, through a symlink, making parent dirs.
-
-    The real path is resolved first, so a symlink is written through as an
-    editor would; the temporary file lives in the same directory, so the final
-    rename is atomic and a reader sees the old file or the new one.
-    """
-    real = os.path.realpath(target)
-    os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
-    name = f".{os.path.basename(real)}.{os.urandom(4).hex()}.tmp"
-    tmp = os.path.join(os.path.dirname(real), name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    done = False
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        # (No contextlib.suppress in this file: one more import on every sandboxed call.)
-        try:  # noqa: SIM105 -- keep an existing file's permissions (an executable script)
-            os.chmod(tmp, os.stat(real).st_mode & 0o7777)
-        except FileNotFoundError:
-            pass
-        os.replace(tmp, real)
-        done = True
-    finally:
-        os.close(fd)
-        if not done:
-            try:  # noqa: SIM105
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return real
 
 
 def _run_writer(job: dict[str, Any]) -> int:

@@ -35,8 +35,11 @@ log = logging.getLogger("oploop.sandbox")
 FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
 
 LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
+#: `actors/`, after the launcher's own directory: the launcher imports `fileops` from it.
+SHARED_DIR = str(Path(LAUNCHER_DIR).parent)
 BOOTSTRAP = (
-    f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}]; import launcher; launcher.main(sys.argv)"
+    f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}, {SHARED_DIR!r}]; import launcher; "
+    "launcher.main(sys.argv)"
 )
 """What the launcher's interpreter runs: the cached launcher module, not a script."""
 _PR_SET_CHILD_SUBREAPER = 36
