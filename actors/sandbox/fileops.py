@@ -31,6 +31,7 @@ ENOTREG = "not a regular file"
 """The reason given for a special file (a device, a FIFO, a socket)."""
 
 _CHUNK = 64 * 1024
+REPLY_LEN_DIGITS = 10
 _REPLY_FD = 1  # the tool process's stdout: the executor reads the reply there
 
 
@@ -172,6 +173,8 @@ def _mark(entry: os.DirEntry[str]) -> str:
 
 
 # --- the reply framing (tool process -> executor) -----------------------------------------
+# One reply, prefixed by its length in REPLY_LEN_DIGITS decimal digits, so the executor
+# knows it has all of it without waiting for the processes to exit.
 # read:  b"R" more(0|1) b" " st_size b" " hex(real path) b"\n" data
 # list:  b"L" total b" " hex(real path) b"\n" then per entry: mark(d|l|-) name b"\0"
 # error: b"E" errno b"\t" reason
@@ -212,7 +215,7 @@ def _reply_error(exc: OSError | ValueError) -> int:
 
 
 def _reply(data: bytes) -> None:
-    view = memoryview(data)
+    view = memoryview(b"%0*d" % (REPLY_LEN_DIGITS, len(data)) + data)
     while view:
         view = view[os.write(_REPLY_FD, view):]
 

@@ -282,7 +282,7 @@ class Sandbox:
         """
         job = {"path": str(target), "data": data}
         returncode, reply = await self._run_op(tool, policy, cwd, ("write", job), (),
-                                               _WRITE_REPLY_CAP)
+                                               _WRITE_REPLY_CAP, framed=False)
         text = reply.decode("utf-8", "replace")
         if returncode == 0 and text.startswith("wrote "):
             return text.rsplit(" to ", 1)[-1]
@@ -295,25 +295,31 @@ class Sandbox:
     async def _file_op(self, tool: str, policy: Policy, cwd: Path, op: tuple[str, dict[str, Any]],
                        readable: tuple[str, ...], cap: int) -> bytes:
         """Run a read or a listing in a locked-down launcher; its framed reply."""
-        returncode, reply = await self._run_op(tool, policy, cwd, op, readable, cap)
+        returncode, reply = await self._run_op(tool, policy, cwd, op, readable, cap, framed=True)
         if not reply:
             raise OSError(0, f"the sandboxed reader exited with status {returncode}")
         return reply
 
     async def _run_op(self, tool: str, policy: Policy, cwd: Path, op: tuple[str, dict[str, Any]],
-                      readable: tuple[str, ...], cap: int) -> tuple[int | None, bytes]:
+                      readable: tuple[str, ...], cap: int, *, framed: bool
+                      ) -> tuple[int | None, bytes]:
         """Launch one file operation; (exit status, its reply on stdout, at most `cap` bytes).
 
-        The whole call, the launch included, is bounded by the policy's timeout;
-        a refusal by the sandbox raises ToolRefused.
+        `framed`: the reply carries its length (fileops), so the launcher is killed
+        as soon as it is in, without waiting for the processes to exit (the exit
+        status is then None or the kill's). The whole call, the launch included, is
+        bounded by the policy's timeout; a refusal by the sandbox raises ToolRefused.
         """
         async with asyncio.timeout(policy.timeout_s):
             child = await self.launch(tool, policy, cwd, op=op, readable=readable)
             proc = child.process
             assert proc.stdout is not None
             try:
-                reply = await _read_capped(proc.stdout, cap)
-                await proc.wait()
+                if framed:
+                    reply = await _read_framed(proc.stdout, cap)
+                else:
+                    reply = await _read_capped(proc.stdout, cap)
+                    await proc.wait()
             finally:
                 child.kill()
                 refused = await release(child)  # to the end, even if cancelled (again) meanwhile
@@ -507,6 +513,19 @@ def _parsed(parse: Callable[[bytes], T], reply: bytes) -> T:
     try:
         return parse(reply)
     except (ValueError, KeyError) as exc:  # cut short or mangled: not what fileops wrote
+        raise fileops.BadReply(f"sandboxed reader: unreadable reply ({exc})") from exc
+
+
+async def _read_framed(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """One length-prefixed reply (at most `cap` bytes); b"" if the launcher wrote none."""
+    try:
+        size = int(await stream.readexactly(fileops.REPLY_LEN_DIGITS))
+        if size > cap:
+            raise fileops.BadReply(f"sandboxed reader: a {size}-byte reply (cap {cap})")
+        return await stream.readexactly(size)
+    except asyncio.IncompleteReadError:
+        return b""  # refused before it ran (the reason is on the error pipe), or killed
+    except ValueError as exc:
         raise fileops.BadReply(f"sandboxed reader: unreadable reply ({exc})") from exc
 
 
