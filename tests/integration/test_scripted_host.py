@@ -23,6 +23,7 @@ OPLOOP = [sys.executable, "-m", "actors.cli"]
 def scripted_host(short_home, tmp_path):
     target = tmp_path / "note.txt"
     target.write_text("scripted hello\n")
+    os.chmod(tmp_path, 0o755)  # read_file reads as the tool uid: what others may read
     call = {"type": "tool_use", "name": "read_file", "input": {"path": str(target)}}
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"reply": [call]}] * 25 + [{"reply": "finished"}]))
