@@ -383,7 +383,8 @@ class Launch:
             try:
                 make_workspace(*spec["workspace"])
             except OSError as exc:
-                raise LayerFailed("workspace", f"{spec['workspace'][0]}: {exc.strerror or exc}")
+                path = spec["workspace"][0]
+                raise LayerFailed("workspace", f"{path}: {exc.strerror or exc}") from exc
         # Python ignores these two; a tool must start with the default dispositions.
         _signal.signal(SIGPIPE, _signal.SIG_DFL)
         _signal.signal(SIGXFSZ, _signal.SIG_DFL)
