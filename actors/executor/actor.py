@@ -101,9 +101,9 @@ class Executor(Worker):
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         cwd = Path(job.cwd) if job.cwd else Path.cwd()
-        # No I/O here: the launcher makes the workspace, inside the call's timeout.
-        workspace = self.sandbox.workspace_path(env.sid or "default")
-        if found is not None and found.spec.risky:
+        workspace = self.sandbox.workspace_path(env.sid or "default")  # (no I/O)
+        risky = found is not None and found.spec.risky
+        if risky:
             if job.name not in self.sandboxed:
                 return ToolResult(
                     f"{job.name}: refused: a risky tool with no sandboxed runner here", True, 0.0
@@ -120,6 +120,9 @@ class Executor(Worker):
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
             async with asyncio.timeout(timeout_s):
+                if risky:
+                    # Inside the timeout: a set-up that hangs (its file system) ends the call.
+                    await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
                 outcome = await invoke(self.catalogue, job.name, job.input, ctx)
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000

@@ -7,12 +7,12 @@ compiled on every call as a script would be. It reads a `marshal`-ed spec from
 SPEC_FD and applies, in order, every layer the spec asks for:
 
     cgroup (join the call's cgroup, limits already named) · setsid ·
-    parent-death signal · rlimits · the workspace (made if missing) ·
-    namespaces (mount, net, ipc, uts, pid) → fork the pid namespace's init:
-    mounts (private /tmp, hidden homes and host paths, kept paths bound back,
-    new /proc) → fork the tool: unprivileged uid · no_new_privs · Landlock ·
-    seccomp → exec; or, for a file operation (`fileops`: write, read, list),
-    the init locks itself down the same way and does it, no second fork.
+    parent-death signal · rlimits · namespaces (mount, net, ipc, uts, pid) →
+    fork the pid namespace's init: mounts (private /tmp, hidden homes and
+    host paths, kept paths bound back, new /proc) → fork the tool:
+    unprivileged uid · no_new_privs · Landlock · seccomp → exec; or, for a
+    file operation (`fileops`: write, read, list), the init locks itself
+    down the same way and does it: no second fork.
 
 A layer listed in the spec's `required` that fails stops the launch: the
 reason goes to ERR_FD and the tool never runs (fail closed). The executor reads
@@ -322,17 +322,6 @@ def add_readable(spec: dict[str, Any]) -> None:
             spec["landlock"]["ro"].append(real)
 
 
-def make_workspace(path: str, uid: int) -> None:
-    """Create the session's workspace (0700, owned by the tool uid) if it is missing.
-
-    Done here, in the launcher, so that a hung file system stalls only this
-    call, which its timeout kills, never a thread of the executor.
-    """
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    if uid >= 0 and os.stat(path).st_uid != uid:
-        os.chown(path, uid, uid)
-
-
 def drop_uid(uid: int, gid: int) -> None:
     """Become `uid`/`gid` with no supplementary groups; the capabilities go with root."""
     os.setgroups([])
@@ -379,12 +368,6 @@ class Launch:
         self.layer("rlimits", set_rlimits, spec["rlimits"])
         if spec.get("readable"):
             add_readable(spec)
-        if spec.get("workspace"):
-            try:
-                make_workspace(*spec["workspace"])
-            except OSError as exc:
-                path = spec["workspace"][0]
-                raise LayerFailed("workspace", f"{path}: {exc.strerror or exc}") from exc
         # Python ignores these two; a tool must start with the default dispositions.
         _signal.signal(SIGPIPE, _signal.SIG_DFL)
         _signal.signal(SIGXFSZ, _signal.SIG_DFL)

@@ -191,7 +191,7 @@ class Sandbox:
     # -- workspaces and policies ---------------------------------------------------------
 
     def workspace_path(self, session: str) -> Path:
-        """Where the session's workspace is (no I/O: the launcher makes it when missing)."""
+        """Where the session's workspace is (no I/O: a read needs it only if it exists)."""
         safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
         return self.workspaces / safe
 
@@ -456,7 +456,6 @@ class Sandbox:
             # A read needs no network, ipc or uts namespace (seccomp refuses it sockets):
             # only the mounts (what it may see) and the pid namespace (a fresh /proc).
             unshare = launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWPID
-        ws_uid = self.config.default.uid if self._applies_uid(self.config.default) else -1
         spec: dict[str, object] = {
             "required": sorted(layer for layer in LAYERS if policy.requires(layer)),
             "cgroup": call.launch_spec(self._hier, policy.limits) if call else None,
@@ -469,10 +468,9 @@ class Sandbox:
             "secret": list(self.hide),
             "keep": [str(cwd)],
             "readable": list(readable) if reading else [],
-            # Made by the launcher, inside the call's timeout (never in an executor thread).
-            "workspace": [str(cwd), ws_uid] if cwd.is_relative_to(self.workspaces) else None,
             "tmpfs_size": "64m",
-            "cwd": str(cwd),
+            # A read takes absolute paths, and its session may have no workspace yet.
+            "cwd": "/" if reading else str(cwd),
             "uid": uid,
             "gid": uid,
             "landlock": None,
@@ -551,7 +549,7 @@ def _check_reachable(tool: str, path: Path, uid: int) -> None:
         try:
             st = os.stat(parent)
         except FileNotFoundError:
-            continue  # made by the launcher, as root, with 0755 parents
+            continue  # not made yet: `workspace` makes the parents 0755
         if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
             continue
         raise SandboxRefused(

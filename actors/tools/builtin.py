@@ -135,7 +135,7 @@ def make_list_dir(lister: DirLister = list_local) -> Tool:
                 13, "oploop's own files are not listable by tools"))
         if not entries:
             return "(empty directory)"
-        lines = [shown_name(os.fsdecode(name)) + mark for name, mark in entries]
+        lines = [shown_name(name) + mark for name, mark in entries]
         if total > len(entries):
             lines.append(f"[truncated: {total - len(entries)} more entries]")
         return "\n".join(lines)
@@ -143,21 +143,32 @@ def make_list_dir(lister: DirLister = list_local) -> Tool:
     return list_dir
 
 
-def shown_name(name: str) -> str:
-    """A file name as the model reads it: an undecodable byte (a surrogate escape) as
-    `\\xNN`, a control character escaped (a newline would forge a line); else as is."""
-    if name.isprintable():
-        return name
-    out = []
-    for ch in name:
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif not ch.isprintable():
-            out.append(repr(ch)[1:-1])
-        else:
-            out.append(ch)
-    return "".join(out)
+def shown_name(name: str | bytes) -> str:
+    """A file name as the model and viewers see it: readable, one line, encodable.
+
+    `name` is the raw name (bytes, or str with surrogate escapes as `os` gives it):
+    bytes that are not UTF-8 show as `\\xff`, control and other unprintable
+    characters as `\\n`-style escapes, so that one odd name can neither make the
+    result unencodable nor split one entry into two lines.
+    """
+    if isinstance(name, bytes):
+        raw = name
+    else:
+        try:
+            raw = os.fsencode(name)
+        except UnicodeEncodeError:  # a lone surrogate no file system gave: show its bytes
+            raw = name.encode("utf-8", "surrogatepass")
+    text = raw.decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _is_private(real: str, private: tuple[Path, ...]) -> bool:

@@ -339,7 +339,7 @@ def test_default_home_under_a_0700_directory(root_home: Path) -> None:
     sandbox = Sandbox(SandboxConfig(TEST_POLICY), root_home / "workspaces", hide=(root_home,))
     sandbox.start()
     try:
-        ws = sandbox.workspace_path("s1")  # not made yet: the launcher makes it
+        ws = sandbox.workspace("s1")
 
         async def session() -> list[tuple[str, bool]]:
             catalogue = Catalogue([
