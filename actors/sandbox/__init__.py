@@ -1,4 +1,4 @@
-"""Sandboxed processes for risky tools: they cannot escape, and they always die.
+"""Sandboxed processes for every tool: they cannot escape, and they always die.
 
 `Sandbox` runs a tool call through `launcher.py`, a small single-threaded
 process (never a `preexec_fn`): forked by the executor's launcher fork server
@@ -6,8 +6,13 @@ process (never a `preexec_fn`): forked by the executor's launcher fork server
 call as the fallback. It applies, in order:
 its own cgroup (memory, pids, cpu; killed whole by `cgroup.kill` or the v1
 freezer), setsid, a parent-death signal, rlimits, new mount/net/ipc/uts/pid
-namespaces (the pid namespace's init dies with the launcher), an unprivileged
-uid with no_new_privs, Landlock and seccomp; then it execs the tool.
+namespaces (the pid namespace's init dies with the launcher; /root, /home,
+the private /tmp and the oploop home hidden, the workspace bound back), an
+unprivileged uid with no_new_privs, Landlock and seccomp; then it execs the
+tool (`shell`), or does the file operation itself (`fileops`: `write_file`
+in the workspace; `read_file`, `list_dir` read-only on the system's paths,
+the session's cwd and workspace and the agent's `read_paths`, with only
+the mount and pid namespaces, no cgroup, and no socket at all).
 
 `Policy` says what each tool may use, fail-closed: a required layer that is
 missing refuses the call (`SandboxRefused`) unless `sandbox.toml` lowers it.
