@@ -374,8 +374,15 @@ class Launch:
         if spec.get("bwrap"):
             self._exec_bwrap()
         flags = spec["unshare"]
+        # Forked by the server as pid 1 of a new pid namespace (a file operation):
+        # this process is the namespace's init and does the operation itself.
+        as_init = bool(flags & CLONE_NEWPID) and os.getpid() == 1 and _file_op(spec) is not None
+        if as_init:
+            flags &= ~CLONE_NEWPID
         if flags:
             self.layer("namespaces", lambda: _check(_libc.unshare(flags), "unshare"))
+        if as_init:
+            self._as_init()
         alive_r, alive_w = os.pipe()
         status_r, status_w = os.pipe()
         init = os.fork()
@@ -420,8 +427,21 @@ class Launch:
 
     def _die_with_executor(self, ppid: int) -> None:
         _prctl(PR_SET_PDEATHSIG, SIGKILL)
-        if os.getppid() != ppid:  # the executor died before prctl took effect
+        # The executor died before prctl took effect (0: our parent is outside our pid
+        # namespace, we are its init: the server forked us there).
+        if os.getppid() not in (ppid, 0):
             os._exit(126)
+
+    def _as_init(self) -> None:
+        """Pid 1 of a pid namespace the server made: the mounts, then the file operation."""
+        try:
+            if self.spec["unshare"] & CLONE_NEWNS:
+                self.layer("namespaces", setup_mounts, self.spec, True)
+        except LayerFailed as exc:
+            self.fail(str(exc))
+        except Exception as exc:  # the init failed before the operation started
+            self.fail(f"launcher: {exc}")
+        self._tool(as_init=True)
 
     def _init(self, alive_r: int, status_w: int) -> None:
         """The pid namespace's init (or, without one, a subreaper): runs the tool, reaps.
@@ -477,11 +497,14 @@ class Launch:
         # In a pid namespace, this exit makes the kernel kill every process left in it.
         os._exit(0)
 
-    def _tool(self, alive_r: int = -1) -> None:
+    def _tool(self, alive_r: int = -1, as_init: bool = False) -> None:
         """The tool process: the per-process lockdown, then exec (or the file operation).
 
         `alive_r`: the init runs a file operation itself; the uid change cleared
         its parent-death signal, so it is set again, then the launcher checked.
+        `as_init`: the launcher is the init (see `run`): the signal is set again;
+        its parent, outside the namespace, cannot be checked (the operation is
+        bounded, and the executor kills it through its pidfd).
         """
         spec = self.spec
         _signal.signal(SIGTERM, _signal.SIG_DFL)  # the init's handler is not the tool's
@@ -489,6 +512,8 @@ class Launch:
             os.chdir(spec["cwd"])
             if spec["uid"] >= 0:
                 self.layer("uid", drop_uid, spec["uid"], spec["gid"])
+            if as_init and spec.get("pdeathsig"):
+                _prctl(PR_SET_PDEATHSIG, SIGKILL)
             if alive_r >= 0:
                 _prctl(PR_SET_PDEATHSIG, SIGKILL)
                 if _gone(alive_r):

@@ -400,7 +400,10 @@ class Sandbox:
         try:
             os.write(spec_fd, marshal.dumps(spec))
             os.lseek(spec_fd, 0, os.SEEK_SET)
-            proc, err_r = await self._fork.launch(spec_fd)
+            unshare = int(spec["unshare"])  # type: ignore[call-overload]
+            file_op = any(key in spec for key in ("write", "read", "list"))
+            pid_ns = file_op and bool(unshare & launcher_mod.CLONE_NEWPID)
+            proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns)
         finally:
             os.close(spec_fd)
         self._launchers.add(proc.pid)
