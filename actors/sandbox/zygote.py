@@ -71,15 +71,26 @@ def serve(sock_fd: int, executor: int) -> None:
                 os.close(fd)
 
 
+def _own_pid_ns(own_ns: int) -> None:
+    """Fork our next children in our own pid namespace again (after a b"P" fork)."""
+    if launcher._libc.setns(own_ns, launcher.CLONE_NEWPID) != 0:
+        os._exit(1)  # never fork a later launcher into another one's namespace
+
+
 def _fork_launch(fds: list[int], sock_fd: int, children: dict[int, tuple[int, int]],
                  pid_ns: bool = False, own_ns: int = -1) -> int:
     # unshare(CLONE_NEWPID) places our next child, not us, in a new namespace; setns
     # back to our own is then needed before the next call (only once per namespace).
     new_ns = pid_ns and launcher._libc.unshare(launcher.CLONE_NEWPID) == 0
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        if new_ns:
+            _own_pid_ns(own_ns)
+        raise
     if pid:
-        if new_ns and launcher._libc.setns(own_ns, launcher.CLONE_NEWPID) != 0:
-            os._exit(1)  # never fork a later launcher into this one's namespace
+        if new_ns:
+            _own_pid_ns(own_ns)
         return pid
     try:
         spec_fd, out_w, err_w, status_w = fds

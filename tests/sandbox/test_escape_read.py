@@ -370,3 +370,16 @@ def test_default_home_under_a_0700_directory(root_home: Path) -> None:
         assert os.stat(root_home.parent).st_mode & 0o777 == 0o700
     finally:
         sandbox.close()
+
+
+def test_a_read_leaves_no_pid_namespace_behind(rhost: Host) -> None:
+    """The fork server forks a read as pid 1 of a new pid namespace, then goes back to
+    its own: a later launch (namespaces lowered) runs in the host's, not the read's."""
+    need("namespaces")
+    for _ in range(2):
+        out, is_error = call(rhost, "list_dir", "/proc")
+        assert not is_error and "1/" in out.splitlines() and "2/" not in out.splitlines(), out
+        policy = TEST_POLICY.lowered(off=frozenset({"namespaces", "landlock", "seccomp"}))
+        res = rhost.run("grep NSpid /proc/self/status", policy)
+        assert res.returncode == 0 and len(res.output.split()) == 2, res.output  # one level
+    still_reads(rhost)
