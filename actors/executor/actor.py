@@ -74,9 +74,9 @@ class Executor(Worker):
         super().__init__(endpoints)
         home = endpoints.run_dir.parent
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
-        #: Never read or listed by the unsandboxed tools: the keys (a secret read into a
-        #: session's events would reach every viewer), the runtime dir, the journal and
-        #: event store (every session's history).
+        #: Never read or listed by the file tools (a second layer: the sandbox hides them):
+        #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
+        #: would reach every viewer), the runtime dir, the journal and event store.
         keys = [endpoints.keys] if endpoints.keys is not None else []
         self.private = tuple(p.resolve() for p in
                              (home / "keys", *keys, home / "run", *private_files(home)))
