@@ -205,6 +205,13 @@ def test_key_folder_outside_the_home(rhost: Host) -> None:
             assert not is_error and "root:" in out
         finally:
             sandbox.close()
+        # Another oploop home's keys, unknown to this sandbox: 0700/0600 as oploop makes
+        # them, so the tool uid cannot open them even where the system paths are readable.
+        os.chmod(keys, 0o700)
+        os.chmod(keys / "client.key_secret", 0o600)
+        need("uid")
+        refused(rhost, "read_file", f"{keys}/client.key_secret", token, readable=(str(keys),))
+        refused(rhost, "list_dir", str(keys), "client.key_secret")
     finally:
         shutil.rmtree(keys)
     still_reads(rhost)
