@@ -90,6 +90,11 @@ class Agent:
     deadline_s: float = 0.0
     #: Set when the session acts on another machine: environment reminders are suppressed.
     target_machine: str = ""
+    #: Paths the confined `read_file`/`list_dir` may read besides the system's files
+    #: (/etc, /usr, /opt, /proc, ...), the session's cwd and its workspace. One that is
+    #: or contains a hidden path (/, /root, /home, /tmp) or lies in an oploop home or key
+    #: folder is ignored; one under /root or /home is shown alone.
+    read_paths: tuple[str, ...] = ()
 
     def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""

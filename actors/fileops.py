@@ -1,14 +1,47 @@
-"""The file tools' system calls, shared by the sandbox launcher and the unconfined tools:
-for now the one atomic writer of `write_file`, sandboxed or not.
+"""The file tools' system calls, run inside the sandbox after its lockdown (or unconfined).
 
-Standard library only, and cheap to import: the sandbox launcher imports this
-file as a top-level module (its bootstrap puts `actors/` on `sys.path`) on every
-sandboxed write; the unsandboxed `write_file` imports it as `actors.fileops`.
+`write_file`, `read_file` and `list_dir` do their I/O here: in the launcher's
+tool process once it is locked down (the tool uid, Landlock, seccomp, a mount
+and pid namespace), or in a thread for the local, unsandboxed tools. Either
+way it is the same code, so a check made here holds for both.
+
+Reads never block: a path is first opened `O_PATH` (no open side effect, no
+wait for a FIFO's writer), the opened fd is `fstat`ed and anything but a
+regular file or directory is refused (terminals and other character devices,
+block devices, FIFOs, sockets); the file is then reopened through that very fd
+with `O_NONBLOCK`, so a pseudo-file with nothing to give (`/proc/kmsg`) fails
+with EAGAIN instead of waiting.
+
+The sandbox launcher imports this file as a top-level module (its bootstrap
+puts `actors/` on `sys.path`), the unsandboxed tools as `actors.fileops`: only
+the standard library, and only cheap parts of it (see launcher.py). It lives
+outside `actors.sandbox` so that the tools need not import the sandbox.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
+import stat
+
+TYPE_CHECKING = False  # `typing` costs an import on every sandboxed call
+if TYPE_CHECKING:
+    from typing import Any
+
+EAGAIN = 11
+ENOTREG = "not a regular file"
+"""The reason given for a special file (a device, a FIFO, a socket)."""
+
+_CHUNK = 64 * 1024
+REPLY_LEN_DIGITS = 10
+_REPLY_FD = 1  # the tool process's stdout: the executor reads the reply there
+
+
+class ReadRefused(OSError):
+    """The path is not something a read may touch (a device, FIFO or socket)."""
+
+
+# --- write_file -------------------------------------------------------------------------
 
 
 def write_atomic(target: str, data: bytes) -> str:
@@ -44,3 +77,181 @@ def write_atomic(target: str, data: bytes) -> str:
             except OSError:
                 pass
     return real
+
+
+def run_writer(job: dict[str, Any]) -> int:
+    """The sandboxed `write_file`: write, then report on stdout; the exit code."""
+    try:
+        real = write_atomic(job["path"], job["data"])
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        os.write(_REPLY_FD, f"{getattr(exc, 'errno', 0) or 0}\t{reason}".encode())
+        return 1
+    os.write(_REPLY_FD, f"wrote {len(job['data'])} bytes to {real}".encode())
+    return 0
+
+
+# --- read_file and list_dir -------------------------------------------------------------
+
+
+def open_checked(path: str, directory: bool) -> tuple[int, os.stat_result]:
+    """Open `path` for reading without blocking: a regular file, or a directory if
+    `directory`; (fd, its stat). Raises OSError (IsADirectoryError, NotADirectoryError,
+    ReadRefused for special files)."""
+    probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        st = os.fstat(probe)
+        if stat.S_ISDIR(st.st_mode) and not directory:
+            raise IsADirectoryError(21, os.strerror(21), path)
+        if directory and not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(20, os.strerror(20), path)
+        if not directory and not stat.S_ISREG(st.st_mode):
+            raise ReadRefused(0, ENOTREG, path)
+        # Reopen the very inode checked (no swap in between); Landlock and the file's
+        # permissions are checked now, by the kernel, on this open.
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        if directory:
+            flags |= os.O_DIRECTORY
+        fd = os.open(f"/proc/self/fd/{probe}", flags)
+    finally:
+        os.close(probe)
+    st = os.fstat(fd)
+    if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
+        os.close(fd)
+        raise ReadRefused(0, ENOTREG, path)
+    return fd, st
+
+
+def read_capped(path: str, cap: int) -> tuple[bytes, bool, int, str]:
+    """(the first `cap` bytes, whether there are more, st_size, the real path read).
+
+    A read that would block raises BlockingIOError (EAGAIN).
+    """
+    fd, st = open_checked(path, directory=False)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        chunks: list[bytes] = []
+        left = cap
+        while left > 0:
+            chunk = os.read(fd, min(left, _CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        more = left <= 0 and bool(os.read(fd, 1))
+    finally:
+        os.close(fd)
+    return b"".join(chunks), more, st.st_size, real
+
+
+def list_capped(path: str, cap: int) -> tuple[list[tuple[bytes, str]], int, str]:
+    """(the first `cap` entries in byte order as (raw name, mark), the entry count,
+    the real path). Mark: "/" a directory, "@" a symbolic link, "" anything else."""
+    fd, _ = open_checked(path, directory=True)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        total = 0
+
+        def names(it: Any) -> Any:
+            nonlocal total
+            for entry in it:
+                total += 1
+                yield os.fsencode(entry.name), entry
+
+        # scandir dups the fd; memory stays bounded by `cap` however big the directory.
+        with os.scandir(fd) as it:
+            first = heapq.nsmallest(cap, names(it), key=lambda pair: pair[0])
+            kept = [(name, _mark(entry)) for name, entry in first]
+    finally:
+        os.close(fd)
+    return kept, total, real
+
+
+def _mark(entry: os.DirEntry[str]) -> str:
+    # A link to a directory is shown as a link, not followed (d_type: no extra stat).
+    if entry.is_symlink():
+        return "@"
+    return "/" if entry.is_dir(follow_symlinks=False) else ""
+
+
+# --- the reply framing (tool process -> executor) -----------------------------------------
+# One reply, prefixed by its length in REPLY_LEN_DIGITS decimal digits, so the executor
+# knows it has all of it without waiting for the processes to exit.
+# read:  b"R" more(0|1) b" " st_size b" " hex(real path) b"\n" data
+# list:  b"L" total b" " hex(real path) b"\n" then per entry: mark(d|l|-) name b"\0"
+# error: b"E" errno b"\t" reason
+
+
+def run_reader(job: dict[str, Any]) -> int:
+    """The sandboxed `read_file`: read capped, frame the reply on stdout; the exit code."""
+    try:
+        data, more, size, real = read_capped(job["path"], job["cap"])
+    except (OSError, ValueError) as exc:
+        return _reply_error(exc)
+    _reply(b"R%d %d %s\n" % (more, size, real.encode("utf-8", "surrogateescape").hex().encode())
+           + data)
+    return 0
+
+
+def run_lister(job: dict[str, Any]) -> int:
+    """The sandboxed `list_dir`: list capped, frame the reply on stdout; the exit code."""
+    try:
+        entries, total, real = list_capped(job["path"], job["cap"])
+    except (OSError, ValueError) as exc:
+        return _reply_error(exc)
+    head = b"L%d %s\n" % (total, real.encode("utf-8", "surrogateescape").hex().encode())
+    marks = {"/": b"d", "@": b"l", "": b"-"}
+    _reply(head + b"".join(marks[m] + name + b"\0" for name, m in entries))
+    return 0
+
+
+def _reply_error(exc: OSError | ValueError) -> int:
+    if isinstance(exc, BlockingIOError):
+        reason = "the read would block (a pseudo-file with no data ready)"
+    elif isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        reason = str(exc)
+    _reply(f"E{getattr(exc, 'errno', 0) or 0}\t{reason}".encode())
+    return 1
+
+
+def _reply(data: bytes) -> None:
+    view = memoryview(b"%0*d" % (REPLY_LEN_DIGITS, len(data)) + data)
+    while view:
+        view = view[os.write(_REPLY_FD, view):]
+
+
+class BadReply(Exception):
+    """The sandboxed reader's reply is not in the expected framing."""
+
+
+def parse_read(reply: bytes) -> tuple[bytes, bool, int, str]:
+    """The executor's side of `run_reader`: the result of `read_capped`, or OSError."""
+    head, data = _split(reply, b"R")
+    more, size, real = head.split(b" ")
+    return data, more == b"1", int(size), _path(real)
+
+
+def parse_list(reply: bytes) -> tuple[list[tuple[bytes, str]], int, str]:
+    """The executor's side of `run_lister`: the result of `list_capped`, or OSError."""
+    head, body = _split(reply, b"L")
+    total, real = head.split(b" ")
+    marks = {b"d": "/", b"l": "@", b"-": ""}
+    entries = [(item[1:], marks[item[:1]]) for item in body.split(b"\0")[:-1]]
+    return entries, int(total), _path(real)
+
+
+def _split(reply: bytes, kind: bytes) -> tuple[bytes, bytes]:
+    if reply[:1] == b"E":
+        code, _, reason = reply[1:].partition(b"\t")
+        err = int(code) if code.isdigit() else 0
+        raise OSError(err, reason.decode("utf-8", "replace") or "the sandboxed read failed")
+    if reply[:1] != kind or b"\n" not in reply:
+        raise BadReply(f"sandboxed reader replied {reply[:40]!r}")
+    head, _, rest = reply[1:].partition(b"\n")
+    return head, rest
+
+
+def _path(hexed: bytes) -> str:
+    return bytes.fromhex(hexed.decode()).decode("utf-8", "surrogateescape")

@@ -1,9 +1,11 @@
-"""Sandbox benchmark: per-call overhead of a sandboxed `true`, each layer's share, and
-kill-to-gone time for a 7-process tree.
+"""Sandbox benchmark: per-call overhead of a sandboxed `true`, each layer's share,
+kill-to-gone time for a 7-process tree, and the confined `read_file`/`list_dir`
+against the unconfined ones.
 
 `run(quick)` returns the figures as a dict (the ./scripts/bench harness calls it);
 `python -m bench.sandbox [--quick]` prints the table. Goals (issue 5): full stack
-≤ 30 ms p50 per call, a killed tree gone ≤ 50 ms p99.
+≤ 30 ms p50 per call, a killed tree gone ≤ 50 ms p99; (issue 15) the shell's full
+stack ≤ 10 ms p50, a confined read ≤ 3 ms p50 over an unconfined one.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from actors.sandbox import LAYERS, Policy, Sandbox, SandboxConfig, bwrap, layers_report
+from actors.tools import Catalogue, ToolContext, invoke, make_list_dir, make_read_file
+from actors.tools.builtin import LIST_CAP, READ_CAP
 from actors.tools.process import Spawner, run_command, spawn_local
 
 GOAL_CALL_P50_MS = 30.0
 GOAL_GONE_P99_MS = 50.0
+GOAL_SHELL_P50_MS = 10.0
+GOAL_READ_ADDED_P50_MS = 3.0
 
 # Layers switched on one group at a time, in the launcher's order, to show each share.
 _STEPS: tuple[tuple[str, frozenset[str]], ...] = (
@@ -70,6 +76,29 @@ async def _time_calls(spawn: Spawner, cwd: Path, n: int) -> list[float]:
     return out
 
 
+async def _time_read(catalogue: Catalogue, name: str, ctx: ToolContext[None]) -> float:
+    """One tool call as the executor makes it (invoke), in milliseconds."""
+    path = "/etc/hostname" if name == "read_file" else "/etc"
+    t0 = time.perf_counter()
+    out = await invoke(catalogue, name, {"path": path}, ctx)
+    elapsed = (time.perf_counter() - t0) * 1000
+    if out.is_error:
+        raise RuntimeError(f"benchmark {name} failed: {out.output}")
+    return elapsed
+
+
+def _readers(sandbox: Sandbox) -> dict[str, tuple[Catalogue, str]]:
+    confined = Catalogue([make_read_file(sandbox.file_reader(READ_CAP)),
+                          make_list_dir(sandbox.dir_lister(LIST_CAP))])
+    unconfined = Catalogue([make_read_file(), make_list_dir()])
+    return {
+        "read_file unconfined": (unconfined, "read_file"),
+        "read_file confined": (confined, "read_file"),
+        "list_dir unconfined": (unconfined, "list_dir"),
+        "list_dir confined": (confined, "list_dir"),
+    }
+
+
 async def _kill_to_gone(sandbox: Sandbox, policy: Policy, cwd: Path, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -112,14 +141,26 @@ async def _measure(quick: bool) -> dict[str, Any]:
                 "shell", Policy(backend="bwrap")
             )
         samples: dict[str, list[float]] = {name: [] for name in spawners}
+        readers = _readers(sandbox)
+        ctx: ToolContext[None] = ToolContext(cwd=cwd, workspace=cwd)
+        read_samples: dict[str, list[float]] = {name: [] for name in readers}
         for spawn in spawners.values():
             await _time_calls(spawn, cwd, 2)  # warm caches
+        for catalogue, tool in readers.values():
+            await _time_read(catalogue, tool, ctx)
         # Round-robin, one call of each configuration per round: the machine's noise
         # (it is shared) then falls on every configuration alike.
         for _ in range(n):
             for name, spawn in spawners.items():
                 samples[name] += await _time_calls(spawn, cwd, 1)
+            for _ in range(3):  # the reads are short: three samples a round
+                for name, (catalogue, tool) in readers.items():
+                    read_samples[name].append(await _time_read(catalogue, tool, ctx))
         per_call = {name: _summary(ts) for name, ts in samples.items()}
+        reads = {name: _summary(ts) for name, ts in read_samples.items()}
+        read_added = round(reads["read_file confined"]["p50"]
+                           - reads["read_file unconfined"]["p50"], 2)
+        shell_p50 = per_call[_STEPS[-1][0]]["p50"]
         gone = _summary(await _kill_to_gone(sandbox, Policy(), cwd, max(10, n // 2)))
         return {
             "machine": {
@@ -131,7 +172,13 @@ async def _measure(quick: bool) -> dict[str, Any]:
             "per_call_ms": per_call,
             "layer_share_ms": _shares(per_call),
             "kill_to_gone_7_ms": gone,
+            "reads_ms": reads,
             "goals": {
+                "read_added_p50_ms": read_added,
+                "read_added_goal_ms": GOAL_READ_ADDED_P50_MS,
+                "read_met": read_added <= GOAL_READ_ADDED_P50_MS,
+                "shell_p50_goal_ms": GOAL_SHELL_P50_MS,
+                "shell_met": shell_p50 <= GOAL_SHELL_P50_MS,
                 "full_stack_p50_ms": GOAL_CALL_P50_MS,
                 "full_stack_overhead_p50_ms": round(
                     per_call[_STEPS[-1][0]]["p50"] - per_call["unsandboxed (sh -c true)"]["p50"], 2
@@ -174,9 +221,18 @@ def table(result: dict[str, Any]) -> str:
         share = f"{shares[name]:+.2f}" if name in shares else ""
         lines.append(f"{name:40} {s['p50']:8.2f} {s['p99']:8.2f} {share:>8}")
     g = result["kill_to_gone_7_ms"]
+    lines += ["", f"{'per call of a file tool (invoke)':40} {'p50 ms':>8} {'p99 ms':>8}"]
+    for name, s in result["reads_ms"].items():
+        lines.append(f"{name:40} {s['p50']:8.2f} {s['p99']:8.2f}")
+    goals = result["goals"]
     lines += [
         "",
         f"{'kill → 7-process tree gone':40} {g['p50']:8.2f} {g['p99']:8.2f}",
+        "",
+        f"read_file confined adds {goals['read_added_p50_ms']:.2f} ms p50 (goal ≤ "
+        f"{GOAL_READ_ADDED_P50_MS:g}): {'met' if goals['read_met'] else 'NOT met'}; "
+        f"shell full stack p50 goal ≤ {GOAL_SHELL_P50_MS:g} ms: "
+        f"{'met' if goals['shell_met'] else 'NOT met'}",
         "",
         f"goals: full stack p50 ≤ {GOAL_CALL_P50_MS:g} ms, tree gone p99 ≤ "
         f"{GOAL_GONE_P99_MS:g} ms: {'met' if result['goals']['met'] else 'NOT met'}",

@@ -366,6 +366,8 @@ class LlmResult(Body):
 class ToolJob(Body):
     """Supervisor -> executor: run tool `name` on `input` in `cwd`, within `timeout_s`.
 
+    `read_paths`: what the confined reads may see besides the system's files,
+    the session's cwd and workspace (the agent's `read_paths`).
     Answered by `ToolResult` (also for a failing tool) or `JobFailed`.
     """
 
@@ -374,6 +376,7 @@ class ToolJob(Body):
     input: dict[str, Any]
     cwd: str = ""
     timeout_s: float = 0.0
+    read_paths: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,11 @@
 """The executor process: a worker of role `tool` over a tool catalogue.
 
-Risky tools run sandboxed (actors.sandbox): `shell` and `write_file` go through
-the launcher under their policy, in the session's own workspace. A risky tool
-this executor has no sandboxed runner for is refused, never run bare.
+Every built-in tool runs sandboxed (actors.sandbox): `shell` and `write_file`
+go through the launcher under their policy, in the session's own workspace;
+`read_file` and `list_dir` read from a launcher locked down the same way (the
+tool uid, Landlock read-only, no other process's /proc, homes and oploop's
+files hidden). A risky tool this executor has no sandboxed runner for is
+refused, never run bare.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from actors.sandbox import PolicyError, Sandbox, SandboxConfig
 from actors.settings import Settings
 from actors.storage import private_files
 from actors.tools import (
-    BUILTIN,
     Catalogue,
     ToolContext,
     invoke,
+    make_list_dir,
+    make_read_file,
     make_shell,
     make_write_file,
 )
+from actors.tools.builtin import LIST_CAP, READ_CAP
 from actors.worker import Worker
 from bus.endpoints import Endpoints
 from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
@@ -33,22 +38,26 @@ log = logging.getLogger("oploop.executor")
 
 
 def sandboxed_catalogue(sandbox: Sandbox) -> Catalogue:
-    """The built-in tools, with `shell` and `write_file` running inside `sandbox`."""
+    """The built-in tools, every one running inside `sandbox`."""
     return Catalogue([
-        BUILTIN["read_file"],
-        BUILTIN["list_dir"],
+        make_read_file(sandbox.file_reader(READ_CAP)),
+        make_list_dir(sandbox.dir_lister(LIST_CAP)),
         make_write_file(sandbox.file_writer("write_file")),
         make_shell(sandbox.spawner("shell")),
     ])
 
 
-def default_sandbox(home: Path) -> Sandbox:
+def default_sandbox(home: Path, keys: Path | None = None) -> Sandbox:
     """The sandbox of a host in `home`: its `sandbox.toml`, workspaces in `home/workspaces`.
 
     The whole home is hidden from the tools (runtime dir, sockets, the policy
-    itself); only the session's workspace is bound back in.
+    itself), and so is the key folder `keys` (a remote worker's `OPLOOP_KEYS`);
+    only the session's workspace is bound back in.
     """
-    return Sandbox(SandboxConfig.load(home), home / "workspaces", hide=(home,))
+    hide = [home]
+    if keys is not None and not keys.absolute().is_relative_to(home):
+        hide.append(keys.absolute())
+    return Sandbox(SandboxConfig.load(home), home / "workspaces", hide=tuple(hide))
 
 
 class Executor(Worker):
@@ -65,12 +74,13 @@ class Executor(Worker):
     ) -> None:
         super().__init__(endpoints)
         home = endpoints.run_dir.parent
-        self.sandbox = sandbox or default_sandbox(home)
-        #: Never read or listed by the unsandboxed tools: the keys (a secret read into a
-        #: session's events would reach every viewer), the runtime dir, the journal and
-        #: event store (every session's history).
+        self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
+        #: Never read or listed by the file tools (a second layer: the sandbox hides them):
+        #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
+        #: would reach every viewer), the runtime dir, the journal and event store.
+        keys = [endpoints.keys] if endpoints.keys is not None else []
         self.private = tuple(p.resolve() for p in
-                             (home / "keys", home / "run", *private_files(home)))
+                             (home / "keys", *keys, home / "run", *private_files(home)))
         if catalogue is None:
             catalogue = sandboxed_catalogue(self.sandbox)
             self.sandboxed = frozenset({"shell", "write_file"})
@@ -92,21 +102,28 @@ class Executor(Worker):
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         cwd = Path(job.cwd) if job.cwd else Path.cwd()
-        if found is not None and found.spec.risky:
+        workspace = self.sandbox.workspace_path(env.sid or "default")  # (no I/O)
+        risky = found is not None and found.spec.risky
+        if risky:
             if job.name not in self.sandboxed:
                 return ToolResult(
                     f"{job.name}: refused: a risky tool with no sandboxed runner here", True, 0.0
                 )
             policy = self.sandbox.config.policy(job.name)
-            cwd = await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+            cwd = workspace
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
+        readable = ((job.cwd,) if job.cwd else ()) + tuple(job.read_paths)
         ctx: ToolContext[None] = ToolContext(cwd=cwd, deadline=env.deadline or None,
-                                             private=self.private)
+                                             private=self.private, workspace=workspace,
+                                             read_paths=readable)
         started = time.perf_counter()
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
             async with asyncio.timeout(timeout_s):
+                if risky:
+                    # Inside the timeout: a set-up that hangs (its file system) ends the call.
+                    await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
                 outcome = await invoke(self.catalogue, job.name, job.input, ctx)
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000

@@ -57,6 +57,9 @@ class Child:
     restarts: int = 0
     state: str = "new"
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    #: Whether it inherits the model's settings (`ANTHROPIC_*`): only the llm callers
+    #: call the model; an executor must not hold the key a tool could read.
+    model_env: bool = False
 
     def describe(self) -> dict[str, Any]:
         """The child as written to the state file (no pid while it is not alive: a
@@ -69,6 +72,10 @@ class Child:
             "state": self.state,
             "started": self.started,
         }
+
+
+#: The model's settings in the environment (the SDK's variables): the llm callers' only.
+MODEL_ENV_PREFIX = "ANTHROPIC_"
 
 
 def model_settings(llm_backend: str, env: dict[str, str]) -> dict[str, str] | None:
@@ -146,8 +153,8 @@ class Host:
     async def _start_llm_callers(self, base: dict[str, str], model: dict[str, str] | None) -> None:
         if model is None:
             model = await self._start_offline_model(base)
-        callers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model})
-                   for i in range(self.llm_callers)]
+        callers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model},
+                         model_env=True) for i in range(self.llm_callers)]
         self.children += callers
         await _all_or_none([self._spawn(c) for c in callers])
 
@@ -180,7 +187,8 @@ class Host:
         rfd, wfd = os.pipe()
         # A host's own actors always serve it: never the host OPLOOP_CONNECT names
         # (set in the user's shell for the CLI, it must not carry over to them).
-        env = {k: v for k, v in os.environ.items() if k not in REMOTE_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in REMOTE_ENV
+               and (child.model_env or not k.startswith(MODEL_ENV_PREFIX))}
         env.update(child.env, **{READY_FD_ENV: str(wfd)})
         try:
             child.proc = await asyncio.create_subprocess_exec(

@@ -1,4 +1,4 @@
-"""Sandboxed processes for risky tools: they cannot escape, and they always die.
+"""Sandboxed processes for every tool: they cannot escape, and they always die.
 
 `Sandbox` runs a tool call through `launcher.py`, a small single-threaded
 process (never a `preexec_fn`): forked by the executor's launcher fork server
@@ -7,12 +7,17 @@ call as the fallback. It applies, in order:
 its own cgroup (memory, pids, cpu; killed whole by `cgroup.kill` or the v1
 freezer), nested in the executor's cgroup whose caps hold all calls together;
 setsid, a parent-death signal, rlimits, new mount/net/ipc/uts/pid namespaces
-(the pid namespace's init dies with the launcher; private /tmp, /var/tmp,
-/dev/shm and /run, /sys and /proc/sys reduced to what ordinary tools read:
-`hostview.py`), the session's own unprivileged uid (`uids.py`: one per
-session from a range, so sessions cannot starve, signal or trace each other)
-with no_new_privs, Landlock and seccomp (offline: no `socket()` at all, so no
-host unix socket either); then it execs the tool.
+(the pid namespace's init dies with the launcher; /root, /home, the oploop
+home hidden, the workspace bound back; private /tmp, /var/tmp, /dev/shm and
+/run, /sys and /proc/sys reduced to what ordinary tools read: `hostview.py`),
+the session's own unprivileged uid (`uids.py`: one per session from a range,
+so sessions cannot starve, signal or trace each other) with no_new_privs,
+Landlock and seccomp (offline: no `socket()` at all, so no host unix socket
+either); then it execs the tool (`shell`), or does the file operation itself
+(`fileops`: `write_file` in the workspace; `read_file`, `list_dir` read-only
+on the system's paths, the session's cwd and workspace and the agent's
+`read_paths`, with only the mount and pid namespaces, no cgroup, and no
+socket at all).
 
 `Policy` says what each tool may use, fail-closed: a required layer that is
 missing refuses the call (`SandboxRefused`) unless `sandbox.toml` lowers it.

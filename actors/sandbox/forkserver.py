@@ -143,13 +143,17 @@ class ForkServer:
         ours.settimeout(_REPLY_S)
         self._sock = ours
 
-    async def launch(self, spec_fd: int) -> tuple[ServedProcess, int]:
-        """Fork a launcher for the spec in `spec_fd`; the process and its error-pipe fd."""
+    async def launch(self, spec_fd: int, *, pid_ns: bool = False) -> tuple[ServedProcess, int]:
+        """Fork a launcher for the spec in `spec_fd`; the process and its error-pipe fd.
+
+        `pid_ns`: fork it as pid 1 of a new pid namespace (a file operation: the
+        launcher is then its own init, one fork fewer; see `zygote`).
+        """
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
         try:
-            pid = self._request([spec_fd, out_w, err_w, st_w])
+            pid = self._request([spec_fd, out_w, err_w, st_w], b"P" if pid_ns else b"L")
         except BaseException:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -169,12 +173,12 @@ class ForkServer:
             raise
         return served, err_r
 
-    def _request(self, fds: list[int]) -> int:
+    def _request(self, fds: list[int], kind: bytes) -> int:
         with self._lock:
             self._ensure()
             assert self._sock is not None
             try:
-                socket.send_fds(self._sock, [b"L"], fds)
+                socket.send_fds(self._sock, [kind], fds)
                 reply = self._sock.recv(64)
             except OSError as exc:
                 self.close()

@@ -8,9 +8,11 @@ SPEC_FD and applies, in order, every layer the spec asks for:
 
     cgroup (join the call's cgroup, limits already named) · setsid ·
     parent-death signal · rlimits · namespaces (mount, net, ipc, uts, pid) →
-    fork the pid namespace's init → fork the tool: mounts (private /tmp and
-    /run, hidden host paths, /sys and /proc/sys reduced) · unprivileged uid ·
-    no_new_privs · Landlock · seccomp → exec
+    fork the pid namespace's init: mounts (private /tmp and /run, hidden
+    homes and host paths, kept paths bound back, /sys and /proc/sys reduced,
+    new /proc) → fork the tool: unprivileged uid · no_new_privs · Landlock ·
+    seccomp → exec; or, for a file operation (`fileops`: write, read, list),
+    the init locks itself down the same way and does it: no second fork.
 
 A layer listed in the spec's `required` that fails stops the launch: the
 reason goes to ERR_FD and the tool never runs (fail closed). The executor reads
@@ -30,12 +32,12 @@ import os
 import stat
 import sys
 
-# The one atomic writer (actors/fileops.py). Run by the bootstrap, this file is a top-level
+# The file operations (actors/fileops.py). Run by the bootstrap, this file is a top-level
 # module with actors/ on sys.path; imported by the executor, it is actors.sandbox.launcher.
 if __package__:
-    from actors.fileops import write_atomic
+    from actors import fileops
 else:
-    from fileops import write_atomic  # type: ignore[no-redef]
+    import fileops  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
 if TYPE_CHECKING:
@@ -261,25 +263,47 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
     _check(_libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def setup_mounts(spec: dict[str, Any], cwd: str, new_proc: bool) -> None:
-    """In a new mount namespace: hide host paths under tmpfs, keep the workspace, new /proc."""
+def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
+    """In a new mount namespace: hide host paths under tmpfs, bind the kept ones back, new /proc.
+
+    A kept path (the workspace, what a read may see) that lies under a hidden
+    one is bound back at its own place inside the tmpfs, through an fd opened
+    before it disappeared: the tmpfs is traversable, so the tool uid reaches it
+    even when the real parents are not (a home under a 0700 /root).
+    """
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-    ws = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    hidden = False
+    kept = []
+    for path in spec["keep"]:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # absent (or unreachable): nothing to bind back
+        if stat.S_ISLNK(os.fstat(fd).st_mode):  # swapped for a link since it was resolved
+            os.close(fd)
+            continue
+        kept.append((path, fd))
+    hidden: list[str] = []
     for path, mode in spec["hide"]:
-        if not os.path.isdir(path):
+        if not os.path.isdir(path):  # absent, or already under a hidden path
             continue
         opts = f"size={spec['tmpfs_size']},mode={mode}"
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-        hidden = hidden or cwd == path or cwd.startswith(path.rstrip("/") + "/")
-    if hidden:
-        # The workspace was under a hidden path: bind it back at the same place,
-        # through the fd opened before it disappeared.
-        os.makedirs(cwd, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{ws}", cwd, None, MS_BIND | MS_REC, None)
-    os.close(ws)
+        hidden.append(path.rstrip("/") + "/")
+    for path, fd in kept:
+        if any((path + "/").startswith(h) for h in hidden):
+            _mount_point(path, stat.S_ISDIR(os.fstat(fd).st_mode))
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        os.close(fd)
     if new_proc:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def mount_view(spec: dict[str, Any], new_proc: bool) -> None:
+    """The whole file system view of a call: hidden and kept paths, a new /proc, a
+    private /run, and /sys and /proc/sys reduced (after the new /proc: it masks that)."""
+    setup_mounts(spec, new_proc)
+    private_run(spec["private_run"], spec["tmpfs_size"])
+    mask_host_info(spec["mask"])
 
 
 def private_run(paths: list[str], size: str) -> None:
@@ -313,25 +337,39 @@ def mask_host_info(masks: list[tuple[str, list[tuple[str, bytes]]]]) -> None:
         _mount(None, root, None, MS_REMOUNT | MS_RDONLY | flags, "size=1m,mode=0555")
 
 
+def _mount_point(path: str, directory: bool) -> None:
+    """Make an empty directory or file at `path` (in a tmpfs) to bind a kept path on."""
+    if directory:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def add_readable(spec: dict[str, Any]) -> None:
+    """Resolve the extra paths a read may see and add the safe ones to `keep` and Landlock.
+
+    Never one that is, or contains, a hidden path (`/`, `/root`, the oploop
+    home...), nor one inside the oploop home or a key folder (`secret`):
+    resolved first, so a symbolic link cannot lead there.
+    """
+    hidden = [p.rstrip("/") + "/" for p, _ in spec["hide"]]
+    secret = [p.rstrip("/") + "/" for p in spec["secret"]]
+    for path in spec["readable"]:
+        real = os.path.realpath(path)
+        mark = real.rstrip("/") + "/"
+        if any(h.startswith(mark) for h in hidden) or any(mark.startswith(s) for s in secret):
+            continue
+        spec["keep"].append(real)
+        if spec.get("landlock"):
+            spec["landlock"]["ro"].append(real)
+
+
 def drop_uid(uid: int, gid: int) -> None:
     """Become `uid`/`gid` with no supplementary groups; the capabilities go with root."""
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-
-
-# --- the file writer (write_file runs here, after the lockdown) -----------------------
-
-
-def _run_writer(job: dict[str, Any]) -> int:
-    try:
-        real = write_atomic(job["path"], job["data"])
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        os.write(1, f"{getattr(exc, 'errno', 0) or 0}\t{reason}".encode())
-        return 1
-    os.write(1, f"wrote {len(job['data'])} bytes to {real}".encode())
-    return 0
 
 
 # --- the launch -----------------------------------------------------------------------
@@ -371,14 +409,23 @@ class Launch:
         if spec.get("pdeathsig"):
             self.layer("pdeathsig", self._die_with_executor, spec["ppid"])
         self.layer("rlimits", set_rlimits, spec["rlimits"])
+        if spec.get("readable"):
+            add_readable(spec)
         # Python ignores these two; a tool must start with the default dispositions.
         _signal.signal(SIGPIPE, _signal.SIG_DFL)
         _signal.signal(SIGXFSZ, _signal.SIG_DFL)
         if spec.get("bwrap"):
             self._exec_bwrap()
         flags = spec["unshare"]
+        # Forked by the server as pid 1 of a new pid namespace (a file operation):
+        # this process is the namespace's init and does the operation itself.
+        as_init = bool(flags & CLONE_NEWPID) and os.getpid() == 1 and _file_op(spec) is not None
+        if as_init:
+            flags &= ~CLONE_NEWPID
         if flags:
             self.layer("namespaces", lambda: _check(_libc.unshare(flags), "unshare"))
+        if as_init:
+            self._as_init()
         alive_r, alive_w = os.pipe()
         status_r, status_w = os.pipe()
         init = os.fork()
@@ -423,11 +470,29 @@ class Launch:
 
     def _die_with_executor(self, ppid: int) -> None:
         _prctl(PR_SET_PDEATHSIG, SIGKILL)
-        if os.getppid() != ppid:  # the executor died before prctl took effect
+        # The executor died before prctl took effect (0: our parent is outside our pid
+        # namespace, we are its init: the server forked us there).
+        if os.getppid() not in (ppid, 0):
             os._exit(126)
 
+    def _as_init(self) -> None:
+        """Pid 1 of a pid namespace the server made: the mounts, then the file operation."""
+        try:
+            if self.spec["unshare"] & CLONE_NEWNS:
+                self.layer("namespaces", mount_view, self.spec, True)
+        except LayerFailed as exc:
+            self.fail(str(exc))
+        except Exception as exc:  # the init failed before the operation started
+            self.fail(f"launcher: {exc}")
+        self._tool(as_init=True)
+
     def _init(self, alive_r: int, status_w: int) -> None:
-        """The pid namespace's init (or, without one, a subreaper): runs the tool, reaps."""
+        """The pid namespace's init (or, without one, a subreaper): runs the tool, reaps.
+
+        A file operation (write, read, list) is our code, not the model's: the
+        init runs it itself after the lockdown, one process fewer per call.
+        """
+        inline = _file_op(self.spec) is not None
         try:
             spec = self.spec
             pidns = bool(spec["unshare"] & CLONE_NEWPID)
@@ -439,23 +504,21 @@ class Launch:
                 _signal.signal(SIGTERM, _die_with_tree)
                 _prctl(PR_SET_PDEATHSIG, SIGTERM)
                 _prctl(PR_SET_CHILD_SUBREAPER, 1)
-            os.set_blocking(alive_r, False)
-            try:
-                if os.read(alive_r, 1) == b"":  # the outer launcher is already gone
-                    os._exit(126)
-            except BlockingIOError:
-                pass
-            os.close(alive_r)
+            if _gone(alive_r):  # the outer launcher is already gone
+                os._exit(126)
+            if not inline:
+                os.close(alive_r)
             if spec["unshare"] & CLONE_NEWNS:
-                self.layer("namespaces", setup_mounts, spec, spec["cwd"], pidns)
-                self.layer("namespaces", private_run, spec["private_run"], spec["tmpfs_size"])
-                self.layer("namespaces", mask_host_info, spec["mask"])
+                self.layer("namespaces", mount_view, spec, pidns)
             if spec["unshare"] & CLONE_NEWUTS:
                 _libc.sethostname(b"sandbox", 7)
         except LayerFailed as exc:
             self.fail(str(exc))
         except Exception as exc:  # the init failed before the tool started
             self.fail(f"launcher: {exc}")
+        if inline:
+            os.close(status_w)
+            self._tool(alive_r)
         tool = os.fork()
         if tool == 0:
             os.close(status_w)
@@ -477,14 +540,28 @@ class Launch:
         # In a pid namespace, this exit makes the kernel kill every process left in it.
         os._exit(0)
 
-    def _tool(self) -> None:
-        """The tool process: the per-process lockdown, then exec (or the file write)."""
+    def _tool(self, alive_r: int = -1, as_init: bool = False) -> None:
+        """The tool process: the per-process lockdown, then exec (or the file operation).
+
+        `alive_r`: the init runs a file operation itself; the uid change cleared
+        its parent-death signal, so it is set again, then the launcher checked.
+        `as_init`: the launcher is the init (see `run`): the signal is set again;
+        its parent, outside the namespace, cannot be checked (the operation is
+        bounded, and the executor kills it through its pidfd).
+        """
         spec = self.spec
         _signal.signal(SIGTERM, _signal.SIG_DFL)  # the init's handler is not the tool's
         try:
             os.chdir(spec["cwd"])
             if spec["uid"] >= 0:
                 self.layer("uid", drop_uid, spec["uid"], spec["gid"])
+            if as_init and spec.get("pdeathsig"):
+                _prctl(PR_SET_PDEATHSIG, SIGKILL)
+            if alive_r >= 0:
+                _prctl(PR_SET_PDEATHSIG, SIGKILL)
+                if _gone(alive_r):
+                    os._exit(126)
+                os.close(alive_r)
             self.layer("no_new_privs", _prctl, PR_SET_NO_NEW_PRIVS, 1)
             ll = spec.get("landlock")
             if ll:
@@ -495,8 +572,10 @@ class Launch:
             self.fail(str(exc))
         except OSError as exc:
             self.fail(f"launcher: {exc}")
-        if "write" in spec:
-            os._exit(_run_writer(spec["write"]))
+        op = _file_op(spec)
+        if op is not None:
+            key, run = op
+            os._exit(run(spec[key]))
         argv = spec["argv"]
         try:
             _close_all_but([self.errfd])
@@ -512,6 +591,28 @@ class Launch:
             os.kill(os.getpid(), sig)
             os._exit(128 + sig)
         os._exit(os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else 126)
+
+
+_FILE_OPS = (("write", fileops.run_writer), ("read", fileops.run_reader),
+             ("list", fileops.run_lister))
+
+
+def _file_op(spec: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """(spec key, runner) of the file operation this launch runs instead of a command;
+    None for a command."""
+    for key, run in _FILE_OPS:
+        if key in spec:
+            return key, run
+    return None
+
+
+def _gone(alive_r: int) -> bool:
+    """Whether the outer launcher has exited (EOF on the pipe it holds open)."""
+    os.set_blocking(alive_r, False)
+    try:
+        return os.read(alive_r, 1) == b""
+    except BlockingIOError:
+        return False
 
 
 def _close_all_but(keep: list[int]) -> None:

@@ -27,6 +27,10 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
     file_mb = 256               # largest file (RLIMIT_FSIZE)
     nofile = 256
     timeout_s = 600
+
+    [tools.read_file]           # the confined reads (and [tools.list_dir]): same keys;
+    ro_paths = ["/srv/logs"]    # by default the system paths, the session's cwd and
+                                # workspace; never /root, /home, an oploop home or keys
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ SYSTEM_RO_PATHS = (
 """Readable (and executable) in the sandbox: the system, not the users' homes."""
 
 RW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
+
+READ_TOOLS = ("read_file", "list_dir")
+"""Tools that only read: they run confined too, without a cgroup of their own by default
+(the code in the sandbox is oploop's, with bounded memory, not the model's)."""
 
 DEFAULT_UID_RANGE = (0x7000_0000, 0x7000_FFFF)
 """The sandbox uids (and gids) when the configuration names none: 65,536 uids above
@@ -123,8 +131,12 @@ class SandboxConfig:
     executor: Limits | None = None  # caps over all calls; None: derived from the machine
 
     def policy(self, tool: str) -> Policy:
-        """The policy of `tool` (the default one if it has none of its own)."""
-        return self.tools.get(tool, self.default)
+        """The policy of `tool` (the default one if it has none of its own; for a read
+        tool, the default one without the cgroup layers)."""
+        found = self.tools.get(tool)
+        if found is not None:
+            return found
+        return reading(self.default) if tool in READ_TOOLS else self.default
 
     @classmethod
     def load(cls, home: Path) -> SandboxConfig:
@@ -148,10 +160,17 @@ class SandboxConfig:
         executor = _executor_limits(top, f"{where} [sandbox]")
         base = _policy(Policy(), top, f"{where} [sandbox]", top=True)
         tools = {
-            name: _policy(base, table, f"{where} [tools.{name}]", top=False)
+            name: _policy(reading(base) if name in READ_TOOLS else base, table,
+                          f"{where} [tools.{name}]", top=False)
             for name, table in data.get("tools", {}).items()
         }
         return cls(base, tools, executor)
+
+
+def reading(base: Policy) -> Policy:
+    """The policy of a read tool derived from `base`: no cgroup (a call holds at most
+    its cap in memory, and its launcher's death takes it down)."""
+    return base.lowered(off=base.off | {"cgroup", "cgroup_kill"})
 
 
 _MB = 1024 * 1024

@@ -20,8 +20,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from actors.tools.process import Spawner, ToolRefused, release, run_to_end
+
+from actors import fileops
 
 from . import bwrap, hostview, seccomp, uids
 from . import launcher as launcher_mod
@@ -31,8 +34,13 @@ from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
 
 log = logging.getLogger("oploop.sandbox")
+T = TypeVar("T")
 
 FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
+ReadResult = tuple[bytes, bool, int, str]
+ListResult = tuple[list[tuple[bytes, str]], int, str]
+FileReaderFn = Callable[[Path, Path, tuple[str, ...]], Awaitable[ReadResult]]
+DirListerFn = Callable[[Path, Path, tuple[str, ...]], Awaitable[ListResult]]
 
 LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
 #: `actors/`, after the launcher's own directory: the launcher imports `fileops` from it.
@@ -47,7 +55,11 @@ _GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
 _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 TMPFS_SIZE = "64m"
 """The size of each private tmpfs (/tmp, /var/tmp, /dev/shm, /run): a fill stops there."""
+_HOMES = ("/root", "/home")
+"""Hidden from every tool (tmpfs): root's and the users' homes, whatever their modes."""
 _WRITE_REPLY_CAP = 16 * 1024
+_READ_REPLY_SLACK = 64 * 1024  # a read's reply: the data cap plus its header (a path in hex)
+_LIST_ENTRY_BYTES = 260  # a listed entry's most bytes: a 255-byte name, its mark and NUL
 _DENIED = (1, 13, 30)  # EPERM, EACCES, EROFS: what Landlock and the mounts answer
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -195,6 +207,11 @@ class Sandbox:
 
     # -- workspaces and policies ---------------------------------------------------------
 
+    def workspace_path(self, session: str) -> Path:
+        """Where the session's workspace is (no I/O: a read needs it only if it exists)."""
+        safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
+        return self.workspaces / safe
+
     def workspace(self, session: str) -> Path:
         """The session's workspace directory, created 0700 and owned by the session's uid.
 
@@ -202,12 +219,11 @@ class Sandbox:
         every call whose cwd is that workspace runs as its owner.
         Raises uids.UidsExhausted when the range has no uid left.
         """
-        safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
+        path = self.workspace_path(session)
         if not self._applies_uid(self.config.default):
-            path = self.workspaces / safe
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             return path
-        return uids.assign(self.workspaces, safe, *self.config.default.uid_range)[0]
+        return uids.assign(self.workspaces, path.name, *self.config.default.uid_range)[0]
 
     @staticmethod
     def call_uid(policy: Policy, cwd: Path) -> int:
@@ -261,6 +277,34 @@ class Sandbox:
 
         return write
 
+    def file_reader(self, cap: int, tool: str = "read_file",
+                    policy: Policy | None = None) -> FileReaderFn:
+        """A `FileReader` (for `make_read_file`): the read happens inside the sandbox, at
+        most `cap` bytes; (data, more?, st_size, real path) or OSError."""
+
+        async def read(target: Path, cwd: Path, readable: tuple[str, ...]) -> ReadResult:
+            pol = policy or self.config.policy(tool)
+            job = {"path": str(target), "cap": cap}
+            reply = await self._file_op(tool, pol, cwd, ("read", job), readable,
+                                        cap + _READ_REPLY_SLACK)
+            return _parsed(fileops.parse_read, reply)
+
+        return read
+
+    def dir_lister(self, cap: int, tool: str = "list_dir",
+                   policy: Policy | None = None) -> DirListerFn:
+        """A `DirLister` (for `make_list_dir`): the listing happens inside the sandbox, at
+        most `cap` entries; (entries, count, real path) or OSError."""
+
+        async def listing(target: Path, cwd: Path, readable: tuple[str, ...]) -> ListResult:
+            pol = policy or self.config.policy(tool)
+            job = {"path": str(target), "cap": cap}
+            reply = await self._file_op(tool, pol, cwd, ("list", job), readable,
+                                        cap * _LIST_ENTRY_BYTES + _READ_REPLY_SLACK)
+            return _parsed(fileops.parse_list, reply)
+
+        return listing
+
     async def write_file(
         self, tool: str, policy: Policy, target: Path, data: bytes, cwd: Path
     ) -> str:
@@ -268,26 +312,52 @@ class Sandbox:
 
         Raises OSError (with the sandbox's reason) or SandboxRefused.
         """
-        child = await self.launch(tool, policy, cwd, write=(str(target), data))
-        proc = child.process
-        assert proc.stdout is not None
-        try:
-            async with asyncio.timeout(policy.timeout_s):
-                reply = await proc.stdout.read(_WRITE_REPLY_CAP)
-                await proc.wait()
-        finally:
-            child.kill()
-            refused = await release(child)  # to the end, even if cancelled (again) meanwhile
-        if refused:
-            raise ToolRefused(f"refused by the sandbox: {refused}")
+        job = {"path": str(target), "data": data}
+        returncode, reply = await self._run_op(tool, policy, cwd, ("write", job), (),
+                                               _WRITE_REPLY_CAP, framed=False)
         text = reply.decode("utf-8", "replace")
-        if proc.returncode == 0 and text.startswith("wrote "):
+        if returncode == 0 and text.startswith("wrote "):
             return text.rsplit(" to ", 1)[-1]
         code, _, reason = text.partition("\t")
         err = int(code) if code.isdigit() else 0
         if err in _DENIED:
             reason += f" (the sandbox allows writes only inside the session workspace {cwd})"
-        raise OSError(err, reason or f"sandboxed writer exited with status {proc.returncode}")
+        raise OSError(err, reason or f"sandboxed writer exited with status {returncode}")
+
+    async def _file_op(self, tool: str, policy: Policy, cwd: Path, op: tuple[str, dict[str, Any]],
+                       readable: tuple[str, ...], cap: int) -> bytes:
+        """Run a read or a listing in a locked-down launcher; its framed reply."""
+        returncode, reply = await self._run_op(tool, policy, cwd, op, readable, cap, framed=True)
+        if not reply:
+            raise OSError(0, f"the sandboxed reader exited with status {returncode}")
+        return reply
+
+    async def _run_op(self, tool: str, policy: Policy, cwd: Path, op: tuple[str, dict[str, Any]],
+                      readable: tuple[str, ...], cap: int, *, framed: bool
+                      ) -> tuple[int | None, bytes]:
+        """Launch one file operation; (exit status, its reply on stdout, at most `cap` bytes).
+
+        `framed`: the reply carries its length (fileops), so the launcher is killed
+        as soon as it is in, without waiting for the processes to exit (the exit
+        status is then None or the kill's). The whole call, the launch included, is
+        bounded by the policy's timeout; a refusal by the sandbox raises ToolRefused.
+        """
+        async with asyncio.timeout(policy.timeout_s):
+            child = await self.launch(tool, policy, cwd, op=op, readable=readable)
+            proc = child.process
+            assert proc.stdout is not None
+            try:
+                if framed:
+                    reply = await _read_framed(proc.stdout, cap)
+                else:
+                    reply = await _read_capped(proc.stdout, cap)
+                    await proc.wait()
+            finally:
+                child.kill()
+                refused = await release(child)  # to the end, even if cancelled (again) meanwhile
+        if refused:
+            raise ToolRefused(f"refused by the sandbox: {refused}")
+        return proc.returncode, reply
 
     async def launch(
         self,
@@ -296,19 +366,21 @@ class Sandbox:
         cwd: Path,
         *,
         argv: list[str] | None = None,
-        write: tuple[str, bytes] | None = None,
+        op: tuple[str, dict[str, Any]] | None = None,
+        readable: tuple[str, ...] = (),
     ) -> SandboxedChild:
-        """Start the launcher for one call: run `argv`, or write a file (`write`)."""
-        self.check(tool, policy, writing=write is not None)
+        """Start the launcher for one call: run `argv`, or a file operation `op`
+        ("write", "read" or "list", and its job), which may also see `readable`."""
+        self.check(tool, policy, writing=op is not None)
         uid = self.call_uid(policy, cwd)
-        if _uses_bwrap(policy, write is not None):
+        if _uses_bwrap(policy, op is not None):
             _check_reachable(tool, cwd, uid)
         if not self._started:
             self.start()
         call = None
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
-        spec = self._spec(policy, cwd, call, uid, argv=argv, write=write)
+        spec = self._spec(policy, cwd, call, uid, argv=argv, op=op, readable=readable)
         try:
             return await self._start(spec, call)
         except BaseException:
@@ -361,7 +433,10 @@ class Sandbox:
         try:
             os.write(spec_fd, marshal.dumps(spec))
             os.lseek(spec_fd, 0, os.SEEK_SET)
-            proc, err_r = await self._fork.launch(spec_fd)
+            unshare = int(spec["unshare"])  # type: ignore[call-overload]
+            file_op = any(key in spec for key in ("write", "read", "list"))
+            pid_ns = file_op and bool(unshare & launcher_mod.CLONE_NEWPID)
+            proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns)
         finally:
             os.close(spec_fd)
         self._launchers.add(proc.pid)
@@ -405,12 +480,19 @@ class Sandbox:
         call_uid: int,
         *,
         argv: list[str] | None,
-        write: tuple[str, bytes] | None,
+        op: tuple[str, dict[str, Any]] | None,
+        readable: tuple[str, ...] = (),
     ) -> dict[str, object]:
         on = {layer for layer in LAYERS if policy.applies(layer) and not self.layers.get(layer)}
-        offline = policy.network == "none"
+        reading = op is not None and op[0] != "write"
+        offline = policy.network == "none" or reading
         ns = "namespaces" in on
         uid = call_uid if "uid" in on else -1
+        unshare = _unshare_flags(offline) if ns else 0
+        if reading and ns:
+            # A read needs no network, ipc or uts namespace (seccomp refuses it sockets):
+            # only the mounts (what it may see) and the pid namespace (a fresh /proc).
+            unshare = launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWPID
         spec: dict[str, object] = {
             "required": sorted(layer for layer in LAYERS if policy.requires(layer)),
             "cgroup": (call.launch_spec(self._hier, _within(policy.limits, self.executor_limits))
@@ -418,12 +500,17 @@ class Sandbox:
             "pdeathsig": "pdeathsig" in on,
             "ppid": os.getpid(),
             "rlimits": _rlimits(policy, uid >= 0) if "rlimits" in on else [],
-            "unshare": _unshare_flags(offline) if ns else 0,
-            "hide": [(p, "1777") for p in _PRIVATE_TMP] + [(p, "0755") for p in self.hide],
+            "unshare": unshare,
+            "hide": [(p, "0755") for p in _HOMES] + [(p, "1777") for p in _PRIVATE_TMP]
+            + [(p, "0755") for p in self.hide],
+            "secret": list(self.hide),
+            "keep": [str(cwd)],
+            "readable": list(readable) if reading else [],
             "tmpfs_size": TMPFS_SIZE,
             "private_run": hostview.private_run(cwd) if ns else [],
             "mask": _masks() if ns else [],
-            "cwd": str(cwd),
+            # A read takes absolute paths, and its session may have no workspace yet.
+            "cwd": "/" if reading else str(cwd),
             "uid": uid,
             "gid": uid,
             "landlock": None,
@@ -431,13 +518,16 @@ class Sandbox:
                         if "seccomp" in on else None),
         }
         if "landlock" in on:
-            rw = [str(cwd)]
-            if write is None:
+            rw: list[str] = []
+            if op is None or op[0] == "write":
+                rw.append(str(cwd))
+            if op is None:
                 rw += list(RW_DEVICES) + (list(_PRIVATE_TMP) if ns else [])
-            ro = list(SYSTEM_RO_PATHS) + list(policy.ro_paths)
+            system = _reads_system_ro() if reading else SYSTEM_RO_PATHS
+            ro = list(system) + list(policy.ro_paths) + ([str(cwd)] if reading else [])
             spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline}
-        if write is not None:
-            spec["write"] = {"path": write[0], "data": write[1]}
+        if op is not None:
+            spec[op[0]] = op[1]
             return spec
         env = {
             "PATH": _SANDBOX_PATH, "HOME": str(cwd), "TMPDIR": "/tmp", "LANG": "C.UTF-8",
@@ -452,6 +542,7 @@ class Sandbox:
             spec["landlock"] = None
             spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env, TMPFS_SIZE)
         return spec
+
 
 
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
@@ -479,15 +570,60 @@ def _within(limits: Limits, cap: Limits) -> Limits:
     )
 
 
+@functools.cache
+def _reads_system_ro() -> tuple[str, ...]:
+    """The system paths a read may see, resolved and without those beneath another
+    (/bin is /usr/bin on most systems) nor devices (a read refuses them): each
+    Landlock rule costs a few syscalls on every call."""
+    real = {os.path.realpath(p) for p in SYSTEM_RO_PATHS if not p.startswith("/dev/")}
+    real = {p for p in real if os.path.isdir(p)}
+    return tuple(sorted(p for p in real if not any(p.startswith(q + "/") for q in real)))
+
+
+def _parsed(parse: Callable[[bytes], T], reply: bytes) -> T:
+    """The parsed reply of a sandboxed read (OSError: the reader's own error)."""
+    try:
+        return parse(reply)
+    except (ValueError, KeyError) as exc:  # cut short or mangled: not what fileops wrote
+        raise fileops.BadReply(f"sandboxed reader: unreadable reply ({exc})") from exc
+
+
+async def _read_framed(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """One length-prefixed reply (at most `cap` bytes); b"" if the launcher wrote none."""
+    try:
+        size = int(await stream.readexactly(fileops.REPLY_LEN_DIGITS))
+        if size > cap:
+            raise fileops.BadReply(f"sandboxed reader: a {size}-byte reply (cap {cap})")
+        return await stream.readexactly(size)
+    except asyncio.IncompleteReadError:
+        return b""  # refused before it ran (the reason is on the error pipe), or killed
+    except ValueError as exc:
+        raise fileops.BadReply(f"sandboxed reader: unreadable reply ({exc})") from exc
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """Everything until EOF, keeping at most `cap` bytes (the rest is read and dropped)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await stream.read(64 * 1024):
+        if size < cap:
+            chunks.append(chunk[: cap - size])
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:
-    # write_file runs Python code after the lockdown: always in the launcher itself.
+    # The file operations run Python code after the lockdown: always in the launcher itself.
     return policy.backend == "bwrap" and not writing
 
 
 def _check_reachable(tool: str, path: Path, uid: int) -> None:
     """bwrap runs as the tool uid, so every parent of the workspace must let it pass."""
     for parent in path.parents:
-        st = os.stat(parent)
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            continue  # not made yet: `workspace` makes the parents 0755
         if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
             continue
         raise SandboxRefused(

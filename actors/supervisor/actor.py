@@ -575,7 +575,8 @@ class _WorkerIO:
         raise ModelError("internal", f"unexpected reply {reply.kind}")
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
-        job = ToolJob(call.name, call.input, session.cwd, timeout_s)
+        job = ToolJob(call.name, call.input, session.cwd, timeout_s,
+                      list(session.agent.read_paths))
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
             reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None)

@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run time)
     from .builtin import BUILTIN as BUILTIN
     from .builtin import FileWriter as FileWriter
+    from .builtin import make_list_dir as make_list_dir
+    from .builtin import make_read_file as make_read_file
     from .builtin import make_shell as make_shell
     from .builtin import make_write_file as make_write_file
+    from .builtin import shown_name as shown_name
     from .process import Child as Child
     from .process import CommandResult as CommandResult
     from .process import Spawner as Spawner
@@ -35,7 +38,8 @@ if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run
 
 _HOMES = {
     "BUILTIN": "builtin", "FileWriter": "builtin", "make_shell": "builtin",
-    "make_write_file": "builtin",
+    "make_write_file": "builtin", "make_read_file": "builtin", "make_list_dir": "builtin",
+    "shown_name": "builtin",
     "Child": "process", "CommandResult": "process", "Spawner": "process",
     "ToolRefused": "process", "run_command": "process", "spawn_local": "process",
     "Catalogue": "registry", "Tool": "registry", "ToolContext": "registry",

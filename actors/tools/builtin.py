@@ -4,9 +4,11 @@ Expected failures (a missing file, a non-zero exit) are error outcomes with a
 message the model can act on, not exceptions. Blocking file I/O runs in a thread
 so an executor's event loop keeps serving its control socket meanwhile.
 
-The risky tools take their runner as a parameter: `make_shell(spawn)` and
-`make_write_file(writer)`; the executor passes the sandbox's (actors.sandbox),
-and `BUILTIN` holds the local, unsandboxed ones for embedding and tests.
+Every tool takes its runner as a parameter: `make_shell(spawn)`,
+`make_write_file(writer)`, `make_read_file(reader)`, `make_list_dir(lister)`;
+the executor passes the sandbox's (actors.sandbox: the file operations run in
+a locked-down process, the formatting and the messages the model reads stay
+here), and `BUILTIN` holds the local, unsandboxed ones for embedding and tests.
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field
 
-# The one atomic writer, shared with the sandbox launcher (which runs it after its lockdown).
-from actors.fileops import write_atomic
+# The file operations, shared with the sandbox launcher (which runs them after its lockdown).
+from actors.fileops import list_capped, read_capped, write_atomic
 
 from .process import CommandResult, Spawner, ToolRefused, run_command, spawn_local
 from .registry import Catalogue, Tool, ToolContext, ToolOutcome, tool
@@ -57,85 +58,126 @@ def _os_error(tool_name: str, path: Path, exc: OSError | ValueError) -> ToolOutc
 # --- read_file -------------------------------------------------------------------
 
 
-@tool(tags=("fs", "core"), risky=False, core=True)
-async def read_file(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
-    """Read a text file and return its contents (UTF-8, undecodable bytes replaced;
-    at most 256 KiB, with a note saying how much was cut)."""
-    target = resolve_path(ctx, path)
-    try:
-        return await asyncio.to_thread(_read_text, target, READ_CAP, ctx.private)
-    except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in the path
-        return _os_error("read_file", target, exc)
+FileReader = Callable[[Path, Path, tuple[str, ...]], Awaitable[tuple[bytes, bool, int, str]]]
+"""Reads at most READ_CAP bytes of `target` for a call whose workspace is `cwd` and which
+may also see `readable`; (data, more?, st_size, real path). Raises OSError or ToolRefused."""
 
 
-def _read_text(target: Path, cap: int, private: tuple[Path, ...] = ()) -> str | ToolOutcome:
-    st = os.stat(target)
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(21, os.strerror(21), str(target))
-    if not stat.S_ISREG(st.st_mode):
-        # A FIFO or a terminal would block the reading thread, possibly forever.
-        return ToolOutcome.error(f"read_file: {target}: not a regular file")
-    with open(target, "rb") as f:
-        if _is_private(f.fileno(), private):
-            raise PermissionError(13, "oploop's own files are not readable by tools", str(target))
-        data = f.read(cap)
-        more = bool(f.read(1))
-    text = data.decode("utf-8", "replace")
-    if not more:
-        return text or "(empty file)"
-    # st_size is 0 for /proc-style files: then the true remainder is unknown.
-    rest = f"{st.st_size - cap} bytes more" if st.st_size > cap else "more bytes not shown"
-    return f"{text}\n[truncated: {rest}]"
+async def read_local(target: Path, cwd: Path, readable: tuple[str, ...]) -> tuple[
+    bytes, bool, int, str
+]:
+    """The unsandboxed `FileReader`: the same non-blocking read, in a thread."""
+    return await asyncio.to_thread(read_capped, str(target), READ_CAP)
+
+
+def make_read_file(reader: FileReader = read_local) -> Tool:
+    """Build the `read_file` tool around `reader`, so the sandbox can supply its own."""
+
+    @tool(tags=("fs", "core"), risky=False, core=True, name="read_file")
+    async def read_file(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
+        """Read a text file and return its contents (UTF-8, undecodable bytes replaced;
+        at most 256 KiB, with a note saying how much was cut)."""
+        target = resolve_path(ctx, path)
+        try:
+            data, more, size, real = await reader(target, ctx.workspace or ctx.cwd,
+                                                  ctx.read_paths)
+        except ToolRefused as exc:
+            return ToolOutcome.error(f"read_file: {exc}")
+        except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in the path
+            return _os_error("read_file", target, exc)
+        if _is_private(real, ctx.private):
+            return _os_error("read_file", target, PermissionError(
+                13, "oploop's own files are not readable by tools"))
+        text = data.decode("utf-8", "replace")
+        if not more:
+            return text or "(empty file)"
+        # st_size is 0 for /proc-style files: then the true remainder is unknown.
+        rest = f"{size - READ_CAP} bytes more" if size > READ_CAP else "more bytes not shown"
+        return f"{text}\n[truncated: {rest}]"
+
+    return read_file
 
 
 # --- list_dir --------------------------------------------------------------------
 
 
-@tool(tags=("fs", "core"), risky=False, core=True)
-async def list_dir(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
-    """List a directory's entries, sorted, one per line: directories end in "/",
-    symbolic links in "@" (at most 1000 entries)."""
-    target = resolve_path(ctx, path)
-    try:
-        return await asyncio.to_thread(_list_entries, target, LIST_CAP, ctx.private)
-    except (OSError, ValueError) as exc:
-        return _os_error("list_dir", target, exc)
+DirLister = Callable[
+    [Path, Path, tuple[str, ...]], Awaitable[tuple[list[tuple[bytes, str]], int, str]]
+]
+"""Lists at most LIST_CAP entries of `target` (as `FileReader` takes its arguments);
+(the first entries in byte order as (raw name, mark), the entry count, real path)."""
 
 
-def _list_entries(target: Path, cap: int, private: tuple[Path, ...] = ()) -> str:
-    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _is_private(fd, private):
-            raise PermissionError(13, "oploop's own files are not listable by tools", str(target))
-        with os.scandir(fd) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    finally:
-        os.close(fd)
-    if not entries:
-        return "(empty directory)"
-    lines = [e.name + _entry_mark(e) for e in entries[:cap]]
-    if len(entries) > cap:
-        lines.append(f"[truncated: {len(entries) - cap} more entries]")
-    return "\n".join(lines)
+async def list_local(target: Path, cwd: Path, readable: tuple[str, ...]) -> tuple[
+    list[tuple[bytes, str]], int, str
+]:
+    """The unsandboxed `DirLister`: the same listing, in a thread."""
+    return await asyncio.to_thread(list_capped, str(target), LIST_CAP)
 
 
-def _is_private(fd: int, private: tuple[Path, ...]) -> bool:
-    """Whether the file open at `fd` lies in one of the `private` directories.
+def make_list_dir(lister: DirLister = list_local) -> Tool:
+    """Build the `list_dir` tool around `lister`, so the sandbox can supply its own."""
 
-    Judged by the open file's own path (its /proc link), not the path asked for,
-    so that no symbolic link, `..` or swap between a check and the open gets by.
+    @tool(tags=("fs", "core"), risky=False, core=True, name="list_dir")
+    async def list_dir(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
+        """List a directory's entries, sorted, one per line: directories end in "/",
+        symbolic links in "@" (at most 1000 entries)."""
+        target = resolve_path(ctx, path)
+        try:
+            entries, total, real = await lister(target, ctx.workspace or ctx.cwd,
+                                                ctx.read_paths)
+        except ToolRefused as exc:
+            return ToolOutcome.error(f"list_dir: {exc}")
+        except (OSError, ValueError) as exc:
+            return _os_error("list_dir", target, exc)
+        if _is_private(real, ctx.private):
+            return _os_error("list_dir", target, PermissionError(
+                13, "oploop's own files are not listable by tools"))
+        if not entries:
+            return "(empty directory)"
+        lines = [shown_name(name) + mark for name, mark in entries]
+        if total > len(entries):
+            lines.append(f"[truncated: {total - len(entries)} more entries]")
+        return "\n".join(lines)
+
+    return list_dir
+
+
+def shown_name(name: str | bytes) -> str:
+    """A file name as the model and viewers see it: readable, one line, encodable.
+
+    `name` is the raw name (bytes, or str with surrogate escapes as `os` gives it):
+    bytes that are not UTF-8 show as `\\xff`, control and other unprintable
+    characters as `\\n`-style escapes, so that one odd name can neither make the
+    result unencodable nor split one entry into two lines.
     """
+    if isinstance(name, bytes):
+        raw = name
+    else:
+        try:
+            raw = os.fsencode(name)
+        except UnicodeEncodeError:  # a lone surrogate no file system gave: show its bytes
+            raw = name.encode("utf-8", "surrogatepass")
+    text = raw.decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _is_private(real: str, private: tuple[Path, ...]) -> bool:
+    """Whether the file read (by its real path, as the reader opened it) lies in one of
+    the `private` directories: a second layer behind the sandbox, which hides them."""
     if not private:
         return False
-    real = Path(os.readlink(f"/proc/self/fd/{fd}"))
-    return any(real == p or p in real.parents for p in private)
-
-
-def _entry_mark(entry: os.DirEntry[str] | os.DirEntry[bytes]) -> str:
-    # Checked first: a link to a directory is shown as a link, not followed.
-    if entry.is_symlink():
-        return "@"
-    return "/" if entry.is_dir(follow_symlinks=False) else ""
+    path = Path(real)
+    return any(path == p or p in path.parents for p in private)
 
 
 # --- write_file ------------------------------------------------------------------
@@ -237,6 +279,12 @@ def _signal_name(signum: int) -> str:
 
 shell = make_shell()
 """The `shell` tool with the local, unsandboxed spawner."""
+
+read_file = make_read_file()
+"""The `read_file` tool with the local, unsandboxed reader."""
+
+list_dir = make_list_dir()
+"""The `list_dir` tool with the local, unsandboxed lister."""
 
 write_file = make_write_file()
 """The `write_file` tool with the local, unsandboxed writer."""

@@ -34,14 +34,20 @@ class ToolContext(Generic[Deps]):
     `deadline` is absolute wall-clock time (`time.time()`), as carried in an
     envelope across processes; None means no deadline. `deps` are the
     dependencies a program embedding the loop gives its tools (`Runner`);
-    None in the executor process. `private`: directories the unsandboxed file
-    tools refuse to read or list (the host's keys, journal and sockets).
+    None in the executor process. `private`: directories the file tools refuse
+    to read or list (the host's keys, journal and sockets; the sandbox hides
+    them already). `workspace`: the session's workspace, where sandboxed tools
+    run (None: `cwd`); `read_paths`: what the confined reads may see besides
+    the system's files and the workspace (the session's cwd, the agent's
+    `read_paths`).
     """
 
     cwd: Path
     deadline: float | None = None
     deps: Deps = None  # type: ignore[assignment]
     private: tuple[Path, ...] = ()
+    workspace: Path | None = None
+    read_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

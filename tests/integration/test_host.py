@@ -27,6 +27,7 @@ def host(short_home):
 
 def test_session_through_every_actor(host, tmp_path):
     (tmp_path / "note.txt").write_text("hello from a file\n")
+    os.chmod(tmp_path, 0o755)  # read_file reads as the tool uid: what others may read
     run = subprocess.run(
         [*OPLOOP, "run", "--json", "read note.txt and run `echo hi`"],
         env={**os.environ, "OPLOOP_HOME": host}, cwd=tmp_path, capture_output=True, text=True,

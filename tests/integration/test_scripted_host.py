@@ -23,6 +23,7 @@ OPLOOP = [sys.executable, "-m", "actors.cli"]
 def scripted_host(short_home, tmp_path):
     target = tmp_path / "note.txt"
     target.write_text("scripted hello\n")
+    os.chmod(tmp_path, 0o755)  # read_file reads as the tool uid: what others may read
     call = {"type": "tool_use", "name": "read_file", "input": {"path": str(target)}}
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"reply": [call]}] * 25 + [{"reply": "finished"}]))
@@ -41,14 +42,16 @@ def scripted_host(short_home, tmp_path):
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
-def test_long_sessions_on_two_callers_keep_their_whole_history(scripted_host):
+def test_long_sessions_on_two_callers_keep_their_whole_history(scripted_host, tmp_path):
     home, state = scripted_host
+    cwd = str(tmp_path)  # the note's folder: the confined read_file sees the session's cwd
     names = sorted(a["name"] for a in state["actors"])
     assert names == ["broadcaster", "executor-1", "executor-2", "llm-1", "llm-2", "supervisor"]
 
     async def main() -> None:
         async with Client.connect(Path(home)) as client:
-            runs = [await client.start("read it, many times", max_turns=30) for _ in range(3)]
+            runs = [await client.start("read it, many times", max_turns=30, cwd=cwd)
+                    for _ in range(3)]
             for run in runs:
                 events = [e async for e in client.events(run.session, run.from_seq,
                                                          stop_at="first")]
@@ -59,7 +62,8 @@ def test_long_sessions_on_two_callers_keep_their_whole_history(scripted_host):
                 info = await client.inspect(run.session)
                 assert len(info.history) == 52 and is_valid(info.history)
             # a follow-up plays the scenario again on top of the kept history
-            more = await client.start("once more", session=runs[0].session, max_turns=30)
+            more = await client.start("once more", session=runs[0].session, max_turns=30,
+                                      cwd=cwd)
             last = [e async for e in client.events(more.session, more.from_seq, stop_at="first")][-1]
             assert last["data"]["turns"] == 26
             assert len((await client.inspect(more.session)).history) == 104

@@ -236,7 +236,8 @@ def test_tools_cannot_read_the_keys_or_the_journal(tcp_host):
     for path in (f"{home}/keys/client.key_secret", f"{home}/journal.db"):
         events = run(home, f"read {path}")
         (end,) = [e for e in events if e["type"] == "TOOL_END"]
-        assert end["data"]["is_error"] and "oploop's own files" in end["data"]["output"]
+        # The sandbox hides the home (the `private` check behind it names oploop's files).
+        assert end["data"]["is_error"], end
         assert "secret-key" not in json.dumps(events)
 
 

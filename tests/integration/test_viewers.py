@@ -101,7 +101,13 @@ def gated_host(short_home, tmp_path):
     assert up.returncode == 0, up.stderr
 
     def open_gate(session: str) -> None:
-        (Path(short_home) / "workspaces" / session / "gate").touch()
+        # The launcher makes the workspace as the tool starts (TOOL_START may come first).
+        workspace = Path(short_home) / "workspaces" / session
+        end = time.monotonic() + 30
+        while not workspace.is_dir():
+            assert time.monotonic() < end, f"workspace {workspace} never made"
+            time.sleep(0.02)
+        (workspace / "gate").touch()
 
     yield short_home, open_gate
     down = oploop(short_home, "down")

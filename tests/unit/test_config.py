@@ -55,6 +55,8 @@ streaming = false
     ("[router]\nmax_tokens = 'x'", "router.max_tokens"),
     ("[limitz]\nx = 1", "limitz"),
     ("agents = 3", "agents"),
+    ("[agents.a]\nread_paths = '/srv'", "agents.a.read_paths"),
+    ("[agents.a]\nread_paths = [1]", "agents.a.read_paths[0]"),
 ])
 def test_mistakes_name_their_key(text, key):
     import tomllib
@@ -96,3 +98,18 @@ def test_network_settings():
     assert plain is not None and not plain.curve and plain.address("api").endswith(":7400")
     v6 = parse_config({"network": {"listen": "tcp://[::1]:7400", "curve": False}}).network
     assert v6 is not None and v6.address("work") == "tcp://[::1]:7402"
+
+
+def test_agent_read_paths():
+    """An agent's read_paths (what its confined reads may see) reach its ToolJobs."""
+    from bus.messages import ToolJob
+
+    config = parse_config({"agents": {"ops": {"read_paths": ["/srv/logs", "/var/log"]}}})
+    agent = config.agent("ops")
+    assert agent is not None and agent.read_paths == ("/srv/logs", "/var/log")
+    assert config.agent("").read_paths == ()  # type: ignore[union-attr]
+    from bus.codec import decode, encode
+    from bus.messages import Envelope
+
+    job = ToolJob("read_file", {"path": "x"}, "/", 1.0, list(agent.read_paths))
+    assert decode(encode(Envelope(job))).body.read_paths == ["/srv/logs", "/var/log"]
