@@ -113,10 +113,38 @@ def _list_entries(target: Path, cap: int, private: tuple[Path, ...] = ()) -> str
         os.close(fd)
     if not entries:
         return "(empty directory)"
-    lines = [e.name + _entry_mark(e) for e in entries[:cap]]
+    lines = [shown_name(e.name) + _entry_mark(e) for e in entries[:cap]]
     if len(entries) > cap:
         lines.append(f"[truncated: {len(entries) - cap} more entries]")
     return "\n".join(lines)
+
+
+def shown_name(name: str | bytes) -> str:
+    """A file name as the model and viewers see it: readable, one line, encodable.
+
+    `name` is the raw name (bytes, or str with surrogate escapes as `os` gives it):
+    bytes that are not UTF-8 show as `\\xff`, control and other unprintable
+    characters as `\\n`-style escapes, so that one odd name can neither make the
+    result unencodable nor split one entry into two lines.
+    """
+    if isinstance(name, bytes):
+        raw = name
+    else:
+        try:
+            raw = os.fsencode(name)
+        except UnicodeEncodeError:  # a lone surrogate no file system gave: show its bytes
+            raw = name.encode("utf-8", "surrogatepass")
+    text = raw.decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _is_private(fd: int, private: tuple[Path, ...]) -> bool:
