@@ -200,6 +200,20 @@ class Worker(ABC):
             if task is not None:
                 self._aborted.add(env.job)
                 task.cancel()
+            elif env.job and env.job not in self._aborted:
+                self._acknowledge_unknown(env)
+
+    def _acknowledge_unknown(self, env: Envelope) -> None:
+        """Answer an Abort for a job we do not hold, so the supervisor frees its slot.
+
+        The job is over here (its reply went, or was lost) or has not arrived yet
+        (the Abort overtook it): remembered, so that it is refused if it comes.
+        """
+        self._aborted_unseen[env.job] = None
+        if len(self._aborted_unseen) > MAX_ABORTED_UNSEEN:
+            self._aborted_unseen.popitem(last=False)
+        self.send(JobFailed("aborted", "job aborted (not running on this worker)"),
+                  job=env.job, sid=env.sid)
 
     def _on_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
@@ -225,7 +239,19 @@ class Worker(ABC):
             log.info("%s: job %s came after its Abort: not run", self.worker_id, env.job)
             return
         assert self._group is not None
-        self.jobs[env.job] = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+        task = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+        self.jobs[env.job] = task
+        task.add_done_callback(lambda done: self._job_done(env, done))
+
+    def _job_done(self, env: Envelope, task: asyncio.Task[None]) -> None:
+        """A job task that ended without answering: it was cancelled before its first
+        step (an Abort right after the job), so `_run_job` never ran. Answer for it."""
+        if self.jobs.get(env.job) is not task:
+            return  # `_run_job` answered (and forgot the job) itself
+        del self.jobs[env.job]
+        if env.job in self._aborted:
+            self._aborted.discard(env.job)
+            self.send(JobFailed("aborted", "job aborted"), job=env.job, sid=env.sid)
 
     def _answers_an_old_message(self, answered: str) -> bool:
         """Whether a `Disconnect` answering our message number `answered` predates
