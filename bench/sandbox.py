@@ -19,7 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.sandbox import LAYERS, Policy, Sandbox, SandboxConfig, bwrap, layers_report
+from actors.sandbox import (
+    LAYERS,
+    Policy,
+    Sandbox,
+    SandboxConfig,
+    bwrap,
+    layers_report,
+    release_all,
+)
 from actors.tools.process import Spawner, run_command, spawn_local
 
 GOAL_CALL_P50_MS = 30.0
@@ -143,6 +151,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
         }
     finally:
         sandbox.close()
+        release_all(home)
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -24,6 +24,7 @@ from actors.tools import (
     make_shell,
     make_write_file,
 )
+from actors.tools.process import ToolRefused
 from actors.worker import Worker
 from bus.endpoints import Endpoints
 from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
@@ -67,9 +68,10 @@ class Executor(Worker):
         self.sandbox = sandbox or default_sandbox(home)
         #: Never read or listed by the unsandboxed tools: the keys (a secret read into a
         #: session's events would reach every viewer), the runtime dir, the journal and
-        #: event store (every session's history).
+        #: event store (every session's history), the workspace images (every session's files).
         self.private = tuple(p.resolve() for p in
-                             (home / "keys", home / "run", *private_files(home)))
+                             (home / "keys", home / "run", *private_files(home),
+                              self.sandbox.spaces.images))
         if catalogue is None:
             catalogue = sandboxed_catalogue(self.sandbox)
             self.sandboxed = frozenset({"shell", "write_file"})
@@ -97,7 +99,10 @@ class Executor(Worker):
                     f"{job.name}: refused: a risky tool with no sandboxed runner here", True, 0.0
                 )
             policy = self.sandbox.config.policy(job.name)
-            cwd = await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+            try:
+                cwd = await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+            except ToolRefused as exc:  # no quota possible, the disk full, ...
+                return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
         ctx: ToolContext[None] = ToolContext(cwd=cwd, deadline=env.deadline or None,
                                              private=self.private)

@@ -20,6 +20,12 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
     file_mb = 256               # largest file (RLIMIT_FSIZE)
     nofile = 256
     timeout_s = 600
+
+    [workspaces]                # each session's disk (actors/sandbox/workspaces.py)
+    quota = "loop"              # an ext4 image per session, loop-mounted; or "off"
+    size_mb = 1024              # per session
+    total_mb = 32768            # all workspaces together (0: no cap)
+    reserve_mb = 1024           # refuse launches with less free on the disk
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .cgroups import Limits
+from .workspaces import WorkspaceQuota
 
 LAYERS = (
     "cgroup", "cgroup_kill", "setsid", "pdeathsig", "rlimits", "namespaces",
@@ -99,6 +106,7 @@ class SandboxConfig:
 
     default: Policy = field(default_factory=Policy)
     tools: dict[str, Policy] = field(default_factory=dict)
+    workspaces: WorkspaceQuota = field(default_factory=WorkspaceQuota)
 
     def policy(self, tool: str) -> Policy:
         """The policy of `tool` (the default one if it has none of its own)."""
@@ -119,7 +127,7 @@ class SandboxConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "sandbox config") -> SandboxConfig:
         """Build from the parsed TOML; unknown keys are errors, not silently ignored."""
-        unknown = set(data) - {"sandbox", "tools"}
+        unknown = set(data) - {"sandbox", "tools", "workspaces"}
         if unknown:
             raise PolicyError(f"{where}: unknown section(s) {sorted(unknown)}")
         base = _policy(Policy(), data.get("sandbox", {}), f"{where} [sandbox]", top=True)
@@ -127,7 +135,11 @@ class SandboxConfig:
             name: _policy(base, table, f"{where} [tools.{name}]", top=False)
             for name, table in data.get("tools", {}).items()
         }
-        return cls(base, tools)
+        try:
+            workspaces = WorkspaceQuota.from_table(data.get("workspaces", {}))
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"{where} [workspaces]: {exc}") from exc
+        return cls(base, tools, workspaces)
 
 
 _MB = 1024 * 1024

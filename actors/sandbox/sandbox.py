@@ -28,6 +28,7 @@ from .cgroups import CallCgroup, CgroupTree, Hierarchies
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
+from .workspaces import Workspaces
 
 log = logging.getLogger("oploop.sandbox")
 
@@ -135,6 +136,8 @@ class Sandbox:
     ) -> None:
         self.config = config
         self.workspaces = workspaces
+        #: Each session's workspace, bounded by the `[workspaces]` quota.
+        self.spaces = Workspaces(workspaces, config.workspaces)
         # Host paths the tool must not even see (the oploop home: runtime dir, policy).
         self.hide = tuple(str(p) for p in hide)
         self.layers = machine_layers() if layers is None else layers
@@ -181,14 +184,19 @@ class Sandbox:
     # -- workspaces and policies ---------------------------------------------------------
 
     def workspace(self, session: str, uid: int | None = None) -> Path:
-        """The session's workspace directory, created 0700 and owned by the tool uid."""
-        safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
-        path = self.workspaces / safe
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """The session's workspace directory, created 0700 and owned by the tool uid,
+        on its own quota-bounded file system (see `workspaces`).
+
+        Raises `WorkspaceRefused` (a `ToolRefused`) when it cannot be bounded."""
+        path = self.spaces.ensure(session)
         uid = self.config.default.uid if uid is None else uid
         if self._applies_uid(self.config.default) and os.stat(path).st_uid != uid:
             os.chown(path, uid, uid)
         return path
+
+    def remove_workspace(self, session: str) -> None:
+        """Delete the session's workspace and its quota image (the session is removed)."""
+        self.spaces.remove(session)
 
     def _applies_uid(self, policy: Policy) -> bool:
         return policy.applies("uid") and not self.layers.get("uid")
@@ -268,8 +276,12 @@ class Sandbox:
         argv: list[str] | None = None,
         write: tuple[str, bytes] | None = None,
     ) -> SandboxedChild:
-        """Start the launcher for one call: run `argv`, or write a file (`write`)."""
+        """Start the launcher for one call: run `argv`, or write a file (`write`).
+
+        Refused (`ToolRefused`) when a layer is missing, or the disk is below its
+        reserve, or the workspaces are at the host's cap."""
         self.check(tool, policy, writing=write is not None)
+        self.spaces.check_room()
         if _uses_bwrap(policy, write is not None):
             _check_reachable(tool, cwd, policy.uid)
         if not self._started:
