@@ -8,17 +8,20 @@ runs afterwards. An Abort for a job the worker does not hold is acknowledged.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import zmq
+from hostkit import until
 
 from actors.executor.actor import Executor
-from bus.codec import decode, encode
+from actors.supervisor.dispatch import Dispatcher, Job
+from bus.codec import MAX_FRAME_BYTES, decode, encode
 from bus.endpoints import Endpoints
 from bus.messages import (
     Abort,
@@ -31,6 +34,7 @@ from bus.messages import (
     ToolJob,
     ToolResult,
 )
+from bus.sockets import Reactor
 
 HERE = Path(__file__).parent
 SLOTS = Executor.capacity
@@ -103,12 +107,17 @@ class FakeSupervisor:
         return out
 
 
+def start_executor(home: Path) -> subprocess.Popen[bytes]:
+    """The badtools executor process, serving the host endpoints of `home`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), str(HERE)])}
+    return subprocess.Popen([sys.executable, str(HERE / "badtools.py"), str(home)], env=env)
+
+
 @pytest.fixture
 def supervised(short_home: str) -> Iterator[FakeSupervisor]:
     home = Path(short_home)
     sup = FakeSupervisor(home)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), str(HERE)])}
-    proc = subprocess.Popen([sys.executable, str(HERE / "badtools.py"), str(home)], env=env)
+    proc = start_executor(home)
     try:
         ready = sup.recv()
         assert isinstance(ready.body, Ready) and ready.body.capacity == SLOTS
@@ -173,3 +182,76 @@ def test_aborted_running_jobs_are_acknowledged(supervised) -> None:
     acks = supervised.replies(SLOTS)
     assert all(isinstance(b, JobFailed) and b.error == "aborted" for b in acks.values()), acks
     assert_normal_call_runs(supervised, "after-hang")
+
+
+# --- the supervisor's side: the real Dispatcher, the same executor ---------------------
+
+
+async def with_dispatcher(home: Path, body: Callable[[Dispatcher], Awaitable[None]]) -> None:
+    """Run `body(dispatcher)` with a real Dispatcher serving the badtools executor."""
+    endpoints = Endpoints.for_home(home)
+    endpoints.run_dir.mkdir(parents=True, exist_ok=True)
+    reactor = Reactor()
+    box: list[Dispatcher] = []
+    work = reactor.add(zmq.ROUTER, "work", lambda *a: box[0].handle_work(*a),
+                       bind=endpoints.address("work"))
+
+    def on_control(peer: bytes | None, env: Envelope, frame: bytes) -> None:
+        if peer is not None and isinstance(env.body, ControlHello):
+            box[0].handle_control_hello(peer, env.body)
+
+    control = reactor.add(zmq.ROUTER, "control", on_control, bind=endpoints.address("control"))
+    dispatcher = Dispatcher(work, control)
+    box.append(dispatcher)
+    proc = start_executor(home)
+    serving = asyncio.get_running_loop().create_task(reactor.run())
+    beating = asyncio.get_running_loop().create_task(dispatcher.beat())
+    try:
+        await until(lambda: any(w.role == "tool" and w.control_id for w in
+                                dispatcher.workers.values()), "the executor's Ready")
+        await body(dispatcher)
+    finally:
+        serving.cancel()
+        beating.cancel()
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
+        reactor.close()
+
+
+def submit(dispatcher: Dispatcher, tool: str, **data: object) -> Job:
+    return dispatcher.submit("tool", ToolJob(tool, dict(data), "/", 10), sid="s",
+                             deadline=0.0, on_progress=lambda env: None)
+
+
+def test_jobs_the_supervisor_cannot_send_fail_and_take_no_slot(short_home: str) -> None:
+    async def body(dispatcher: Dispatcher) -> None:
+        kinds = {"oversize": {"text": "x" * (MAX_FRAME_BYTES + 1)},
+                 "unencodable": {"text": "caf\udce9"}}
+        for error, data in kinds.items():
+            jobs = [submit(dispatcher, "echo", **data) for _ in range(2 * SLOTS)]
+            for job in jobs:
+                reply = await asyncio.wait_for(job.future, WAIT_MS / 1000)
+                assert isinstance(reply.body, JobFailed) and reply.body.error == error
+                assert "the tool_job cannot be sent to a worker" in reply.body.message
+            assert dispatcher.statistics()["jobs_inflight"] == 0
+            assert all(w.free == SLOTS for w in dispatcher.workers.values())
+        normal = await asyncio.wait_for(submit(dispatcher, "echo", text="fine").future,
+                                        WAIT_MS / 1000)
+        assert isinstance(normal.body, ToolResult) and normal.body.output == "fine"
+
+    asyncio.run(with_dispatcher(Path(short_home), body))
+
+
+def test_aborted_jobs_free_their_slots_through_the_real_dispatcher(short_home: str) -> None:
+    async def body(dispatcher: Dispatcher) -> None:
+        jobs = [submit(dispatcher, "hang") for _ in range(SLOTS)]
+        await until(lambda: all(j.worker for j in jobs), "every slot taken")
+        for job in jobs:
+            dispatcher.abort(job)
+        await until(lambda: dispatcher.statistics()["jobs_aborting"] == 0, "every abort acked")
+        assert dispatcher.aborts_acked == SLOTS
+        normal = await asyncio.wait_for(submit(dispatcher, "echo", text="fine").future,
+                                        WAIT_MS / 1000)
+        assert isinstance(normal.body, ToolResult) and normal.body.output == "fine"
+
+    asyncio.run(with_dispatcher(Path(short_home), body))
