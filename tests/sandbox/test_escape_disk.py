@@ -189,3 +189,23 @@ def test_workspaces_settings_are_read() -> None:
                                                      "total_mb": 0, "reserve_mb": 10}})
     assert config.workspaces == WorkspaceQuota("off", 64, 0, 10)
     assert SandboxConfig().workspaces.quota == "loop"  # fail closed by default
+
+
+def test_the_executor_answers_a_refused_workspace_as_the_tool_s_error(home: Path) -> None:
+    from actors.executor.actor import Executor
+    from bus.endpoints import Endpoints
+    from bus.messages import Envelope, ToolJob, ToolResult
+
+    (home / "sandbox.toml").write_text("[workspaces]\nreserve_mb = 1000000000\n")
+    executor = Executor(Endpoints.for_home(home))
+    executor.reactor.close()  # no supervisor here: only perform() is exercised
+    try:
+        for tool, data in (("shell", {"command": "echo ran"}),
+                           ("write_file", {"path": "f", "content": "x"})):
+            result = asyncio.run(executor.perform(Envelope(
+                ToolJob(tool, data, "/", 10), sid="full", job="j")))
+            assert isinstance(result, ToolResult) and result.is_error
+            assert result.output.startswith(f"{tool}: refused: the disk is nearly full")
+        assert not (home / "workspaces" / "full").exists()
+    finally:
+        executor.sandbox.close()
