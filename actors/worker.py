@@ -2,7 +2,10 @@
 
 A worker connects a DEALER to the supervisor's `work` socket and another to its
 `control` socket (served first). It says `Ready`, beats every second, runs each
-job as its own task, and answers `Abort` by cancelling that task. When the
+job as its own task, and answers `Abort` by cancelling that task (or at once,
+for a job it does not hold). Every job gets exactly one final reply: one that
+cannot go on the wire is replaced by a `JobFailed` naming why, so no job holds
+its slot in the supervisor for ever. When the
 supervisor goes silent for three beats (or says `Disconnect`) it says `Ready`
 again, which is how workers survive a supervisor restart.
 """
