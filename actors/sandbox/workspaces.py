@@ -168,11 +168,7 @@ class Workspaces:
             os.close(fd)
 
     def _check_can_mount(self) -> None:
-        why = ""
-        if os.geteuid() != 0:
-            why = "loop-mounting a workspace image needs root"
-        elif shutil.which("mkfs.ext4") is None or shutil.which("mount") is None:
-            why = "mkfs.ext4 or mount is not installed"
+        why = loop_quota_missing()
         if why:
             raise WorkspaceRefused(
                 f"no workspace quota possible here ({why}); "
@@ -220,6 +216,17 @@ class Workspaces:
                         used += entry.stat(follow_symlinks=False).st_blocks * 512
         self._usage = (used, now)
         return used
+
+
+def loop_quota_missing() -> str:
+    """Why this machine cannot bound workspaces with loop-mounted images ("" if it can)."""
+    if os.geteuid() != 0:
+        return "loop-mounting a workspace image needs root"
+    if shutil.which("mkfs.ext4") is None or shutil.which("mount") is None:
+        return "mkfs.ext4 or mount is not installed"
+    if not os.path.exists("/dev/loop-control") and not os.path.exists("/dev/loop0"):
+        return "no loop device driver (/dev/loop-control)"
+    return ""
 
 
 def release_all(root: Path) -> int:
