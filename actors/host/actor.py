@@ -282,13 +282,6 @@ class Host:
                 p.kill()
         for c in self.children:
             c.state = "stopped"
-        # No executor is left to use them: unmount the workspaces' quota file systems
-        # (their images stay; the next call of a session mounts its image again).
-        from actors.sandbox.workspaces import release_all  # only now: the sandbox's imports
-
-        released = await asyncio.to_thread(release_all, self.home / "workspaces")
-        if released:
-            log.info("unmounted %d workspace(s)", released)
         self.endpoints.remove_stale()
         for name in (STATE_FILE, OFFLINE_PORT_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)

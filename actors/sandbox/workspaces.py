@@ -22,8 +22,12 @@ host-wide cap (`total_mb`) is on that sum. A running call can still write up to
 its own quota past the cap: the overshoot is bounded by calls x `size_mb`,
 which the reserve (`reserve_mb`) should cover.
 
-Mounts live while the host does: `release_all` (at `oploop down`) unmounts
-them, the next call of a session mounts its image again.
+A workspace stays mounted, across host restarts, until its session is removed
+(`Workspaces.remove`): its files stay where an operator looks for them. After a
+machine restart the next call of the session mounts its image again (one image
+is never mounted twice: a lock per session, and the mount point is checked
+under it). `release_all` unmounts every workspace of a home (tests, a home
+being deleted).
 """
 
 from __future__ import annotations
@@ -230,8 +234,8 @@ def loop_quota_missing() -> str:
 
 
 def release_all(root: Path) -> int:
-    """Unmount every workspace mounted under `root` (the host stops; images are
-    kept, and mounted again by the next call); returns how many."""
+    """Unmount every workspace mounted under `root` (images are kept, and mounted
+    again by the next call of their session); returns how many."""
     prefix = str(root.resolve()).rstrip("/") + "/"
     count = 0
     for point in sorted(_mount_points(), reverse=True):  # deepest first
