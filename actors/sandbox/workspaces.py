@@ -27,7 +27,8 @@ A workspace stays mounted, across host restarts, until its session is removed
 machine restart the next call of the session mounts its image again (one image
 is never mounted twice: a lock per session, and the mount point is checked
 under it). `release_all` unmounts every workspace of a home (tests, a home
-being deleted).
+being deleted). A workspace made before quotas moves into its new image on its
+next call (refused, untouched, if it does not fit).
 """
 
 from __future__ import annotations
@@ -143,14 +144,22 @@ class Workspaces:
         (self.images / f"{path.name}.lock").unlink(missing_ok=True)
 
     def _mount(self, path: Path, image: Path) -> None:
-        if path.is_dir() and any(path.iterdir()):
-            raise WorkspaceRefused(
-                f"workspace {path} holds files but has no quota image: move them away, "
-                f"or set quota = \"off\" under [workspaces] in sandbox.toml"
-            )
+        holds_files = path.is_dir() and any(path.iterdir())
+        migrated = False
         if not image.exists():
             self.check_room()
-            _make_image(image, self.quota.size_mb)
+            # A workspace made before quotas (files, no image): its files move in.
+            _make_image(image, self.quota.size_mb, path if holds_files else None)
+            migrated = holds_files
+        if holds_files:
+            # Never hidden under the mount. Copied into the image: deleted; else (written
+            # while the image was unmounted, or a move that stopped half way) kept aside.
+            aside = self.images / f"{path.name}.{time.time_ns()}.aside"
+            os.rename(path, aside)
+            if migrated:
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                log.warning("workspace %s: files outside its image kept in %s", path, aside)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         _run(["mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(image), str(path)],
              f"cannot mount the workspace image {image}")
@@ -260,8 +269,9 @@ def _mount_points() -> list[str]:
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
-def _make_image(image: Path, size_mb: int) -> None:
-    """A sparse ext4 image of `size_mb`: no reserved blocks, tables written lazily."""
+def _make_image(image: Path, size_mb: int, files: Path | None = None) -> None:
+    """A sparse ext4 image of `size_mb`: no reserved blocks, tables written lazily;
+    holding a copy of the directory `files` if given (refused if they do not fit)."""
     tmp = image.with_suffix(".new")
     try:
         with open(tmp, "wb") as f:
@@ -269,9 +279,29 @@ def _make_image(image: Path, size_mb: int) -> None:
         _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-L", "oploop-ws",
               "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(tmp)],
              f"cannot make a workspace image {image}")
+        if files is not None:
+            _copy_into(tmp, files, size_mb)
         os.replace(tmp, image)  # an image exists only once it is whole
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _copy_into(image: Path, files: Path, size_mb: int) -> None:
+    """Copy the directory `files` (owners, modes, links kept) into the new `image`."""
+    staging = image.with_suffix(".mnt")
+    staging.mkdir(mode=0o700, exist_ok=True)
+    try:
+        _run(["mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(image), str(staging)],
+             f"cannot mount the new workspace image {image}")
+        try:
+            _run(["cp", "-a", f"{files}/.", f"{staging}/"],
+                 f"the workspace {files} does not fit its quota of {size_mb} MB "
+                 f"(size_mb under [workspaces] in sandbox.toml)")
+        finally:
+            _unmount(staging)
+    finally:
+        with contextlib.suppress(OSError):
+            staging.rmdir()
 
 
 def _unmount(path: Path) -> None:

@@ -150,15 +150,49 @@ def test_quota_off_gives_a_plain_directory(home: Path) -> None:
         sandbox.close()
 
 
-def test_a_workspace_with_files_but_no_image_is_refused_not_hidden(home: Path) -> None:
+def test_a_workspace_from_before_quotas_moves_into_its_image(home: Path) -> None:
     legacy = home / "workspaces" / "old"
-    legacy.mkdir(parents=True)
-    (legacy / "notes.txt").write_text("kept")
+    (legacy / "src").mkdir(parents=True)
+    (legacy / "src" / "notes.txt").write_text("kept")
+    os.symlink("src/notes.txt", legacy / "link")
+    os.chown(legacy / "src", 64000, 64000)
     sandbox = sandbox_of(home)
     try:
-        with pytest.raises(WorkspaceRefused, match="holds files but has no quota image"):
-            sandbox.workspace("old")
-        assert (legacy / "notes.txt").read_text() == "kept"
+        path = sandbox.workspace("old")
+        assert os.path.ismount(path)
+        assert (path / "src" / "notes.txt").read_text() == "kept"
+        assert os.readlink(path / "link") == "src/notes.txt"
+        assert (path / "src").stat().st_uid == 64000
+        assert not list((home / "workspaces" / IMAGES_DIR).glob("*.aside"))
+    finally:
+        sandbox.close()
+
+
+def test_a_workspace_from_before_quotas_too_big_for_it_is_refused_intact(home: Path) -> None:
+    legacy = home / "workspaces" / "big"
+    legacy.mkdir(parents=True)
+    (legacy / "data").write_bytes(os.urandom((QUOTA_MB + 2) * 1024 * 1024))
+    sandbox = sandbox_of(home)
+    try:
+        with pytest.raises(WorkspaceRefused, match=f"does not fit its quota of {QUOTA_MB} MB"):
+            sandbox.workspace("big")
+        assert (legacy / "data").stat().st_size == (QUOTA_MB + 2) * 1024 * 1024
+        assert not os.path.ismount(legacy)
+        assert not list((home / "workspaces" / IMAGES_DIR).glob("big*.img"))
+    finally:
+        sandbox.close()
+
+
+def test_files_written_beside_an_unmounted_image_are_kept_aside(home: Path) -> None:
+    sandbox = sandbox_of(home)
+    try:
+        (sandbox.workspace("s") / "inside").write_text("in the image")
+        release_all(home / "workspaces")
+        (home / "workspaces" / "s" / "stray").write_text("written meanwhile")
+        path = sandbox.workspace("s")
+        assert (path / "inside").read_text() == "in the image"
+        (aside,) = (home / "workspaces" / IMAGES_DIR).glob("s.*.aside")
+        assert (aside / "stray").read_text() == "written meanwhile"
     finally:
         sandbox.close()
 
