@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from actors.runtime import notify_ready
+from bus.codec import MAX_FRAME_BYTES, encode
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure, BadFrame, BusError
 from bus.heartbeat import INTERVAL_S, Liveness
@@ -71,6 +72,8 @@ class Worker(ABC):
 
     role: str = ""
     capacity: int = 1
+    #: Largest final reply sent; a larger one is a `JobFailed("oversize")` instead.
+    max_reply_bytes: int = MAX_FRAME_BYTES
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
@@ -126,7 +129,11 @@ class Worker(ABC):
         number = next(self._sent)
         env = Envelope(body, id=str(number), job=job, sid=sid)
         try:
-            self.work.send(env)
+            frame = encode(env)
+            if len(frame) > self.max_reply_bytes and isinstance(body, _FINAL):
+                raise BadFrame("oversize", f"{len(frame)} bytes > {self.max_reply_bytes}",
+                               body.KIND)
+            self.work.send_frame(frame)
         except BadFrame as exc:
             log.error("%s: %s of job %s cannot be sent: %s", self.worker_id, body.KIND,
                       job or "-", exc)
@@ -180,10 +187,8 @@ class Worker(ABC):
                         self.worker_id, len(self._unsent))
             self._unsent.clear()
         self._ready_no = self.send(Ready(self.role, self.capacity, self.tools()))
-        try:
+        with contextlib.suppress(BusError):
             self.control.send(Envelope(ControlHello(self.worker_id)))
-        except BusError:
-            pass
 
     def _on_handshake(self, refusal: str | None) -> None:
         if refusal is not None:

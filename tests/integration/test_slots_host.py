@@ -3,8 +3,8 @@ every slot filled with each failure kind a model can cause, then a normal call r
 
 The kinds: `list_dir` of a directory whose names are not UTF-8 (once unencodable:
 the reply was dropped, the slot never freed), a `write_file` over the frame limit
-(the llm caller cannot send the model's reply), and one just under it (the
-supervisor cannot send what follows).
+(the llm caller cannot send the model's reply), one under it but too large for the
+session's next request, and one that fits.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hostkit import of_type, run_events, scripted_host
 
+from actors.llm_caller.actor import MAX_MODEL_REPLY_BYTES
 from bus.client import Client
 from bus.codec import MAX_FRAME_BYTES
 
@@ -60,6 +61,7 @@ def test_every_slot_filled_with_each_failure_kind_then_a_normal_call_runs(
         "names": [list_dirs(str(odd_dir), SLOTS + 4), OK],
         "over": [write(MAX_FRAME_BYTES + 1024), OK],
         "under": [write(MAX_FRAME_BYTES - 4096), OK],
+        "big": [write(MAX_MODEL_REPLY_BYTES - 4096), OK],
     }
     with scripted_host(short_home, scripts, tmp_path, {"OPLOOP_EXECUTORS": "1"}) as home:
         events = asyncio.run(run_events(home, "#names list it", cwd=str(tmp_path)))
@@ -80,11 +82,22 @@ def test_every_slot_filled_with_each_failure_kind_then_a_normal_call_runs(
         again = asyncio.run(run_events(home, "go on", session=events[0]["session"]))
         assert again[-1]["type"] == "DONE" and again[-1]["data"]["text"] == "carried on"
 
-        # Just under it: the tool job, its events and the next model call all fit.
+        # Under the frame limit but over half of it: the reply would fit, but with what
+        # follows it not the session's next request: refused the same way, before it
+        # enters the history, and the session goes on.
         events = asyncio.run(run_events(home, "#under write it", cwd=str(tmp_path)))
+        assert events[-1]["type"] == "ERROR", events[-1]
+        assert events[-1]["data"]["error"] == "oversize"
+        assert f"> {MAX_MODEL_REPLY_BYTES}" in events[-1]["data"]["message"]
+        assert_no_job_held(home)
+        again = asyncio.run(run_events(home, "go on", session=events[0]["session"]))
+        assert again[-1]["type"] == "DONE" and again[-1]["data"]["text"] == "carried on"
+
+        # Below that: written, and the session's next model call fits.
+        events = asyncio.run(run_events(home, "#big write it", cwd=str(tmp_path)))
         assert events[-1]["type"] == "DONE", events[-1]
         assert of_type(events, "TOOL_END")[0]["data"]["output"].startswith(
-            f"wrote {MAX_FRAME_BYTES - 4096} bytes")
+            f"wrote {MAX_MODEL_REPLY_BYTES - 4096} bytes")
         assert_no_job_held(home)
 
         events = asyncio.run(run_events(home, "run `echo still serving`"))
