@@ -2,7 +2,10 @@
 
 A worker connects a DEALER to the supervisor's `work` socket and another to its
 `control` socket (served first). It says `Ready`, beats every second, runs each
-job as its own task, and answers `Abort` by cancelling that task. When the
+job as its own task, and answers `Abort` by cancelling that task (or at once,
+for a job it does not hold). Every job gets exactly one final reply: one that
+cannot go on the wire is replaced by a `JobFailed` naming why, so no job holds
+its slot in the supervisor for ever. When the
 supervisor goes silent for three beats (or says `Disconnect`) it says `Ready`
 again, which is how workers survive a supervisor restart.
 """
@@ -16,13 +19,15 @@ import logging
 import os
 import secrets
 from abc import ABC, abstractmethod
+from collections import OrderedDict, deque
 from typing import Any
 
 import zmq
 
 from actors.runtime import notify_ready
+from bus.codec import MAX_FRAME_BYTES, encode
 from bus.endpoints import Endpoints
-from bus.errors import BusError
+from bus.errors import Backpressure, BadFrame, BusError
 from bus.heartbeat import INTERVAL_S, Liveness
 from bus.messages import (
     Abort,
@@ -32,13 +37,26 @@ from bus.messages import (
     Envelope,
     Heartbeat,
     JobFailed,
+    LlmResult,
     Ready,
+    ToolResult,
 )
 from bus.sockets import Reactor
 
 log = logging.getLogger("oploop.worker")
 
 _SUPERVISOR = "supervisor"
+
+#: Final replies kept for another try while the work socket's queue is full; beyond
+#: this many the oldest is given up (and logged): the supervisor times its job out.
+MAX_UNSENT_REPLIES = 1024
+#: Ids of jobs answered as aborted before they arrived (an Abort can overtake its job:
+#: control and work are two sockets); such a job is refused when it comes.
+MAX_ABORTED_UNSEEN = 4096
+#: How much of a failed encoding's explanation a `JobFailed` repeats.
+_DETAIL_CHARS = 300
+
+_FINAL = (LlmResult, ToolResult, JobFailed)
 
 
 class WorkerRefused(Exception):
@@ -54,6 +72,8 @@ class Worker(ABC):
 
     role: str = ""
     capacity: int = 1
+    #: Largest final reply sent; a larger one is a `JobFailed("oversize")` instead.
+    max_reply_bytes: int = MAX_FRAME_BYTES
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
@@ -75,6 +95,10 @@ class Worker(ABC):
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self._liveness: Liveness[str] = Liveness()
         self._aborted: set[str] = set()
+        #: Jobs aborted before they arrived (see MAX_ABORTED_UNSEEN), oldest first.
+        self._aborted_unseen: OrderedDict[str, None] = OrderedDict()
+        #: Final replies the work socket refused for a full queue, retried every beat.
+        self._unsent: deque[Envelope] = deque()
         #: Every message on `work` is numbered (its envelope id); the supervisor's
         #: `Disconnect` carries the number of the message it answers.
         self._sent = itertools.count(1)
@@ -94,25 +118,77 @@ class Worker(ABC):
     # -- protocol ----------------------------------------------------------------------
 
     def send(self, body: Body, job: str = "", sid: str = "") -> int:
-        """Send `body` to the supervisor on the work socket (dropped if it is gone);
-        returns the message's number."""
+        """Send `body` to the supervisor on the work socket; returns the message's number.
+
+        A final reply (result or failure) is never dropped silently: one that cannot
+        be encoded (a lone surrogate, a type msgpack refuses) or is over the frame
+        limit goes as a `JobFailed` naming the cause, so the job's slot is freed; one
+        refused for a full queue is retried every beat. Anything else that cannot go
+        (a heartbeat, a delta) is logged and dropped.
+        """
         number = next(self._sent)
+        env = Envelope(body, id=str(number), job=job, sid=sid)
         try:
-            self.work.send(Envelope(body, id=str(number), job=job, sid=sid))
+            frame = encode(env)
+            if len(frame) > self.max_reply_bytes and isinstance(body, _FINAL):
+                raise BadFrame("oversize", f"{len(frame)} bytes > {self.max_reply_bytes}",
+                               body.KIND)
+            self.work.send_frame(frame)
+        except BadFrame as exc:
+            log.error("%s: %s of job %s cannot be sent: %s", self.worker_id, body.KIND,
+                      job or "-", exc)
+            if isinstance(body, _FINAL):
+                self._send_final(unsendable(body, exc), number, job, sid)
+        except Backpressure as exc:
+            if isinstance(body, _FINAL):
+                self._keep_unsent(env)
+            else:
+                log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
         except BusError as exc:
             log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
         return number
+
+    def _send_final(self, body: JobFailed, number: int, job: str, sid: str) -> None:
+        """Send the `JobFailed` standing in for an unsendable reply (small: it encodes)."""
+        env = Envelope(body, id=str(number), job=job, sid=sid)
+        try:
+            self.work.send(env)
+        except Backpressure:
+            self._keep_unsent(env)
+        except BusError as exc:
+            log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+
+    def _keep_unsent(self, env: Envelope) -> None:
+        if len(self._unsent) >= MAX_UNSENT_REPLIES:
+            lost = self._unsent.popleft()
+            log.error("%s: reply to job %s given up: %d replies wait for the socket",
+                      self.worker_id, lost.job, MAX_UNSENT_REPLIES)
+        self._unsent.append(env)
+
+    def _retry_unsent(self) -> None:
+        """Send the replies a full queue refused, in order, until it refuses again."""
+        while self._unsent:
+            try:
+                self.work.send(self._unsent[0])
+            except Backpressure:
+                return
+            except BusError as exc:
+                log.warning("%s: reply to job %s not sent: %s", self.worker_id,
+                            self._unsent[0].job, exc)
+            self._unsent.popleft()
 
     def progress(self, env: Envelope, body: Body) -> None:
         """Send an intermediate message (delta, retrying) for the job of `env`."""
         self.send(body, job=env.job, sid=env.sid)
 
     def _say_ready(self) -> None:
+        if self._unsent:  # the supervisor has written those jobs off already
+            log.warning("%s: %d unsent replies dropped: announcing again",
+                        self.worker_id, len(self._unsent))
+            self._unsent.clear()
         self._ready_no = self.send(Ready(self.role, self.capacity, self.tools()))
-        try:
+        with contextlib.suppress(BusError):
             self.control.send(Envelope(ControlHello(self.worker_id)))
-        except BusError:
-            pass
 
     def _on_handshake(self, refusal: str | None) -> None:
         if refusal is not None:
@@ -132,6 +208,20 @@ class Worker(ABC):
             if task is not None:
                 self._aborted.add(env.job)
                 task.cancel()
+            elif env.job and env.job not in self._aborted:
+                self._acknowledge_unknown(env)
+
+    def _acknowledge_unknown(self, env: Envelope) -> None:
+        """Answer an Abort for a job we do not hold, so the supervisor frees its slot.
+
+        The job is over here (its reply went, or was lost) or has not arrived yet
+        (the Abort overtook it): remembered, so that it is refused if it comes.
+        """
+        self._aborted_unseen[env.job] = None
+        if len(self._aborted_unseen) > MAX_ABORTED_UNSEEN:
+            self._aborted_unseen.popitem(last=False)
+        self.send(JobFailed("aborted", "job aborted (not running on this worker)"),
+                  job=env.job, sid=env.sid)
 
     def _on_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
@@ -153,8 +243,23 @@ class Worker(ABC):
         if env.job in self.jobs:
             log.warning("%s: duplicate job %s ignored", self.worker_id, env.job)
             return
+        if env.job in self._aborted_unseen:
+            log.info("%s: job %s came after its Abort: not run", self.worker_id, env.job)
+            return
         assert self._group is not None
-        self.jobs[env.job] = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+        task = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
+        self.jobs[env.job] = task
+        task.add_done_callback(lambda done: self._job_done(env, done))
+
+    def _job_done(self, env: Envelope, task: asyncio.Task[None]) -> None:
+        """A job task that ended without answering: it was cancelled before its first
+        step (an Abort right after the job), so `_run_job` never ran. Answer for it."""
+        if self.jobs.get(env.job) is not task:
+            return  # `_run_job` answered (and forgot the job) itself
+        del self.jobs[env.job]
+        if env.job in self._aborted:
+            self._aborted.discard(env.job)
+            self.send(JobFailed("aborted", "job aborted"), job=env.job, sid=env.sid)
 
     def _answers_an_old_message(self, answered: str) -> bool:
         """Whether a `Disconnect` answering our message number `answered` predates
@@ -194,6 +299,7 @@ class Worker(ABC):
         while True:
             await asyncio.sleep(INTERVAL_S)
             self.send(Heartbeat())
+            self._retry_unsent()
             if self._liveness.expired():
                 log.info("%s: supervisor silent, announcing again", self.worker_id)
                 self._liveness.heard(_SUPERVISOR)
@@ -217,3 +323,15 @@ class Worker(ABC):
             with contextlib.suppress(BusError):
                 self.work.send(Envelope(Disconnect()))
             self.reactor.close()
+
+
+def unsendable(body: Body, exc: BadFrame) -> JobFailed:
+    """The `JobFailed` sent instead of a reply that cannot go on the wire.
+
+    `error` is the codec's reason (`unencodable`, `oversize`); the message says
+    what was refused and why, so the model and the operator can tell.
+    """
+    # The detail may quote the offending text: keep it encodable, and short.
+    detail = exc.detail[:_DETAIL_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+    what = "the tool's result" if isinstance(body, ToolResult) else f"the {body.KIND} reply"
+    return JobFailed(exc.reason, f"{what} cannot be sent: {exc.reason}: {detail}")

@@ -21,7 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.sandbox import LAYERS, Policy, Sandbox, SandboxConfig, bwrap, layers_report
+from actors.sandbox import (
+    LAYERS,
+    Policy,
+    Sandbox,
+    SandboxConfig,
+    bwrap,
+    layers_report,
+    release_all,
+)
 from actors.tools import Catalogue, ToolContext, invoke, make_list_dir, make_read_file
 from actors.tools.builtin import LIST_CAP, READ_CAP
 from actors.tools.process import Spawner, run_command, spawn_local
@@ -190,6 +198,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
         }
     finally:
         sandbox.close()
+        release_all(home)
         shutil.rmtree(home, ignore_errors=True)
 
 

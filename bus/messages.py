@@ -262,7 +262,9 @@ class ControlHello(Body):
 class Abort(Body):
     """Supervisor `control` -> worker control DEALER: stop job `envelope.job` now.
 
-    The worker answers on its work socket with `JobFailed(error="aborted")`.
+    The worker answers on its work socket with `JobFailed(error="aborted")`, also
+    for a job it does not hold (over, or not arrived yet: then it is refused when
+    it comes), so the supervisor always frees the job's slot.
     """
 
     KIND: ClassVar[str] = "abort"
@@ -393,7 +395,9 @@ class ToolResult(Body):
 class JobFailed(Body):
     """Worker -> supervisor: the job could not be done.
 
-    `error` is a stable tag (`aborted`, `api_error`, `overloaded`, ...),
+    `error` is a stable tag (`aborted`, `api_error`, `overloaded`, ...; `oversize`
+    or `unencodable` when the worker's reply could not go on the wire and this
+    stands in for it),
     `status` the HTTP status where one applies (0 otherwise).
     """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -37,4 +38,12 @@ def short_home():
     """An OPLOOP_HOME short enough for unix socket paths (pytest's tmp paths are not)."""
     home = tempfile.mkdtemp(prefix="oph-", dir="/tmp")
     yield home
+    remove_home(Path(home))
+
+
+def remove_home(home: Path) -> None:
+    """Delete a test's home, unmounting the workspace file systems it still has."""
+    from actors.sandbox.workspaces import release_all
+
+    release_all(home)
     shutil.rmtree(home, ignore_errors=True)

@@ -30,6 +30,7 @@ from actors.tools import (
     make_write_file,
 )
 from actors.tools.builtin import LIST_CAP, READ_CAP
+from actors.tools.process import ToolRefused
 from actors.worker import Worker
 from bus.endpoints import Endpoints
 from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
@@ -77,10 +78,12 @@ class Executor(Worker):
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
-        #: would reach every viewer), the runtime dir, the journal and event store.
+        #: would reach every viewer), the runtime dir, the journal and event store, the
+        #: workspace images (every session's files).
         keys = [endpoints.keys] if endpoints.keys is not None else []
         self.private = tuple(p.resolve() for p in
-                             (home / "keys", *keys, home / "run", *private_files(home)))
+                             (home / "keys", *keys, home / "run", *private_files(home),
+                              self.sandbox.spaces.images))
         if catalogue is None:
             catalogue = sandboxed_catalogue(self.sandbox)
             self.sandboxed = frozenset({"shell", "write_file"})
@@ -123,7 +126,10 @@ class Executor(Worker):
             async with asyncio.timeout(timeout_s):
                 if risky:
                     # Inside the timeout: a set-up that hangs (its file system) ends the call.
-                    await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+                    try:
+                        await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+                    except ToolRefused as exc:  # no quota possible, the disk full, ...
+                        return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
                 outcome = await invoke(self.catalogue, job.name, job.input, ctx)
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000

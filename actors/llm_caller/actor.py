@@ -18,10 +18,14 @@ from actors.offline_model.scenario import ScenarioError
 from actors.runtime import run_actor
 from actors.settings import Settings
 from actors.worker import Worker
+from bus.codec import MAX_FRAME_BYTES
 from bus.endpoints import Endpoints
 from bus.messages import Body, Delta, Envelope, JobFailed, LlmJob, LlmResult, Retrying
 
 log = logging.getLogger("oploop.llm")
+
+#: Half a frame: far above any real model reply (a model's output is well under 1 MB).
+MAX_MODEL_REPLY_BYTES = MAX_FRAME_BYTES // 2
 
 
 class LlmCaller(Worker):
@@ -29,6 +33,10 @@ class LlmCaller(Worker):
 
     role = "llm"
     capacity = 256
+    #: A model reply larger than this fails its call ("oversize"), so that it never
+    #: enters a history: with what follows it, it would not fit the session's next
+    #: request in one frame, and every later call of the session would fail.
+    max_reply_bytes = MAX_MODEL_REPLY_BYTES
 
     def __init__(
         self, endpoints: Endpoints, backend: ModelBackend, policy: RetryPolicy | None = None,

@@ -29,6 +29,7 @@ from .cgroups import Limits
 from .layers import layers_report, machine_layers
 from .policy import LAYERS, Policy, PolicyError, SandboxConfig
 from .sandbox import Sandbox, SandboxedChild, SandboxRefused, SandboxStatistics
+from .workspaces import WorkspaceQuota, WorkspaceRefused, Workspaces, release_all
 
 __all__ = [
     "bwrap",
@@ -41,6 +42,10 @@ __all__ = [
     "SandboxRefused",
     "SandboxStatistics",
     "SandboxedChild",
+    "WorkspaceQuota",
+    "WorkspaceRefused",
+    "Workspaces",
     "layers_report",
     "machine_layers",
+    "release_all",
 ]

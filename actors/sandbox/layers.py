@@ -8,6 +8,7 @@ import os
 from . import bwrap, seccomp
 from .cgroups import Hierarchies
 from .launcher import landlock_abi
+from .workspaces import loop_quota_missing
 
 _NAMESPACES = ("mnt", "net", "ipc", "uts", "pid")
 
@@ -75,5 +76,9 @@ def layers_report() -> dict[str, str]:
     report["bubblewrap"] = (
         f"available ({path}; used by policies with backend = \"bwrap\")" if path
         else f"missing: {why}"
+    )
+    quota = loop_quota_missing()
+    report["workspace_quota"] = (
+        f"missing: {quota}" if quota else "available (an ext4 image per session, loop-mounted)"
     )
     return report

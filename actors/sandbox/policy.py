@@ -31,6 +31,12 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
     [tools.read_file]           # the confined reads (and [tools.list_dir]): same keys;
     ro_paths = ["/srv/logs"]    # by default the system paths, the session's cwd and
                                 # workspace; never /root, /home, an oploop home or keys
+
+    [workspaces]                # each session's disk (actors/sandbox/workspaces.py)
+    quota = "loop"              # an ext4 image per session, loop-mounted; or "off"
+    size_mb = 1024              # per session
+    total_mb = 32768            # all workspaces together (0: no cap)
+    reserve_mb = 1024           # refuse launches with less free on the disk
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from .cgroups import Limits, executor_limits
+from .workspaces import WorkspaceQuota
 
 LAYERS = (
     "cgroup", "cgroup_kill", "setsid", "pdeathsig", "rlimits", "namespaces",
@@ -129,6 +136,7 @@ class SandboxConfig:
     default: Policy = field(default_factory=Policy)
     tools: dict[str, Policy] = field(default_factory=dict)
     executor: Limits | None = None  # caps over all calls; None: derived from the machine
+    workspaces: WorkspaceQuota = field(default_factory=WorkspaceQuota)
 
     def policy(self, tool: str) -> Policy:
         """The policy of `tool` (the default one if it has none of its own; for a read
@@ -153,7 +161,7 @@ class SandboxConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "sandbox config") -> SandboxConfig:
         """Build from the parsed TOML; unknown keys are errors, not silently ignored."""
-        unknown = set(data) - {"sandbox", "tools"}
+        unknown = set(data) - {"sandbox", "tools", "workspaces"}
         if unknown:
             raise PolicyError(f"{where}: unknown section(s) {sorted(unknown)}")
         top = dict(data.get("sandbox", {}))
@@ -164,7 +172,11 @@ class SandboxConfig:
                           f"{where} [tools.{name}]", top=False)
             for name, table in data.get("tools", {}).items()
         }
-        return cls(base, tools, executor)
+        try:
+            workspaces = WorkspaceQuota.from_table(data.get("workspaces", {}))
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"{where} [workspaces]: {exc}") from exc
+        return cls(base, tools, executor, workspaces)
 
 
 def reading(base: Policy) -> Policy:

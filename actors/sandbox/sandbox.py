@@ -32,6 +32,7 @@ from .cgroups import CallCgroup, CgroupTree, Hierarchies, Limits, executor_limit
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
+from .workspaces import Workspaces
 
 log = logging.getLogger("oploop.sandbox")
 T = TypeVar("T")
@@ -153,6 +154,8 @@ class Sandbox:
     ) -> None:
         self.config = config
         self.workspaces = workspaces
+        #: Each session's workspace, bounded by the `[workspaces]` quota.
+        self.spaces = Workspaces(workspaces, config.workspaces)
         # Host paths the tool must not even see (the oploop home: runtime dir, policy).
         self.hide = tuple(str(p) for p in hide)
         self.layers = machine_layers() if layers is None else layers
@@ -213,17 +216,20 @@ class Sandbox:
         return self.workspaces / safe
 
     def workspace(self, session: str) -> Path:
-        """The session's workspace directory, created 0700 and owned by the session's uid.
+        """The session's workspace directory: 0700, owned by the session's uid, on its own
+        quota-bounded file system (`workspaces.py`).
 
-        Each session gets its own uid from the policy's range (`uids.assign`);
-        every call whose cwd is that workspace runs as its owner.
-        Raises uids.UidsExhausted when the range has no uid left.
+        Mounted first (nothing is made when it cannot be bounded), then given its
+        session's own uid from the policy's range (`uids.assign`: a fresh image's
+        root, or a workspace from before, is chowned to it); every call whose cwd
+        is that workspace runs as its owner. Raises `WorkspaceRefused` (a
+        `ToolRefused`) when the workspace cannot be bounded, and
+        uids.UidsExhausted when the range has no uid left.
         """
-        path = self.workspace_path(session)
+        mounted = self.spaces.ensure(session)
         if not self._applies_uid(self.config.default):
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            return path
-        return uids.assign(self.workspaces, path.name, *self.config.default.uid_range)[0]
+            return mounted
+        return uids.assign(self.workspaces, mounted.name, *self.config.default.uid_range)[0]
 
     @staticmethod
     def call_uid(policy: Policy, cwd: Path) -> int:
@@ -235,6 +241,10 @@ class Sandbox:
         except OSError:
             return first
         return owner if first <= owner <= last else first
+
+    def remove_workspace(self, session: str) -> None:
+        """Delete the session's workspace and its quota image (the session is removed)."""
+        self.spaces.remove(session)
 
     def _applies_uid(self, policy: Policy) -> bool:
         return policy.applies("uid") and not self.layers.get("uid")
@@ -370,8 +380,13 @@ class Sandbox:
         readable: tuple[str, ...] = (),
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or a file operation `op`
-        ("write", "read" or "list", and its job), which may also see `readable`."""
+        ("write", "read" or "list", and its job), which may also see `readable`.
+
+        Refused (`ToolRefused`) when a layer is missing, or the disk is below its
+        reserve, or the workspaces are at the host's cap."""
         self.check(tool, policy, writing=op is not None)
+        if op is None or op[0] == "write":  # (a read takes no room)
+            self.spaces.check_room()
         uid = self.call_uid(policy, cwd)
         if _uses_bwrap(policy, op is not None):
             _check_reachable(tool, cwd, uid)

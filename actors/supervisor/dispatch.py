@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.tools.spec import ToolSpec
-from bus.errors import Backpressure, BusError, PeerGone
+from bus.errors import Backpressure, BadFrame, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
 from bus.messages import (
     Abort,
@@ -181,6 +181,14 @@ class Dispatcher:
                 env = dataclasses.replace(env, body=job.for_worker(worker.id))
             try:
                 self.work.send(env, worker.id)
+            except BadFrame as exc:
+                # Unencodable or over the frame limit (a 17 MB tool input, a history
+                # too large): no worker can take it. It fails; no slot was taken.
+                log.warning("%s job %s cannot be sent: %s", role, job.id, exc)
+                self._finish(job, Envelope(JobFailed(
+                    exc.reason, f"the {env.kind} cannot be sent to a worker: {exc.detail}",
+                ), job=job.id))
+                continue
             except (PeerGone, Backpressure) as exc:
                 queue.appendleft(job)
                 log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)

@@ -20,7 +20,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.sandbox import Limits, Policy, Sandbox, SandboxConfig, bwrap, machine_layers
+from actors.sandbox import (
+    Limits,
+    Policy,
+    Sandbox,
+    SandboxConfig,
+    bwrap,
+    machine_layers,
+    release_all,
+)
 from actors.tools.process import CommandResult, run_command
 
 PYTHON = "/usr/bin/python3"
@@ -113,6 +121,7 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
         yield Host(home, sandbox, sandbox.workspace("s1"), outside, backend)
     finally:
         sandbox.close()
+        release_all(home)
         shutil.rmtree(home, ignore_errors=True)
 
 

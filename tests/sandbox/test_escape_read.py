@@ -376,6 +376,7 @@ def test_default_home_under_a_0700_directory(root_home: Path) -> None:
         assert peek_err and ".oploop" not in peek, peek  # the 0700 parent stays closed
         assert os.stat(root_home.parent).st_mode & 0o777 == 0o700
     finally:
+        sandbox.remove_workspace("s1")  # unmounted, or the home cannot be removed
         sandbox.close()
 
 

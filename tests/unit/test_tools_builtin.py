@@ -120,6 +120,30 @@ def test_list_dir_marks_and_sorts(tmp_path: Path) -> None:
     assert out == ToolOutcome(".hidden\na_dir/\nb.txt\nc_link@\nd_dirlink@", False)
 
 
+def test_list_dir_shows_undecodable_and_control_names_readably(tmp_path: Path) -> None:
+    # A name that is not UTF-8 (any cloned repository can hold one) and one with a
+    # newline: the listing stays encodable, and one line per entry.
+    os.mkdir(os.path.join(os.fsencode(tmp_path), b"caf\xe9"))
+    (tmp_path / "two\nlines").write_text("")
+    (tmp_path / "ok.txt").write_text("")
+    out = call(tmp_path, "list_dir", path=".")
+    assert out == ToolOutcome("caf\\xe9/\nok.txt\ntwo\\nlines", False)
+    out.output.encode("utf-8")  # strict: no surrogate left in it
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    (b"a\xffb", "a\\xffb"),
+    ("a\udcffb", "a\\xffb"),  # the same name as os.listdir gives it (surrogate escape)
+    ("caf\u00e9", "caf\u00e9"),
+    ("tab\there", "tab\\there"),
+    ("esc\x1b[31m", "esc\\x1b[31m"),
+    ("zero\u200bwidth", "zero\\u200bwidth"),
+    ("\ud800", "\\xed\\xa0\\x80"),  # a lone surrogate no file system gives: its bytes
+])
+def test_shown_name(raw: str | bytes, shown: str) -> None:
+    assert builtin.shown_name(raw) == shown
+
+
 def test_list_dir_empty(tmp_path: Path) -> None:
     assert call(tmp_path, "list_dir", path=".") == ToolOutcome("(empty directory)", False)
 
