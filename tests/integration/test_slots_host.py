@@ -37,6 +37,7 @@ def write(size: int) -> dict[str, Any]:
 
 @pytest.fixture
 def odd_dir(tmp_path: Path) -> Path:
+    os.chmod(tmp_path, 0o755)  # list_dir lists as the tool uid: what others may read
     odd = tmp_path / "odd"
     odd.mkdir()
     for raw in (b"caf\xe9", b"\xff\xfe", b"new\nline"):
