@@ -14,6 +14,7 @@ export to the network).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -135,3 +136,68 @@ async def concurrent(peer: str, target: str, sessions: int, turns: int) -> float
     started = time.perf_counter()
     await asyncio.gather(*(run(turns) for _ in range(sessions)))
     return sessions * turns / (time.perf_counter() - started)
+
+
+# --- over HTTP: the same workload against a local Messages-API server ---------------
+
+#: The model name sent over HTTP (the offline model answers any).
+HTTP_MODEL = "claude-sonnet-4-5"
+
+
+def _http_timing(stamps: list[float], started: float) -> Timing:
+    """Over HTTP the model is not ours to time: a turn is from one `read_file` call to
+    the next (model call, parse, tool dispatch, history carried), which is what the
+    supervisor's TURN_START to TURN_START measures for oploop."""
+    return _timing(stamps, started)
+
+
+def pydantic_ai_http_runner(base_url: str, target: str) -> Callable[[int], Awaitable[Timing]]:
+    """pydantic-ai's Anthropic model, through the `anthropic` SDK, against `base_url`.
+
+    The prompt's `#tN` tag makes the server play N reads and then a text answer;
+    `metadata.user_id` keeps each run's place in that script apart."""
+    from anthropic import AsyncAnthropic
+    from pydantic_ai import Agent
+    from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+    from pydantic_ai.usage import UsageLimits
+
+    client = AsyncAnthropic(base_url=base_url, api_key="offline", max_retries=0)
+    model = AnthropicModel(HTTP_MODEL, provider=AnthropicProvider(anthropic_client=client))
+    counter = iter(range(1 << 30))
+
+    async def run(turns: int) -> Timing:
+        stamps: list[float] = []
+        agent = Agent(model)
+
+        @agent.tool_plain
+        def read_file(path: str) -> str:
+            """Read a text file."""
+            stamps.append(time.perf_counter())
+            return _read(path)
+
+        settings = AnthropicModelSettings(
+            anthropic_metadata={"user_id": f"pydantic-ai-{os.getpid()}-{next(counter)}"},
+            max_tokens=1024)
+        started = time.perf_counter()
+        await agent.run(f"#t{turns} read the file, again and again", model_settings=settings,
+                        usage_limits=UsageLimits(request_limit=turns + 2))
+        if len(stamps) != turns:
+            raise RuntimeError(f"pydantic-ai made {len(stamps)} tool calls, not {turns}")
+        return _http_timing(stamps, started)
+
+    return run
+
+
+#: Peers that can call an Anthropic Messages server through the `anthropic` SDK here.
+#: openai-agents cannot: its Anthropic route is LiteLLM (its own HTTP code, not the SDK)
+#: or any-llm, whose Anthropic provider pins `anthropic<1` while pydantic-ai needs
+#: `>=1.15` (one environment cannot hold both), so it is measured in process only.
+HTTP_PEERS = ("pydantic-ai",)
+
+
+def http_runner(peer: str, base_url: str, target: str) -> Callable[[int], Awaitable[Timing]]:
+    """The over-HTTP session runner of `peer` (ImportError when it is not installed)."""
+    if peer == "pydantic-ai":
+        return pydantic_ai_http_runner(base_url, target)
+    raise ValueError(f"no over-HTTP runner for {peer!r}")
