@@ -84,6 +84,14 @@ async def _peer(run: Any, runs: dict[int, int]) -> dict[str, Any]:
     return out
 
 
+async def _http_peer(name: str, url: str, target: Path, runs: dict[int, int]) -> dict[str, Any]:
+    run, aclose = peers.http_runner(name, url, str(target))  # its client bound to this loop
+    try:
+        return await _peer(run, runs)
+    finally:
+        await aclose()
+
+
 def _in_process(target: Path, runs: dict[int, int]) -> dict[str, Any]:
     systems: dict[str, Any] = {}
     with BenchHost(target_bytes=FILE_BYTES) as host:
@@ -108,8 +116,7 @@ def _over_http(workdir: Path, target: Path, runs: dict[int, int]) -> dict[str, A
                 systems[name] = {"error": "no route through the anthropic SDK (see bench.peers)"}
                 continue
             try:
-                systems[name] = asyncio.run(_peer(peers.http_runner(name, model.url, str(target)),
-                                                  runs))
+                systems[name] = asyncio.run(_http_peer(name, model.url, target, runs))
             except ImportError as exc:
                 systems[name] = {"error": f"not installed ({exc.name})"}
     return systems
@@ -153,11 +160,12 @@ def _rows(setting: str, systems: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, figs in systems.items():
         if "error" in figs:
-            rows.append([f"{setting}: {name}", figs["error"], "", "", "", ""])
+            rows.append([f"{setting}: {name}", figs["error"], "", "", "", "", ""])
             continue
         f20, f200 = figs["20"], figs["200"]
         rows.append([f"{setting}: {name}", ms(f20["p50_s"]), ms(f200["p50_s"]),
-                     ms(f200["cpu_per_turn_s"]), ratio(f200["p50_s"], f20["p50_s"]),
+                     ms(f20["cpu_per_turn_s"]), ms(f200["cpu_per_turn_s"]),
+                     ratio(f200["p50_s"], f20["p50_s"]),
                      "" if name == "oploop" or "error" in mine
                      else ratio(mine["200"]["p50_s"], f200["p50_s"])])
     return rows
@@ -165,8 +173,8 @@ def _rows(setting: str, systems: dict[str, Any]) -> list[list[str]]:
 
 def table(result: dict[str, Any]) -> str:
     """Per-turn p50 at 20 and 200 turns, the 200/20 ratio, and oploop/peer at 200."""
-    headers = ["per turn (20 KB read each)", "20: p50", "200: p50", "200: CPU", "200/20",
-               "oploop/peer @200"]
+    headers = ["per turn (20 KB read each)", "20: p50", "200: p50", "20: CPU", "200: CPU",
+               "200/20", "oploop/peer @200"]
     rows = _rows("in process", result["in_process"]) + _rows("HTTP", result["http"])
     load = " ".join(f"{x:.2f}" for x in result["loadavg_start"])
     load_end = " ".join(f"{x:.2f}" for x in result["loadavg_end"])

@@ -140,6 +140,9 @@ async def concurrent(peer: str, target: str, sessions: int, turns: int) -> float
 
 # --- over HTTP: the same workload against a local Messages-API server ---------------
 
+#: A session runner over HTTP, and the function that closes its HTTP client.
+HttpRunner = tuple[Callable[[int], Awaitable[Timing]], Callable[[], Awaitable[None]]]
+
 #: The model name sent over HTTP (the offline model answers any).
 HTTP_MODEL = "claude-sonnet-4-5"
 
@@ -151,11 +154,12 @@ def _http_timing(stamps: list[float], started: float) -> Timing:
     return _timing(stamps, started)
 
 
-def pydantic_ai_http_runner(base_url: str, target: str) -> Callable[[int], Awaitable[Timing]]:
+def pydantic_ai_http_runner(base_url: str, target: str) -> HttpRunner:
     """pydantic-ai's Anthropic model, through the `anthropic` SDK, against `base_url`.
 
     The prompt's `#tN` tag makes the server play N reads and then a text answer;
-    `metadata.user_id` keeps each run's place in that script apart."""
+    `metadata.user_id` keeps each run's place in that script apart. Call it inside the
+    event loop that runs it; the second function closes the SDK's client."""
     from anthropic import AsyncAnthropic
     from pydantic_ai import Agent
     from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
@@ -186,7 +190,7 @@ def pydantic_ai_http_runner(base_url: str, target: str) -> Callable[[int], Await
             raise RuntimeError(f"pydantic-ai made {len(stamps)} tool calls, not {turns}")
         return _http_timing(stamps, started)
 
-    return run
+    return run, client.close
 
 
 #: Peers that can call an Anthropic Messages server through the `anthropic` SDK here.
@@ -196,8 +200,9 @@ def pydantic_ai_http_runner(base_url: str, target: str) -> Callable[[int], Await
 HTTP_PEERS = ("pydantic-ai",)
 
 
-def http_runner(peer: str, base_url: str, target: str) -> Callable[[int], Awaitable[Timing]]:
-    """The over-HTTP session runner of `peer` (ImportError when it is not installed)."""
+def http_runner(peer: str, base_url: str, target: str) -> HttpRunner:
+    """The over-HTTP session runner of `peer` and its closer (ImportError when it is not
+    installed)."""
     if peer == "pydantic-ai":
         return pydantic_ai_http_runner(base_url, target)
     raise ValueError(f"no over-HTTP runner for {peer!r}")
