@@ -92,5 +92,5 @@ def table(result: dict[str, Any]) -> str:
     load = " ".join(f"{x:.2f}" for x in result["loadavg"])
     headers = ["RSS", "before", f"after {result['sessions']} sessions", "delta",
                f"<= {GOAL_MB:g} MB"]
-    return (f"{text_table(headers, rows)}\n({result['sessions']} one-turn sessions, {BATCH} at a time, in "
-            f"{result['elapsed_s']:.0f} s; load average {load})")
+    return (f"{text_table(headers, rows)}\n({result['sessions']} one-turn sessions, "
+            f"{BATCH} at a time, in {result['elapsed_s']:.0f} s; load average {load})")

@@ -3,9 +3,8 @@ as the `history` and `diskio` sections count on."""
 
 from __future__ import annotations
 
-from bench.model import STREAM_DELAY_S, STREAM_WORDS, history_scenario
-
 from actors.offline_model.scenario import parse_scenario
+from bench.model import STREAM_DELAY_S, STREAM_WORDS, history_scenario
 
 
 def _play(scenario, session, prompt, turns):
