@@ -68,7 +68,7 @@ def run(quick: bool) -> dict[str, Any]:
         after, disk1 = actor_rss(host), disk_bytes(host)
     return {
         "sessions": count,
-        "elapsed_s": elapsed,
+        "sessions_s": elapsed,
         "before": before,
         "after": after,
         "delta_mb": {k: (after.get(k, 0) - v) / MB for k, v in before.items()},
@@ -84,13 +84,16 @@ def table(result: dict[str, Any]) -> str:
     rows = []
     for name, rss in result["before"].items():
         delta = result["delta_mb"][name]
+        per_session = delta * MB / result["sessions"]
         rows.append([name, f"{rss / MB:.1f} MB", f"{result['after'].get(name, 0) / MB:.1f} MB",
-                     f"{delta:+.1f} MB", "ok" if delta <= GOAL_MB else "over"])
+                     f"{delta:+.1f} MB", f"{per_session:+,.0f} B",
+                     "ok" if delta <= GOAL_MB else "over"])
     rows.append(["journal + event store on disk", f"{result['disk_before'] / MB:.1f} MB",
                  f"{result['disk_after'] / MB:.1f} MB",
-                 f"{result['disk_per_session'] / 1024:.1f} KB/session", ""])
+                 f"{(result['disk_after'] - result['disk_before']) / MB:+.1f} MB",
+                 f"{result['disk_per_session']:+,.0f} B", ""])
     load = " ".join(f"{x:.2f}" for x in result["loadavg"])
     headers = ["RSS", "before", f"after {result['sessions']} sessions", "delta",
-               f"<= {GOAL_MB:g} MB"]
+               "per session", f"<= {GOAL_MB:g} MB"]
     return (f"{text_table(headers, rows)}\n({result['sessions']} one-turn sessions, "
-            f"{BATCH} at a time, in {result['elapsed_s']:.0f} s; load average {load})")
+            f"{BATCH} at a time, in {result['sessions_s']:.0f} s; load average {load})")
