@@ -9,9 +9,9 @@ the 200th turn carries ~4 MB of history. Two settings:
   cost of carrying the history;
 - **over HTTP**: oploop's llm caller and pydantic-ai's `AnthropicModel` both
   call one local Messages-API server (the offline model, `bench.model`)
-  through the `anthropic` SDK — the comparison a user makes. openai-agents has
-  no route to an Anthropic server through that SDK in this environment
-  (`peers.HTTP_PEERS` says why) and is measured in process only.
+  through the `anthropic` SDK — the comparison a user makes; openai-agents
+  calls the same server through its LiteLLM model (it has no route through
+  that SDK that can share an environment with pydantic-ai: see `bench.peers`).
 
 A turn is, for oploop, from one TURN_START to the next (the supervisor's
 stamps); for a peer, between consecutive model calls (in process) or
@@ -113,7 +113,7 @@ def _over_http(workdir: Path, target: Path, runs: dict[int, int]) -> dict[str, A
             systems["oploop"] = uvloop.run(_oploop(host, runs))
         for name in peers.PEERS:
             if name not in peers.HTTP_PEERS:
-                systems[name] = {"error": "no route through the anthropic SDK (see bench.peers)"}
+                systems[name] = {"error": "no over-HTTP runner (see bench.peers)"}
                 continue
             try:
                 systems[name] = asyncio.run(_http_peer(name, model.url, target, runs))

@@ -193,11 +193,49 @@ def pydantic_ai_http_runner(base_url: str, target: str) -> HttpRunner:
     return run, client.close
 
 
-#: Peers that can call an Anthropic Messages server through the `anthropic` SDK here.
-#: openai-agents cannot: its Anthropic route is LiteLLM (its own HTTP code, not the SDK)
-#: or any-llm, whose Anthropic provider pins `anthropic<1` while pydantic-ai needs
-#: `>=1.15` (one environment cannot hold both), so it is measured in process only.
-HTTP_PEERS = ("pydantic-ai",)
+def openai_agents_http_runner(base_url: str, target: str) -> HttpRunner:
+    """openai-agents through its LiteLLM extension (`LitellmModel`) against `base_url`.
+
+    Not through the `anthropic` SDK: openai-agents has no Anthropic model of its own, and
+    its other route (any-llm, which does use the SDK) pins `anthropic<1` while pydantic-ai
+    needs `>=1.15`. LiteLLM speaks the Messages API with its own HTTP client; the
+    OpenAI-style `user` becomes the request's `metadata.user_id`."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.extensions.models.litellm_model import LitellmModel
+
+    set_tracing_disabled(True)
+    model = LitellmModel(f"anthropic/{HTTP_MODEL}", base_url=base_url, api_key="offline")
+    counter = iter(range(1 << 30))
+
+    async def run(turns: int) -> Timing:
+        stamps: list[float] = []
+
+        @function_tool
+        def read_file(path: str) -> str:
+            """Read a text file."""
+            stamps.append(time.perf_counter())
+            return _read(path)
+
+        user = f"openai-agents-{os.getpid()}-{next(counter)}"
+        agent = Agent(name="operator", instructions="Be brief.", tools=[read_file], model=model,
+                      model_settings=ModelSettings(max_tokens=1024, extra_args={"user": user}))
+        started = time.perf_counter()
+        await Runner.run(agent, f"#t{turns} read the file, again and again",
+                         max_turns=turns + 2)
+        if len(stamps) != turns:
+            raise RuntimeError(f"openai-agents made {len(stamps)} tool calls, not {turns}")
+        return _http_timing(stamps, started)
+
+    async def aclose() -> None:
+        return None  # LiteLLM keeps its clients per process
+
+    return run, aclose
+
+
+#: Peers that call the Messages-API server: pydantic-ai through the `anthropic` SDK,
+#: openai-agents through LiteLLM (see `openai_agents_http_runner`).
+HTTP_PEERS = ("pydantic-ai", "openai-agents")
 
 
 def http_runner(peer: str, base_url: str, target: str) -> HttpRunner:
@@ -205,4 +243,6 @@ def http_runner(peer: str, base_url: str, target: str) -> HttpRunner:
     installed)."""
     if peer == "pydantic-ai":
         return pydantic_ai_http_runner(base_url, target)
+    if peer == "openai-agents":
+        return openai_agents_http_runner(base_url, target)
     raise ValueError(f"no over-HTTP runner for {peer!r}")
