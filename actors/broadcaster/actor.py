@@ -11,12 +11,12 @@ import zmq
 
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
-from actors.broadcaster.settings import Retention, viewer_queue
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
-from bus.endpoints import Endpoints, oploop_home
+from actors.settings import Settings
+from bus.endpoints import Endpoints
 from bus.errors import BusError
-from bus.messages import Envelope, Event, ReplayBatch, ReplayRequest, Stats, StatsReply
+from bus.messages import Envelope, Event, ForgetSessions, ReplayBatch, ReplayRequest, Stats, StatsReply
 from bus.rpc import Requester
 from bus.sockets import Reactor
 
@@ -34,18 +34,18 @@ FLUSH_INTERVAL_S = 0.01
 #: ... or as soon as this many are waiting.
 FLUSH_EVENTS = 2_000
 
-#: How often retention is applied while running (it is also applied at start).
-PRUNE_INTERVAL_S = 600.0
+#: Live events queued per viewer (the XPUB's SNDHWM; `OPLOOP_VIEWER_QUEUE`).
+DEFAULT_VIEWER_QUEUE = 100_000
+
 
 
 class Broadcaster:
     """Logs sequenced events, publishes them in order, and replays any range on request."""
 
     def __init__(
-        self, endpoints: Endpoints, store: EventStore, retention: Retention | None = None
+        self, endpoints: Endpoints, store: EventStore, viewer_queue: int = DEFAULT_VIEWER_QUEUE,
     ) -> None:
         self.log = EventLog(store)
-        self.retention = retention or Retention.from_env()
         self.reactor = Reactor()
         self.viewers = 0
         self._subscribed: Counter[bytes] = Counter()  # viewers per topic
@@ -60,7 +60,7 @@ class Broadcaster:
             secure=endpoints.server_side("events"),
             # PUB drops silently per subscriber at its high-water mark: high on
             # purpose, and seq + replay recover whatever is still dropped.
-            raw_handler=self.handle_subscription, hwm=viewer_queue(),
+            raw_handler=self.handle_subscription, hwm=viewer_queue,
         )
         # Every (un)subscription reaches us, not only a topic's first and last, so
         # that `viewers` counts viewers rather than watched sessions.
@@ -77,7 +77,11 @@ class Broadcaster:
     # -- ingest ------------------------------------------------------------------------
 
     def handle_event(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Log an event from the supervisor and publish it, or hold it if it came early."""
+        """Log an event from the supervisor and publish it, or hold it if it came early;
+        or drop the logs of deleted sessions."""
+        if isinstance(env.body, ForgetSessions):
+            self.forget(env.body.sessions)
+            return
         if not isinstance(env.body, Event):
             self._refuse(f"ingest:{env.kind}")
             return
@@ -169,25 +173,19 @@ class Broadcaster:
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
-    # -- retention ---------------------------------------------------------------------
+    # -- deleted sessions --------------------------------------------------------------
 
-    def prune(self) -> list[str]:
-        """Apply the retention settings to the store (and forget pruned sessions)."""
+    def forget(self, sids: list[str]) -> None:
+        """The supervisor deleted `sids` (retention, `oploop rm`): drop their logs."""
         self.flush()
         try:
-            removed = self.log.store.prune(self.retention.sessions, self.retention.max_age_s)
+            self.log.store.remove(sids)
         except StoreError as exc:
-            log.error("retention: %s", exc)
-            return []
-        self.log.forget(removed)
-        if removed:
-            log.info("retention: deleted the event logs of %d session(s)", len(removed))
-        return removed
-
-    async def _prune_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(PRUNE_INTERVAL_S)
-            self.prune()
+            log.error("cannot delete the logs of %d session(s): %s", len(sids), exc)
+            return
+        self.log.forget(sids)
+        for sid in sids:
+            self.backfill.held.pop(sid, None)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -208,14 +206,12 @@ class Broadcaster:
 
     async def serve(self) -> None:
         """Serve until cancelled; what is logged is saved on the way out."""
-        self.prune()
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.reactor.run())
                 notify_ready()
                 # A restart may have lost what was in flight: ask the supervisor.
                 group.create_task(self.backfill.reconcile())
-                group.create_task(self._prune_periodically())
         finally:
             await self.backfill.aclose()
             self.flush()
@@ -234,9 +230,9 @@ def _range_problem(req: ReplayRequest, last: int) -> str:
     return ""
 
 
-async def _main() -> None:
-    store = EventStore(oploop_home() / STORE_FILE)
-    await Broadcaster(Endpoints.for_home(), store).serve()
+async def _main(settings: Settings) -> None:
+    store = EventStore(settings.home / STORE_FILE)
+    await Broadcaster(Endpoints.for_home(settings.home), store, settings.viewer_queue).serve()
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,31 +107,15 @@ class EventStore:
             raise StoreError(f"cannot read {self.path}: {exc}") from exc
         return out, False
 
-    def prune(self, keep_sessions: int, max_age_s: float, now: float | None = None) -> list[str]:
-        """Delete sessions beyond the `keep_sessions` most recently updated, and those not
-        updated for `max_age_s`; 0 disables either rule. Returns the deleted sids."""
-        now = time.time() if now is None else now
-        doomed: set[str] = set()
-        if max_age_s > 0:
-            rows = self._db.execute(
-                "SELECT sid FROM sessions WHERE updated < ?", (now - max_age_s,)
-            )
-            doomed.update(sid for (sid,) in rows)
-        if keep_sessions > 0:
-            rows = self._db.execute(
-                "SELECT sid FROM sessions ORDER BY updated DESC LIMIT -1 OFFSET ?",
-                (keep_sessions,),
-            )
-            doomed.update(sid for (sid,) in rows)
-        if doomed:
-            try:
-                with self._transaction():
-                    params = [(sid,) for sid in doomed]
-                    self._db.executemany("DELETE FROM events WHERE sid = ?", params)
-                    self._db.executemany("DELETE FROM sessions WHERE sid = ?", params)
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot prune {self.path}: {exc}") from exc
-        return sorted(doomed)
+    def remove(self, sids: Collection[str]) -> None:
+        """Delete every event of `sids` (the supervisor deleted those sessions)."""
+        try:
+            with self._transaction():
+                params = [(sid,) for sid in sids]
+                self._db.executemany("DELETE FROM events WHERE sid = ?", params)
+                self._db.executemany("DELETE FROM sessions WHERE sid = ?", params)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot delete from {self.path}: {exc}") from exc
 
     def close(self) -> None:
         """Close the database (the WAL is checkpointed by SQLite on the last close)."""

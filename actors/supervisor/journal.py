@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
+from actors.config import Agent
 from actors.storage import JOURNAL_FILE, open_private_db
-from actors.supervisor.agents import Agent
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
 
@@ -76,6 +76,21 @@ class Journal:
     def prune(self, sid: str, last_seq: int, keep: int = KEEP_EVENTS) -> None:
         """Drop the events of `sid` older than its newest `keep`."""
         self.db.execute("DELETE FROM events WHERE sid = ? AND seq <= ?", (sid, last_seq - keep))
+
+    def remove(self, sids: Collection[str]) -> int:
+        """Delete the snapshots and kept events of `sids`, in one transaction; returns how
+        many sessions it held."""
+        db = self.db
+        params = [(sid,) for sid in sids]
+        db.execute("BEGIN")
+        try:
+            db.executemany("DELETE FROM events WHERE sid = ?", params)
+            held = db.executemany("DELETE FROM sessions WHERE id = ?", params).rowcount
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return held
 
     def sessions(self, agents: dict[str, Agent]) -> list[Session]:
         """Every journaled session, rebuilt (an agent no longer configured keeps the

@@ -34,6 +34,10 @@ class ResendRing:
             ring = self._rings[sid] = deque(maxlen=self.per_session)
         ring.append((seq, frame))
 
+    def forget(self, sid: str) -> None:
+        """Drop the events of `sid` (the session was deleted)."""
+        self._rings.pop(sid, None)
+
     def answer(self, sid: str, req: ReplayRequest) -> Body:
         """A `ReplayBatch` of `from_seq..to_seq` — starting later than `from_seq` when the
         ring no longer reaches back that far —, or an `ErrorReply` (`gone`) when it holds
