@@ -26,15 +26,30 @@ def loaded_after(statement: str) -> set[str]:
 OFFLINE_SERVER = {"actors.offline_model.server", "actors.offline_model.cli", "h11"}
 
 
-@pytest.mark.parametrize("statement", [
-    "import actors.llm_caller.actor",
+def test_an_llm_caller_on_the_sdk_loads_nothing_of_the_offline_model():
+    loaded = loaded_after("import actors.llm_caller.actor")
+    assert "actors.llm_caller.actor" in loaded
+    assert not {m for m in loaded if m.startswith("actors.offline_model")}
+    assert "actors.llm_caller.scripted" not in loaded
+
+
+def test_the_scripted_backend_does_not_load_the_offline_models_server():
     # the scripted backend plays the offline model's scenarios, in process
-    "import actors.llm_caller.scripted",
-])
-def test_the_llm_caller_does_not_load_the_offline_models_server(statement):
-    loaded = loaded_after(statement)
+    loaded = loaded_after("import actors.llm_caller.scripted")
     assert "actors.offline_model.scenario" in loaded  # the case does reach the package
     assert not loaded & OFFLINE_SERVER, sorted(loaded & OFFLINE_SERVER)
+
+
+def test_a_scenario_the_scripted_backend_cannot_play_is_named(tmp_path):
+    from actors.llm_caller.actor import BadScript, backend_for
+    from actors.settings import load_settings
+
+    script = tmp_path / "bad.json"
+    script.write_text('[{"fault": "status", "status": 529}]')
+    settings = load_settings({"OPLOOP_HOME": str(tmp_path), "OPLOOP_LLM_BACKEND": "scripted",
+                              "OPLOOP_LLM_SCRIPT": str(script)})
+    with pytest.raises(BadScript, match="faults need the offline model"):
+        backend_for(settings)
 
 
 def test_the_offline_model_package_still_exports_its_names():
