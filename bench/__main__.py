@@ -17,9 +17,10 @@ import bench
 from bench.stats import machine
 
 #: Sections in report order; modules written later (sandbox, fanout, ...) join if present.
-SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "fanout", "curve")
+SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "fanout", "curve",
+            "history", "growth", "diskio", "idle")
 
-_HELPERS = {"stats", "host", "driver", "peers"}
+_HELPERS = {"stats", "host", "driver", "peers", "model"}
 
 
 def discover() -> dict[str, ModuleType]:

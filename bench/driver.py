@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,8 @@ class Driver:
         self.endpoints = endpoints or Endpoints.for_home(home)
         self.runs: dict[str, Run] = {}
         self.turns_ended = 0
+        #: Called with (session, event) for every event, before the driver's own handling.
+        self.observers: list[Callable[[str, Event], None]] = []
         self._reactor = Reactor(zmq.Context.instance())
         self._reactor.add(
             zmq.SUB, "bench.events", self._on_event, connect=self.endpoints.address("events"),
@@ -57,6 +60,8 @@ class Driver:
         ev = env.body
         if not isinstance(ev, Event):
             return
+        for observe in self.observers:
+            observe(env.sid, ev)
         run = self.runs.get(env.sid)
         if run is None:
             run = self.runs[env.sid] = Run()

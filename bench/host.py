@@ -22,10 +22,18 @@ from bus.endpoints import Endpoints
 SCRIPT_TURNS = 1000
 
 
-def write_workload(directory: Path) -> tuple[Path, Path]:
-    """The small file every turn reads, and the scenario that reads it every turn."""
+def target_text(size: int) -> str:
+    """`size` bytes of plain lines (0: the one short line of the turn benchmarks)."""
+    if size <= 0:
+        return "hello from the benchmark\n"
+    line = "the quick brown fox jumps over the lazy dog, line after line of a file\n"
+    return (line * (size // len(line) + 1))[:size]
+
+
+def write_workload(directory: Path, target_bytes: int = 0) -> tuple[Path, Path]:
+    """The file every turn reads, and the scenario that reads it every turn."""
     target = directory / "target.txt"
-    target.write_text("hello from the benchmark\n")
+    target.write_text(target_text(target_bytes))
     call = {"type": "tool_use", "name": "read_file", "input": {"path": str(target)}}
     turns = [{"reply": [call]} for _ in range(SCRIPT_TURNS)]
     script = directory / "script.json"
@@ -34,16 +42,22 @@ def write_workload(directory: Path) -> tuple[Path, Path]:
 
 
 class BenchHost:
-    """One detached host with `llm_callers` and `executors`, the scripted model on."""
+    """One detached host with `llm_callers` and `executors`, the scripted model on.
+
+    `backend="http"` points the llm callers at `base_url` (a Messages-API server, through
+    the SDK); any other value than "scripted" leaves the model set-up to the host (the
+    offline model). `target_bytes` sizes the file every turn reads.
+    """
 
     def __init__(self, *, llm_callers: int = 1, executors: int = 2,
-                 backend: str = "scripted", listen: str = "") -> None:
+                 backend: str = "scripted", listen: str = "", base_url: str = "",
+                 target_bytes: int = 0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="oploop-bench-"))
         self.home = self.dir / "home"
         if listen:  # TCP with CURVE: every public socket of the host speaks CURVE
             self.home.mkdir()
             (self.home / "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
-        self.target, self.script = write_workload(self.dir)
+        self.target, self.script = write_workload(self.dir, target_bytes)
         self.env = {
             **os.environ,
             "OPLOOP_HOME": str(self.home),
@@ -56,6 +70,8 @@ class BenchHost:
         else:
             for name in ("OPLOOP_LLM_BACKEND", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
                 self.env.pop(name, None)
+            if backend == "http":
+                self.env.update(ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="offline")
         self.up_s = 0.0
 
     def oploop(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ export to the network).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -135,3 +136,113 @@ async def concurrent(peer: str, target: str, sessions: int, turns: int) -> float
     started = time.perf_counter()
     await asyncio.gather(*(run(turns) for _ in range(sessions)))
     return sessions * turns / (time.perf_counter() - started)
+
+
+# --- over HTTP: the same workload against a local Messages-API server ---------------
+
+#: A session runner over HTTP, and the function that closes its HTTP client.
+HttpRunner = tuple[Callable[[int], Awaitable[Timing]], Callable[[], Awaitable[None]]]
+
+#: The model name sent over HTTP (the offline model answers any).
+HTTP_MODEL = "claude-sonnet-4-5"
+
+
+def _http_timing(stamps: list[float], started: float) -> Timing:
+    """Over HTTP the model is not ours to time: a turn is from one `read_file` call to
+    the next (model call, parse, tool dispatch, history carried), which is what the
+    supervisor's TURN_START to TURN_START measures for oploop."""
+    return _timing(stamps, started)
+
+
+def pydantic_ai_http_runner(base_url: str, target: str) -> HttpRunner:
+    """pydantic-ai's Anthropic model, through the `anthropic` SDK, against `base_url`.
+
+    The prompt's `#tN` tag makes the server play N reads and then a text answer;
+    `metadata.user_id` keeps each run's place in that script apart. Call it inside the
+    event loop that runs it; the second function closes the SDK's client."""
+    from anthropic import AsyncAnthropic
+    from pydantic_ai import Agent
+    from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+    from pydantic_ai.usage import UsageLimits
+
+    client = AsyncAnthropic(base_url=base_url, api_key="offline", max_retries=0)
+    model = AnthropicModel(HTTP_MODEL, provider=AnthropicProvider(anthropic_client=client))
+    counter = iter(range(1 << 30))
+
+    async def run(turns: int) -> Timing:
+        stamps: list[float] = []
+        agent = Agent(model)
+
+        @agent.tool_plain
+        def read_file(path: str) -> str:
+            """Read a text file."""
+            stamps.append(time.perf_counter())
+            return _read(path)
+
+        settings = AnthropicModelSettings(
+            anthropic_metadata={"user_id": f"pydantic-ai-{os.getpid()}-{next(counter)}"},
+            max_tokens=1024)
+        started = time.perf_counter()
+        await agent.run(f"#t{turns} read the file, again and again", model_settings=settings,
+                        usage_limits=UsageLimits(request_limit=turns + 2))
+        if len(stamps) != turns:
+            raise RuntimeError(f"pydantic-ai made {len(stamps)} tool calls, not {turns}")
+        return _http_timing(stamps, started)
+
+    return run, client.close
+
+
+def openai_agents_http_runner(base_url: str, target: str) -> HttpRunner:
+    """openai-agents through its LiteLLM extension (`LitellmModel`) against `base_url`.
+
+    Not through the `anthropic` SDK: openai-agents has no Anthropic model of its own, and
+    its other route (any-llm, which does use the SDK) pins `anthropic<1` while pydantic-ai
+    needs `>=1.15`. LiteLLM speaks the Messages API with its own HTTP client; the
+    OpenAI-style `user` becomes the request's `metadata.user_id`."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.extensions.models.litellm_model import LitellmModel
+
+    set_tracing_disabled(True)
+    model = LitellmModel(f"anthropic/{HTTP_MODEL}", base_url=base_url, api_key="offline")
+    counter = iter(range(1 << 30))
+
+    async def run(turns: int) -> Timing:
+        stamps: list[float] = []
+
+        @function_tool
+        def read_file(path: str) -> str:
+            """Read a text file."""
+            stamps.append(time.perf_counter())
+            return _read(path)
+
+        user = f"openai-agents-{os.getpid()}-{next(counter)}"
+        agent = Agent(name="operator", instructions="Be brief.", tools=[read_file], model=model,
+                      model_settings=ModelSettings(max_tokens=1024, extra_args={"user": user}))
+        started = time.perf_counter()
+        await Runner.run(agent, f"#t{turns} read the file, again and again",
+                         max_turns=turns + 2)
+        if len(stamps) != turns:
+            raise RuntimeError(f"openai-agents made {len(stamps)} tool calls, not {turns}")
+        return _http_timing(stamps, started)
+
+    async def aclose() -> None:
+        return None  # LiteLLM keeps its clients per process
+
+    return run, aclose
+
+
+#: Peers that call the Messages-API server: pydantic-ai through the `anthropic` SDK,
+#: openai-agents through LiteLLM (see `openai_agents_http_runner`).
+HTTP_PEERS = ("pydantic-ai", "openai-agents")
+
+
+def http_runner(peer: str, base_url: str, target: str) -> HttpRunner:
+    """The over-HTTP session runner of `peer` and its closer (ImportError when it is not
+    installed)."""
+    if peer == "pydantic-ai":
+        return pydantic_ai_http_runner(base_url, target)
+    if peer == "openai-agents":
+        return openai_agents_http_runner(base_url, target)
+    raise ValueError(f"no over-HTTP runner for {peer!r}")

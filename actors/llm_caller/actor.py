@@ -13,8 +13,6 @@ from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.histories import HISTORY_MISS, BadHistory, HistoryCache, HistoryMiss
 from actors.llm_caller.policy import RetryPolicy
-from actors.llm_caller.scripted import ScriptedBackend
-from actors.offline_model.scenario import ScenarioError
 from actors.runtime import run_actor
 from actors.settings import Settings
 from actors.worker import Worker
@@ -88,11 +86,23 @@ class LlmCaller(Worker):
         await self.backend.aclose()
 
 
+class BadScript(ValueError):
+    """The scripted backend's scenario (`OPLOOP_LLM_SCRIPT`) cannot be played."""
+
+
 def backend_for(settings: Settings) -> ModelBackend:
     """The backend `OPLOOP_LLM_BACKEND` selects: `anthropic` (default) or `scripted`
     (playing `OPLOOP_LLM_SCRIPT`; `load_settings` has checked the name)."""
     if settings.llm_backend == "scripted":
-        return ScriptedBackend.from_script(settings.llm_script)
+        # Imported here only: a caller on the SDK has no use for the scripted model and
+        # the offline model's scenario code it plays (resident in every caller otherwise).
+        from actors.llm_caller.scripted import ScriptedBackend
+        from actors.offline_model.scenario import ScenarioError
+
+        try:
+            return ScriptedBackend.from_script(settings.llm_script)
+        except ScenarioError as exc:
+            raise BadScript(str(exc)) from exc
     return AnthropicBackend()
 
 
@@ -114,6 +124,6 @@ def main() -> None:
     """Entry point of `python -m actors.llm_caller`."""
     try:
         run_actor("llm", _main)
-    except ScenarioError as exc:
+    except BadScript as exc:
         print(f"oploop llm caller: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -74,17 +74,39 @@ raises `ScenarioError` naming the file, the turn (``turns[2].status``) and
 the problem.
 """
 
-from actors.offline_model.cli import main
-from actors.offline_model.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
-from actors.offline_model.server import OfflineServer, ServerStatistics, start_server
 
-__all__ = [
-    "OfflineServer",
-    "Scenario",
-    "ScenarioError",
-    "ServerStatistics",
-    "load_scenario",
-    "main",
-    "parse_scenario",
-    "start_server",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run time)
+    from actors.offline_model.cli import main as main
+    from actors.offline_model.scenario import Scenario as Scenario
+    from actors.offline_model.scenario import ScenarioError as ScenarioError
+    from actors.offline_model.scenario import load_scenario as load_scenario
+    from actors.offline_model.scenario import parse_scenario as parse_scenario
+    from actors.offline_model.server import OfflineServer as OfflineServer
+    from actors.offline_model.server import ServerStatistics as ServerStatistics
+    from actors.offline_model.server import start_server as start_server
+
+# The names are loaded on first use: the llm caller's scripted backend plays
+# scenarios (`scenario`, `plan`, `wire`) and has no use for the HTTP server, h11
+# and the command line, which importing the package would otherwise load.
+_HOMES = {
+    "main": "cli",
+    "Scenario": "scenario", "ScenarioError": "scenario", "load_scenario": "scenario",
+    "parse_scenario": "scenario",
+    "OfflineServer": "server", "ServerStatistics": "server", "start_server": "server",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # once loaded, a plain module attribute
+    return value

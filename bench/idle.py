@@ -1,0 +1,78 @@
+"""Idle RSS per actor: what each process of an idle host holds, and the total.
+
+Two set-ups: the scripted model (no offline model process, no SDK: oploop
+alone), and the default one (the offline model, llm callers that have
+imported the SDK). Read 1 s after `oploop up --detach` returned (start-up
+garbage settled) and after one short session (so lazy imports on the first
+turn's path have landed). The goal (issue 13): the scripted host at most
+150 MB in all — an actor imports only what its role uses (see
+`python -X importtime -m actors.<role>` for what each one loads).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import uvloop
+
+from bench.driver import Driver
+from bench.host import BenchHost
+from bench.memory import MB, _usage
+from bench.stats import median
+from bench.stats import table as text_table
+
+#: Goal for the scripted host's RSS summed over its processes.
+GOAL_MB = 150.0
+
+
+async def _one_session(host: BenchHost) -> None:
+    async with Driver(host.home) as driver:
+        await driver.run(1)
+
+
+def _once(backend: str) -> dict[str, float]:
+    with BenchHost(backend=backend) as host:
+        uvloop.run(_one_session(host))
+        if backend != "scripted":  # wait for the callers' SDK import (done in the background)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                callers = [v["rss"] for k, v in _usage(host)["processes"].items()
+                           if k.startswith("llm")]
+                if callers and min(callers) > 60 * MB:
+                    break
+                time.sleep(0.5)
+        time.sleep(1.0)
+        usage = _usage(host)
+    return {"rss": usage["rss"], "pss": usage["pss"],
+            **{f"rss.{k}": v["rss"] for k, v in usage["processes"].items()},
+            **{f"pss.{k}": v["pss"] for k, v in usage["processes"].items()}}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Idle RSS/PSS per actor and in all, scripted and default set-ups (medians)."""
+    repeats = 1 if quick else 3
+    out: dict[str, Any] = {"loadavg": list(os.getloadavg())}
+    for backend in ("scripted", "offline"):
+        samples = [_once(backend) for _ in range(repeats)]
+        keys = [k for k in samples[0] if all(k in s for s in samples)]
+        out[backend] = {k: median(s[k] for s in samples) for k in keys}
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    """Per actor RSS and PSS, per set-up."""
+    rows = []
+    for backend, label in (("scripted", "scripted model"), ("offline", "default set-up")):
+        figs = result[backend]
+        rows.append([f"{label}: total", f"{figs['rss'] / MB:.1f} MB", f"{figs['pss'] / MB:.1f} MB"])
+        for key, rss in figs.items():
+            if key.startswith("rss."):
+                name = key[4:]
+                rows.append([f"  {name}", f"{rss / MB:.1f} MB",
+                             f"{figs.get('pss.' + name, 0) / MB:.1f} MB"])
+    load = " ".join(f"{x:.2f}" for x in result["loadavg"])
+    ok = "met" if result["scripted"]["rss"] / MB <= GOAL_MB else "not met"
+    return (text_table(["idle", "RSS", "PSS"], rows)
+            + f"\n(goal: scripted host <= {GOAL_MB:g} MB RSS: {ok}; load average {load})")

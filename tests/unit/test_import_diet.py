@@ -1,0 +1,67 @@
+"""Each actor imports only what its role uses (issue 13, idle RSS).
+
+Checked in a fresh interpreter per case: which modules importing an actor's
+entry module loads. A module listed here costs resident memory in every
+process of that role, idle or not.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running `statement`."""
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return set(json.loads(done.stdout))
+
+
+#: The offline model's HTTP side: the server, its command line, and h11.
+OFFLINE_SERVER = {"actors.offline_model.server", "actors.offline_model.cli", "h11"}
+
+
+def test_an_llm_caller_on_the_sdk_loads_nothing_of_the_offline_model():
+    loaded = loaded_after("import actors.llm_caller.actor")
+    assert "actors.llm_caller.actor" in loaded
+    assert not {m for m in loaded if m.startswith("actors.offline_model")}
+    assert "actors.llm_caller.scripted" not in loaded
+
+
+def test_the_scripted_backend_does_not_load_the_offline_models_server():
+    # the scripted backend plays the offline model's scenarios, in process
+    loaded = loaded_after("import actors.llm_caller.scripted")
+    assert "actors.offline_model.scenario" in loaded  # the case does reach the package
+    assert not loaded & OFFLINE_SERVER, sorted(loaded & OFFLINE_SERVER)
+
+
+def test_a_scenario_the_scripted_backend_cannot_play_is_named(tmp_path):
+    from actors.llm_caller.actor import BadScript, backend_for
+    from actors.settings import load_settings
+
+    script = tmp_path / "bad.json"
+    script.write_text('[{"fault": "status", "status": 529}]')
+    settings = load_settings({"OPLOOP_HOME": str(tmp_path), "OPLOOP_LLM_BACKEND": "scripted",
+                              "OPLOOP_LLM_SCRIPT": str(script)})
+    with pytest.raises(BadScript, match="faults need the offline model"):
+        backend_for(settings)
+
+
+def test_the_offline_model_package_still_exports_its_names():
+    loaded = loaded_after(
+        "from actors.offline_model import start_server, ScenarioError, main, OfflineServer\n"
+        "import actors.offline_model as m\n"
+        "assert m.start_server is start_server and 'start_server' in m.__all__")
+    assert loaded >= OFFLINE_SERVER
+
+
+def test_an_unknown_name_of_the_offline_model_package_is_an_attribute_error():
+    import actors.offline_model as package
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        package.nope  # noqa: B018 - the access is the test
