@@ -11,7 +11,7 @@ import zmq
 
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
-from actors.broadcaster.settings import Retention, viewer_queue
+from actors.broadcaster.settings import viewer_queue
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
 from bus.endpoints import Endpoints, oploop_home
@@ -29,23 +29,12 @@ REPLAY_BATCH_BYTES = 1 << 20
 #: queue, which survives a broadcaster restart, where this queue dies with it.
 INGEST_RCVHWM = 2_000
 
-#: Events are written to the store this long after the first unsaved one ...
-FLUSH_INTERVAL_S = 0.01
-#: ... or as soon as this many are waiting.
-FLUSH_EVENTS = 2_000
-
-#: How often retention is applied while running (it is also applied at start).
-PRUNE_INTERVAL_S = 600.0
-
 
 class Broadcaster:
     """Logs sequenced events, publishes them in order, and replays any range on request."""
 
-    def __init__(
-        self, endpoints: Endpoints, store: EventStore, retention: Retention | None = None
-    ) -> None:
+    def __init__(self, endpoints: Endpoints, store: EventStore) -> None:
         self.log = EventLog(store)
-        self.retention = retention or Retention.from_env()
         self.reactor = Reactor()
         self.viewers = 0
         self._subscribed: Counter[bytes] = Counter()  # viewers per topic
@@ -72,7 +61,6 @@ class Broadcaster:
         self.supervisor = Requester(self.reactor, "supervisor", endpoints.address("api"),
                                     endpoints.client_side("api"))
         self.backfill = Backfill(self.supervisor, self.log, self.accept)
-        self._flush_timer: asyncio.TimerHandle | None = None
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -103,23 +91,7 @@ class Broadcaster:
             self.events.send_frame(frame, sid.encode())
         except BusError as exc:  # a PUB does not block; only a closed socket lands here
             log.warning("could not publish %s#%d: %s", sid, seq, exc)
-        self._schedule_flush()
         return appended
-
-    def _schedule_flush(self) -> None:
-        if self.log.unsaved >= FLUSH_EVENTS:
-            self.flush()
-        elif self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(
-                FLUSH_INTERVAL_S, self.flush
-            )
-
-    def flush(self) -> None:
-        """Write the unsaved events to the store now."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        self.log.flush()
 
     # -- viewers -----------------------------------------------------------------------
 
@@ -169,26 +141,6 @@ class Broadcaster:
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
-    # -- retention ---------------------------------------------------------------------
-
-    def prune(self) -> list[str]:
-        """Apply the retention settings to the store (and forget pruned sessions)."""
-        self.flush()
-        try:
-            removed = self.log.store.prune(self.retention.sessions, self.retention.max_age_s)
-        except StoreError as exc:
-            log.error("retention: %s", exc)
-            return []
-        self.log.forget(removed)
-        if removed:
-            log.info("retention: deleted the event logs of %d session(s)", len(removed))
-        return removed
-
-    async def _prune_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(PRUNE_INTERVAL_S)
-            self.prune()
-
     # -- lifecycle ---------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
@@ -207,18 +159,15 @@ class Broadcaster:
         }
 
     async def serve(self) -> None:
-        """Serve until cancelled; what is logged is saved on the way out."""
-        self.prune()
+        """Serve until cancelled."""
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.reactor.run())
                 notify_ready()
                 # A restart may have lost what was in flight: ask the supervisor.
                 group.create_task(self.backfill.reconcile())
-                group.create_task(self._prune_periodically())
         finally:
             await self.backfill.aclose()
-            self.flush()
             self.reactor.close()
             if self.gate is not None:
                 self.gate.stop()

@@ -1,10 +1,11 @@
-"""The event log of every session: the newest events in memory, all in the store.
+"""The event log of every session as the broadcaster publishes it: the newest
+events in memory, all of them in the supervisor's session log.
 
-Appends land in memory at once (a viewer can replay them immediately) and are
-written to the `EventStore` in one transaction per `flush()`. Memory is
-bounded: after each flush a session keeps only its last `tail_events` frames,
-and only the `memory_sessions` most recently written sessions keep any; older
-events are read back from SQLite.
+Appends land in memory (a viewer can replay them at once); the supervisor has
+already journaled them, so nothing is written here. Memory is bounded: a
+session keeps only its last `tail_events` frames, and only the
+`memory_sessions` most recently appended sessions keep any; older events are
+read from the session log (`EventStore`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from actors.broadcaster.store import EventStore, StoreError
+from actors.broadcaster.store import EventStore
 
 log = logging.getLogger("oploop.broadcaster")
 
@@ -55,10 +56,10 @@ class EventLog:
         self.store = store
         self.tail_events = tail_events
         self.memory_sessions = memory_sessions
-        self._heads: dict[str, int] = {s.sid: s.last_seq for s in store.sessions()}
+        # What is journaled counts as published at start: a viewer that missed some
+        # of it live (in flight when a broadcaster died) refetches it from the log.
+        self._heads: dict[str, int] = store.heads()
         self._tails: OrderedDict[str, list[tuple[int, bytes]]] = OrderedDict()
-        self._unsaved: list[tuple[str, int, bytes]] = []
-        self._dirty: dict[str, int] = {}
 
     # -- writing -----------------------------------------------------------------------
 
@@ -76,8 +77,10 @@ class EventLog:
         else:
             self._tails.move_to_end(sid)
         tail.append((seq, frame))
-        self._unsaved.append((sid, seq, frame))
-        self._dirty[sid] = seq
+        if len(tail) > 2 * self.tail_events:  # trimmed in halves: amortised O(1)
+            del tail[: len(tail) - self.tail_events]
+        while len(self._tails) > self.memory_sessions:
+            self._tails.popitem(last=False)
         return STORED
 
     def skip_to(self, sid: str, seq: int) -> int:
@@ -87,30 +90,7 @@ class EventLog:
         if seq <= last + 1:
             return 0
         self._heads[sid] = seq - 1
-        self._dirty[sid] = seq - 1
         return seq - 1 - last
-
-    def flush(self) -> int:
-        """Write what is unsaved, then trim memory to its bounds; returns events written.
-
-        A failing store keeps everything in memory and is retried on the next flush.
-        """
-        if not self._dirty:
-            return 0
-        written = len(self._unsaved)
-        try:
-            self.store.write(self._unsaved, self._dirty)
-        except StoreError as exc:
-            log.error("event store: %s (keeping %d events in memory)", exc, written)
-            return 0
-        self._unsaved = []
-        self._dirty = {}
-        for tail in self._tails.values():
-            if len(tail) > self.tail_events:
-                del tail[: len(tail) - self.tail_events]
-        while len(self._tails) > self.memory_sessions:
-            self._tails.popitem(last=False)
-        return written
 
     def forget(self, sids: list[str]) -> None:
         """Drop `sids` from memory (the store has already deleted them)."""
@@ -152,18 +132,12 @@ class EventLog:
             size += len(frame)
         return out, False
 
-    @property
-    def unsaved(self) -> int:
-        """Events appended but not yet written to the store."""
-        return len(self._unsaved)
-
     def statistics(self) -> dict[str, int]:
-        """Sessions known, sessions and frames held in memory, frames not yet saved."""
+        """Sessions known, sessions and frames held in memory."""
         return {
             "sessions": len(self._heads),
             "memory_sessions": len(self._tails),
             "memory_events": sum(len(t) for t in self._tails.values()),
-            "unsaved": len(self._unsaved),
         }
 
     def __len__(self) -> int:
