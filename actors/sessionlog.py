@@ -169,7 +169,7 @@ class SessionLog:
 
     @property
     def reserve_path(self) -> Path:
-        """The file holding the log's reserve of disk space."""
+        """The file holding the log's reserve of disk space (`storage.reserve_file`)."""
         return self.path.with_name(self.path.name + ".reserve")
 
     def keep_reserve(self) -> bool:

@@ -8,7 +8,9 @@ the process being killed without an fsync per commit.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,33 @@ SESSIONS_FILE = "sessions.db"
 #: How long a connection waits for another process's lock (the broadcaster reading
 #: while the supervisor creates the schema) before failing.
 BUSY_TIMEOUT_MS = 5_000
+
+
+log = logging.getLogger("oploop.storage")
+
+#: Free bytes below which a starting host gives up the session log's reserve: enough
+#: for its runtime files, not for new work (refused until space returns).
+START_MIN_FREE = 4 << 20
+
+
+def reserve_file(home: Path) -> Path:
+    """The file holding the session log's reserve of disk space (see `actors.sessionlog`)."""
+    return home / (SESSIONS_FILE + ".reserve")
+
+
+def make_room_to_start(home: Path) -> bool:
+    """Give up the session log's reserve in `home` when the disk is too full for a host
+    to start (`oploop up` always starts); whether it was given up."""
+    reserve = reserve_file(home)
+    try:
+        if shutil.disk_usage(home).free >= START_MIN_FREE or not reserve.exists():
+            return False
+        reserve.unlink()
+    except OSError:
+        return False
+    log.error("disk full in %s: the session log's reserve was given up so that the host "
+              "starts; new runs are refused until space returns", home)
+    return True
 
 
 def private_files(home: Path) -> list[Path]:
