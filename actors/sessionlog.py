@@ -156,6 +156,8 @@ class SessionLog:
         self.commits = 0
         #: Times the reserve was given up (the supervisor ends the runs under way then).
         self.releases = 0
+        #: The reserve is given up and not yet remade: new work waits for it.
+        self.released = False
         self._free = (0.0, 0)  # (measured at, bytes free)
         if not readonly:
             self.keep_reserve()
@@ -183,6 +185,7 @@ class SessionLog:
             return True
         try:
             if path.exists() and path.stat().st_size >= self.reserve_bytes:
+                self.released = False
                 return True
             if self.free_bytes(fresh=True) < 2 * self.reserve_bytes:
                 return False  # taking it would leave less than the reserve to everyone else
@@ -191,6 +194,7 @@ class SessionLog:
                 os.posix_fallocate(fd, 0, self.reserve_bytes)
             finally:
                 os.close(fd)
+            self.released = False
         except OSError as exc:
             log.warning("session log: no reserve file %s (%s)", path, exc)
             path.unlink(missing_ok=True)
@@ -204,6 +208,7 @@ class SessionLog:
         except FileNotFoundError:
             return False
         self.releases += 1
+        self.released = True
         log.error("session log: disk full, reserve of %d MB released", self.reserve_bytes >> 20)
         return True
 
@@ -222,6 +227,10 @@ class SessionLog:
         """Why new work should be refused for lack of disk space ("" when there is room)."""
         if self.reserve_bytes <= 0:
             return ""
+        if self.released and not self.keep_reserve():
+            return (f"disk_full: the disk filled up and the session log's reserve of "
+                    f"{self.reserve_bytes >> 20} MB (limits.journal_reserve_mb) is in use "
+                    f"until space returns on {self.path.parent}")
         free = self.free_bytes()
         if free >= self.reserve_bytes:
             return ""

@@ -23,6 +23,8 @@ log = logging.getLogger("oploop.broadcaster")
 TAIL_EVENTS = 4096
 #: Sessions whose tail is kept in memory.
 MEMORY_SESSIONS = 64
+#: Bytes of frames kept in memory over all tails (tool outputs make frames large).
+MEMORY_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +54,13 @@ class EventLog:
         *,
         tail_events: int = TAIL_EVENTS,
         memory_sessions: int = MEMORY_SESSIONS,
+        memory_bytes: int = MEMORY_BYTES,
     ) -> None:
         self.store = store
         self.tail_events = tail_events
         self.memory_sessions = memory_sessions
+        self.memory_bytes = memory_bytes
+        self._bytes = 0  # of every frame in `_tails`
         # What is journaled counts as published at start: a viewer that missed some
         # of it live (in flight when a broadcaster died) refetches it from the log.
         self._heads: dict[str, int] = store.heads()
@@ -77,11 +82,21 @@ class EventLog:
         else:
             self._tails.move_to_end(sid)
         tail.append((seq, frame))
+        self._bytes += len(frame)
         if len(tail) > 2 * self.tail_events:  # trimmed in halves: amortised O(1)
-            del tail[: len(tail) - self.tail_events]
-        while len(self._tails) > self.memory_sessions:
-            self._tails.popitem(last=False)
+            self._trim(tail, len(tail) - self.tail_events)
+        while len(self._tails) > self.memory_sessions or (
+                self._bytes > self.memory_bytes and len(self._tails) > 1):
+            _, oldest = self._tails.popitem(last=False)
+            self._bytes -= sum(len(f) for _, f in oldest)
+        if self._bytes > self.memory_bytes:  # one session alone: keep its newer half
+            self._trim(tail, max(1, len(tail) // 2))
         return STORED
+
+    def _trim(self, tail: list[tuple[int, bytes]], n: int) -> None:
+        """Drop the `n` oldest frames of `tail` from memory (the session log has them)."""
+        self._bytes -= sum(len(f) for _, f in tail[:n])
+        del tail[:n]
 
     def skip_to(self, sid: str, seq: int) -> int:
         """Give up on the events before `seq` (nobody has them): the next append may be
@@ -96,7 +111,8 @@ class EventLog:
         """Drop `sids` from memory (the store has already deleted them)."""
         for sid in sids:
             self._heads.pop(sid, None)
-            self._tails.pop(sid, None)
+            tail = self._tails.pop(sid, None)
+            self._bytes -= sum(len(f) for _, f in tail or ())
 
     # -- reading -----------------------------------------------------------------------
 
@@ -138,6 +154,7 @@ class EventLog:
             "sessions": len(self._heads),
             "memory_sessions": len(self._tails),
             "memory_events": sum(len(t) for t in self._tails.values()),
+            "memory_bytes": self._bytes,
         }
 
     def __len__(self) -> int:

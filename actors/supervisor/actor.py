@@ -62,8 +62,11 @@ CONTROLLERS = frozenset({None, "local", "control"})
 LLM_JOB_TIMEOUT_S = 900.0
 #: How long a run waits for a first executor to announce its tools.
 CATALOGUE_WAIT_S = 5.0
-#: Events that could not be pushed (broadcaster away) wait here, in order.
+#: Events that could not be pushed (broadcaster away) wait here, in order, up to
+#: this many and this many bytes; beyond, they are dropped from the push only: they
+#: are journaled, and the broadcaster fetches what it misses from the log.
 MAX_OUTBOX = 1_000_000
+MAX_OUTBOX_BYTES = 256 << 20
 #: Start keys remembered in memory (resends come within seconds; older ones, and
 #: every one across a restart, are looked up in the session log).
 MAX_START_KEYS = 10_000
@@ -114,6 +117,7 @@ class Supervisor:
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
         )
         self._outbox: deque[bytes] = deque()
+        self._outbox_bytes = 0
         self._group: asyncio.TaskGroup | None = None
         self.io = WorkerIO(self)
 
@@ -212,10 +216,11 @@ class Supervisor:
 
     def _publish(self, frame: bytes, sid: str, seq: int) -> None:
         if self._outbox or not self._push(frame):
-            if len(self._outbox) >= MAX_OUTBOX:
-                log.error("event outbox full: dropping %s#%d", sid, seq)
+            if len(self._outbox) >= MAX_OUTBOX or self._outbox_bytes >= MAX_OUTBOX_BYTES:
+                log.error("event outbox full: %s#%d not pushed (journaled)", sid, seq)
                 return
             self._outbox.append(frame)
+            self._outbox_bytes += len(frame)
 
     def _push(self, frame: bytes) -> bool:
         try:
@@ -228,7 +233,7 @@ class Supervisor:
         while True:
             await asyncio.sleep(0.05)
             while self._outbox and self._push(self._outbox[0]):
-                self._outbox.popleft()
+                self._outbox_bytes -= len(self._outbox.popleft())
 
     async def _keep_reserve(self) -> None:
         """Remake the session log's reserve once the disk has room again."""
@@ -518,6 +523,9 @@ class Supervisor:
         return {
             "sessions": states,
             "outbox": len(self._outbox),
+            "outbox_bytes": self._outbox_bytes,
+            "journal_failing": self._journal_failing,
+            "pending_events": len(self._unjournaled),
             **self.dispatcher.statistics(),
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},

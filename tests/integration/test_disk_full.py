@@ -7,6 +7,7 @@ the disk is filled by the test itself, as anything on the machine could.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -17,7 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.hostkit import events_of, oploop, run, running_host
+import zmq
+import zmq.asyncio
+from hostkit import TERMINAL, events_of, oploop, run, running_host, until
+
+from actors.config import Config
+from actors.supervisor.actor import Supervisor
+from actors.supervisor.journal import Journal
+from bus.client import Client
+from bus.codec import decode
+from bus.endpoints import Endpoints
+from bus.errors import RemoteError
 
 #: Small enough to fill in a moment, large enough for a host and its reserve.
 TMPFS_MB = 160
@@ -113,3 +124,71 @@ def test_sessions_list_reads_finished_sessions_from_the_log(short_home):
         assert all(sid in flat for sid in sids)
         follow_up = run(short_home, "more", session=sids[0])
         assert follow_up[-1]["type"] == "DONE"
+
+
+@pytest.mark.parametrize("reserve_mb", [0, 4])
+def test_a_commit_that_fails_publishes_nothing_and_ends_the_run_naming_the_cause(
+        small_disk_home, reserve_mb):
+    """An in-process supervisor on a disk that fills while a run is under way. With a
+    reserve, the log gives it up and commits; without one, the commit fails, and the
+    events wait unpublished. Either way the run ends `ERROR disk_full`, new runs are
+    refused, and once space returns everything is journaled, published in order, and
+    new runs are served."""
+    home = small_disk_home
+
+    async def scenario():
+        endpoints = Endpoints.for_home(Path(home))
+        endpoints.prepare()
+        ctx = zmq.asyncio.Context.instance()
+        ingest = ctx.socket(zmq.PULL)
+        ingest.bind(endpoints.address("ingest"))
+        journal = Journal(Path(home) / "sessions.db", reserve_mb=reserve_mb)
+        supervisor = Supervisor(endpoints, Config(), journal)
+        serving = asyncio.create_task(supervisor.serve())
+        try:
+            async with Client.connect(Path(home)) as client:
+                started = await client.start("hello")  # no workers: waits for tools
+                first = decode(await ingest.recv()).body
+                with full_disk(home):
+                    # An operation cancel must be journaled before it is acknowledged.
+                    ack = asyncio.create_task(client.cancel(started.session, mode="operation"))
+                    if reserve_mb:  # the reserve given up, the commit went through
+                        await ack
+                    else:
+                        await until(lambda: supervisor.statistics()["journal_failing"],
+                                    "the failed commit")
+                    with pytest.raises(RemoteError) as refused:
+                        await client.start("more")
+                    published = [decode(await ingest.recv()).body] if reserve_mb else []
+                    early = await ingest.poll(200)  # without a reserve: nothing, it waits
+                acked = await ack
+                events = [first, *published]
+                while events[-1].type not in TERMINAL:
+                    events.append(decode(await ingest.recv()).body)
+                again = None
+                for _ in range(100):  # free space is measured once a second
+                    try:
+                        again = await client.start("more")
+                        break
+                    except RemoteError as exc:
+                        assert exc.code == "disk_full", exc
+                        await asyncio.sleep(0.1)
+                return started, early, refused.value, acked, events, again
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+            ingest.close(0)
+
+    started, early, refused, acked, events, again = asyncio.run(scenario())
+    assert early == 0 or reserve_mb  # nothing published while no commit could be made
+    assert refused.code == "disk_full"
+    assert acked.state == "stopping"
+    assert [e.type for e in events] == ["SESSION_START", "ERROR"]
+    assert events[-1].data["error"] == "disk_full" and "full" in events[-1].data["message"]
+    assert again is not None and again.session != started.session
+    log = Journal(Path(home) / "sessions.db", reserve_mb=0)
+    try:
+        ended = log.load(started.session, {})
+        assert ended is not None and ended.last_end == "ERROR" and ended.run_over
+    finally:
+        log.close()

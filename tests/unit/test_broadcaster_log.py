@@ -175,3 +175,14 @@ def test_range_equals_the_appended_frames(tmp_path_factory, n, tail, window):
     finally:
         s.close()
         j.close()
+
+
+def test_memory_is_bounded_in_bytes_too(journal, store):
+    log = EventLog(store, tail_events=1000, memory_sessions=10, memory_bytes=10_000)
+    for sid in ("a", "b", "c"):
+        fill(journal, log, sid, 30, size=1000)
+    stats = log.statistics()
+    assert stats["memory_bytes"] <= 10_000 and stats["memory_sessions"] >= 1
+    for sid in ("a", "b", "c"):  # what memory let go is read from the log
+        frames, _ = log.range(sid, 1, 30, 1 << 20)
+        assert frames == [frame(s, 1000) for s in range(1, 31)]

@@ -9,6 +9,7 @@ supervisor could have left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import sqlite3
@@ -32,6 +33,7 @@ from actors.supervisor.session import (
     Session,
     begin_run,
     drive_run,
+    finish_cancelled,
     resume_run,
 )
 from actors.supervisor.turn import ToolCall, ToolOutcome
@@ -67,6 +69,10 @@ class LoggedIO:
         self.replies = list(replies)
         self.events: list[tuple[int, str, str]] = []
         self.cancel_at_tool = False
+        #: ("model" | "tool", mode): a cancel arriving while the model streams or a
+        #: tool runs, as the supervisor's `_cancel` does it (end the run, then cancel
+        #: its task).
+        self.interrupt: tuple[str, str] | None = None
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
         seq = session.next_seq
@@ -79,6 +85,10 @@ class LoggedIO:
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
                          turn: int) -> dict[str, Any]:
         reply = self.replies.pop(0) if self.replies else text_reply("done")
+        for word in ("some ", "streamed ", "text"):
+            session.partial.append(word)
+            self.emit(session, "TOKEN", turn, {"text": word})
+        await self._maybe_interrupt(session, "model")
         if isinstance(reply, Exception):
             raise reply
         if reply == "tools":
@@ -91,7 +101,19 @@ class LoggedIO:
         if self.cancel_at_tool:
             session.stop_request = "operation"
             self.journal.touch(session)
+        await self._maybe_interrupt(session, "tool")
         return ToolOutcome("out", False, 1.0)
+
+    async def _maybe_interrupt(self, session: Session, where: str) -> None:
+        if self.interrupt is None or self.interrupt[0] != where:
+            return
+        mode = self.interrupt[1]
+        self.interrupt = None
+        finish_cancelled(session, self, mode)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
 
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [SHELL]
@@ -105,8 +127,12 @@ def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool 
         else:
             limit = begin_run(session, io, prompt)
             await drive_run(session, io, limit)
+
+    async def owner() -> None:  # the supervisor's task group: a cancelled run ends here
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.create_task(go())
         session.state = "idle"
-    asyncio.run(go())
+    asyncio.run(owner())
 
 
 def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str, str]]) -> None:
@@ -123,7 +149,9 @@ def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str
         elif kind == "TOOL_END":
             started.discard(call)
         elif kind in TERMINAL:
-            assert not started, f"tools started but never ended: {started}"
+            # A cancel ends the run at once: its tools are aborted, not reported one by one.
+            assert not started or kind == "CANCELLED", f"tools started, never ended: {started}"
+            started.clear()
     assert is_valid(history)
     for i, msg in enumerate(history):
         if tool_use_ids(msg):
@@ -188,21 +216,24 @@ def test_a_long_history_is_read_from_the_compaction_not_from_every_delta(journal
 
 # -- the fold equals the live session, and any prefix resumes ---------------------------
 
+#: A cancel (ui or deadline) while the model streams or a tool runs, or none.
+INTERRUPT = st.one_of(st.none(), st.tuples(st.sampled_from(["model", "tool"]),
+                                           st.sampled_from(["ui", "deadline"])))
 REPLY = st.one_of(st.just("tools"), st.just("pause"), st.text("abc ", min_size=1, max_size=5),
                   st.just(ModelError("overloaded_error", "Overloaded", 529)))
 
 
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(runs=st.lists(st.tuples(st.lists(REPLY, max_size=7), st.booleans()), min_size=1,
-                     max_size=3))
+@given(runs=st.lists(st.tuples(st.lists(REPLY, max_size=7), st.booleans(), INTERRUPT),
+                     min_size=1, max_size=3))
 def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factory, runs):
     tmp = tmp_path_factory.mktemp("log")
     journal = Journal(tmp / "sessions.db", reserve_mb=0)
     session = Session("s1", AGENT, "/tmp")
     io = LoggedIO(journal, [])
-    for replies, cancel in runs:
-        io.replies, io.cancel_at_tool = list(replies), cancel
+    for replies, cancel, interrupt in runs:
+        io.replies, io.cancel_at_tool, io.interrupt = list(replies), cancel, interrupt
         one_run(session, io)
     assert_invariants(session.history, io.events)
     loaded = load_session(journal.log, "s1", {})
@@ -289,6 +320,8 @@ def test_the_reserve_is_kept_given_up_when_full_and_refuses_new_work(tmp_path, m
     assert log.low_space() == ""
     assert log.release_reserve() and not log.reserve_path.exists() and log.releases == 1
     monkeypatch.setattr(log, "free_bytes", lambda fresh=False: 1000)
+    assert "reserve of 1 MB" in log.low_space() and "in use" in log.low_space()
+    log.released = False
     assert "disk_full" in log.low_space() and "limits.journal_reserve_mb" in log.low_space()
     assert not log.keep_reserve()  # no room: not taken, and nothing raised
     monkeypatch.undo()
