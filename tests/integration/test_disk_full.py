@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import zmq
 import zmq.asyncio
 from hostkit import TERMINAL, events_of, oploop, run, running_host, until
