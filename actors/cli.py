@@ -17,13 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from actors.config import Config, ConfigError, config_path, load_config
-from actors.host.actor import Host, HostError, read_state
+from actors.config import ConfigError, parse_duration
+from actors.host.actor import HostError, host_for, read_state
 from actors.render import Renderer
+from actors.settings import CONFIG_ENV, Settings, load_settings
 from bus.client import Client, Lag
 from bus.endpoints import EndpointError, oploop_home
 from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
@@ -41,14 +43,15 @@ def fail(message: str) -> int:
 # -- up / down / status -------------------------------------------------------------------
 
 
-def check_config() -> Config:
-    """Load and check `oploop.toml` now (raises `ConfigError`), and pin its path in
-    `OPLOOP_CONFIG` so every actor of the host reads the very file checked here."""
-    path = config_path()
-    config = load_config(path)
-    if path is not None:
-        os.environ["OPLOOP_CONFIG"] = str(path.resolve())
-    return config
+def check_settings() -> Settings:
+    """Load and check `oploop.toml` and the environment now (raises `ConfigError`), and
+    pin the file's path in `OPLOOP_CONFIG` so every actor of the host reads the very
+    file checked here."""
+    settings = load_settings()
+    source = settings.config.source
+    if source != "<defaults>":
+        os.environ[CONFIG_ENV] = str(Path(source).resolve())
+    return settings
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -56,7 +59,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if read_state() is not None:
         return fail(f"a host is already running in {oploop_home()}")
     try:
-        check_config()
+        check_settings()
     except ConfigError as exc:
         return fail(f"bad configuration: {exc}")
     if not args.detach:
@@ -200,7 +203,7 @@ def _fmt(v: Any) -> str:
 def _reachable_at() -> str:
     """The address other machines reach this host at, as far as `oploop.toml` says."""
     try:
-        network = load_config().network
+        network = load_settings().config.network
     except ConfigError:
         network = None
     if network is None:
@@ -240,8 +243,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
 async def host_client() -> AsyncIterator[Client]:
     """A client of the running host, or of an embedded host started for this call."""
     host = None
-    if read_state() is None and not os.environ.get("OPLOOP_CONNECT"):
-        host = Host(network=check_config().network)
+    settings = check_settings()
+    if read_state() is None and not settings.connect:
+        host = host_for(settings)
         await host.start()
     try:
         async with Client.connect() as client:
@@ -320,6 +324,42 @@ async def _list_sessions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _report_removed(removed: list[str], refused: dict[str, str], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"removed": removed, "refused": refused}))
+    else:
+        print(f"oploop: deleted {len(removed)} session(s)"
+              + (f": {', '.join(removed)}" if removed else ""))
+        for why in refused.values():
+            print(f"oploop: {why}", file=sys.stderr)
+    return EXIT_ERROR if refused else EXIT_OK
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    async with Client.connect() as client:
+        done = await client.prune(older_than_s=args.older_than, keep=args.keep)
+    return _report_removed(done.removed, done.refused, args.json)
+
+
+async def _rm(args: argparse.Namespace) -> int:
+    async with Client.connect() as client:
+        done = await client.remove(args.sessions)
+    return _report_removed(done.removed, done.refused, args.json)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 async def _tools(args: argparse.Namespace) -> int:
     async with host_client() as client:
         tools = await client.tools(args.agent or "")
@@ -347,13 +387,21 @@ def _async(fn: Any) -> Any:
             return fail(f"{exc} (is OPLOOP_KEYS a folder from `oploop keys add` with the "
                         "role this needs, and not revoked?)")
         except RequestTimeout:
-            where = os.environ.get("OPLOOP_CONNECT") or oploop_home()
-            return fail(f"no host answering at {where} (is `oploop up` running?)")
+            return fail(f"no host answering at {_where()} (is `oploop up` running?)")
         except ConfigError as exc:
             return fail(f"bad configuration: {exc}")
         except (HostError, EndpointError, BusError, OSError) as exc:
             return fail(str(exc))
     return run
+
+
+def _where() -> str:
+    """Where the CLI looks for a host (`OPLOOP_CONNECT`, else this home)."""
+    try:
+        settings = load_settings()
+    except ConfigError:
+        return str(oploop_home())
+    return settings.connect or str(settings.home)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -391,9 +439,22 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("session")
     cancel.add_argument("--mode", choices=("ui", "operation"), default="ui")
     cancel.set_defaults(fn=_async(_cancel))
-    ses = sub.add_parser("sessions", help="list sessions")
+    ses = sub.add_parser("sessions", help="list sessions (or prune them)")
     ses.add_argument("--json", action="store_true")
     ses.set_defaults(fn=_async(_list_sessions))
+    ses_sub = ses.add_subparsers(dest="action")
+    prune = ses_sub.add_parser(
+        "prune", help="delete finished sessions now by [retention] (running ones never)")
+    prune.add_argument("--older-than", type=_duration, default=-1.0, metavar="DURATION",
+                       help="delete those idle for longer (30d, 12h, 15m, 90s)")
+    prune.add_argument("--keep", type=_count, default=-1, metavar="N",
+                       help="keep only the N most recently active")
+    prune.add_argument("--json", action="store_true")
+    prune.set_defaults(fn=_async(_prune))
+    rm = sub.add_parser("rm", help="delete sessions: history, events, everything")
+    rm.add_argument("sessions", nargs="+", metavar="SESSION")
+    rm.add_argument("--json", action="store_true")
+    rm.set_defaults(fn=_async(_rm))
     tools = sub.add_parser("tools", help="list tools as an agent sees them")
     tools.add_argument("--agent")
     tools.add_argument("--json", action="store_true")

@@ -1,7 +1,8 @@
 """`oploop.toml`: agents, model aliases, hidden tool sets, the intent router, limits.
 
 The file is looked for in `$OPLOOP_CONFIG` (a path), then `$OPLOOP_HOME/oploop.toml`,
-then `./oploop.toml`; none at all means the built-in defaults. It is checked
+then `./oploop.toml`; none at all means the built-in defaults (`actors.settings`
+reads the environment and calls `load_config`). It is checked
 in full when a host starts (`oploop up`, or the embedded host of `oploop run`),
 so a typo fails there with a message naming the key, never mid-session::
 
@@ -21,11 +22,17 @@ so a typo fails there with a message naming the key, never mid-session::
     max_running_sessions = 1000
     journal_reserve_mb = 64       # below this much free disk, new runs are refused
 
+    [retention]                   # finished sessions deleted (0: no limit); see Retention
+    max_age = "30d"
+    max_sessions = 1000
+    max_bytes = "1GiB"
+    every = "1m"
+
     [network]                     # also serve on TCP (workers, clients elsewhere)
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
 
-    [agents.ops]                  # any field of `actors.supervisor.agents.Agent`
+    [agents.ops]                  # any field of `Agent`
     model = "sonnet"
     max_turns = 30
     category_allowlist = ["files"]
@@ -34,7 +41,7 @@ so a typo fails there with a message naming the key, never mid-session::
 from __future__ import annotations
 
 import dataclasses
-import os
+import re
 import tomllib
 import types
 import typing
@@ -43,12 +50,61 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.supervisor.agents import DEFAULT_AGENT, MODEL_ALIASES, Agent
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
+
+# -- agents (here, not in the supervisor: the runner and the config use them too) ----
+
+#: Split point of a system prompt: what precedes it is the static, cacheable prefix.
+CACHE_BOUNDARY = "<<cache-boundary>>"
+
+#: Short names for concrete model ids.
+MODEL_ALIASES: dict[str, str] = {
+    "sonnet": "claude-sonnet-4-5",
+    "opus": "claude-opus-4-1",
+    "haiku": "claude-haiku-4-5",
+}
+
+DEFAULT_SYSTEM = (
+    "You are an operator: you carry out the user's requests on their machine with the "
+    "tools you are given, and you report what the tools actually returned. Be brief."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """One agent's configuration (defaults are the reference loop's)."""
+
+    name: str = "default"
+    model: str = "sonnet"
+    system: str = DEFAULT_SYSTEM
+    max_turns: int = 16
+    temperature: float = 0.3
+    max_tokens: int = 4096
+    streaming: bool = True
+    parallel_tools: bool = True
+    max_parallel_tools: int = 8
+    category_allowlist: tuple[str, ...] = ()
+    platform: str = "local"
+    mode: str = "default"
+    tool_timeout_s: float = 120.0
+    #: Seconds a run may take before it is cancelled with mode "deadline" (0: none).
+    deadline_s: float = 0.0
+    #: Set when the session acts on another machine: environment reminders are suppressed.
+    target_machine: str = ""
+
+    def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
+        """The concrete model id (an alias resolved, a concrete id as is)."""
+        return aliases.get(self.model, self.model)
+
+
+DEFAULT_AGENT = Agent()
+
+
+# -- the file ------------------------------------------------------------------------
 
 CONFIG_NAME = "oploop.toml"
 
-_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "network", "agents"})
+_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "agents"})
 
 
 class ConfigError(ValueError):
@@ -77,6 +133,25 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """Which finished sessions the host deletes, log and all (0: no limit on that rule).
+
+    The defaults keep a busy host's disk bounded without losing what a person
+    still looks at: a month of history, the 1,000 most recent sessions (at the
+    ~5 KB of a short session, 5 MB; at the several MB of a long tool-heavy one, a
+    few GB), and whatever those are, never more than 1 GiB on disk, which a
+    laptop's disk takes without notice. Checked every minute: a host starting
+    100 sessions a second overshoots `max_sessions` by at most a minute's worth.
+    A running session is never deleted.
+    """
+
+    max_age_s: float = 30 * 86_400.0
+    max_sessions: int = 1_000
+    max_bytes: int = 1 << 30
+    every_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything `oploop.toml` can set, defaults filled in."""
 
@@ -85,6 +160,7 @@ class Config:
     hidden: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     router: RouterConfig = RouterConfig()
     limits: Limits = Limits()
+    retention: Retention = Retention()
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
     source: str = "<defaults>"
@@ -94,23 +170,21 @@ class Config:
         return self.agents.get(name or "default")
 
 
-def config_path(home: Path | None = None, cwd: Path | None = None) -> Path | None:
-    """Which file configures this host, or None for the defaults."""
-    explicit = os.environ.get("OPLOOP_CONFIG")
-    if explicit:
-        return Path(explicit)
-    home = home or Path(os.environ.get("OPLOOP_HOME") or Path.home() / ".oploop")
+def config_path(home: Path, explicit: Path | None = None, cwd: Path | None = None) -> Path | None:
+    """Which file configures the host in `home` (`explicit`: `$OPLOOP_CONFIG`), or None
+    for the defaults."""
+    if explicit is not None:
+        return explicit
     for candidate in (home / CONFIG_NAME, (cwd or Path.cwd()) / CONFIG_NAME):
         if candidate.is_file():
             return candidate
     return None
 
 
-def load_config(path: Path | None = None) -> Config:
-    """Read and check the configuration (`config_path()` when `path` is None)."""
-    path = path if path is not None else config_path()
+def load_config(path: Path | None) -> Config:
+    """Read and check the configuration file at `path` (None: the defaults)."""
     if path is None:
-        return with_env(Config())
+        return Config()
     source = str(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -118,16 +192,7 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
-    return with_env(parse_config(data, source))
-
-
-def with_env(config: Config) -> Config:
-    """`config` with what the environment overrides: `OPLOOP_INTENT_ROUTER=on|off`."""
-    flag = os.environ.get("OPLOOP_INTENT_ROUTER", "").strip().lower()
-    if flag not in ("on", "off"):
-        return config
-    router = dataclasses.replace(config.router, enabled=flag == "on")
-    return dataclasses.replace(config, router=router)
+    return parse_config(data, source)
 
 
 def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
@@ -145,6 +210,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         hidden=_hidden(data.get("hidden", {}), source),
         router=_record(RouterConfig, data.get("router", {}), source, "router"),
         limits=_record(Limits, data.get("limits", {}), source, "limits"),
+        retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
         source=source,
     )
@@ -164,6 +230,67 @@ def _network(raw: Any, source: str) -> Network | None:
     except EndpointError as exc:
         key = "network.curve" if isinstance(exc, PlainTcpRefused) else "network.listen"
         raise ConfigError(f"{source}: {key}: {exc}") from exc
+
+
+def _retention(raw: Any, source: str) -> Retention:
+    table = _table(raw, source, "retention")
+    _no_unknown(table, {"max_age", "max_sessions", "max_bytes", "every"}, source, "retention")
+    default = Retention()
+
+    def read(key: str, parse: Any, fallback: Any) -> Any:
+        try:
+            return parse(table.get(key, fallback))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: retention.{key}: {exc}") from None
+
+    out = Retention(
+        max_age_s=read("max_age", parse_duration, default.max_age_s),
+        max_sessions=_check(int, table.get("max_sessions", default.max_sessions), source,
+                            "retention.max_sessions"),
+        max_bytes=read("max_bytes", parse_size, default.max_bytes),
+        every_s=read("every", parse_duration, default.every_s),
+    )
+    if out.max_sessions < 0:
+        raise ConfigError(f"{source}: retention.max_sessions: must be at least 0")
+    if out.every_s <= 0:
+        raise ConfigError(f"{source}: retention.every: must be more than 0 s")
+    return out
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_SECONDS = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": 86_400.0, "w": 604_800.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_BYTES = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+class BadDuration(ValueError):
+    """Not a duration: a number of seconds, or `90s`, `15m`, `12h`, `30d`, `2w`."""
+
+
+class BadSize(ValueError):
+    """Not a size: a number of bytes, or `500MB`, `1GiB`, `20k`, ..."""
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like `30d` (raises `BadDuration`)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    match = _DURATION.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise BadDuration(f"expected a duration (30d, 12h, 15m, 90s), got {value!r}")
+    return float(match[1]) * _SECONDS[match[2] or "s"]
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from a number or a string like `1GiB`, `500MB` (raises `BadSize`)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise BadSize(f"expected a size (1GiB, 500MB, bytes), got {value!r}")
+    unit = (match[2] or "").lower().removesuffix("b")
+    return int(float(match[1]) * _BYTES[unit])
 
 
 def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:

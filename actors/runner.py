@@ -31,12 +31,12 @@ from typing import Any, Generic, TypeVar
 
 import pydantic
 
-from actors.config import Config, load_config
+from actors.config import DEFAULT_AGENT, Agent, Config
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
-from actors.supervisor.agents import DEFAULT_AGENT, Agent
+from actors.settings import Settings, load_settings
 from actors.supervisor.history import Message
 from actors.supervisor.session import ModelError, Session, emit, run_session
 from actors.supervisor.turn import ToolCall, ToolOutcome
@@ -133,8 +133,14 @@ class Runner(Generic[Deps, Output]):
         backend: ModelBackend | None = None,
         policy: RetryPolicy | None = None,
         on_event: OnEvent | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        self.config = config or load_config()
+        # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*).
+        if config is None or policy is None:
+            settings = settings or load_settings()
+            config = config or settings.config
+            policy = policy or RetryPolicy.from_settings(settings.retry)
+        self.config = config
         self.parser = OutputParser(output_type) if output_type is not None else None
         if self.parser is not None:
             agent = dataclasses.replace(
@@ -143,7 +149,7 @@ class Runner(Generic[Deps, Output]):
         self.agent = agent
         self.catalogue = Catalogue([*(BUILTIN.values() if builtin else ()), *tools])
         self.backend = backend or AnthropicBackend()
-        self.policy = policy or RetryPolicy.from_env()
+        self.policy = policy
         self.on_event = on_event
         self._sessions = 0
 

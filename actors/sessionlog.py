@@ -28,6 +28,7 @@ log keeps a reserve file it gives up to finish what was running (see `commit`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.storage import SESSIONS_FILE, open_private_db
+from actors.supervisor.retention import SessionOverview
 
 log = logging.getLogger("oploop.sessionlog")
 
@@ -128,17 +130,6 @@ class StartKey:
     sid: str
     run: int
     from_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class SessionOverview:
-    """What retention needs of a session, without reading its records."""
-
-    sid: str
-    created: float
-    last_activity: float
-    bytes: int
-    running: bool
 
 
 class SessionLog:
@@ -369,13 +360,21 @@ class SessionLog:
 
     def sessions_overview(self) -> list[SessionOverview]:
         """Every session: created, last activity, bytes on disk (records and compaction,
-        approximately), and whether a run is open. For retention; reads no frame."""
-        rows = self._all(
+        approximately), and whether a run is open. For retention; reads no frame.
+
+        Through a read-only connection of its own: retention calls it in a thread,
+        beside the writer's transactions on `self.db`."""
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                                    check_same_thread=False)) as db:
+                rows = list(db.execute(
             "SELECT s.sid, s.created, s.updated, s.running, "
             "coalesce((SELECT sum(length(frame) + coalesce(length(delta), 0)) "
             "          FROM records r WHERE r.sid = s.sid), 0) + "
             "coalesce((SELECT length(state) FROM compactions c WHERE c.sid = s.sid), 0) "
-            "FROM sessions s ORDER BY s.created")
+            "FROM sessions s ORDER BY s.created"))
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot read {self.path}: {exc}") from exc
         return [SessionOverview(sid, created, updated, int(size), bool(running))
                 for sid, created, updated, running, size in rows]
 

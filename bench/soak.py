@@ -27,7 +27,11 @@ live in `bench.soak_verdict`):
   nor a sandbox cgroup of any executor it ran;
 - the RSS of the host process after the run is within `rss_tolerance` of before
   (measured after start-up and a warm-up session of each kind; the sum over
-  every process is reported beside it).
+  every process is reported beside it);
+- with retention on (`retention_max_sessions`, 20 by default, checked every
+  second), the host's files on disk (journal and event store) stay within a
+  bound set by the sessions kept, not by the sessions run
+  (`bench.soak_verdict.disk_bound`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -54,6 +59,7 @@ import psutil
 import uvloop
 
 from actors.host.policy import RestartPolicy
+from actors.storage import private_files
 from bench.soak_verdict import Kill, SessionRun, report, summary
 from bus.client import Client
 
@@ -96,6 +102,10 @@ class SoakConfig:
     rss_tolerance: float | None = 0.20
     kill_plan: list[tuple[float, str]] | None = None
     kinds: Sequence[str] = KINDS
+    #: `[retention] max_sessions` of the host (None: retention left at its defaults,
+    #: and disk not checked), applied every `retention_every_s`.
+    retention_max_sessions: int | None = 20
+    retention_every_s: float = 1.0
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -152,6 +162,10 @@ class SoakHost:
                         OPLOOP_LLM_CALLERS=str(config.llm_callers),
                         OPLOOP_EXECUTORS=str(config.executors))
         self.directory = directory
+        if config.retention_max_sessions is not None:
+            (self.home / "oploop.toml").write_text(
+                f"[retention]\nmax_sessions = {config.retention_max_sessions}\n"
+                f'every = "{config.retention_every_s:g}s"\n')
         #: (pid, create_time) -> what it was, for every process seen under the host.
         self.seen: dict[tuple[int, float], str] = {}
 
@@ -236,6 +250,26 @@ class SoakHost:
                         left.append({"cgroup": str(path)})
         return left
 
+    def disk(self) -> dict[str, Any]:
+        """Bytes of each of the host's database files (the session log, its WAL, its reserve),
+        and the size each database has with its WAL folded in (`pages`: what its file
+        holds once checkpointed; pages freed by deletions are reused, not returned)."""
+        files = {path.name: path.stat().st_size for path in private_files(self.home)
+                 if path.exists()}
+        pages = {}
+        for name in ("sessions.db",):
+            path = self.home / name
+            if not path.exists():
+                continue
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                count = db.execute("PRAGMA page_count").fetchone()[0]
+                size = db.execute("PRAGMA page_size").fetchone()[0]
+            finally:
+                db.close()
+            pages[name] = count * size
+        return {"files": files, "pages": pages}
+
     def rss(self) -> dict[str, Any]:
         """RSS of the host process, of each actor (by name), and their sum (bytes)."""
         state = self.state()
@@ -286,6 +320,11 @@ async def one_session(clients: list[Client], run: SessionRun, cwd: Path,
     run.views = list(await asyncio.gather(*(follow(c, run, patience_s, canceller=n == 0)
                                             for n, c in enumerate(clients))))
     run.ended_at = time.monotonic()
+    # Read back at once: with retention on, a finished session is deleted once enough
+    # newer ones have run (the end of the soak would find most of them gone).
+    with contextlib.suppress(Exception):  # a broadcaster killed now: retried at the end
+        async with asyncio.timeout(patience_s):
+            run.stored = await stored_log(clients[0], run)
 
 
 async def cancel(client: Client, run: SessionRun) -> None:
@@ -373,6 +412,15 @@ async def stored_log(client: Client, run: SessionRun) -> list[dict[str, Any]]:
     return out
 
 
+async def why_gone(client: Client, session: str) -> str:
+    """What the supervisor says of a session whose log is gone ("" if it still holds it)."""
+    try:
+        await client.inspect(session)
+    except Exception as exc:  # RemoteError "no such session ... (pruned)", or a failure
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
 async def drive(host: SoakHost, config: SoakConfig, data: Path) -> dict[str, Any]:
     """Warm up, measure, run the sessions under the killer, and collect everything."""
     rng = random.Random(config.seed)
@@ -415,8 +463,11 @@ async def drive(host: SoakHost, config: SoakConfig, data: Path) -> dict[str, Any
             stop.set()
         out["run_s"] = time.monotonic() - t0
         for r in runs:
-            if r.session:
+            if r.session and not r.stored:
                 r.stored = await stored_log(clients[0], r)
+                if not r.stored:  # pruned since? the supervisor says so; the verdict reads it
+                    r.stored_error = await why_gone(clients[0], r.session)
+        out["disk"] = host.disk()
         if measure:
             await asyncio.sleep(1.0)  # restarted actors settle as the first ones did
         out["rss_after"] = host.rss()

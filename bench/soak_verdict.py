@@ -35,6 +35,8 @@ class SessionRun:
     views: list[list[dict[str, Any]]] = field(default_factory=list)
     view_errors: list[str] = field(default_factory=list)
     stored: list[dict[str, Any]] = field(default_factory=list)
+    #: Why the stored log could not be read back (e.g. pruned before it was).
+    stored_error: str = ""
     #: A "cancel" run: what the cancel got ("ack: cancelled", or the error).
     cancel: str = ""
 
@@ -55,6 +57,36 @@ class Kill:
 
 
 
+#: Bytes a kept session may take in the host's database files per byte of its events
+#: (as JSON): its events and history deltas once (the session log's records), its
+#: history again in the run-end compaction, in SQLite pages that are partly empty.
+DISK_PER_EVENT_BYTE = 6
+#: The files with no session in them: schemas, first pages, tombstones of the pruned.
+DISK_FIXED_BYTES = 256 * 1024
+
+
+def peak_running(runs: list[SessionRun]) -> int:
+    """The most sessions running at one time."""
+    edges = sorted([(r.started_at, 1) for r in runs if r.ended_at]
+                   + [(r.ended_at, -1) for r in runs if r.ended_at])
+    peak = now = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def disk_bound(config: SoakConfig, runs: list[SessionRun]) -> int | None:
+    """The most the host's database files may hold with retention on (None: off): the
+    sessions it keeps (`max_sessions`, plus those running), each at its mean size."""
+    if config.retention_max_sessions is None:
+        return None
+    sizes = [sum(len(json.dumps(e)) for e in r.views[0]) for r in runs if r.views]
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    kept = config.retention_max_sessions + peak_running(runs)
+    return int(DISK_FIXED_BYTES + DISK_PER_EVENT_BYTE * kept * mean)
+
+
 def check_run(run: SessionRun) -> list[str]:
     """What is wrong with one session's views (empty: nothing)."""
     where = f"session {run.index} ({run.kind}, {run.session or 'not started'})"
@@ -73,7 +105,9 @@ def check_run(run: SessionRun) -> list[str]:
         if n and view != run.views[0]:
             problems.append(f"{where}: viewer {n} differs from viewer 0 "
                             f"({len(view)} vs {len(run.views[0])} events)")
-    if run.views and run.stored[:len(run.views[0])] != run.views[0]:
+    if run.stored_error and "(pruned)" not in run.stored_error:
+        problems.append(f"{where}: the stored log cannot be read: {run.stored_error}")
+    elif run.views and not run.stored_error and run.stored[:len(run.views[0])] != run.views[0]:
         problems.append(f"{where}: the stored log differs from what viewers saw "
                         f"({len(run.stored)} stored, {len(run.views[0])} seen)")
     if run.terminal() == "ERROR" and not explained_error(run):
@@ -156,6 +190,15 @@ def report(config: SoakConfig, got: dict[str, Any],
     if config.rss_tolerance is not None and abs(growth) > config.rss_tolerance:
         problems.append(f"host RSS {before['host'] / 2**20:.1f} -> {after['host'] / 2**20:.1f} "
                         f"MiB ({growth:+.0%}), beyond {config.rss_tolerance:.0%}")
+    # The databases' own size, their WAL folded in; the WAL files themselves are bounded
+    # by SQLite's checkpoints, not by retention, and are reported beside it.
+    disk = got["disk"]
+    checked = sum(disk["pages"].values())
+    bound = disk_bound(config, runs)
+    if bound is not None and checked > bound:
+        problems.append(f"database files hold {checked / 2**20:.2f} MiB, beyond the "
+                        f"{bound / 2**20:.2f} MiB that {config.retention_max_sessions} kept "
+                        f"sessions (and those running) account for: retention did not hold")
     durations = [r.ended_at - r.started_at for r in runs if r.ended_at]
     plan = asdict(config)
     plan["kinds"] = list(config.kinds)
@@ -191,6 +234,10 @@ def report(config: SoakConfig, got: dict[str, Any],
         "failed_actors": failed,
         "time": {"sessions_s": round(got["sessions_s"], 2), "run_s": round(got["run_s"], 2)},
         "rss": {"before": before, "after": after, "host_growth": growth},
+        "disk": {"files": disk["files"], "pages": disk["pages"], "checked": checked,
+                 "bound": bound,
+                 "peak_running": peak_running(runs),
+                 "pruned_before_read": sum(1 for r in runs if r.stored_error)},
         "stats": got["stats"],
         "orphans": orphans,
         "problems": problems,
@@ -218,6 +265,11 @@ def summary(rep: dict[str, Any]) -> str:
         f"({rss['host_growth']:+.1%}); all processes {rss['before']['total'] / mib:.1f} -> "
         f"{rss['after']['total'] / mib:.1f} MiB",
         f"  restarts {rep['restarts']}; orphans after down: {len(rep['orphans'])}",
+        f"  disk: databases {rep['disk']['checked'] / mib:.2f} MiB (bound "
+        + (f"{rep['disk']['bound'] / mib:.2f} MiB" if rep["disk"]["bound"] is not None
+           else "none: retention at its defaults")
+        + f"), all files {sum(rep['disk']['files'].values()) / mib:.2f} MiB; "
+        f"{rep['disk']['pruned_before_read']} session(s) pruned before read back",
     ]
     for err in s["errors"]:
         why = f"; explained: {err['explained']}" if err["explained"] else "; UNEXPLAINED"

@@ -36,11 +36,14 @@ from bus.messages import (
     InspectSession,
     ListSessions,
     ListTools,
+    PruneSessions,
+    RemoveSessions,
     ReplayBatch,
     ReplayRequest,
     RunStarted,
     SessionInfo,
     SessionList,
+    SessionsRemoved,
     StartRun,
     Stats,
     StatsReply,
@@ -175,6 +178,20 @@ class Client:
         """One session's summary and stored history."""
         reply = await self._api.request(InspectSession(session), timeout=timeout)
         assert isinstance(reply.body, SessionInfo)
+        return reply.body
+
+    async def prune(self, older_than_s: float = -1.0, keep: int = -1,
+                    timeout: float = 30.0) -> SessionsRemoved:
+        """Delete finished sessions now by the host's retention rules; `older_than_s`
+        and `keep` (>= 0) replace its age and count limits."""
+        reply = await self._api.request(PruneSessions(older_than_s, keep), timeout=timeout)
+        assert isinstance(reply.body, SessionsRemoved)
+        return reply.body
+
+    async def remove(self, sessions: list[str], timeout: float = 30.0) -> SessionsRemoved:
+        """Delete `sessions` (a running one is refused, and named in the reply)."""
+        reply = await self._api.request(RemoveSessions(sessions), timeout=timeout)
+        assert isinstance(reply.body, SessionsRemoved)
         return reply.body
 
     async def tools(self, agent: str = "", timeout: float = 5.0) -> list[dict[str, Any]]:

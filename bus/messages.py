@@ -6,7 +6,7 @@ inside an `Envelope`; the codec (`bus.codec`) checks its `kind`, the protocol
 version and every field's type before any actor sees it.
 
 Sockets (see `bus.endpoints`):
-  api      supervisor ROUTER  <- clients DEALER      start/list/inspect
+  api      supervisor ROUTER  <- clients DEALER      start/list/inspect/prune/remove
   control  supervisor ROUTER  <- clients, workers    cancel, abort (priority)
   work     supervisor ROUTER  <- workers DEALER      ready, heartbeat, jobs
   ingest   broadcaster PULL   <- supervisor PUSH     sequenced session events
@@ -143,6 +143,48 @@ class SessionInfo(Body):
     KIND: ClassVar[str] = "session_info"
     summary: dict[str, Any]
     history: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneSessions(Body):
+    """Client -> supervisor `api`: delete finished sessions now, by the host's
+    `[retention]` rules.
+
+    `older_than_s` >= 0 replaces the age limit (delete every session idle for
+    longer); `keep` >= 0 replaces the count limit (keep only the `keep` most
+    recently active; 0 keeps none); -1 leaves the configured rule. A running
+    session is never deleted. Reply: `SessionsRemoved`.
+    """
+
+    KIND: ClassVar[str] = "prune_sessions"
+    older_than_s: float = -1.0
+    keep: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSessions(Body):
+    """Client -> supervisor `api`: delete `sessions`, log, history and events.
+
+    A running session, or an id the supervisor does not hold, is refused (and
+    named in the reply) while the others are deleted. Reply: `SessionsRemoved`.
+    """
+
+    KIND: ClassVar[str] = "remove_sessions"
+    sessions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsRemoved(Body):
+    """Supervisor `api` -> client: the answer to `PruneSessions` and `RemoveSessions`.
+
+    `removed`: the sessions deleted; from now on their ids are answered
+    `unknown_session` "no such session (pruned)". `refused`: session id -> why
+    it was not deleted (running, no such session).
+    """
+
+    KIND: ClassVar[str] = "sessions_removed"
+    removed: list[str]
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +421,15 @@ class Event(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class ForgetSessions(Body):
+    """Supervisor PUSH -> broadcaster `ingest`: these sessions were deleted; drop their
+    event logs. It travels behind every event of theirs already pushed. No reply."""
+
+    KIND: ClassVar[str] = "forget_sessions"
+    sessions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayRequest(Body):
     """Viewer -> broadcaster `replay`: events of `envelope.sid` with seq >= `from_seq`.
 
@@ -412,6 +463,9 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     SessionList,
     InspectSession,
     SessionInfo,
+    PruneSessions,
+    RemoveSessions,
+    SessionsRemoved,
     ListTools,
     ToolList,
     Stats,
@@ -431,6 +485,7 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ToolResult,
     JobFailed,
     Event,
+    ForgetSessions,
     ReplayRequest,
     ReplayBatch,
 )

@@ -11,12 +11,20 @@ import zmq
 
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
-from actors.broadcaster.settings import viewer_queue
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
-from bus.endpoints import Endpoints, oploop_home
+from actors.settings import Settings
+from bus.endpoints import Endpoints
 from bus.errors import BusError
-from bus.messages import Envelope, Event, ReplayBatch, ReplayRequest, Stats, StatsReply
+from bus.messages import (
+    Envelope,
+    Event,
+    ForgetSessions,
+    ReplayBatch,
+    ReplayRequest,
+    Stats,
+    StatsReply,
+)
 from bus.rpc import Requester
 from bus.sockets import Reactor
 
@@ -29,11 +37,16 @@ REPLAY_BATCH_BYTES = 1 << 20
 #: queue, which survives a broadcaster restart, where this queue dies with it.
 INGEST_RCVHWM = 2_000
 
+#: Live events queued per viewer (the XPUB's SNDHWM; `OPLOOP_VIEWER_QUEUE`).
+DEFAULT_VIEWER_QUEUE = 100_000
+
 
 class Broadcaster:
     """Logs sequenced events, publishes them in order, and replays any range on request."""
 
-    def __init__(self, endpoints: Endpoints, store: EventStore) -> None:
+    def __init__(
+        self, endpoints: Endpoints, store: EventStore, viewer_queue: int = DEFAULT_VIEWER_QUEUE,
+    ) -> None:
         self.log = EventLog(store)
         self.reactor = Reactor()
         self.viewers = 0
@@ -49,7 +62,7 @@ class Broadcaster:
             secure=endpoints.server_side("events"),
             # PUB drops silently per subscriber at its high-water mark: high on
             # purpose, and seq + replay recover whatever is still dropped.
-            raw_handler=self.handle_subscription, hwm=viewer_queue(),
+            raw_handler=self.handle_subscription, hwm=viewer_queue,
         )
         # Every (un)subscription reaches us, not only a topic's first and last, so
         # that `viewers` counts viewers rather than watched sessions.
@@ -65,7 +78,11 @@ class Broadcaster:
     # -- ingest ------------------------------------------------------------------------
 
     def handle_event(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Log an event from the supervisor and publish it, or hold it if it came early."""
+        """Log an event from the supervisor and publish it, or hold it if it came early;
+        or drop the logs of deleted sessions."""
+        if isinstance(env.body, ForgetSessions):
+            self.forget(env.body.sessions)
+            return
         if not isinstance(env.body, Event):
             self._refuse(f"ingest:{env.kind}")
             return
@@ -141,6 +158,15 @@ class Broadcaster:
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
+    # -- deleted sessions --------------------------------------------------------------
+
+    def forget(self, sids: list[str]) -> None:
+        """The supervisor deleted `sids` (retention, `oploop rm`) from the session log:
+        drop what memory holds of them."""
+        self.log.forget(sids)
+        for sid in sids:
+            self.backfill.held.pop(sid, None)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
@@ -183,9 +209,9 @@ def _range_problem(req: ReplayRequest, last: int) -> str:
     return ""
 
 
-async def _main() -> None:
-    store = EventStore(oploop_home() / STORE_FILE)
-    await Broadcaster(Endpoints.for_home(), store).serve()
+async def _main(settings: Settings) -> None:
+    store = EventStore(settings.home / STORE_FILE)
+    await Broadcaster(Endpoints.for_home(settings.home), store, settings.viewer_queue).serve()
 
 
 def main() -> None:

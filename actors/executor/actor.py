@@ -15,6 +15,7 @@ from typing import Any
 
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig
+from actors.settings import Settings
 from actors.storage import private_files
 from actors.tools import (
     BUILTIN,
@@ -124,8 +125,8 @@ class Executor(Worker):
             self.sandbox.close()
 
 
-async def _main() -> None:
-    endpoints = Endpoints.from_env()  # OPLOOP_CONNECT: a worker on another machine
+async def _main(settings: Settings) -> None:
+    endpoints = settings.endpoints()  # OPLOOP_CONNECT: a worker on another machine
     try:
         executor = Executor(endpoints)
     except PolicyError as exc:

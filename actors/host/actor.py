@@ -19,9 +19,10 @@ from typing import Any
 
 import psutil
 
-from actors.config import ConfigError, load_config
+from actors.config import ConfigError
 from actors.host.policy import RestartPolicy
-from actors.runtime import PARENT_PID_ENV, READY_FD_ENV, notify_ready, run_actor
+from actors.runtime import notify_ready, run_actor
+from actors.settings import PARENT_PID_ENV, READY_FD_ENV, Settings, load_settings
 from actors.storage import make_room_to_start
 from bus.endpoints import NETWORK_FILE, REMOTE_ENV, Endpoints, Network, oploop_home, write_network
 from bus.security import CredentialError, Keyring
@@ -71,14 +72,13 @@ class Child:
         }
 
 
-#: `scripted` runs the model inside the llm callers (`actors.llm_caller.scripted`):
-#: no endpoint, and no offline model process.
-LLM_BACKEND_ENV = "OPLOOP_LLM_BACKEND"
+def model_settings(llm_backend: str, env: dict[str, str]) -> dict[str, str] | None:
+    """The model endpoint the user configured, or None: start the offline model.
 
-
-def model_settings(env: dict[str, str]) -> dict[str, str] | None:
-    """The model endpoint the user configured, or None: start the offline model."""
-    if env.get(LLM_BACKEND_ENV) == "scripted":
+    `llm_backend` `scripted` runs the model inside the llm callers
+    (`actors.llm_caller.scripted`): no endpoint, and no offline model process.
+    """
+    if llm_backend == "scripted":
         return {}
     key, url = env.get("ANTHROPIC_API_KEY"), env.get("ANTHROPIC_BASE_URL")
     if key or url:
@@ -90,14 +90,16 @@ class Host:
     """Starts, watches, restarts and stops the actors of one `$OPLOOP_HOME`."""
 
     def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 2,
-                 scenario: str | None = None, network: Network | None = None) -> None:
+                 scenario: str = "", network: Network | None = None,
+                 llm_backend: str = "anthropic") -> None:
         self.home = (home or oploop_home()).absolute()
         self.network = network
         self.endpoints = Endpoints.for_home(self.home)
         self.run_dir = self.endpoints.run_dir
         self.llm_callers = llm_callers
         self.executors = executors
-        self.scenario = scenario or os.environ.get("OPLOOP_OFFLINE_SCENARIO")
+        self.scenario = scenario
+        self.llm_backend = llm_backend
         self.children: list[Child] = []
         self.offline = False
         self._lock_fd: int | None = None
@@ -121,7 +123,7 @@ class Host:
                 Keyring.for_home(self.home).ensure()
             write_network(self.run_dir, self.network)
             base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}
-            model = model_settings(dict(os.environ))
+            model = model_settings(self.llm_backend, dict(os.environ))
             # Every actor starts at once: zmq queues what a DEALER/PUSH sends before the
             # peer binds, so no actor needs another up first, and on 2 cores the imports
             # overlap. Only the llm callers wait, for the offline model's port.
@@ -352,22 +354,20 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
     return data
 
 
-def _env_count(name: str, default: int) -> int:
-    """A worker count from the environment (at least 1)."""
-    value = os.environ.get(name, "")
-    try:
-        return max(1, int(value)) if value else default
-    except ValueError:
-        raise HostError(f"{name}={value!r}: expected a whole number of processes") from None
+def host_for(settings: Settings) -> Host:
+    """The host `settings` describe: its home, its workers (`OPLOOP_LLM_CALLERS`,
+    `OPLOOP_EXECUTORS`), its model, its network."""
+    return Host(settings.home, llm_callers=settings.llm_callers, executors=settings.executors,
+                scenario=settings.offline_scenario, network=settings.config.network,
+                llm_backend=settings.llm_backend)
 
 
 def main() -> None:
-    """Entry point of `python -m actors.host`; `OPLOOP_LLM_CALLERS` (1) and
-    `OPLOOP_EXECUTORS` (2) say how many workers of each role to run."""
+    """Entry point of `python -m actors.host`."""
     try:
-        host = Host(llm_callers=_env_count("OPLOOP_LLM_CALLERS", 1),
-                    executors=_env_count("OPLOOP_EXECUTORS", 2), network=load_config().network)
-        run_actor("host", host.serve, with_parent=False)
+        settings = load_settings()
+        host = host_for(settings)
+        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings)
     except (HostError, ConfigError) as exc:
         print(f"oploop: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
-from actors.llm_caller.batcher import DeltaBatcher
+from actors.llm_caller.batcher import FLUSH_INTERVAL_S, DeltaBatcher
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.histories import HISTORY_MISS, BadHistory, HistoryCache, HistoryMiss
 from actors.llm_caller.policy import RetryPolicy
-from actors.llm_caller.scripted import BACKEND_ENV, ScriptedBackend
+from actors.llm_caller.scripted import ScriptedBackend
 from actors.offline_model.scenario import ScenarioError
 from actors.runtime import run_actor
+from actors.settings import Settings
 from actors.worker import Worker
 from bus.endpoints import Endpoints
 from bus.messages import Body, Delta, Envelope, JobFailed, LlmJob, LlmResult, Retrying
@@ -32,11 +31,14 @@ class LlmCaller(Worker):
     capacity = 256
 
     def __init__(
-        self, endpoints: Endpoints, backend: ModelBackend, policy: RetryPolicy | None = None
+        self, endpoints: Endpoints, backend: ModelBackend, policy: RetryPolicy | None = None,
+        batch_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         super().__init__(endpoints)
         self.backend = backend
-        self.policy = policy or RetryPolicy.from_env()
+        self.policy = policy or RetryPolicy()
+        #: How long streamed text is batched (`OPLOOP_TOKEN_BATCH_MS`).
+        self.batch_s = batch_s
         self.histories = HistoryCache()
 
     async def perform(self, env: Envelope) -> Body:
@@ -50,7 +52,8 @@ class LlmCaller(Worker):
             return JobFailed(HISTORY_MISS, str(exc), retryable=True)
         except BadHistory as exc:
             return JobFailed("bad_job", str(exc))
-        batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)))
+        batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)),
+                               self.batch_s)
         try:
             message = await self._call_with_retries(env, job, request, batcher)
         except CallFailed as exc:
@@ -77,30 +80,18 @@ class LlmCaller(Worker):
         await self.backend.aclose()
 
 
-BACKENDS = ("anthropic", "scripted")
+def backend_for(settings: Settings) -> ModelBackend:
+    """The backend `OPLOOP_LLM_BACKEND` selects: `anthropic` (default) or `scripted`
+    (playing `OPLOOP_LLM_SCRIPT`; `load_settings` has checked the name)."""
+    if settings.llm_backend == "scripted":
+        return ScriptedBackend.from_script(settings.llm_script)
+    return AnthropicBackend()
 
 
-class UnknownBackend(ValueError):
-    """`OPLOOP_LLM_BACKEND` names no backend."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"{BACKEND_ENV}={name!r}: expected one of {', '.join(BACKENDS)}")
-        self.name = name
-
-
-def backend_from_env(env: Mapping[str, str] = os.environ) -> ModelBackend:
-    """The backend `OPLOOP_LLM_BACKEND` selects: `anthropic` (default) or `scripted`."""
-    name = env.get(BACKEND_ENV) or "anthropic"
-    if name == "anthropic":
-        return AnthropicBackend()
-    if name == "scripted":
-        return ScriptedBackend.from_env(env)
-    raise UnknownBackend(name)
-
-
-async def _main() -> None:
-    backend = backend_from_env()
-    caller = LlmCaller(Endpoints.from_env(), backend)
+async def _main(settings: Settings) -> None:
+    backend = backend_for(settings)
+    caller = LlmCaller(settings.endpoints(), backend, RetryPolicy.from_settings(settings.retry),
+                       settings.token_batch_s)
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(caller.serve(), name="llm-caller")
@@ -115,6 +106,6 @@ def main() -> None:
     """Entry point of `python -m actors.llm_caller`."""
     try:
         run_actor("llm", _main)
-    except (UnknownBackend, ScenarioError) as exc:
+    except ScenarioError as exc:
         print(f"oploop llm caller: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 from collections.abc import Callable
 
 #: Flush after this long since the first unflushed delta (`OPLOOP_TOKEN_BATCH_MS`) ...
 FLUSH_INTERVAL_S = 0.02
 #: ... or once this many characters are waiting.
 FLUSH_CHARS = 512
-
-
-def interval_from_env() -> float:
-    """`OPLOOP_TOKEN_BATCH_MS` in seconds (0: one event per delta), else the default."""
-    raw = os.environ.get("OPLOOP_TOKEN_BATCH_MS", "").strip()
-    if not raw:
-        return FLUSH_INTERVAL_S
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = -1.0
-    if not 0 <= ms <= 10_000:
-        logging.getLogger("oploop.llm").error(
-            "OPLOOP_TOKEN_BATCH_MS=%r is not a number of ms in 0..10000: using %g",
-            raw, FLUSH_INTERVAL_S * 1000)
-        return FLUSH_INTERVAL_S
-    return ms / 1000
 
 
 class DeltaBatcher:
@@ -39,11 +20,11 @@ class DeltaBatcher:
     def __init__(
         self,
         emit: Callable[[str, str], None],
-        interval_s: float | None = None,
+        interval_s: float = FLUSH_INTERVAL_S,
         max_chars: int = FLUSH_CHARS,
     ) -> None:
         self._emit = emit
-        self._interval_s = interval_from_env() if interval_s is None else interval_s
+        self._interval_s = interval_s
         self._max_chars = max_chars
         self._channel = ""
         self._parts: list[str] = []

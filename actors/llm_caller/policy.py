@@ -2,20 +2,16 @@
 
 Defaults follow the reference loop: 6 attempts, exponential backoff from 0.5 s
 doubling to a 32 s cap with jitter, a server's `retry-after` honoured (capped),
-a 2 s streaming idle watchdog. Every figure can be set from the environment so
-that tests (and impatient users) can shrink them.
+a 2 s streaming idle watchdog. Every figure can be set from the environment
+(`actors.settings`) so that tests (and impatient users) can shrink them.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
+from actors.settings import RetrySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,15 +29,11 @@ class RetryPolicy:
     request_timeout_s: float = 600.0
 
     @classmethod
-    def from_env(cls) -> RetryPolicy:
-        """Defaults, overridden by `OPLOOP_RETRY_ATTEMPTS`, `OPLOOP_RETRY_BASE_S`,
-        `OPLOOP_RETRY_MAX_S` and `OPLOOP_STREAM_IDLE_S`."""
-        return cls(
-            attempts=int(_env_float("OPLOOP_RETRY_ATTEMPTS", 6)),
-            base_s=_env_float("OPLOOP_RETRY_BASE_S", 0.5),
-            cap_s=_env_float("OPLOOP_RETRY_MAX_S", 32.0),
-            idle_s=_env_float("OPLOOP_STREAM_IDLE_S", 2.0),
-        )
+    def from_settings(cls, retry: RetrySettings) -> RetryPolicy:
+        """The policy `OPLOOP_RETRY_ATTEMPTS`, `_BASE_S`, `_MAX_S` and
+        `OPLOOP_STREAM_IDLE_S` set (`Settings.retry`)."""
+        return cls(attempts=retry.attempts, base_s=retry.base_s, cap_s=retry.cap_s,
+                   idle_s=retry.idle_s)
 
     def backoff_s(self, failed_attempts: int, retry_after_s: float | None) -> float:
         """The wait before the next attempt, after `failed_attempts` failures.

@@ -22,7 +22,6 @@ Selected by ``OPLOOP_LLM_BACKEND=scripted``; the scenario file is
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,9 +35,6 @@ from actors.offline_model.scenario import (
     session_of,
 )
 from actors.offline_model.wire import Reply, text_chunks
-
-BACKEND_ENV = "OPLOOP_LLM_BACKEND"
-SCRIPT_ENV = "OPLOOP_LLM_SCRIPT"
 
 
 class ScriptedBackend:
@@ -55,9 +51,8 @@ class ScriptedBackend:
         self.calls = 0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> ScriptedBackend:
-        """The backend for `OPLOOP_LLM_SCRIPT` (a scenario file), or rules only."""
-        path = env.get(SCRIPT_ENV)
+    def from_script(cls, path: str) -> ScriptedBackend:
+        """The backend for `OPLOOP_LLM_SCRIPT` (a scenario file), or rules only ("")."""
         return cls(load_scenario(path) if path else None)
 
     def reply(self, request: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,11 @@ from collections.abc import Sequence
 
 import uvloop
 
+from actors.config import ConfigError
 from actors.offline_model.scenario import Scenario, ScenarioError, load_scenario
 from actors.offline_model.server import start_server
-from actors.runtime import die_with_parent, notify_ready
+from actors.runtime import join_host, notify_ready
+from actors.settings import load_settings
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -81,7 +83,11 @@ async def serve(args: argparse.Namespace, scenario: Scenario | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 after a clean stop, 2 on a bad scenario)."""
     args = parse_args(argv)
-    die_with_parent()
+    try:
+        join_host(load_settings())
+    except ConfigError as exc:
+        print(f"offline model: bad configuration: {exc}", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.scenario) if args.scenario else None
     except ScenarioError as exc:

@@ -5,9 +5,14 @@ process (never a `preexec_fn`): forked by the executor's launcher fork server
 (`zygote.py`, exec'd once, so no interpreter starts per call), or exec'd per
 call as the fallback. It applies, in order:
 its own cgroup (memory, pids, cpu; killed whole by `cgroup.kill` or the v1
-freezer), setsid, a parent-death signal, rlimits, new mount/net/ipc/uts/pid
-namespaces (the pid namespace's init dies with the launcher), an unprivileged
-uid with no_new_privs, Landlock and seccomp; then it execs the tool.
+freezer), nested in the executor's cgroup whose caps hold all calls together;
+setsid, a parent-death signal, rlimits, new mount/net/ipc/uts/pid namespaces
+(the pid namespace's init dies with the launcher; private /tmp, /var/tmp,
+/dev/shm and /run, /sys and /proc/sys reduced to what ordinary tools read:
+`hostview.py`), the session's own unprivileged uid (`uids.py`: one per
+session from a range, so sessions cannot starve, signal or trace each other)
+with no_new_privs, Landlock and seccomp (offline: no `socket()` at all, so no
+host unix socket either); then it execs the tool.
 
 `Policy` says what each tool may use, fail-closed: a required layer that is
 missing refuses the call (`SandboxRefused`) unless `sandbox.toml` lowers it.

@@ -4,7 +4,9 @@ Chosen with `backend = "bwrap"` in a policy. The launcher still applies the
 cgroup, setsid, parent-death signal and rlimits, drops to the tool uid, then
 execs this; bwrap makes every namespace (an unprivileged user namespace
 included), a minimal read-only root with only the workspace writable, private
-/tmp, a new /proc and /dev, and loads the seccomp filter from an fd.
+/tmp, /var/tmp, /dev/shm and /run (each bounded), a new /dev, a new /proc with
+/proc/sys reduced, of /sys only the CPUs (`hostview`), and loads the seccomp
+filter from an fd.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import functools
 import shutil
 import subprocess
 
+from . import hostview
 from .policy import Policy
 
-# Bound read-only when present; everything else (/root, /home, /run, the oploop
-# home, the host's /tmp) simply does not exist inside.
+# Bound read-only when present; everything else (/root, /home, /var, /srv, the
+# oploop home, the host's /tmp and /run) simply does not exist inside.
 _RO_ROOT = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 
 
@@ -35,8 +38,11 @@ def find() -> tuple[str, str]:
     return path, ""
 
 
-def argv(path: str, policy: Policy, cwd: str, env: dict[str, str]) -> list[str]:
-    """The bwrap options for one call (the launcher appends --seccomp FD, --, the command)."""
+def argv(
+    path: str, policy: Policy, cwd: str, env: dict[str, str], tmpfs_size: str = "64m"
+) -> list[str]:
+    """The bwrap options for one call (the launcher appends --seccomp FD, --, the command);
+    `tmpfs_size` bounds each private tmpfs."""
     args = [
         path, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
         "--new-session", "--cap-drop", "ALL", "--clearenv", "--hostname", "sandbox",
@@ -45,11 +51,12 @@ def argv(path: str, policy: Policy, cwd: str, env: dict[str, str]) -> list[str]:
         args.append("--share-net")
     for ro in (*_RO_ROOT, *policy.ro_paths):
         args += ["--ro-bind-try", ro, ro]
-    args += [
-        "--proc", "/proc", "--dev", "/dev",
-        "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
-        "--bind", cwd, cwd, "--chdir", cwd,
-    ]
+    size = str(hostview.size_bytes(tmpfs_size))
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
+        args += ["--size", size, "--tmpfs", tmp]
+    args += hostview.bwrap_args(tmpfs_size)
+    args += ["--bind", cwd, cwd, "--chdir", cwd]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args

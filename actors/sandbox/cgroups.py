@@ -5,13 +5,16 @@ carry the limits (and the freezer), the v2 tree carries `cgroup.kill`. Every
 call gets `<own cgroup>/oploop-sandbox/ex-<pid>-<start>/c<n>` in each hierarchy,
 nested under the executor's own cgroup so every limit above still applies.
 The executor-level directory names its owner, so a new executor can tell
-leftovers of a dead one from the live calls of a sibling.
+leftovers of a dead one from the live calls of a sibling, and carries the
+executor's own caps (`executor_limits`), above the per-call ones: 16 slots of
+512 MB each cannot take the machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -35,6 +38,26 @@ class Limits:
     memory_bytes: int = 512 * 1024 * 1024
     pids: int = 256
     cpu: float = 1.0  # cores (a CFS quota)
+
+
+EXECUTOR_MEMORY_SHARE = 0.4
+"""Of the machine's RAM, what one executor's calls may hold together (a host runs two)."""
+EXECUTOR_CPU_SHARE = 0.75
+"""Of the machine's cores, what one executor's calls may use together (at least one)."""
+EXECUTOR_PIDS_MAX = 4096
+"""Processes of one executor's calls together, at most (and at most pid_max / 4)."""
+
+
+@functools.cache
+def executor_limits() -> Limits:
+    """The default caps over all calls of one executor, derived from this machine."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    memory = int(psutil.virtual_memory().total * EXECUTOR_MEMORY_SHARE)
+    cpu = max(1.0, round((os.cpu_count() or 1) * EXECUTOR_CPU_SHARE, 2))
+    return Limits(memory_bytes=memory, pids=min(EXECUTOR_PIDS_MAX, pid_max // 4), cpu=cpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,10 +306,29 @@ class CgroupTree:
                 found.extend(d for d in (root / self.owner).iterdir() if d.is_dir())
         return found
 
-    def prepare(self) -> None:
-        """Create this executor's directories (the launcher only makes the call's own)."""
+    def prepare(self, limits: Limits | None = None) -> None:
+        """Create this executor's directories (the launcher only makes the call's own)
+        and write its caps over all calls (`limits`) where each controller lives.
+
+        Raises OSError if a cap cannot be written: the calls would run uncapped.
+        """
         for root in self._roots:
             (root / self.owner).mkdir(parents=True, exist_ok=True)
+        if limits is None:
+            return
+        for path, value in self.limit_files(limits):
+            Path(path).write_text(value)
+
+    def limit_files(self, limits: Limits) -> list[tuple[str, str]]:
+        """The (file, value) pairs that cap this executor's directory at `limits`."""
+        files: list[tuple[str, str]] = []
+        for ctrl, where in self.hier.limits_supported().items():
+            if where == "v2" and self.hier.v2 is not None:
+                base = self.hier.v2 / ROOT_NAME / self.owner
+            else:
+                base = self.hier.v1[ctrl] / ROOT_NAME / self.owner
+            files.extend(_limit_files(ctrl, where, base, limits))
+        return files
 
     def sweep_leftovers(self) -> int:
         """Kill what executors that are gone left behind, and remove their dirs; count killed."""

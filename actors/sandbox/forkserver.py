@@ -23,8 +23,10 @@ from pathlib import Path
 from actors.tools.process import run_to_end
 
 _DIR = str(Path(__file__).resolve().parent)
+_SHARED_DIR = str(Path(_DIR).parent)  # actors/: the launcher the zygote imports needs `fileops`
 BOOTSTRAP = (
-    f"import sys; sys.path[:0] = [{_DIR!r}]; import zygote; zygote.serve(*map(int, sys.argv[1:]))"
+    f"import sys; sys.path[:0] = [{_DIR!r}, {_SHARED_DIR!r}]; import zygote; "
+    "zygote.serve(*map(int, sys.argv[1:]))"
 )
 _REPLY_S = 5.0
 

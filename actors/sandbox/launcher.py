@@ -8,8 +8,9 @@ SPEC_FD and applies, in order, every layer the spec asks for:
 
     cgroup (join the call's cgroup, limits already named) · setsid ·
     parent-death signal · rlimits · namespaces (mount, net, ipc, uts, pid) →
-    fork the pid namespace's init → fork the tool: mounts (private /tmp, hidden
-    host paths) · unprivileged uid · no_new_privs · Landlock · seccomp → exec
+    fork the pid namespace's init → fork the tool: mounts (private /tmp and
+    /run, hidden host paths, /sys and /proc/sys reduced) · unprivileged uid ·
+    no_new_privs · Landlock · seccomp → exec
 
 A layer listed in the spec's `required` that fails stops the launch: the
 reason goes to ERR_FD and the tool never runs (fail closed). The executor reads
@@ -28,6 +29,13 @@ import marshal
 import os
 import stat
 import sys
+
+# The one atomic writer (actors/fileops.py). Run by the bootstrap, this file is a top-level
+# module with actors/ on sys.path; imported by the executor, it is actors.sandbox.launcher.
+if __package__:
+    from actors.fileops import write_atomic
+else:
+    from fileops import write_atomic  # type: ignore[no-redef]
 
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
 if TYPE_CHECKING:
@@ -48,9 +56,11 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
@@ -272,6 +282,37 @@ def setup_mounts(spec: dict[str, Any], cwd: str, new_proc: bool) -> None:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 
+def private_run(paths: list[str], size: str) -> None:
+    """An empty tmpfs over /run (and a real /var/run): no host daemon's socket inside."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   f"size={size},mode=0755")
+
+
+def mask_host_info(masks: list[tuple[str, list[tuple[str, bytes]]]]) -> None:
+    """Cover each masked tree (/sys, /proc/sys) with a small read-only tmpfs holding
+    only copies of the few files ordinary tools read (the CPUs online, pid_max...).
+
+    Copies, not binds: a tmpfs and a few writes cost ~0.1 ms, where detaching
+    /sys and moving clones of the kept entries back cost several ms per call.
+    """
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for root, files in masks:
+        if not os.path.isdir(root):
+            continue
+        _mount("tmpfs", root, "tmpfs", flags, "size=1m,mode=0555")
+        for rel, data in files:
+            target = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(target), mode=0o555, exist_ok=True)
+            fd = os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        _mount(None, root, None, MS_REMOUNT | MS_RDONLY | flags, "size=1m,mode=0555")
+
+
 def drop_uid(uid: int, gid: int) -> None:
     """Become `uid`/`gid` with no supplementary groups; the capabilities go with root."""
     os.setgroups([])
@@ -280,41 +321,6 @@ def drop_uid(uid: int, gid: int) -> None:
 
 
 # --- the file writer (write_file runs here, after the lockdown) -----------------------
-
-
-def write_atomic(target: str, data: bytes) -> str:
-    """Replace `target` with `data` atomically, through a symlink, making parent dirs.
-
-    The real path is resolved first, so a symlink is written through as an
-    editor would; the temporary file lives in the same directory, so the final
-    rename is atomic and a reader sees the old file or the new one.
-    """
-    real = os.path.realpath(target)
-    os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
-    name = f".{os.path.basename(real)}.{os.urandom(4).hex()}.tmp"
-    tmp = os.path.join(os.path.dirname(real), name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    done = False
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        # (No contextlib.suppress in this file: one more import on every sandboxed call.)
-        try:  # noqa: SIM105 -- keep an existing file's permissions (an executable script)
-            os.chmod(tmp, os.stat(real).st_mode & 0o7777)
-        except FileNotFoundError:
-            pass
-        os.replace(tmp, real)
-        done = True
-    finally:
-        os.close(fd)
-        if not done:
-            try:  # noqa: SIM105
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return real
 
 
 def _run_writer(job: dict[str, Any]) -> int:
@@ -442,6 +448,8 @@ class Launch:
             os.close(alive_r)
             if spec["unshare"] & CLONE_NEWNS:
                 self.layer("namespaces", setup_mounts, spec, spec["cwd"], pidns)
+                self.layer("namespaces", private_run, spec["private_run"], spec["tmpfs_size"])
+                self.layer("namespaces", mask_host_info, spec["mask"])
             if spec["unshare"] & CLONE_NEWUTS:
                 _libc.sethostname(b"sandbox", 7)
         except LayerFailed as exc:

@@ -6,13 +6,20 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
 
     [sandbox]
     backend = "launcher"        # or "bwrap": a hardened bubblewrap makes the namespaces
-    uid = 64000                 # the unprivileged uid risky tools run as
+    uid_range = [1879048192, 1879113727]  # one uid per session from here (uids.py)
+    # uid = 64000               # instead: every session as this one uid (no isolation)
     optional = ["landlock"]     # may be missing on this machine
     off = []                    # never applied (e.g. "uid" to run tools as root)
     ro_paths = ["/opt/tool"]    # extra read-only paths (a toolchain, say)
+    executor_memory_mb = 4096   # caps over all calls of one executor; by default
+    executor_pids = 4096        #   derived from the machine (cgroups.executor_limits)
+    executor_cpu = 1.5          #   cores
 
     [tools.shell]               # per tool; any Limits/Policy field
-    network = "none"            # or "host"
+    network = "none"            # or "host"; "none": no socket() at all, unix ones included
+    unix_sockets = false        # true: AF_UNIX allowed offline (Python's forkserver, local
+                                #   test servers); only sockets the tool can see: /run,
+                                #   /tmp are private, but e.g. /var/lib's are reachable
     memory_mb = 512
     pids = 256
     cpu = 1.0                   # cores
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cgroups import Limits
+from .cgroups import Limits, executor_limits
 
 LAYERS = (
     "cgroup", "cgroup_kill", "setsid", "pdeathsig", "rlimits", "namespaces",
@@ -46,8 +53,12 @@ SYSTEM_RO_PATHS = (
 
 RW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
 
-DEFAULT_UID = 64000
-"""The sandbox uid (and gid) when the configuration names none: owned by nobody else."""
+DEFAULT_UID_RANGE = (0x7000_0000, 0x7000_FFFF)
+"""The sandbox uids (and gids) when the configuration names none: 65,536 uids above
+every range systemd hands out (containers end at 0x6FFFFFFF) and below 2^31, which
+some tools misread as negative; owned by no user or subordinate-uid range by default."""
+
+_UID_MAX = 0xFFFF_FFFE  # (uid_t)-1 means "unchanged" to setresuid and chown
 
 
 class PolicyError(ValueError):
@@ -58,14 +69,15 @@ class PolicyError(ValueError):
 class Policy:
     """How one risky tool runs: limits, network, timeout, and the layers it needs."""
 
-    network: str = "none"  # "none": loopback-less net namespace, no inet sockets; "host"
+    network: str = "none"  # "none": loopback-less net namespace, no socket(); "host"
+    unix_sockets: bool = False  # offline, still allow AF_UNIX sockets (see the example)
     limits: Limits = field(default_factory=Limits)
     cpu_s: int = 60
     file_bytes: int = 256 * 1024 * 1024
     nofile: int = 256
     address_space: int = 0  # RLIMIT_AS; 0 = none (it breaks many runtimes' reservations)
     timeout_s: float = 600.0
-    uid: int = DEFAULT_UID
+    uid_range: tuple[int, int] = DEFAULT_UID_RANGE  # each session one uid from here
     ro_paths: tuple[str, ...] = ()
     optional: frozenset[str] = frozenset()
     off: frozenset[str] = frozenset()
@@ -76,9 +88,18 @@ class Policy:
             raise PolicyError(f"network must be 'none' or 'host', got {self.network!r}")
         if self.backend not in ("launcher", "bwrap"):
             raise PolicyError(f"backend must be 'launcher' or 'bwrap', got {self.backend!r}")
+        first, last = self.uid_range
+        if not 0 < first <= last <= _UID_MAX:
+            raise PolicyError(f"uid_range must be [first, last] with 0 < first <= last "
+                              f"<= {_UID_MAX}, got {list(self.uid_range)}")
         for name in self.optional | self.off:
             if name not in LAYERS:
                 raise PolicyError(f"unknown sandbox layer {name!r} (known: {', '.join(LAYERS)})")
+
+    @property
+    def uid(self) -> int:
+        """The first uid of the range (the uid of a call outside any session workspace)."""
+        return self.uid_range[0]
 
     def applies(self, layer: str) -> bool:
         """Whether the launcher tries `layer` at all."""
@@ -99,6 +120,7 @@ class SandboxConfig:
 
     default: Policy = field(default_factory=Policy)
     tools: dict[str, Policy] = field(default_factory=dict)
+    executor: Limits | None = None  # caps over all calls; None: derived from the machine
 
     def policy(self, tool: str) -> Policy:
         """The policy of `tool` (the default one if it has none of its own)."""
@@ -122,19 +144,59 @@ class SandboxConfig:
         unknown = set(data) - {"sandbox", "tools"}
         if unknown:
             raise PolicyError(f"{where}: unknown section(s) {sorted(unknown)}")
-        base = _policy(Policy(), data.get("sandbox", {}), f"{where} [sandbox]", top=True)
+        top = dict(data.get("sandbox", {}))
+        executor = _executor_limits(top, f"{where} [sandbox]")
+        base = _policy(Policy(), top, f"{where} [sandbox]", top=True)
         tools = {
             name: _policy(base, table, f"{where} [tools.{name}]", top=False)
             for name, table in data.get("tools", {}).items()
         }
-        return cls(base, tools)
+        return cls(base, tools, executor)
 
 
 _MB = 1024 * 1024
 _TOOL_KEYS = {
-    "network", "memory_mb", "pids", "cpu", "cpu_s", "file_mb", "nofile", "as_mb", "timeout_s",
+    "network", "unix_sockets", "memory_mb", "pids", "cpu", "cpu_s", "file_mb", "nofile",
+    "as_mb", "timeout_s",
 }
-_TOP_KEYS = _TOOL_KEYS | {"uid", "optional", "off", "ro_paths", "backend"}
+_TOP_KEYS = _TOOL_KEYS | {"uid", "uid_range", "optional", "off", "ro_paths", "backend"}
+_EXECUTOR_KEYS = ("executor_memory_mb", "executor_pids", "executor_cpu")
+
+
+def _executor_limits(top: dict[str, Any], where: str) -> Limits | None:
+    """Take the executor_* keys out of `top`; None when none is given (machine defaults)."""
+    given = {key: top.pop(key) for key in _EXECUTOR_KEYS if key in top}
+    if not given:
+        return None
+    default = executor_limits()  # the machine's defaults fill what is not given
+    try:
+        limits = Limits(
+            memory_bytes=int(given.get("executor_memory_mb", default.memory_bytes / _MB) * _MB),
+            pids=int(given.get("executor_pids", default.pids)),
+            cpu=float(given.get("executor_cpu", default.cpu)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"{where}: {exc}") from exc
+    if min(limits.memory_bytes, limits.pids, limits.cpu) <= 0:
+        raise PolicyError(f"{where}: executor_* limits must be positive, got {given}")
+    return limits
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _uid_range(table: dict[str, Any], base: Policy) -> tuple[int, int]:
+    if "uid" in table and "uid_range" in table:
+        raise ValueError("give uid (one uid for every session) or uid_range, not both")
+    if "uid" in table:
+        return int(table["uid"]), int(table["uid"])
+    if "uid_range" in table:
+        first, last = table["uid_range"]
+        return int(first), int(last)
+    return base.uid_range
 
 
 def _policy(base: Policy, table: dict[str, Any], where: str, *, top: bool) -> Policy:
@@ -150,13 +212,14 @@ def _policy(base: Policy, table: dict[str, Any], where: str, *, top: bool) -> Po
         )
         return Policy(
             network=str(table.get("network", base.network)),
+            unix_sockets=_bool(table.get("unix_sockets", base.unix_sockets), "unix_sockets"),
             limits=limits,
             cpu_s=int(table.get("cpu_s", base.cpu_s)),
             file_bytes=int(table.get("file_mb", base.file_bytes / _MB) * _MB),
             nofile=int(table.get("nofile", base.nofile)),
             address_space=int(table.get("as_mb", base.address_space / _MB) * _MB),
             timeout_s=float(table.get("timeout_s", base.timeout_s)),
-            uid=int(table.get("uid", base.uid)),
+            uid_range=_uid_range(table, base),
             ro_paths=tuple(str(p) for p in table.get("ro_paths", base.ro_paths)),
             optional=frozenset(table.get("optional", base.optional)),
             off=frozenset(table.get("off", base.off)),

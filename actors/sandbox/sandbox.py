@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import marshal
 import os
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
-from . import bwrap, seccomp
+from . import bwrap, hostview, seccomp, uids
 from . import launcher as launcher_mod
-from .cgroups import CallCgroup, CgroupTree, Hierarchies
+from .cgroups import CallCgroup, CgroupTree, Hierarchies, Limits, executor_limits
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
@@ -34,13 +35,18 @@ log = logging.getLogger("oploop.sandbox")
 FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
 
 LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
+#: `actors/`, after the launcher's own directory: the launcher imports `fileops` from it.
+SHARED_DIR = str(Path(LAUNCHER_DIR).parent)
 BOOTSTRAP = (
-    f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}]; import launcher; launcher.main(sys.argv)"
+    f"import sys; sys.path[:0] = [{LAUNCHER_DIR!r}, {SHARED_DIR!r}]; import launcher; "
+    "launcher.main(sys.argv)"
 )
 """What the launcher's interpreter runs: the cached launcher module, not a script."""
 _PR_SET_CHILD_SUBREAPER = 36
 _GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
 _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+TMPFS_SIZE = "64m"
+"""The size of each private tmpfs (/tmp, /var/tmp, /dev/shm, /run): a fill stops there."""
 _WRITE_REPLY_CAP = 16 * 1024
 _DENIED = (1, 13, 30)  # EPERM, EACCES, EROFS: what Landlock and the mounts answer
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -141,6 +147,8 @@ class Sandbox:
         hier = Hierarchies.discover()
         self._hier = hier
         self._cgroups = CgroupTree(hier) if hier.v2 is not None or hier.v1 else None
+        #: The caps over all of this executor's calls together (its cgroup directory).
+        self.executor_limits: Limits = config.executor or executor_limits()
         self._started = False
         # Forks launchers from one pre-started launcher process: no interpreter start per call.
         self._fork = ForkServer() if fork_server else None
@@ -158,7 +166,14 @@ class Sandbox:
         killed = 0
         if self._cgroups is not None:
             killed = self._cgroups.sweep_leftovers()
-            self._cgroups.prepare()
+            capped = self._use_cgroup(self.config.default)
+            try:
+                self._cgroups.prepare(self.executor_limits if capped else None)
+            except OSError as exc:
+                # Calls would run without the caps over them all: refuse those that
+                # require the cgroup layer, as for any other missing layer.
+                log.error("executor cgroup caps not applied: %s", exc)
+                self.layers = {**self.layers, "cgroup": f"executor caps not applied: {exc}"}
         if subreaper:
             launcher_mod._prctl(_PR_SET_CHILD_SUBREAPER, 1)
             self._subreaper = True
@@ -180,15 +195,30 @@ class Sandbox:
 
     # -- workspaces and policies ---------------------------------------------------------
 
-    def workspace(self, session: str, uid: int | None = None) -> Path:
-        """The session's workspace directory, created 0700 and owned by the tool uid."""
+    def workspace(self, session: str) -> Path:
+        """The session's workspace directory, created 0700 and owned by the session's uid.
+
+        Each session gets its own uid from the policy's range (`uids.assign`);
+        every call whose cwd is that workspace runs as its owner.
+        Raises uids.UidsExhausted when the range has no uid left.
+        """
         safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
-        path = self.workspaces / safe
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        uid = self.config.default.uid if uid is None else uid
-        if self._applies_uid(self.config.default) and os.stat(path).st_uid != uid:
-            os.chown(path, uid, uid)
-        return path
+        if not self._applies_uid(self.config.default):
+            path = self.workspaces / safe
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return path
+        return uids.assign(self.workspaces, safe, *self.config.default.uid_range)[0]
+
+    @staticmethod
+    def call_uid(policy: Policy, cwd: Path) -> int:
+        """The uid a call in `cwd` runs as: the workspace's owner when it lies in the
+        policy's range (its session's uid), else the range's first uid."""
+        first, last = policy.uid_range
+        try:
+            owner = os.stat(cwd).st_uid
+        except OSError:
+            return first
+        return owner if first <= owner <= last else first
 
     def _applies_uid(self, policy: Policy) -> bool:
         return policy.applies("uid") and not self.layers.get("uid")
@@ -270,14 +300,15 @@ class Sandbox:
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or write a file (`write`)."""
         self.check(tool, policy, writing=write is not None)
+        uid = self.call_uid(policy, cwd)
         if _uses_bwrap(policy, write is not None):
-            _check_reachable(tool, cwd, policy.uid)
+            _check_reachable(tool, cwd, uid)
         if not self._started:
             self.start()
         call = None
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
-        spec = self._spec(policy, cwd, call, argv=argv, write=write)
+        spec = self._spec(policy, cwd, call, uid, argv=argv, write=write)
         try:
             return await self._start(spec, call)
         except BaseException:
@@ -371,6 +402,7 @@ class Sandbox:
         policy: Policy,
         cwd: Path,
         call: CallCgroup | None,
+        call_uid: int,
         *,
         argv: list[str] | None,
         write: tuple[str, bytes] | None,
@@ -378,21 +410,25 @@ class Sandbox:
         on = {layer for layer in LAYERS if policy.applies(layer) and not self.layers.get(layer)}
         offline = policy.network == "none"
         ns = "namespaces" in on
-        uid = policy.uid if "uid" in on else -1
+        uid = call_uid if "uid" in on else -1
         spec: dict[str, object] = {
             "required": sorted(layer for layer in LAYERS if policy.requires(layer)),
-            "cgroup": call.launch_spec(self._hier, policy.limits) if call else None,
+            "cgroup": (call.launch_spec(self._hier, _within(policy.limits, self.executor_limits))
+                       if call else None),
             "pdeathsig": "pdeathsig" in on,
             "ppid": os.getpid(),
             "rlimits": _rlimits(policy, uid >= 0) if "rlimits" in on else [],
             "unshare": _unshare_flags(offline) if ns else 0,
             "hide": [(p, "1777") for p in _PRIVATE_TMP] + [(p, "0755") for p in self.hide],
-            "tmpfs_size": "64m",
+            "tmpfs_size": TMPFS_SIZE,
+            "private_run": hostview.private_run(cwd) if ns else [],
+            "mask": _masks() if ns else [],
             "cwd": str(cwd),
             "uid": uid,
             "gid": uid,
             "landlock": None,
-            "seccomp": seccomp.build(network=not offline) if "seccomp" in on else None,
+            "seccomp": (seccomp.build(network=not offline, unix=policy.unix_sockets)
+                        if "seccomp" in on else None),
         }
         if "landlock" in on:
             rw = [str(cwd)]
@@ -414,11 +450,33 @@ class Sandbox:
             # forbid the mounts it needs, and its own seccomp fd carries our filter.
             spec["unshare"] = 0
             spec["landlock"] = None
-            spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env)
+            spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env, TMPFS_SIZE)
         return spec
 
 
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
+
+
+@functools.cache
+def _masks() -> list[tuple[str, list[tuple[str, bytes]]]]:
+    # Built once: marshal takes lists, and the copies never change.
+    return [(root, list(files)) for root, files in hostview.host_info_masks()]
+
+
+def _within(limits: Limits, cap: Limits) -> Limits:
+    """A call's limits, none above the executor's caps (0: none of that kind). The
+    parent bounds the call anyway, but v1 refuses a cpu quota above its parent's."""
+
+    def lower(value: float, bound: float) -> float:
+        if bound <= 0:
+            return value
+        return bound if value <= 0 else min(value, bound)
+
+    return Limits(
+        memory_bytes=int(lower(limits.memory_bytes, cap.memory_bytes)),
+        pids=int(lower(limits.pids, cap.pids)),
+        cpu=lower(limits.cpu, cap.cpu),
+    )
 
 
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:
@@ -456,8 +514,9 @@ def _rlimits(policy: Policy, as_user: bool) -> list[tuple[str, int, int]]:
         ("core", 0, 0),
     ]
     if as_user and policy.limits.pids > 0:
-        # Counted per uid across every sandbox of this uid (root ignores it):
-        # a backstop behind the cgroup's exact pids.max, hence the slack.
+        # Counted per uid across the machine (root ignores it), and each session has
+        # its own uid: it bounds the session's calls together, never another
+        # session's; a backstop behind the cgroup's exact pids.max, hence the slack.
         limits.append(("nproc", policy.limits.pids * 4, policy.limits.pids * 4))
     if policy.address_space > 0:
         limits.append(("as", policy.address_space, policy.address_space))

@@ -1,15 +1,20 @@
-"""The sandbox's seccomp filter, compiled once per network setting with libseccomp.
+"""The sandbox's seccomp filter, compiled once per socket setting with libseccomp.
 
 The executor builds the filter (PyPI `pyseccomp`, a ctypes binding of
 libseccomp) and exports it as classic BPF; the launcher installs those bytes
 with one prctl, so it never loads libseccomp itself, and bubblewrap takes the
 same bytes through `--seccomp FD`.
 
-Denied (EPERM): every socket family but AF_UNIX unless the policy allows the
-network; ptrace, process_vm_*, io_uring_*, unshare/setns/mount and friends,
-namespace flags on clone, bpf, keyctl, perf_event_open, userfaultfd, TIOCSTI
-and TIOCLINUX (terminal injection). clone3 answers ENOSYS, so libc falls back
-to clone, whose flags a filter can see. Other architectures are killed.
+Denied (EPERM): without the network, every `socket()` (AF_UNIX included: Landlock
+does not cover `connect()` on a path, so a unix socket could reach any host
+daemon whose socket file the tool can see; a policy with `unix_sockets` keeps
+AF_UNIX, for multiprocessing's forkserver and local test servers) and every
+`socketpair()` but AF_UNIX (a connected pair reaches nothing outside, and
+multiprocessing's pipes are such pairs); ptrace, process_vm_*, io_uring_*,
+unshare/setns/mount and friends, namespace flags on clone, bpf, keyctl,
+perf_event_open, userfaultfd, TIOCSTI and TIOCLINUX (terminal injection).
+clone3 answers ENOSYS, so libc falls back to clone, whose flags a filter can
+see. Other architectures are killed (the i386 `int 0x80` and x32 ABIs too).
 """
 
 from __future__ import annotations
@@ -61,8 +66,9 @@ def available() -> tuple[bool, str]:
 
 
 @functools.cache
-def build(*, network: bool) -> bytes:
-    """The filter as classic BPF bytes; `network` keeps inet/other sockets allowed."""
+def build(*, network: bool, unix: bool = False) -> bytes:
+    """The filter as classic BPF bytes; `network` keeps every socket allowed, `unix`
+    (without the network) AF_UNIX ones."""
     try:
         import pyseccomp as sc
     except (ImportError, OSError, RuntimeError) as exc:  # no libseccomp, or not loadable
@@ -82,7 +88,10 @@ def build(*, network: bool) -> bytes:
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))
     if not network:
         # NE on the full 64 bits is the safe direction: any other value is refused.
-        f.add_rule(deny, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        if unix:
+            f.add_rule(deny, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        else:
+            f.add_rule(deny, "socket")
         f.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
     fd = os.memfd_create("oploop-seccomp")
     try:

@@ -13,12 +13,15 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors.config import Config, load_config
+from actors.config import Config
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
+from actors.settings import Settings
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
+from actors.supervisor.pruned import Tombstones
+from actors.supervisor.pruning import Pruner
 from actors.supervisor.session import (
     Session,
     begin_run,
@@ -38,14 +41,18 @@ from bus.messages import (
     Envelope,
     ErrorReply,
     Event,
+    ForgetSessions,
     InspectSession,
     ListSessions,
     ListTools,
+    PruneSessions,
+    RemoveSessions,
     ReplayBatch,
     ReplayRequest,
     RunStarted,
     SessionInfo,
     SessionList,
+    SessionsRemoved,
     StartRun,
     Stats,
     StatsReply,
@@ -118,6 +125,8 @@ class Supervisor:
         )
         self._outbox: deque[bytes] = deque()
         self._outbox_bytes = 0
+        #: Retention (None: nothing is ever deleted, as without a journal).
+        self.pruner: Pruner | None = None
         self._group: asyncio.TaskGroup | None = None
         self.io = WorkerIO(self)
 
@@ -307,7 +316,7 @@ class Supervisor:
         elif isinstance(body, InspectSession):
             session = self.session(body.session)
             if session is None:
-                port.reply_error(peer, env.id, "unknown_session", f"no session {body.session!r}")
+                port.reply_error(peer, env.id, "unknown_session", self._no_session(body.session))
                 return
             port.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
         elif isinstance(body, ListTools):
@@ -329,8 +338,88 @@ class Supervisor:
             self._cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
             port.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
+        elif isinstance(body, RemoveSessions):
+            self._remove_sessions(peer, env, body)
+        elif isinstance(body, PruneSessions):
+            assert self._group is not None
+            self._group.create_task(self._prune_sessions(peer, env, body), name="prune")
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
+
+    def _known(self, sid: str) -> bool:
+        """Whether `sid` is a session in memory or in the log (without loading it)."""
+        if sid in self.sessions:
+            return True
+        if self.journal is None or not sid:
+            return False
+        try:
+            return self.journal.log.row(sid) is not None
+        except JournalError as exc:
+            log.error("session %s: %s", sid, exc)
+            return False
+
+    def _no_session(self, sid: str) -> str:
+        """What a request naming a session the supervisor does not hold is told."""
+        if self.pruner is not None and self.pruner.pruned(sid):
+            return f"no such session {sid!r} (pruned)"
+        return f"no session {sid!r}"
+
+    # -- retention ---------------------------------------------------------------------
+
+    def running_sessions(self) -> set[str]:
+        """Sessions with a run not over, or whose run's task is still unwinding."""
+        return {sid for sid, s in self.sessions.items()
+                if not s.run_over or (s.task is not None and not s.task.done())}
+
+    def forget_sessions(self, sids: list[str]) -> None:
+        """Drop `sids` from memory and tell the broadcaster to drop their logs (behind
+        whatever this iteration emitted, which goes out first)."""
+        if self._flush_scheduled:
+            self._flush()
+        gone = set(sids)
+        for sid in sids:
+            self.sessions.pop(sid, None)
+        for key in [k for k, started in self._starts.items() if started.session in gone]:
+            del self._starts[key]
+        frame = encode(Envelope(ForgetSessions(list(sids))))
+        if self._outbox or not self._push(frame):
+            if len(self._outbox) >= MAX_OUTBOX:  # the next pruning finds those logs again
+                log.error("event outbox full: the broadcaster keeps %d deleted log(s)", len(sids))
+                return
+            self._outbox.append(frame)
+            self._outbox_bytes += len(frame)
+
+    def _remove_sessions(self, peer: bytes | None, env: Envelope, req: RemoveSessions) -> None:
+        """`oploop rm`: delete the sessions named, refusing running and unknown ones."""
+        if self.pruner is None:
+            self.api.reply_error(peer, env.id, "unavailable", "this supervisor keeps no store")
+            return
+        running = self.running_sessions()
+        refused: dict[str, str] = {}
+        for sid in dict.fromkeys(req.sessions):
+            if sid in running:
+                refused[sid] = f"session {sid} is running (cancel it first)"
+            elif not self._known(sid):
+                refused[sid] = self._no_session(sid)
+        removed = [sid for sid in dict.fromkeys(req.sessions) if sid not in refused]
+        self.pruner.remove(removed)
+        self.api.reply(Envelope(SessionsRemoved(removed, refused), id=env.id), peer)
+
+    async def _prune_sessions(self, peer: bytes | None, env: Envelope,
+                              req: PruneSessions) -> None:
+        """`oploop sessions prune`: apply retention now, with the request's overrides."""
+        if self.pruner is None:
+            self.api.reply_error(peer, env.id, "unavailable", "this supervisor keeps no store")
+            return
+        try:
+            removed = await self.pruner.prune(
+                older_than_s=req.older_than_s if req.older_than_s >= 0 else None,
+                keep=req.keep if req.keep >= 0 else None)
+        except Exception as exc:  # the RPC edge: a store error becomes an error reply
+            log.exception("prune failed")
+            self.api.reply_error(peer, env.id, "unavailable", f"cannot prune: {exc}")
+            return
+        self.api.reply(Envelope(SessionsRemoved(removed), id=env.id), peer)
 
     def _no_agent(self, name: str) -> str:
         return f"no agent {name!r} (configured: {', '.join(sorted(self.config.agents))})"
@@ -357,7 +446,7 @@ class Supervisor:
         if req.session:
             session = self.session(req.session)
             if session is None:
-                return "unknown_session", f"no session {req.session!r}"
+                return "unknown_session", self._no_session(req.session)
             if not session.run_over:
                 return "busy", f"session {req.session} is running a turn"
         elif self.config.agent(req.agent) is None:
@@ -487,7 +576,7 @@ class Supervisor:
         port = port or self.control
         session = self.session(req.session)
         if session is None:
-            port.reply_error(peer, env.id, "unknown_session", f"no session {req.session!r}")
+            port.reply_error(peer, env.id, "unknown_session", self._no_session(req.session))
             return
         if req.mode not in ("ui", "operation"):
             port.reply_error(peer, env.id, "bad_request",
@@ -554,6 +643,8 @@ class Supervisor:
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
                 self.resume_journaled()
+                if self.pruner is not None:  # at start, then every [retention] every
+                    group.create_task(self.pruner.run(), name="retention")
                 notify_ready()
                 try:
                     await asyncio.Event().wait()
@@ -565,16 +656,22 @@ class Supervisor:
                 if self.journal.batch and not self._journal_failing:
                     self._flush()  # what this iteration emitted still goes out
                 self.journal.close()
+            if self.pruner is not None:
+                self.pruner.close()
             self.reactor.close()
             if self.gate is not None:
                 self.gate.stop()
 
 
-async def _main() -> None:
-    endpoints = Endpoints.for_home()  # the supervisor always runs beside its host
-    config = load_config()
-    journal = Journal.for_home(endpoints.run_dir.parent, config.limits.journal_reserve_mb)
-    await Supervisor(endpoints, config, journal).serve()
+async def _main(settings: Settings) -> None:
+    endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
+    journal = Journal.for_home(settings.home, settings.config.limits.journal_reserve_mb)
+    supervisor = Supervisor(endpoints, settings.config, journal)
+    # Retention works on the session log itself (`sessions_overview`, `remove`).
+    supervisor.pruner = Pruner(settings.config.retention, journal.log,
+                               Tombstones(journal.path), supervisor.running_sessions,
+                               supervisor.forget_sessions)
+    await supervisor.serve()
 
 
 def main() -> None:

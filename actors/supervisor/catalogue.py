@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from actors.supervisor.agents import Agent
+from actors.config import Agent
 
 ToolSpecDict = dict[str, Any]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import msgpack
 
+from actors.config import Agent
 from actors.sessionlog import Compaction, Record, SessionLog, SessionRow
-from actors.supervisor.agents import Agent
 from actors.supervisor.history import Message, append_blocks, blocks
 from actors.supervisor.session import TERMINAL, Session
 from actors.supervisor.turn import ToolOutcome

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.config import Agent
 from actors.sessionlog import (
     DEFAULT_RESERVE_MB,
     Compaction,
@@ -26,7 +27,6 @@ from actors.sessionlog import (
     StartKey,
 )
 from actors.storage import SESSIONS_FILE
-from actors.supervisor.agents import Agent
 from actors.supervisor.fold import (
     compaction,
     history_delta,

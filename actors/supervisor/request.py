@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from actors.supervisor.agents import CACHE_BOUNDARY, MODEL_ALIASES, Agent
+from actors.config import CACHE_BOUNDARY, MODEL_ALIASES, Agent
 from actors.supervisor.history import Message, blocks
 
 MAX_CACHE_BREAKPOINTS = 4

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actors.config import Config
-from actors.supervisor.agents import Agent
+from actors.config import Agent, Config
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
 from actors.supervisor.deltas import TurnCache
 from actors.supervisor.history import Message, add_reply, add_user_text, append_blocks

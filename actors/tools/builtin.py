@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 # The one atomic writer, shared with the sandbox launcher (which runs it after its lockdown).
-from actors.sandbox.launcher import write_atomic
+from actors.fileops import write_atomic
 
 from .process import CommandResult, Spawner, ToolRefused, run_command, spawn_local
 from .registry import Catalogue, Tool, ToolContext, ToolOutcome, tool

@@ -91,8 +91,13 @@ _READ_CHUNK = 64 * 1024
 
 
 async def spawn_local(command: str, cwd: Path) -> GroupChild:
-    """Start `/bin/sh -c command` in `cwd`, unsandboxed: stdin /dev/null, stderr into stdout."""
-    proc = await asyncio.create_subprocess_exec(
+    """Start `/bin/sh -c command` in `cwd`, unsandboxed: stdin /dev/null, stderr into stdout.
+
+    A cancellation while asyncio still connects the pipes kills the whole group:
+    the shell runs from the fork on, and may have started children already
+    (asyncio itself would kill the shell alone and leave them running).
+    """
+    started = asyncio.ensure_future(asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
         command,
@@ -103,8 +108,22 @@ async def spawn_local(command: str, cwd: Path) -> GroupChild:
         # A new session makes the shell a process-group leader, so one killpg also
         # reaches its `cmd &` children. (No preexec_fn: it is unsafe with threads.)
         start_new_session=True,
-    )
-    return GroupChild(proc)
+    ))
+    try:
+        return GroupChild(await asyncio.shield(started))
+    except asyncio.CancelledError:
+        await run_to_end(_end_started(started))
+        raise
+
+
+async def _end_started(started: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    """Once a cancelled start has finished: kill the group it started, and reap it."""
+    await asyncio.wait((started,))
+    if started.cancelled() or started.exception() is not None:
+        return
+    child = GroupChild(started.result())
+    child.kill()
+    await _reap(child)
 
 
 def kill_group(pgid: int) -> None:

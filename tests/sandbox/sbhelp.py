@@ -62,6 +62,11 @@ class Host:
     backend: str
 
     @property
+    def uid(self) -> int:
+        """The session's tool uid: the owner of its workspace."""
+        return self.workspace.stat().st_uid
+
+    @property
     def policy(self) -> Policy:
         """The test policy on this host's backend."""
         return dataclasses.replace(TEST_POLICY, backend=self.backend)

@@ -84,7 +84,7 @@ def test_symlink_escape_read_and_write(host: Host) -> None:
 def test_symlink_swapped_in_for_a_directory(host: Host) -> None:
     need("landlock")
     (host.workspace / "dir").mkdir()
-    os.chown(host.workspace / "dir", TEST_POLICY.uid, TEST_POLICY.uid)
+    os.chown(host.workspace / "dir", host.uid, host.uid)
     res = host.run("echo ok > dir/f")
     assert res.returncode == 0
     # Swap the directory for a link to a directory outside, as a racing attacker would.
@@ -107,7 +107,7 @@ def test_hardlink_in_and_rename_out(host: Host) -> None:
     assert res.returncode != 0
     assert not (host.workspace / "hl").exists()
     (host.workspace / "mine").write_text("mine\n")
-    os.chown(host.workspace / "mine", TEST_POLICY.uid, TEST_POLICY.uid)
+    os.chown(host.workspace / "mine", host.uid, host.uid)
     for dest in ("/etc/oploop-moved", f"{host.outside}/moved", "/usr/oploop-moved"):
         res = host.run(f"mv mine {dest}")
         assert res.returncode != 0, (dest, res.output)

@@ -12,9 +12,7 @@ from hypothesis import strategies as st
 
 from actors.broadcaster.actor import _range_problem
 from actors.broadcaster.log import EventLog
-from actors.broadcaster.settings import Retention
 from actors.broadcaster.store import EventStore
-from actors.llm_caller.batcher import FLUSH_INTERVAL_S, interval_from_env
 from actors.sessionlog import Record, SessionLog
 from bus.messages import ReplayRequest
 
@@ -118,26 +116,17 @@ def test_skip_to_leaves_a_hole_that_range_shows(journal, store):
     assert log.skip_to("a", 5) == 0  # never backwards
 
 
-def test_retention_settings_from_env(monkeypatch):
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_SESSIONS", "5")
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_DAYS", "0.5")
-    r = Retention.from_env()
-    assert (r.sessions, r.max_age_s) == (5, 43_200)
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_DAYS", "soon")
-    monkeypatch.setenv("OPLOOP_EVENT_RETENTION_SESSIONS", "-3")
-    assert Retention.from_env() == Retention()
-
-
-def test_token_batch_interval_from_env(monkeypatch):
-    monkeypatch.delenv("OPLOOP_TOKEN_BATCH_MS", raising=False)
-    assert interval_from_env() == FLUSH_INTERVAL_S
-    monkeypatch.setenv("OPLOOP_TOKEN_BATCH_MS", "5")
-    assert interval_from_env() == 0.005
-    monkeypatch.setenv("OPLOOP_TOKEN_BATCH_MS", "0")
-    assert interval_from_env() == 0
-    for bad in ("-1", "fast", "1e9"):
-        monkeypatch.setenv("OPLOOP_TOKEN_BATCH_MS", bad)
-        assert interval_from_env() == FLUSH_INTERVAL_S
+def test_removed_sessions_are_gone_from_the_log_and_forget_drops_them_from_memory(
+        journal, store):
+    log = EventLog(store)
+    for sid in ("old", "mid", "new"):
+        fill(journal, log, sid, 3)
+    journal.remove(["old", "mid", "never-seen"])  # the supervisor deletes ...
+    log.forget(["old", "mid"])  # ... and tells the broadcaster (ForgetSessions)
+    assert store.range("old", 1, 3, 1 << 20) == ([], False)
+    assert log.range("old", 1, 3, 1 << 20) == ([], False)
+    assert log.last_seq("old") is None and log.last_seq("new") == 3
+    assert log.statistics()["memory_sessions"] == 1
 
 
 @pytest.mark.parametrize(("from_seq", "to_seq", "ok"), [

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from actors.config import ConfigError, load_config, parse_config
+from actors.config import ConfigError, config_path, load_config, parse_config
 
 
-def test_defaults_without_a_file(monkeypatch, tmp_path):
-    monkeypatch.delenv("OPLOOP_CONFIG", raising=False)
-    monkeypatch.delenv("OPLOOP_INTENT_ROUTER", raising=False)
-    monkeypatch.setenv("OPLOOP_HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    config = load_config()
+def test_defaults_without_a_file(tmp_path):
+    config = load_config(config_path(tmp_path, cwd=tmp_path))
     assert set(config.agents) == {"default"} and config.aliases["sonnet"]
     assert not config.router.enabled
 
@@ -75,15 +71,6 @@ def test_unreadable_and_invalid_files(tmp_path):
     bad.write_text("[agents\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
-
-
-def test_environment_turns_the_router_on_and_off(monkeypatch, tmp_path):
-    path = tmp_path / "oploop.toml"
-    path.write_text("[router]\nenabled = true\n")
-    monkeypatch.setenv("OPLOOP_INTENT_ROUTER", "off")
-    assert not load_config(path).router.enabled
-    monkeypatch.setenv("OPLOOP_INTENT_ROUTER", "on")
-    assert load_config(path).router.enabled
 
 
 @pytest.mark.parametrize("network, key", [

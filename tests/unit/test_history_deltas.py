@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.config import DEFAULT_AGENT
 from actors.llm_caller.histories import BadHistory, HistoryCache, HistoryMiss
-from actors.supervisor.agents import DEFAULT_AGENT
 from actors.supervisor.deltas import TurnCache
 from actors.supervisor.history import add_user_text, sanitize
 from actors.supervisor.request import build_request

@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from actors.llm_caller.actor import UnknownBackend, backend_from_env
+from actors.config import ConfigError
+from actors.llm_caller.actor import backend_for
+from actors.settings import load_settings
 from actors.llm_caller.scripted import ScriptedBackend, run_position
 from actors.offline_model.scenario import ScenarioError, parse_scenario
 
@@ -78,9 +80,11 @@ def test_run_position_counts_replies_since_the_prompt():
     assert run_position([*msgs, {"role": "user", "content": "more"}]) == 0
 
 
-def test_faults_are_refused_at_load_and_bad_backends_named():
+def test_faults_are_refused_at_load_and_bad_backends_named(tmp_path):
     with pytest.raises(ScenarioError, match="faults need the offline model"):
         ScriptedBackend(parse_scenario([{"fault": "status", "status": 529}]))
-    with pytest.raises(UnknownBackend, match="OPLOOP_LLM_BACKEND='nope'"):
-        backend_from_env({"OPLOOP_LLM_BACKEND": "nope"})
-    assert isinstance(backend_from_env({"OPLOOP_LLM_BACKEND": "scripted"}), ScriptedBackend)
+    env = {"OPLOOP_HOME": str(tmp_path), "OPLOOP_LLM_BACKEND": "nope"}
+    with pytest.raises(ConfigError, match="OPLOOP_LLM_BACKEND: expected one of .*'nope'"):
+        load_settings(env)
+    scripted = load_settings({**env, "OPLOOP_LLM_BACKEND": "scripted"})
+    assert isinstance(backend_for(scripted), ScriptedBackend)

@@ -21,9 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.config import Config
+from actors.config import Agent, Config
 from actors.sessionlog import JournalFull, Record, SessionLog
-from actors.supervisor.agents import Agent
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
 from actors.supervisor.journal import Journal

@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.config import Config, RouterConfig
-from actors.supervisor.agents import MODEL_ALIASES, Agent
+from actors.config import MODEL_ALIASES, Agent, Config, RouterConfig
 from actors.supervisor.history import is_valid
 from actors.supervisor.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
 from actors.supervisor.session import ModelError, Session, run_session

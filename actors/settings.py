@@ -1,0 +1,185 @@
+"""Every setting of oploop, read once at start: `oploop.toml` and the environment.
+
+An actor (`actors.runtime.run_actor`), the CLI and the embedded `Runner` call
+`load_settings()` once and pass what each part needs down to it; nothing else
+reads an `OPLOOP_*` variable. A bad value fails at start, naming the variable
+as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`.
+
+| variable | default | meaning |
+|---|---|---|
+| `OPLOOP_HOME` | `~/.oploop` | the host's home (read in `bus.endpoints`: bus imports no actors) |
+| `OPLOOP_CONFIG` | | the `oploop.toml` (else `$OPLOOP_HOME/oploop.toml`, `./oploop.toml`) |
+| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`bus.endpoints`) |
+| `OPLOOP_LOG_LEVEL` | WARNING | DEBUG, INFO, WARNING, ERROR or CRITICAL |
+| `OPLOOP_INTENT_ROUTER` | | `on` / `off` overrides `[router] enabled` |
+| `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
+| `OPLOOP_RETRY_BASE_S` | 0.5 | first backoff, doubling ... |
+| `OPLOOP_RETRY_MAX_S` | 32 | ... up to this |
+| `OPLOOP_STREAM_IDLE_S` | 2 | a stream silent this long is retried |
+| `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text batched this long (0..10000; 0: none) |
+| `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
+| `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
+| `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
+| `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
+| `OPLOOP_EXECUTORS` | 2 | executor processes of a host (at least 1) |
+| `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
+| `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
+| `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
+
+Two more are the host's handshake with the actors it starts, not settings a user
+sets: `OPLOOP_READY_FD` (the pipe to say "ready" on) and `OPLOOP_PARENT_PID`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from actors.config import Config, ConfigError, config_path, load_config
+from bus.endpoints import Endpoints, oploop_home
+
+READY_FD_ENV = "OPLOOP_READY_FD"
+PARENT_PID_ENV = "OPLOOP_PARENT_PID"
+CONFIG_ENV = "OPLOOP_CONFIG"
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LLM_BACKENDS = ("anthropic", "scripted")
+#: Longest `OPLOOP_TOKEN_BATCH_MS` (a batch held longer would look like a stall).
+MAX_TOKEN_BATCH_MS = 10_000.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    """How hard an llm caller tries (`actors.llm_caller.policy.RetryPolicy` uses them)."""
+
+    attempts: int = 6
+    base_s: float = 0.5
+    cap_s: float = 32.0
+    idle_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything configurable, checked, defaults filled in."""
+
+    home: Path
+    config: Config = Config()
+    log_level: str = "WARNING"
+    retry: RetrySettings = RetrySettings()
+    token_batch_s: float = 0.02
+    llm_backend: str = "anthropic"
+    llm_script: str = ""
+    offline_scenario: str = ""
+    llm_callers: int = 1
+    executors: int = 2
+    viewer_queue: int = 100_000
+    #: `OPLOOP_CONNECT` / `OPLOOP_KEYS`: a host elsewhere ("" : this home's).
+    connect: str = ""
+    keys: str = ""
+    ready_fd: int | None = None
+    parent_pid: int | None = None
+
+    def endpoints(self) -> Endpoints:
+        """The host to talk to: `connect` when set, else the one of `home`."""
+        if not self.connect:
+            return Endpoints.for_home(self.home)
+        keys = Path(self.keys).expanduser() if self.keys else None
+        return Endpoints.elsewhere(self.connect, keys)
+
+
+def load_settings(environ: Mapping[str, str] | None = None, *,
+                  config_file: Path | None = None) -> Settings:
+    """Read and check `oploop.toml` and every `OPLOOP_*` variable of `environ`
+    (default `os.environ`); `ConfigError` names the first bad one. `config_file`
+    overrides where the file is looked for."""
+    env = os.environ if environ is None else environ
+    reader = _Reader(env)
+    home = Path(env["OPLOOP_HOME"]).absolute() if env.get("OPLOOP_HOME") else oploop_home()
+    explicit = env.get(CONFIG_ENV)
+    path = config_file or config_path(home, Path(explicit) if explicit else None)
+    config = _with_env(load_config(path), reader)
+    retry = RetrySettings(
+        attempts=reader.get("OPLOOP_RETRY_ATTEMPTS", int, 6, at_least=1),
+        base_s=reader.get("OPLOOP_RETRY_BASE_S", float, 0.5, at_least=0),
+        cap_s=reader.get("OPLOOP_RETRY_MAX_S", float, 32.0, at_least=0),
+        idle_s=reader.get("OPLOOP_STREAM_IDLE_S", float, 2.0, at_least=0),
+    )
+    batch_ms = reader.get("OPLOOP_TOKEN_BATCH_MS", float, 20.0, at_least=0)
+    if batch_ms > MAX_TOKEN_BATCH_MS:
+        raise ConfigError(f"OPLOOP_TOKEN_BATCH_MS: must be within 0..{MAX_TOKEN_BATCH_MS:g}")
+    return Settings(
+        home=home,
+        config=config,
+        log_level=reader.choice("OPLOOP_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
+        retry=retry,
+        token_batch_s=batch_ms / 1000,
+        llm_backend=reader.choice("OPLOOP_LLM_BACKEND", LLM_BACKENDS, "anthropic"),
+        llm_script=env.get("OPLOOP_LLM_SCRIPT", ""),
+        offline_scenario=env.get("OPLOOP_OFFLINE_SCENARIO", ""),
+        llm_callers=reader.get("OPLOOP_LLM_CALLERS", int, 1, at_least=1),
+        executors=reader.get("OPLOOP_EXECUTORS", int, 2, at_least=1),
+        viewer_queue=reader.get("OPLOOP_VIEWER_QUEUE", int, 100_000, at_least=1),
+        connect=env.get("OPLOOP_CONNECT", ""),
+        keys=env.get("OPLOOP_KEYS", ""),
+        ready_fd=reader.optional(READY_FD_ENV, int),
+        parent_pid=reader.optional(PARENT_PID_ENV, int),
+    )
+
+
+def _with_env(config: Config, reader: _Reader) -> Config:
+    """`config` with what the environment overrides: the router switch, retention."""
+    flag = reader.choice("OPLOOP_INTENT_ROUTER", ("on", "off", ""), "", lower=True)
+    if flag:
+        config = dataclasses.replace(
+            config, router=dataclasses.replace(config.router, enabled=flag == "on"))
+    retention = config.retention
+    sessions = reader.optional("OPLOOP_EVENT_RETENTION_SESSIONS", int, at_least=0)
+    days = reader.optional("OPLOOP_EVENT_RETENTION_DAYS", float, at_least=0)
+    if sessions is not None:
+        retention = dataclasses.replace(retention, max_sessions=sessions)
+    if days is not None:
+        retention = dataclasses.replace(retention, max_age_s=days * 86_400.0)
+    return dataclasses.replace(config, retention=retention)
+
+
+class _Reader:
+    """Typed reads of environment variables, failing as the config file does."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def optional(self, name: str, kind: Callable[[str], T], *,
+                 at_least: float | None = None) -> T | None:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            value = kind(raw)
+        except ValueError:
+            label = getattr(kind, "__name__", "value")
+            raise ConfigError(f"{name}: expected {label}, got {raw!r}") from None
+        if at_least is not None and value < at_least:  # type: ignore[operator]
+            raise ConfigError(f"{name}: must be at least {at_least:g}, got {raw!r}")
+        return value
+
+    def get(self, name: str, kind: Callable[[str], T], default: T, *,
+            at_least: float | None = None) -> T:
+        value = self.optional(name, kind, at_least=at_least)
+        return default if value is None else value
+
+    def choice(self, name: str, allowed: tuple[str, ...], default: str, *,
+               upper: bool = False, lower: bool = False) -> str:
+        raw = self.env.get(name, "").strip()
+        value = raw.upper() if upper else raw.lower() if lower else raw
+        if not raw:
+            return default
+        if value not in allowed:
+            shown = ", ".join(a for a in allowed if a)
+            raise ConfigError(f"{name}: expected one of {shown}, got {raw!r}")
+        return value

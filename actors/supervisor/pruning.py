@@ -1,0 +1,84 @@
+"""The supervisor's side of retention: when to prune, and carrying a decision out.
+
+`Pruner.prune` asks the store for its overview (in a thread: it reads the whole
+store), lets `select_prunable` decide, and removes what was chosen: first from
+the supervisor's memory and the broadcaster (the `forget` callback), then from
+the store, then it leaves a tombstone. It runs at start, every
+`[retention] every`, and on `oploop sessions prune`; `oploop rm` comes through
+`remove`. A session running by the time the decision is carried out is spared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Collection
+
+from actors.config import Retention
+from actors.supervisor.pruned import Tombstones
+from actors.supervisor.retention import PrunePolicy, SessionStore, select_prunable
+
+log = logging.getLogger("oploop.retention")
+
+
+class Pruner:
+    """Applies `[retention]` to one store, and remembers what it deleted."""
+
+    def __init__(self, retention: Retention, store: SessionStore, tombstones: Tombstones,
+                 running: Callable[[], Collection[str]],
+                 forget: Callable[[list[str]], None]) -> None:
+        self.retention = retention
+        self.store = store
+        self.tombstones = tombstones
+        #: The ids of the sessions running now (never pruned).
+        self._running = running
+        #: Drops sessions from memory and from the broadcaster, before the store deletes them.
+        self._forget = forget
+        self._lock = asyncio.Lock()
+        self.removed = 0
+
+    async def prune(self, older_than_s: float | None = None,
+                    keep: int | None = None) -> list[str]:
+        """Delete what the policy (with these overrides) selects now; returns the ids."""
+        policy = PrunePolicy.configured(self.retention, older_than_s=older_than_s, keep=keep)
+        async with self._lock:
+            overview = await asyncio.to_thread(self.store.sessions_overview)
+            running = set(self._running())
+            overview = [dataclasses.replace(s, running=s.running or s.sid in running)
+                        for s in overview]
+            chosen = select_prunable(overview, policy, time.time())
+            # The overview was read in a thread: a follow-up may have started since.
+            still_running = set(self._running())
+            doomed = [sid for sid in chosen if sid not in still_running]
+            self.remove(doomed)
+        if doomed:
+            log.info("retention: deleted %d session(s)", len(doomed))
+        return doomed
+
+    def remove(self, sids: list[str]) -> None:
+        """Delete `sids` (which the caller has checked are not running) everywhere."""
+        if not sids:
+            return
+        self._forget(sids)
+        self.store.remove(sids)
+        self.tombstones.add(sids)
+        self.removed += len(sids)
+
+    def pruned(self, sid: str) -> bool:
+        """Whether `sid` names a session that was deleted."""
+        return bool(sid) and sid in self.tombstones
+
+    async def run(self) -> None:
+        """Prune now, then every `retention.every_s`, until cancelled."""
+        while True:
+            try:
+                await self.prune()
+            except Exception:  # a store error must not stop the supervisor: next round
+                log.exception("retention: pruning failed")
+            await asyncio.sleep(self.retention.every_s)
+
+    def close(self) -> None:
+        """Close the tombstones' database."""
+        self.tombstones.close()
