@@ -116,7 +116,11 @@ def session_row(session: Session) -> SessionRow:
     """The session's small row as it is now."""
     meta: bytes = msgpack.packb({"agent": dataclasses.asdict(session.agent), "cwd": session.cwd},
                                 use_bin_type=True)
-    summary: bytes = msgpack.packb(session.summary(), use_bin_type=True)
+    # Written with the run's end, before the task that ran it has unwound: the row
+    # says what the session is once it has (listed from the log from then on).
+    summary: bytes = msgpack.packb({**session.summary(),
+                                    "state": "running" if not session.run_over else "idle"},
+                                   use_bin_type=True)
     stop: bytes | None = None
     if session.stop_request and not session.run_over:
         stop = msgpack.packb([session.runs, session.stop_request], use_bin_type=True)
