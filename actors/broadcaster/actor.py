@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 
 from actors.broadcaster.backfill import Backfill
-from actors.broadcaster.log import Appended, EventLog
+from actors.broadcaster.log import Appended, EventLog, SessionGone
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
@@ -149,6 +149,9 @@ class Broadcaster:
         to_seq = min(body.to_seq or last, last)
         try:
             frames, more = self.log.range(env.sid, body.from_seq, to_seq, REPLAY_BATCH_BYTES)
+        except SessionGone as exc:
+            self.replay.reply_error(peer, env.id, "unknown_session", f"{exc} (deleted)")
+            return
         except StoreError as exc:
             log.error("replay of %s failed: %s", env.sid, exc)
             self.replay.reply_error(peer, env.id, "unavailable", "the event store cannot be read")

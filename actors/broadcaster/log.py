@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from actors.broadcaster.store import EventStore
+from actors.broadcaster.store import EventStore, StoreError
 
 log = logging.getLogger("oploop.broadcaster")
 
@@ -25,6 +25,10 @@ TAIL_EVENTS = 4096
 MEMORY_SESSIONS = 64
 #: Bytes of frames kept in memory over all tails (tool outputs make frames large).
 MEMORY_BYTES = 64 << 20
+
+
+class SessionGone(StoreError):
+    """The session's events are no longer in the log (deleted by retention or `oploop rm`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,13 @@ class EventLog:
         out: list[bytes] = []
         size = 0
         if from_seq < memory_first:
-            rows, cut = self.store.range(sid, from_seq, min(end, memory_first - 1), max_bytes)
+            last = min(end, memory_first - 1)
+            rows, cut = self.store.range(sid, from_seq, last, max_bytes)
+            # The supervisor journals every event before it sends it: a hole in the log
+            # is a session being deleted (retention), whose ForgetSessions is on its way.
+            if last >= from_seq and (not rows or rows[0][0] != from_seq
+                                     or (not cut and len(rows) != last - from_seq + 1)):
+                raise SessionGone(f"events {from_seq}..{last} of {sid} are no longer logged")
             out = [frame for _, frame in rows]
             size = sum(len(f) for f in out)
             if cut:
