@@ -20,6 +20,7 @@ so a typo fails there with a message naming the key, never mid-session::
     [limits]
     max_prompt_chars = 1000000
     max_running_sessions = 1000
+    journal_reserve_mb = 64       # below this much free disk, new runs are refused
 
     [retention]                   # finished sessions deleted (0: no limit); see Retention
     max_age = "30d"
@@ -130,6 +131,10 @@ class Limits:
 
     max_prompt_chars: int = 1_000_000
     max_running_sessions: int = 1_000
+    #: Disk space (MB) the session log keeps for itself: new runs are refused below
+    #: it, and a reserve file of this size is given up to journal the ends of the
+    #: runs under way when the disk fills (0: no reserve).
+    journal_reserve_mb: int = 64
 
 
 @dataclass(frozen=True, slots=True)

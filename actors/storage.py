@@ -1,28 +1,60 @@
 """SQLite files private to the host: created 0600, WAL, `synchronous=NORMAL`.
 
-Shared by the broadcaster's event store and the supervisor's journal. WAL lets
-readers run beside the one writer; `synchronous=NORMAL` makes a commit survive
+The session log (`actors.sessionlog`): the supervisor writes it, the
+broadcaster reads it from its own process. WAL lets readers run beside the one
+writer; `synchronous=NORMAL` makes a commit survive
 the process being killed without an fsync per commit.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where a database is opened (the executor never does)
     import sqlite3
 
-#: The supervisor's journal and the broadcaster's event store, in `$OPLOOP_HOME`.
-JOURNAL_FILE = "journal.db"
-EVENTS_FILE = "events.db"
+#: The session log in `$OPLOOP_HOME` (every session's events and history).
+SESSIONS_FILE = "sessions.db"
+#: How long a connection waits for another process's lock (the broadcaster reading
+#: while the supervisor creates the schema) before failing.
+BUSY_TIMEOUT_MS = 5_000
+
+
+log = logging.getLogger("oploop.storage")
+
+#: Free bytes below which a starting host gives up the session log's reserve: enough
+#: for its runtime files, not for new work (refused until space returns).
+START_MIN_FREE = 4 << 20
+
+
+def reserve_file(home: Path) -> Path:
+    """The file holding the session log's reserve of disk space (see `actors.sessionlog`)."""
+    return home / (SESSIONS_FILE + ".reserve")
+
+
+def make_room_to_start(home: Path) -> bool:
+    """Give up the session log's reserve in `home` when the disk is too full for a host
+    to start (`oploop up` always starts); whether it was given up."""
+    reserve = reserve_file(home)
+    try:
+        if shutil.disk_usage(home).free >= START_MIN_FREE or not reserve.exists():
+            return False
+        reserve.unlink()
+    except OSError:
+        return False
+    log.error("disk full in %s: the session log's reserve was given up so that the host "
+              "starts; new runs are refused until space returns", home)
+    return True
 
 
 def private_files(home: Path) -> list[Path]:
     """Every SQLite file of the host in `home`, with its WAL and shared-memory files."""
-    return [home / f"{db}{suffix}" for db in (JOURNAL_FILE, EVENTS_FILE)
-            for suffix in ("", "-wal", "-shm")]
+    return [home / f"{db}{suffix}" for db in (SESSIONS_FILE,)
+            for suffix in ("", "-wal", "-shm", ".reserve")]
 
 
 def open_private_db(path: Path, schema: str) -> sqlite3.Connection:
@@ -34,6 +66,7 @@ def open_private_db(path: Path, schema: str) -> sqlite3.Connection:
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     os.chmod(path, 0o600)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(schema)

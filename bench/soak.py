@@ -251,13 +251,13 @@ class SoakHost:
         return left
 
     def disk(self) -> dict[str, Any]:
-        """Bytes of each of the host's database files (journal, event store, their WAL),
+        """Bytes of each of the host's database files (the session log, its WAL, its reserve),
         and the size each database has with its WAL folded in (`pages`: what its file
         holds once checkpointed; pages freed by deletions are reused, not returned)."""
         files = {path.name: path.stat().st_size for path in private_files(self.home)
                  if path.exists()}
         pages = {}
-        for name in ("journal.db", "events.db"):
+        for name in ("sessions.db",):
             path = self.home / name
             if not path.exists():
                 continue

@@ -58,8 +58,8 @@ class Kill:
 
 
 #: Bytes a kept session may take in the host's database files per byte of its events
-#: (as JSON): its events are stored twice (journal tail, event store), its history a
-#: third time (the journal's snapshot), in SQLite pages that are partly empty.
+#: (as JSON): its events and history deltas once (the session log's records), its
+#: history again in the run-end compaction, in SQLite pages that are partly empty.
 DISK_PER_EVENT_BYTE = 6
 #: The files with no session in them: schemas, first pages, tombstones of the pruned.
 DISK_FIXED_BYTES = 256 * 1024

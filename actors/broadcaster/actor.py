@@ -10,13 +10,21 @@ from typing import Any
 import zmq
 
 from actors.broadcaster.backfill import Backfill
-from actors.broadcaster.log import Appended, EventLog
+from actors.broadcaster.log import Appended, EventLog, SessionGone
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
 from bus.endpoints import Endpoints
 from bus.errors import BusError
-from bus.messages import Envelope, Event, ForgetSessions, ReplayBatch, ReplayRequest, Stats, StatsReply
+from bus.messages import (
+    Envelope,
+    Event,
+    ForgetSessions,
+    ReplayBatch,
+    ReplayRequest,
+    Stats,
+    StatsReply,
+)
 from bus.rpc import Requester
 from bus.sockets import Reactor
 
@@ -29,14 +37,8 @@ REPLAY_BATCH_BYTES = 1 << 20
 #: queue, which survives a broadcaster restart, where this queue dies with it.
 INGEST_RCVHWM = 2_000
 
-#: Events are written to the store this long after the first unsaved one ...
-FLUSH_INTERVAL_S = 0.01
-#: ... or as soon as this many are waiting.
-FLUSH_EVENTS = 2_000
-
 #: Live events queued per viewer (the XPUB's SNDHWM; `OPLOOP_VIEWER_QUEUE`).
 DEFAULT_VIEWER_QUEUE = 100_000
-
 
 
 class Broadcaster:
@@ -72,7 +74,6 @@ class Broadcaster:
         self.supervisor = Requester(self.reactor, "supervisor", endpoints.address("api"),
                                     endpoints.client_side("api"))
         self.backfill = Backfill(self.supervisor, self.log, self.accept)
-        self._flush_timer: asyncio.TimerHandle | None = None
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -107,23 +108,7 @@ class Broadcaster:
             self.events.send_frame(frame, sid.encode())
         except BusError as exc:  # a PUB does not block; only a closed socket lands here
             log.warning("could not publish %s#%d: %s", sid, seq, exc)
-        self._schedule_flush()
         return appended
-
-    def _schedule_flush(self) -> None:
-        if self.log.unsaved >= FLUSH_EVENTS:
-            self.flush()
-        elif self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(
-                FLUSH_INTERVAL_S, self.flush
-            )
-
-    def flush(self) -> None:
-        """Write the unsaved events to the store now."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        self.log.flush()
 
     # -- viewers -----------------------------------------------------------------------
 
@@ -164,6 +149,9 @@ class Broadcaster:
         to_seq = min(body.to_seq or last, last)
         try:
             frames, more = self.log.range(env.sid, body.from_seq, to_seq, REPLAY_BATCH_BYTES)
+        except SessionGone as exc:
+            self.replay.reply_error(peer, env.id, "unknown_session", f"{exc} (deleted)")
+            return
         except StoreError as exc:
             log.error("replay of %s failed: %s", env.sid, exc)
             self.replay.reply_error(peer, env.id, "unavailable", "the event store cannot be read")
@@ -176,13 +164,8 @@ class Broadcaster:
     # -- deleted sessions --------------------------------------------------------------
 
     def forget(self, sids: list[str]) -> None:
-        """The supervisor deleted `sids` (retention, `oploop rm`): drop their logs."""
-        self.flush()
-        try:
-            self.log.store.remove(sids)
-        except StoreError as exc:
-            log.error("cannot delete the logs of %d session(s): %s", len(sids), exc)
-            return
+        """The supervisor deleted `sids` (retention, `oploop rm`) from the session log:
+        drop what memory holds of them."""
         self.log.forget(sids)
         for sid in sids:
             self.backfill.held.pop(sid, None)
@@ -205,7 +188,7 @@ class Broadcaster:
         }
 
     async def serve(self) -> None:
-        """Serve until cancelled; what is logged is saved on the way out."""
+        """Serve until cancelled."""
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.reactor.run())
@@ -214,7 +197,6 @@ class Broadcaster:
                 group.create_task(self.backfill.reconcile())
         finally:
             await self.backfill.aclose()
-            self.flush()
             self.reactor.close()
             if self.gate is not None:
                 self.gate.stop()

@@ -1,12 +1,12 @@
-"""Filling holes in the ingest stream from the supervisor's resend ring.
+"""Filling holes in the ingest stream from the supervisor's session log.
 
-A broadcaster killed mid-session loses what was in its socket queue and its
-last unflushed batch. After the restart it sees either an event that comes
-early (seq > last + 1) or, for a session that went quiet, a supervisor whose
-`last_seq` is ahead of the log. In both cases it asks the supervisor's `api`
-socket for the missing range (`ReplayRequest`), logs and publishes what comes
-back in order, then the events it held back. Viewers therefore never see the
-hole: events are published only in seq order.
+An event lost between the supervisor and the broadcaster shows as one that
+comes early (seq > last + 1), or, for a session that went quiet, as a
+supervisor whose `last_seq` is ahead of the broadcaster's. In both cases the
+broadcaster asks the supervisor's `api` socket for the missing range
+(`ReplayRequest`, answered from the session log), publishes what comes back in
+order, then the events it held back. Viewers therefore never see the hole:
+events are published only in seq order.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Backfill:
     def hold(self, sid: str, seq: int, frame: bytes) -> None:
         """Keep an early event of `sid` and make sure the hole before it is being filled."""
         held = self.held.setdefault(sid, {})
-        if len(held) < MAX_HELD:  # beyond, the fetch brings those too (the ring reaches back)
+        if len(held) < MAX_HELD:  # beyond, the fetch brings those too (the log has them)
             held[seq] = frame
         self.want(sid, seq - 1)
 
@@ -131,7 +131,7 @@ class Backfill:
                 continue
             if env.sid == sid and isinstance(env.body, Event):
                 seq = env.body.seq
-                skipped = self.log.skip_to(sid, seq)  # the ring did not reach back so far
+                skipped = self.log.skip_to(sid, seq)  # the log did not reach back so far (removed)
                 if skipped:
                     self.lost += skipped
                     log.error("%d events of %s before #%d are lost (not kept by the supervisor)",

@@ -1,10 +1,11 @@
-"""The event log of every session: the newest events in memory, all in the store.
+"""The event log of every session as the broadcaster publishes it: the newest
+events in memory, all of them in the supervisor's session log.
 
-Appends land in memory at once (a viewer can replay them immediately) and are
-written to the `EventStore` in one transaction per `flush()`. Memory is
-bounded: after each flush a session keeps only its last `tail_events` frames,
-and only the `memory_sessions` most recently written sessions keep any; older
-events are read back from SQLite.
+Appends land in memory (a viewer can replay them at once); the supervisor has
+already journaled them, so nothing is written here. Memory is bounded: a
+session keeps only its last `tail_events` frames, and only the
+`memory_sessions` most recently appended sessions keep any; older events are
+read from the session log (`EventStore`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ log = logging.getLogger("oploop.broadcaster")
 TAIL_EVENTS = 4096
 #: Sessions whose tail is kept in memory.
 MEMORY_SESSIONS = 64
+#: Bytes of frames kept in memory over all tails (tool outputs make frames large).
+MEMORY_BYTES = 64 << 20
+
+
+class SessionGone(StoreError):
+    """The session's events are no longer in the log (deleted by retention or `oploop rm`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +58,17 @@ class EventLog:
         *,
         tail_events: int = TAIL_EVENTS,
         memory_sessions: int = MEMORY_SESSIONS,
+        memory_bytes: int = MEMORY_BYTES,
     ) -> None:
         self.store = store
         self.tail_events = tail_events
         self.memory_sessions = memory_sessions
-        self._heads: dict[str, int] = {s.sid: s.last_seq for s in store.sessions()}
+        self.memory_bytes = memory_bytes
+        self._bytes = 0  # of every frame in `_tails`
+        # What is journaled counts as published at start: a viewer that missed some
+        # of it live (in flight when a broadcaster died) refetches it from the log.
+        self._heads: dict[str, int] = store.heads()
         self._tails: OrderedDict[str, list[tuple[int, bytes]]] = OrderedDict()
-        self._unsaved: list[tuple[str, int, bytes]] = []
-        self._dirty: dict[str, int] = {}
 
     # -- writing -----------------------------------------------------------------------
 
@@ -76,9 +86,21 @@ class EventLog:
         else:
             self._tails.move_to_end(sid)
         tail.append((seq, frame))
-        self._unsaved.append((sid, seq, frame))
-        self._dirty[sid] = seq
+        self._bytes += len(frame)
+        if len(tail) > 2 * self.tail_events:  # trimmed in halves: amortised O(1)
+            self._trim(tail, len(tail) - self.tail_events)
+        while len(self._tails) > self.memory_sessions or (
+                self._bytes > self.memory_bytes and len(self._tails) > 1):
+            _, oldest = self._tails.popitem(last=False)
+            self._bytes -= sum(len(f) for _, f in oldest)
+        if self._bytes > self.memory_bytes:  # one session alone: keep its newer half
+            self._trim(tail, max(1, len(tail) // 2))
         return STORED
+
+    def _trim(self, tail: list[tuple[int, bytes]], n: int) -> None:
+        """Drop the `n` oldest frames of `tail` from memory (the session log has them)."""
+        self._bytes -= sum(len(f) for _, f in tail[:n])
+        del tail[:n]
 
     def skip_to(self, sid: str, seq: int) -> int:
         """Give up on the events before `seq` (nobody has them): the next append may be
@@ -87,36 +109,14 @@ class EventLog:
         if seq <= last + 1:
             return 0
         self._heads[sid] = seq - 1
-        self._dirty[sid] = seq - 1
         return seq - 1 - last
-
-    def flush(self) -> int:
-        """Write what is unsaved, then trim memory to its bounds; returns events written.
-
-        A failing store keeps everything in memory and is retried on the next flush.
-        """
-        if not self._dirty:
-            return 0
-        written = len(self._unsaved)
-        try:
-            self.store.write(self._unsaved, self._dirty)
-        except StoreError as exc:
-            log.error("event store: %s (keeping %d events in memory)", exc, written)
-            return 0
-        self._unsaved = []
-        self._dirty = {}
-        for tail in self._tails.values():
-            if len(tail) > self.tail_events:
-                del tail[: len(tail) - self.tail_events]
-        while len(self._tails) > self.memory_sessions:
-            self._tails.popitem(last=False)
-        return written
 
     def forget(self, sids: list[str]) -> None:
         """Drop `sids` from memory (the store has already deleted them)."""
         for sid in sids:
             self._heads.pop(sid, None)
-            self._tails.pop(sid, None)
+            tail = self._tails.pop(sid, None)
+            self._bytes -= sum(len(f) for _, f in tail or ())
 
     # -- reading -----------------------------------------------------------------------
 
@@ -137,7 +137,13 @@ class EventLog:
         out: list[bytes] = []
         size = 0
         if from_seq < memory_first:
-            rows, cut = self.store.range(sid, from_seq, min(end, memory_first - 1), max_bytes)
+            last = min(end, memory_first - 1)
+            rows, cut = self.store.range(sid, from_seq, last, max_bytes)
+            # The supervisor journals every event before it sends it: a hole in the log
+            # is a session being deleted (retention), whose ForgetSessions is on its way.
+            if last >= from_seq and (not rows or rows[0][0] != from_seq
+                                     or (not cut and len(rows) != last - from_seq + 1)):
+                raise SessionGone(f"events {from_seq}..{last} of {sid} are no longer logged")
             out = [frame for _, frame in rows]
             size = sum(len(f) for f in out)
             if cut:
@@ -152,18 +158,13 @@ class EventLog:
             size += len(frame)
         return out, False
 
-    @property
-    def unsaved(self) -> int:
-        """Events appended but not yet written to the store."""
-        return len(self._unsaved)
-
     def statistics(self) -> dict[str, int]:
-        """Sessions known, sessions and frames held in memory, frames not yet saved."""
+        """Sessions known, sessions and frames held in memory."""
         return {
             "sessions": len(self._heads),
             "memory_sessions": len(self._tails),
             "memory_events": sum(len(t) for t in self._tails.values()),
-            "unsaved": len(self._unsaved),
+            "memory_bytes": self._bytes,
         }
 
     def __len__(self) -> int:

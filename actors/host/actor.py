@@ -23,6 +23,7 @@ from actors.config import ConfigError
 from actors.host.policy import RestartPolicy
 from actors.runtime import notify_ready, run_actor
 from actors.settings import PARENT_PID_ENV, READY_FD_ENV, Settings, load_settings
+from actors.storage import make_room_to_start
 from bus.endpoints import NETWORK_FILE, REMOTE_ENV, Endpoints, Network, oploop_home, write_network
 from bus.security import CredentialError, Keyring
 
@@ -117,6 +118,7 @@ class Host:
 
     async def start(self) -> None:
         """Take the runtime dir, start every actor, and return once all are ready."""
+        make_room_to_start(self.home)  # a full disk must not stop `oploop up`
         self.endpoints.prepare()
         self._take_lock()
         for stale in self.endpoints.remove_stale():

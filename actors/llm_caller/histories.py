@@ -17,6 +17,11 @@ from bus.messages import HISTORY_MISS, LlmJob
 
 #: Sessions whose history a caller keeps; a miss only costs one full send.
 MAX_SESSIONS = 4096
+#: Approximate bytes of history a caller keeps over all sessions (the least recently
+#: used go first): a count alone would let 4096 long histories hold gigabytes.
+MAX_BYTES = 256 << 20
+#: What a message costs beyond its text (dict, blocks, ids), for the estimate.
+MESSAGE_OVERHEAD = 128
 
 __all__ = ["HISTORY_MISS", "BadHistory", "HistoryCache", "HistoryMiss"]
 
@@ -37,9 +42,12 @@ class BadHistory(ValueError):
 class HistoryCache:
     """Message lists by session key, each at one revision, least recently used out first."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(self, max_sessions: int = MAX_SESSIONS, max_bytes: int = MAX_BYTES) -> None:
         self.max_sessions = max_sessions
-        self._held: OrderedDict[str, tuple[int, list[Any]]] = OrderedDict()
+        self.max_bytes = max_bytes
+        #: key -> (revision, messages, cumulative approximate size after each message)
+        self._held: OrderedDict[str, tuple[int, list[Any], list[int]]] = OrderedDict()
+        self.bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -58,14 +66,51 @@ class HistoryCache:
                 raise HistoryMiss(job.history_key, job.base_rev, held[0] if held else None)
             self.hits += 1
             messages = held[1][: job.keep] + tail
+            sizes = _sizes(held[2][: job.keep], tail)  # only the new messages are measured
             request = {**request, "messages": messages}
         else:
             messages = tail
-        self._held[job.history_key] = (job.rev, messages)
-        self._held.move_to_end(job.history_key)
-        while len(self._held) > self.max_sessions:
-            self._held.popitem(last=False)
+            sizes = _sizes([], tail)
+        self._forget(job.history_key)
+        self._held[job.history_key] = (job.rev, messages, sizes)
+        self.bytes += sizes[-1] if sizes else 0
+        while len(self._held) > self.max_sessions or (self.bytes > self.max_bytes
+                                                      and len(self._held) > 1):
+            self._forget(next(iter(self._held)))
         return request
+
+    def _forget(self, key: str) -> None:
+        held = self._held.pop(key, None)
+        if held is not None and held[2]:
+            self.bytes -= held[2][-1]
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _sizes(kept: list[int], tail: list[Any]) -> list[int]:
+    """Cumulative approximate sizes: `kept` (already measured) then each of `tail`."""
+    out = list(kept)
+    total = out[-1] if out else 0
+    for message in tail:
+        total += _approx_size(message)
+        out.append(total)
+    return out
+
+
+def _approx_size(message: Any) -> int:
+    """A message's size, roughly: its text and tool contents plus a fixed overhead."""
+    if not isinstance(message, dict):
+        return MESSAGE_OVERHEAD
+    content = message.get("content")
+    if isinstance(content, str):
+        return MESSAGE_OVERHEAD + len(content)
+    size = MESSAGE_OVERHEAD
+    for block in content or ():
+        if isinstance(block, dict):
+            for value in block.values():
+                if isinstance(value, str):
+                    size += len(value)
+                elif value is not None and not isinstance(value, bool | int | float):
+                    size += len(str(value))  # tool inputs, nested result blocks: rare
+    return size

@@ -10,21 +10,19 @@ import time
 from collections import deque
 from typing import Any
 
+import msgpack
 import zmq
 
 from actors.config import Config
 from actors.runtime import notify_ready, run_actor
+from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
 from actors.supervisor.catalogue import resolve_tools
-from actors.supervisor.dispatch import Dispatcher, NoCapacity
-from actors.supervisor.history import Message
+from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
-from actors.supervisor.legacy_store import LegacySessionStore
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner
-from actors.supervisor.resend import ResendRing
 from actors.supervisor.session import (
-    ModelError,
     Session,
     begin_run,
     drive_run,
@@ -32,28 +30,25 @@ from actors.supervisor.session import (
     finish_cancelled,
     resume_run,
 )
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure
 from bus.messages import (
-    HISTORY_MISS,
     Cancel,
     CancelAck,
     ControlHello,
-    Delta,
     Envelope,
+    ErrorReply,
     Event,
     ForgetSessions,
     InspectSession,
-    JobFailed,
     ListSessions,
     ListTools,
-    LlmResult,
     PruneSessions,
     RemoveSessions,
+    ReplayBatch,
     ReplayRequest,
-    Retrying,
     RunStarted,
     SessionInfo,
     SessionList,
@@ -61,9 +56,7 @@ from bus.messages import (
     StartRun,
     Stats,
     StatsReply,
-    ToolJob,
     ToolList,
-    ToolResult,
 )
 from bus.sockets import Port, Reactor
 
@@ -76,11 +69,20 @@ CONTROLLERS = frozenset({None, "local", "control"})
 LLM_JOB_TIMEOUT_S = 900.0
 #: How long a run waits for a first executor to announce its tools.
 CATALOGUE_WAIT_S = 5.0
-#: Events that could not be pushed (broadcaster away) wait here, in order.
+#: Events that could not be pushed (broadcaster away) wait here, in order, up to
+#: this many and this many bytes; beyond, they are dropped from the push only: they
+#: are journaled, and the broadcaster fetches what it misses from the log.
 MAX_OUTBOX = 1_000_000
-#: Start keys remembered (resends come within seconds; the journal keeps each
-#: session's latest across a restart).
+MAX_OUTBOX_BYTES = 256 << 20
+#: Start keys remembered in memory (resends come within seconds; older ones, and
+#: every one across a restart, are looked up in the session log).
 MAX_START_KEYS = 10_000
+#: Longest resend answer to the broadcaster, in bytes of events (it asks again).
+RESEND_BATCH_BYTES = 1 << 20
+#: How long a failed journal commit waits before it is tried again.
+JOURNAL_RETRY_S = 1.0
+#: How often the session log's reserve file is checked (and remade once space returns).
+RESERVE_CHECK_S = 5.0
 
 
 class Supervisor:
@@ -91,8 +93,12 @@ class Supervisor:
         self.config = config or Config()
         self.journal = journal
         self._unjournaled: list[tuple[str, int, bytes]] = []
-        self._dirty: dict[str, Session] = {}
         self._flush_scheduled = False
+        #: A commit failed (disk full): the next try waits for a timer, not call_soon.
+        self._journal_failing = False
+        self._reserve_releases = 0
+        #: Sessions whose run ended: they leave memory once that end is committed.
+        self._ended: list[Session] = []
         #: Replies that must wait for the commit this iteration schedules.
         self._after_commit: list[tuple[Port, Envelope, bytes | None]] = []
         #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
@@ -118,11 +124,11 @@ class Supervisor:
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
         )
         self._outbox: deque[bytes] = deque()
-        self.resend = ResendRing()  # what a restarted broadcaster asks back (see resend.py)
+        self._outbox_bytes = 0
         #: Retention (None: nothing is ever deleted, as without a journal).
         self.pruner: Pruner | None = None
         self._group: asyncio.TaskGroup | None = None
-        self.io = _WorkerIO(self)
+        self.io = WorkerIO(self)
 
     # -- events ------------------------------------------------------------------------
 
@@ -137,41 +143,75 @@ class Supervisor:
         if self.journal is None:
             self._publish(frame, session.id, seq)
             return
+        self.journal.record(session, type_, seq, frame)
         self._unjournaled.append((session.id, seq, frame))
-        self._journal_later(session)
+        self._schedule_flush()
 
     def _journal_later(self, session: Session) -> None:
-        """Journal `session`'s snapshot with this loop iteration's commit."""
+        """Journal `session`'s row (e.g. an operation cancel) with this iteration's commit."""
         if self.journal is None:
             return
-        self._dirty[session.id] = session
-        if not self._flush_scheduled:
+        self.journal.touch(session)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and not self._journal_failing:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Commit the pending events and session snapshots, then publish the events."""
+        """Commit the pending records, then publish their events and send the replies
+        that waited for them. A failed commit publishes nothing: it is tried again."""
         self._flush_scheduled = False
-        events, self._unjournaled = self._unjournaled, []
-        dirty, self._dirty = list(self._dirty.values()), {}
         assert self.journal is not None
         try:
-            self.journal.commit(events, dirty)
-        except Exception:  # a full disk must not stop sessions: publish, unjournaled
-            log.exception("journal commit failed: %d event(s) published without it",
-                          len(events))
+            self.journal.commit()
+        except JournalError as exc:
+            self._commit_failed(exc)
+            return
+        self._journal_failing = False
+        events, self._unjournaled = self._unjournaled, []
         for sid, seq, frame in events:
             self._publish(frame, sid, seq)
         replies, self._after_commit = self._after_commit, []
         for port, env, peer in replies:
             port.reply(env, peer)
+        ended, self._ended = self._ended, []
+        for session in ended:  # its end is journaled: a follow-up loads it from the log
+            if session.task is None and session.run_over and \
+                    self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
+        if self.journal.log.releases != self._reserve_releases:
+            self._reserve_releases = self.journal.log.releases
+            self._end_runs("disk_full", "the disk is full: the session log gave up its "
+                           "reserve to journal this; the run is ended")
+
+    def _commit_failed(self, exc: JournalError) -> None:
+        """Nothing of the batch was written: keep it (and its events unpublished), end the
+        runs under way with `ERROR` naming the cause, and try again on a timer."""
+        first = not self._journal_failing
+        self._journal_failing = True
+        if first:
+            log.error("journal commit failed (%s): %d event(s) wait; runs under way end",
+                      exc, len(self._unjournaled))
+            self._end_runs("disk_full" if isinstance(exc, JournalFull) else "journal", str(exc))
+        asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._flush)
+
+    def _end_runs(self, error: str, message: str) -> None:
+        """End every run under way with `ERROR` (the journal cannot keep them going)."""
+        for session in list(self.sessions.values()):
+            if not session.run_over:
+                self.dispatcher.abort_session(session.id)
+                emit(session, self.io, "ERROR", session.turns, {"error": error, "message": message})
+                if session.task is not None:
+                    session.task.cancel()
 
     def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
         """Send `env` (on `port`, default the api) once what this iteration emitted is
         journaled: a client told that a run started, or was cancelled, must find it so
         after a supervisor restart."""
         port = port or self.api
-        if self._flush_scheduled:
+        if self._flush_scheduled or self._journal_failing:
             self._after_commit.append((port, env, peer))
         else:
             port.reply(env, peer)
@@ -184,12 +224,12 @@ class Supervisor:
             del self._starts[next(iter(self._starts))]
 
     def _publish(self, frame: bytes, sid: str, seq: int) -> None:
-        self.resend.add(sid, seq, frame)
         if self._outbox or not self._push(frame):
-            if len(self._outbox) >= MAX_OUTBOX:
-                log.error("event outbox full: dropping %s#%d", sid, seq)
+            if len(self._outbox) >= MAX_OUTBOX or self._outbox_bytes >= MAX_OUTBOX_BYTES:
+                log.error("event outbox full: %s#%d not pushed (journaled)", sid, seq)
                 return
             self._outbox.append(frame)
+            self._outbox_bytes += len(frame)
 
     def _push(self, frame: bytes) -> bool:
         try:
@@ -202,7 +242,66 @@ class Supervisor:
         while True:
             await asyncio.sleep(0.05)
             while self._outbox and self._push(self._outbox[0]):
-                self._outbox.popleft()
+                self._outbox_bytes -= len(self._outbox.popleft())
+
+    async def _keep_reserve(self) -> None:
+        """Remake the session log's reserve once the disk has room again."""
+        while self.journal is not None:
+            await asyncio.sleep(RESERVE_CHECK_S)
+            self.journal.log.keep_reserve()
+
+    # -- sessions: in memory while running, else in the log ----------------------------
+
+    def session(self, sid: str) -> Session | None:
+        """The session `sid`: in memory, else folded from the log (and kept in memory
+        until its next run ends); None when there is no such session."""
+        session = self.sessions.get(sid)
+        if session is not None or self.journal is None or not sid:
+            return session
+        try:
+            session = self.journal.load(sid, dict(self.config.agents))
+        except JournalError as exc:
+            log.error("session %s cannot be loaded: %s", sid, exc)
+            return None
+        if session is not None:
+            self.sessions[sid] = session
+            self._ended.append(session)  # leaves memory again unless a run starts
+            self._schedule_flush()
+        return session
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Every session as `oploop sessions` lists it (memory first, then the log)."""
+        out = [s.summary() for s in self.sessions.values()]
+        if self.journal is None:
+            return out
+        try:
+            logged = self.journal.log.summaries()
+        except JournalError as exc:
+            log.error("session list: %s", exc)
+            return out
+        for sid, summary in logged:
+            if sid not in self.sessions and summary:
+                try:
+                    out.append(msgpack.unpackb(summary, raw=False))
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    log.error("session %s: its summary does not decode; not listed", sid)
+        return out
+
+    def _resend(self, sid: str, req: ReplayRequest) -> Any:
+        """Events `req` asks for, from the session log (the broadcaster lost them)."""
+        if self.journal is None:
+            return ErrorReply("gone", "this supervisor keeps no journal")
+        try:
+            last = self.journal.log.last_seq(sid)
+            if last is None:
+                return ErrorReply("gone", f"no events kept for {sid!r}")
+            to_seq = min(req.to_seq or last, last)
+            rows, more = self.journal.log.range(sid, req.from_seq, to_seq, RESEND_BATCH_BYTES)
+        except JournalError as exc:
+            return ErrorReply("unavailable", str(exc))
+        if not rows:
+            return ErrorReply("gone", f"events {req.from_seq}..{to_seq} of {sid} are not kept")
+        return ReplayBatch([frame for _, frame in rows], last, more)
 
     # -- api ---------------------------------------------------------------------------
 
@@ -213,10 +312,9 @@ class Supervisor:
         if isinstance(body, StartRun):
             self._start_run(peer, env, body)
         elif isinstance(body, ListSessions):
-            port.reply(Envelope(SessionList([s.summary() for s in self.sessions.values()]),
-                                id=env.id), peer)
+            port.reply(Envelope(SessionList(self.summaries()), id=env.id), peer)
         elif isinstance(body, InspectSession):
-            session = self.sessions.get(body.session)
+            session = self.session(body.session)
             if session is None:
                 port.reply_error(peer, env.id, "unknown_session", self._no_session(body.session))
                 return
@@ -239,7 +337,7 @@ class Supervisor:
             # control socket is the fast path (`scripts/bench` compares the two).
             self._cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
-            port.reply(Envelope(self.resend.answer(env.sid, body), id=env.id, sid=env.sid), peer)
+            port.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
         elif isinstance(body, RemoveSessions):
             self._remove_sessions(peer, env, body)
         elif isinstance(body, PruneSessions):
@@ -247,6 +345,18 @@ class Supervisor:
             self._group.create_task(self._prune_sessions(peer, env, body), name="prune")
         else:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
+
+    def _known(self, sid: str) -> bool:
+        """Whether `sid` is a session in memory or in the log (without loading it)."""
+        if sid in self.sessions:
+            return True
+        if self.journal is None or not sid:
+            return False
+        try:
+            return self.journal.log.row(sid) is not None
+        except JournalError as exc:
+            log.error("session %s: %s", sid, exc)
+            return False
 
     def _no_session(self, sid: str) -> str:
         """What a request naming a session the supervisor does not hold is told."""
@@ -269,7 +379,6 @@ class Supervisor:
         gone = set(sids)
         for sid in sids:
             self.sessions.pop(sid, None)
-            self.resend.forget(sid)
         for key in [k for k, started in self._starts.items() if started.session in gone]:
             del self._starts[key]
         frame = encode(Envelope(ForgetSessions(list(sids))))
@@ -278,6 +387,7 @@ class Supervisor:
                 log.error("event outbox full: the broadcaster keeps %d deleted log(s)", len(sids))
                 return
             self._outbox.append(frame)
+            self._outbox_bytes += len(frame)
 
     def _remove_sessions(self, peer: bytes | None, env: Envelope, req: RemoveSessions) -> None:
         """`oploop rm`: delete the sessions named, refusing running and unknown ones."""
@@ -289,7 +399,7 @@ class Supervisor:
         for sid in dict.fromkeys(req.sessions):
             if sid in running:
                 refused[sid] = f"session {sid} is running (cancel it first)"
-            elif sid not in self.sessions:
+            elif not self._known(sid):
                 refused[sid] = self._no_session(sid)
         removed = [sid for sid in dict.fromkeys(req.sessions) if sid not in refused]
         self.pruner.remove(removed)
@@ -324,6 +434,9 @@ class Supervisor:
                                  f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
         if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
             return "bad_request", "max_turns and deadline_s must be >= 0"
+        low = self.journal.log.low_space() if self.journal is not None else ""
+        if low or self._journal_failing:
+            return "disk_full", low or "the session log cannot be written: try again later"
         # A run counts until its terminal event, not until its task has unwound.
         running = sum(1 for s in self.sessions.values() if not s.run_over)
         if running >= limits.max_running_sessions:
@@ -331,7 +444,7 @@ class Supervisor:
                             f"(limits.max_running_sessions = {limits.max_running_sessions}): "
                             f"try again when one has ended")
         if req.session:
-            session = self.sessions.get(req.session)
+            session = self.session(req.session)
             if session is None:
                 return "unknown_session", self._no_session(req.session)
             if not session.run_over:
@@ -340,8 +453,23 @@ class Supervisor:
             return "unknown_agent", self._no_agent(req.agent)
         return None
 
+    def _known_start(self, key: str) -> RunStarted | None:
+        """The run a `StartRun` key already began (memory, else the log), or None."""
+        if not key:
+            return None
+        known = self._starts.get(key)
+        if known is None and self.journal is not None:
+            try:
+                logged = self.journal.log.start(key)
+            except JournalError as exc:
+                log.error("start key lookup: %s", exc)
+                logged = None
+            if logged is not None:
+                known = RunStarted(logged.sid, logged.run, logged.from_seq)
+        return known
+
     def _start_run(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
-        known = self._starts.get(req.key) if req.key else None
+        known = self._known_start(req.key)
         if known is not None:  # a resend: the first one started the run
             self._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
             return
@@ -349,7 +477,7 @@ class Supervisor:
         if refusal is not None:
             self.api.reply_error(peer, env.id, *refusal)
             return
-        session = self.sessions.get(req.session) if req.session else None
+        session = self.session(req.session) if req.session else None
         if session is None:
             agent = self.config.agent(req.agent)
             assert agent is not None
@@ -380,22 +508,23 @@ class Supervisor:
         if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
             finish_cancelled(session, self.io, "ui")
         if self.journal is not None:
-            self._dirty[session.id] = session  # journaled idle with the next commit
-            self.journal.prune(session.id, session.next_seq - 1)
+            self._ended.append(session)  # leaves memory once its end is committed
+            self._schedule_flush()
 
     def resume_journaled(self) -> int:
-        """Load the journal's sessions; runs a restart interrupted go on. Returns how many."""
+        """Load the sessions whose run was open; those runs go on. Returns how many.
+        (Finished sessions stay in the log until something asks for them.)"""
         if self.journal is None:
             return 0
+        try:
+            running = self.journal.log.running()
+        except JournalError as exc:
+            log.error("cannot list the sessions to resume: %s", exc)
+            return 0
         resumed = 0
-        for session in self.journal.sessions(dict(self.config.agents)):
-            self.sessions[session.id] = session
-            self._remember_start(session.start_key,
-                                 RunStarted(session.id, session.runs, session.run_from_seq))
-            for seq, frame in self.journal.events(session.id):
-                self.resend.add(session.id, seq, frame)  # a broadcaster may still ask
-            if session.run_over:
-                session.state = "idle"
+        for sid in running:
+            session = self.session(sid)
+            if session is None or session.run_over:
                 continue
             session.state = "running"
             assert self._group is not None
@@ -445,7 +574,7 @@ class Supervisor:
                 port: Port | None = None) -> None:
         """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
         port = port or self.control
-        session = self.sessions.get(req.session)
+        session = self.session(req.session)
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", self._no_session(req.session))
             return
@@ -483,6 +612,9 @@ class Supervisor:
         return {
             "sessions": states,
             "outbox": len(self._outbox),
+            "outbox_bytes": self._outbox_bytes,
+            "journal_failing": self._journal_failing,
+            "pending_events": len(self._unjournaled),
             **self.dispatcher.statistics(),
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
@@ -509,6 +641,7 @@ class Supervisor:
                 group.create_task(self.reactor.run(), name="reactor")
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
+                group.create_task(self._keep_reserve(), name="reserve")
                 self.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
@@ -520,7 +653,7 @@ class Supervisor:
                     raise
         finally:
             if self.journal is not None:
-                if self._unjournaled or self._dirty:
+                if self.journal.batch and not self._journal_failing:
                     self._flush()  # what this iteration emitted still goes out
                 self.journal.close()
             if self.pruner is not None:
@@ -530,97 +663,14 @@ class Supervisor:
                 self.gate.stop()
 
 
-class _WorkerIO:
-    """`LoopIO` over the supervisor's workers and event stream."""
-
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.config = sup.config
-
-    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        self.sup.emit(session, type_, turn, data)
-
-    def tool_catalogue(self) -> list[dict[str, Any]]:
-        return self.sup.dispatcher.tool_specs()
-
-    async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
-    ) -> Message:
-        def progress(env: Envelope) -> None:
-            body = env.body
-            if isinstance(body, Delta):
-                kind = "THINKING" if body.channel == "thinking" else "TOKEN"
-                if kind == "TOKEN":
-                    session.partial.append(body.text)
-                emit(session, self, kind, turn, {"text": body.text})
-            elif isinstance(body, Retrying):
-                session.partial.clear()  # that attempt's text is void (see RETRY)
-                emit(session, self, "RETRY", turn, {
-                    "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
-                })
-
-        job = session.turn_cache.llm_job(session.id, request, stream)
-        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
-                                for_worker=job.for_caller)
-        body = reply.body
-        if isinstance(body, JobFailed) and body.error == HISTORY_MISS:
-            session.turn_cache.forget_callers()  # that caller lost its copy: send in full
-            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
-                                    for_worker=job.for_caller)
-            body = reply.body
-        if isinstance(body, LlmResult):
-            return body.message
-        if isinstance(body, JobFailed):
-            raise ModelError(body.error, body.message, body.status)
-        raise ModelError("internal", f"unexpected reply {reply.kind}")
-
-    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
-        job = ToolJob(call.name, call.input, session.cwd, timeout_s,
-                      list(session.agent.read_paths))
-        # The executor enforces `timeout_s`; the margin covers a wedged executor.
-        try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None)
-        except ModelError as exc:
-            return ToolOutcome(f"{exc.error}: {exc.message}", True)
-        body = reply.body
-        if isinstance(body, ToolResult):
-            return ToolOutcome(body.output, body.is_error, body.duration_ms)
-        if isinstance(body, JobFailed):
-            return ToolOutcome(f"{call.name} failed: {body.message}", True)
-        return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)
-
-    async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
-                   progress: Any, for_worker: Any = None) -> Envelope:
-        dispatcher = self.sup.dispatcher
-        # The session's deadline bounds its jobs too, so workers can plan for it
-        # (the llm caller falls back to a non-streaming call close to it).
-        deadline = time.time() + timeout_s
-        if session.deadline:  # (the run's own timer ends the run: no second timeout here)
-            deadline = min(deadline, session.deadline)
-        try:
-            job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
-                                    on_progress=progress, for_worker=for_worker)
-        except NoCapacity as exc:
-            raise ModelError("busy", str(exc)) from exc
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await job.future
-        except TimeoutError:
-            dispatcher.abort(job)
-            raise ModelError("timeout", f"no {role} reply within {timeout_s:g} s") from None
-        except BaseException:
-            dispatcher.abort(job)  # cancelled: stop the worker's side too
-            raise
-
-
 async def _main(settings: Settings) -> None:
     endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
-    journal = Journal.for_home(settings.home)
+    journal = Journal.for_home(settings.home, settings.config.limits.journal_reserve_mb)
     supervisor = Supervisor(endpoints, settings.config, journal)
-    # The store retention works on: swap in the session log's own when it has one.
-    store = LegacySessionStore.for_home(journal, settings.home)
-    supervisor.pruner = Pruner(settings.config.retention, store, Tombstones(journal.path),
-                               supervisor.running_sessions, supervisor.forget_sessions)
+    # Retention works on the session log itself (`sessions_overview`, `remove`).
+    supervisor.pruner = Pruner(settings.config.retention, journal.log,
+                               Tombstones(journal.path), supervisor.running_sessions,
+                               supervisor.forget_sessions)
     await supervisor.serve()
 
 

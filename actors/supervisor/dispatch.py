@@ -46,6 +46,9 @@ MAX_QUEUED = 100_000
 #: job that kills every worker it lands on must not go round them for ever. Six
 #: attempts in all, as many as a model call gets for its own failures.
 MAX_REDISPATCH = 5
+#: Unknown peers remembered as already asked to re-announce (then forgotten: at
+#: worst one of them is asked twice).
+MAX_TOLD = 10_000
 
 ROLES = ("llm", "tool")
 
@@ -215,6 +218,8 @@ class Dispatcher:
                 # We do not know it (we restarted, or declared it dead): ask it to
                 # re-announce, once: its queued messages must not each draw a
                 # Disconnect, or it would answer with as many Readys.
+                if len(self._told) >= MAX_TOLD:
+                    self._told.clear()
                 self._told.add(peer)
                 # Its number tells the worker whether this predates its latest Ready.
                 self._send_quiet(peer, Disconnect(), answering=env.id)

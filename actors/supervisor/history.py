@@ -108,19 +108,23 @@ def is_valid(history: list[Message]) -> bool:
     return True
 
 
+def append_blocks(history: list[Message], role: str, added: list[dict[str, Any]]) -> None:
+    """The one way a history grows: `added` blocks of `role` join the last message when
+    it has that role, else start a new message. The last message is replaced, never
+    changed in place (`deltas` and the session log compare messages by identity), and
+    the session log replays a history with this same rule."""
+    if history and history[-1].get("role") == role:
+        history[-1] = {"role": role, "content": blocks(history[-1]) + added}
+    else:
+        history.append({"role": role, "content": list(added)})
+
+
 def add_reply(history: list[Message], reply: Message) -> None:
     """Append an assistant reply; after a `pause_turn` it continues the same
     assistant message (the API resumes that turn, and roles must alternate)."""
-    if history and history[-1].get("role") == "assistant":
-        history[-1] = {"role": "assistant", "content": blocks(history[-1]) + blocks(reply)}
-    else:
-        history.append({"role": "assistant", "content": blocks(reply)})
+    append_blocks(history, "assistant", blocks(reply))
 
 
 def add_user_text(history: list[Message], text: str) -> None:
     """Append a user message (into the last one if it is a user message already)."""
-    block = {"type": "text", "text": text}
-    if history and history[-1].get("role") == "user":
-        history[-1] = {"role": "user", "content": blocks(history[-1]) + [block]}
-    else:
-        history.append({"role": "user", "content": [block]})
+    append_blocks(history, "user", [{"type": "text", "text": text}])

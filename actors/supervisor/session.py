@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from actors.config import Agent, Config
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
 from actors.supervisor.deltas import TurnCache
-from actors.supervisor.history import Message, add_reply, add_user_text
+from actors.supervisor.history import Message, add_reply, add_user_text, append_blocks
 from actors.supervisor.request import build_request
 from actors.supervisor.router import parse_route, router_request
 from actors.supervisor.turn import (
@@ -101,6 +101,10 @@ class Session:
     suspended: bool = False
     #: What the turn path need not redo each turn (sanitising, history deltas).
     turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
+    #: How much of `history` the session log has: its length and last message then
+    #: (see `fold.history_delta`).
+    logged_len: int = field(default=0, repr=False, compare=False)
+    logged_last: Message | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -193,11 +197,12 @@ def begin_run(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
     session.started_calls.clear()
     session.run_limit, session.run_turn = limit, 0
     session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
+    # Stored before the event: the session log journals it with SESSION_START.
+    add_user_text(session.history, prompt)
     emit(session, io, "SESSION_START", 0, {
         "prompt": prompt, "agent": agent.name, "model": agent.model_id(io.config.aliases),
         "run": session.runs, "max_turns": limit, "deadline_s": deadline_s,
     })
-    add_user_text(session.history, prompt)
     return limit
 
 
@@ -300,7 +305,7 @@ def keep_partial(session: Session, why: str) -> None:
     ends_with_user = not session.history or session.history[-1].get("role") == "user"
     if text.strip() and ends_with_user:
         marked = f"{text}\n\n[reply interrupted: {why}]"
-        session.history.append({"role": "assistant", "content": [{"type": "text", "text": marked}]})
+        append_blocks(session.history, "assistant", [{"type": "text", "text": marked}])
 
 
 def close_open_calls(history: list[Message], why: str,
@@ -311,7 +316,7 @@ def close_open_calls(history: list[Message], why: str,
     known = known or {}
     if calls:
         outcomes = [known.get(c.id) or ToolOutcome(why, True) for c in calls]
-        history.append(results_message(calls, outcomes))
+        append_blocks(history, "user", results_message(calls, outcomes)["content"])
 
 
 def check_stop(session: Session) -> None:
@@ -346,8 +351,8 @@ async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 
             problem = session.output_check(step.text) if session.output_check else None
             if problem is not None and not repaired and turn < limit:
                 repaired = True
-                emit(session, io, "TURN_END", turn, {"stop": "output_invalid", "problem": problem})
                 add_user_text(session.history, repair_prompt(problem))
+                emit(session, io, "TURN_END", turn, {"stop": "output_invalid", "problem": problem})
                 continue
             if problem is not None:
                 raise ModelError("output_invalid", problem)
@@ -359,7 +364,7 @@ async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 
             session.outcomes.clear()
             session.started_calls.clear()
             outcomes = await run_calls(session, io, step.calls, offered, turn)
-            session.history.append(results_message(step.calls, outcomes))
+            append_blocks(session.history, "user", results_message(step.calls, outcomes)["content"])
             session.outcomes.clear()
             session.started_calls.clear()
             emit(session, io, "TURN_END", turn, {"stop": "tool_use"})

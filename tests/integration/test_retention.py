@@ -18,15 +18,16 @@ from bus.errors import RemoteError
 
 
 def stored_sids(home: str) -> tuple[set[str], set[str]]:
-    """Session ids in the journal and in the event store (read-only, beside the host)."""
+    """Session ids in the session log: its session rows, and its records (read-only,
+    beside the host)."""
     def ids(name: str, query: str) -> set[str]:
         db = sqlite3.connect(f"file:{Path(home) / name}?mode=ro", uri=True)
         try:
             return {row[0] for row in db.execute(query)}
         finally:
             db.close()
-    return (ids("journal.db", "SELECT id FROM sessions"),
-            ids("events.db", "SELECT DISTINCT sid FROM events"))
+    return (ids("sessions.db", "SELECT sid FROM sessions"),
+            ids("sessions.db", "SELECT DISTINCT sid FROM records"))
 
 
 @pytest.fixture

@@ -226,14 +226,14 @@ def test_what_a_host_keeps_is_private(tcp_host):
                        *(root / "keys").glob("*.key_secret")]}
     assert modes.pop("run") == modes.pop("keys") == 0o700
     assert modes.pop("run/offline.port") == 0o644  # a port number, read by the llm callers
-    assert {"journal.db", "events.db", "run/api.sock", "run/network.json",
+    assert {"sessions.db", "run/api.sock", "run/network.json",
             "keys/server.key_secret", "host.log"} <= set(modes)
     assert {name: mode for name, mode in modes.items() if mode != 0o600} == {}
 
 
 def test_tools_cannot_read_the_keys_or_the_journal(tcp_host):
     home, _ = tcp_host
-    for path in (f"{home}/keys/client.key_secret", f"{home}/journal.db"):
+    for path in (f"{home}/keys/client.key_secret", f"{home}/sessions.db"):
         events = run(home, f"read {path}")
         (end,) = [e for e in events if e["type"] == "TOOL_END"]
         # The sandbox hides the home (the `private` check behind it names oploop's files).

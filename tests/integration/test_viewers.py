@@ -4,9 +4,10 @@ Two set-ups, both real processes on real sockets:
 - a real host (`oploop up`) running a session that waits at a gate (a shell
   tool polling for a file) so that "mid-session" is a state, not a moment;
 - a real broadcaster process fed by a fake supervisor that implements the
-  supervisor's side of the interface (ingest PUSH, `api` ROUTER answering
-  `ListSessions` and `ReplayRequest` from a real `ResendRing`), so that tests
-  can lose events in flight or flood viewers at will.
+  supervisor's side of the interface (a real session log it commits each event
+  to before pushing it, ingest PUSH, `api` ROUTER answering `ListSessions` and
+  `ReplayRequest` from that log), so that tests can lose events in flight or
+  flood viewers at will.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import psutil
 import pytest
 import zmq
 
-from actors.supervisor.resend import ResendRing
+from actors.sessionlog import Record, SessionLog, SessionRow
 from bus.client import Client, Lag
 from bus.codec import decode, encode
 from bus.endpoints import Endpoints
@@ -222,25 +223,26 @@ def test_broadcaster_killed_mid_session_loses_nothing(gated_host):
 class FakeSupervisor:
     """The supervisor's side of the broadcaster's interface, with events to lose at will."""
 
-    def __init__(self, endpoints: Endpoints) -> None:
+    def __init__(self, endpoints: Endpoints, home: str) -> None:
+        self.log = SessionLog(Path(home) / "sessions.db", reserve_mb=0)
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.reactor = Reactor(self.ctx)
         self.api = self.reactor.add(zmq.ROUTER, "api", self.handle_api,
                                     bind=endpoints.address("api"), reply_errors=True)
         self.push = self.reactor.add(zmq.PUSH, "push", connect=endpoints.address("ingest"),
                                      hwm=1_000_000)
-        self.ring = ResendRing()
         self.last: dict[str, int] = {}
         self.resend_requests = 0
 
     def emit(self, sid: str, type_: str = "TOKEN", data: dict[str, Any] | None = None, *,
              deliver: bool = True) -> int:
-        """Stamp the next seq of `sid`, keep it for resends, push it unless `deliver` is False
+        """Stamp the next seq of `sid`, journal it, push it unless `deliver` is False
         (an event lost in flight)."""
         seq = self.last[sid] = self.last.get(sid, 0) + 1
         env = Envelope(Event(seq, type_, 1, time.time(), data or {"text": "x"}), sid=sid)
         frame = encode(env)
-        self.ring.add(sid, seq, frame)
+        row = [SessionRow(sid, 0.0, b"", None, 0.0, True)] if seq == 1 else []
+        self.log.commit([Record(sid, seq, frame)], row)
         if deliver:
             self.push.send_frame(frame)
         return seq
@@ -251,7 +253,13 @@ class FakeSupervisor:
             self.api.send(Envelope(SessionList(sessions), id=env.id), peer)
         elif isinstance(env.body, ReplayRequest):
             self.resend_requests += 1
-            self.api.send(Envelope(self.ring.answer(env.sid, env.body), id=env.id), peer)
+            req = env.body
+            last = self.last.get(env.sid, 0)
+            rows, more = self.log.range(env.sid, req.from_seq, min(req.to_seq or last, last),
+                                        1 << 20)
+            body = (ReplayBatch([f for _, f in rows], last, more) if rows
+                    else ErrorReply("gone", "none kept"))
+            self.api.send(Envelope(body, id=env.id), peer)
         else:
             self.api.reply_error(peer, env.id, "bad_request", env.kind)
 
@@ -279,7 +287,7 @@ class Rig:
 async def rig(home: str, **env: str) -> AsyncIterator[tuple[Rig, FakeSupervisor, Client]]:
     r = Rig(home, env)
     r.endpoints.prepare()
-    sup = FakeSupervisor(r.endpoints)
+    sup = FakeSupervisor(r.endpoints, home)
     serving = asyncio.create_task(sup.reactor.run())
     r.start_broadcaster()
     try:
@@ -295,6 +303,7 @@ async def rig(home: str, **env: str) -> AsyncIterator[tuple[Rig, FakeSupervisor,
             await serving
         sup.reactor.close()
         sup.ctx.term()
+        sup.log.close()
 
 
 async def wait_viewers(client: Client, n: int) -> None:
@@ -360,7 +369,7 @@ def test_broadcaster_refills_events_lost_in_flight_and_after_a_restart(short_hom
             before = await client.broadcaster_stats()
 
             # A session the broadcaster never heard of, and a restart: the new broadcaster
-            # asks the supervisor what it holds and fetches all of "b".
+            # serves all of "b" from the session log, where the supervisor put it.
             for _ in range(4):
                 sup.emit("b", deliver=False)
             sup.emit("b", "DONE", {"text": "", "turns": 1, "stop": "end_turn"}, deliver=False)
@@ -377,8 +386,8 @@ def test_broadcaster_refills_events_lost_in_flight_and_after_a_restart(short_hom
     assert_contiguous_to_one_terminal(b)
     assert len(b) == 5
     assert before["recovered"] == 4 and before["held"] == 0
-    # "b" in full, and whatever of "a" the kill took before it reached the store
-    assert 5 <= after["recovered"] <= 25 and after["lost"] == before["lost"] == 0
+    # Nothing to fetch after the restart: what was journaled is read from the log.
+    assert after["recovered"] == 0 and after["lost"] == before["lost"] == 0
 
 
 def test_bad_replay_requests_get_error_replies_and_others_are_served(short_home):

@@ -1,4 +1,4 @@
-"""The broadcaster's event log: memory tail over the SQLite store, retention, resend ring."""
+"""The broadcaster's event log: a memory tail over the supervisor's session log."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.broadcaster.actor import _range_problem
-from actors.broadcaster.log import EventLog
+from actors.broadcaster.log import EventLog, SessionGone
 from actors.broadcaster.store import EventStore
-from actors.supervisor.resend import ResendRing
-from bus.messages import ErrorReply, ReplayBatch, ReplayRequest
+from actors.sessionlog import Record, SessionLog
+from bus.messages import ReplayRequest
 
 
 def frame(seq: int, size: int = 8) -> bytes:
@@ -22,63 +22,71 @@ def frame(seq: int, size: int = 8) -> bytes:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = EventStore(tmp_path / "events.db")
+def journal(tmp_path):
+    """The supervisor's side: the session log the broadcaster reads."""
+    j = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    yield j
+    j.close()
+
+
+@pytest.fixture
+def store(journal):
+    s = EventStore(journal.path)
     yield s
     s.close()
 
 
-def fill(log: EventLog, sid: str, n: int, start: int = 1) -> None:
+def fill(journal: SessionLog, log: EventLog, sid: str, n: int, start: int = 1,
+         size: int = 8) -> None:
+    """Journal events start..start+n-1 of `sid` (as the supervisor does), then append them
+    to the broadcaster's log (as they arrive)."""
     for seq in range(start, start + n):
-        assert log.append(sid, seq, frame(seq)).stored
+        journal.commit([Record(sid, seq, frame(seq, size))])
+        assert log.append(sid, seq, frame(seq, size)).stored
 
 
-def test_store_files_are_private_and_in_wal_mode(tmp_path):
+def test_log_files_are_private_and_in_wal_mode(tmp_path):
     old = os.umask(0o022)
     try:
-        s = EventStore(tmp_path / "events.db")
-        log = EventLog(s)
-        fill(log, "a", 3)
-        log.flush()
-        names = ["events.db", "events.db-wal", "events.db-shm"]
+        j = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+        s = EventStore(j.path)
+        fill(j, EventLog(s), "a", 3)
+        names = ["sessions.db", "sessions.db-wal", "sessions.db-shm"]
         modes = {n: stat.S_IMODE((tmp_path / n).stat().st_mode) for n in names}
-        mode = sqlite3.connect(tmp_path / "events.db").execute("PRAGMA journal_mode").fetchone()
+        mode = sqlite3.connect(tmp_path / "sessions.db").execute("PRAGMA journal_mode").fetchone()
         s.close()
+        j.close()
     finally:
         os.umask(old)
     assert modes == dict.fromkeys(names, 0o600)
     assert mode == ("wal",)
 
 
-def test_append_refuses_duplicates_and_gaps(store):
+def test_append_refuses_duplicates_and_gaps(journal, store):
     log = EventLog(store)
-    fill(log, "a", 2)
+    fill(journal, log, "a", 2)
     assert log.append("a", 2, b"x").reason == "duplicate"
     assert log.append("a", 0, b"x").reason == "duplicate"
     assert log.append("a", 4, b"x").gap
     assert log.last_seq("a") == 2 and log.last_seq("b") is None
 
 
-def test_memory_is_bounded_and_old_events_come_from_the_store(store):
+def test_memory_is_bounded_and_old_events_come_from_the_log(journal, store):
     log = EventLog(store, tail_events=10, memory_sessions=2)
     for sid in ("a", "b", "c"):
-        fill(log, sid, 100)
-    log.flush()
+        fill(journal, log, sid, 100)
     stats = log.statistics()
-    assert stats["memory_sessions"] == 2 and stats["memory_events"] == 20
-    assert stats["unsaved"] == 0
+    assert stats["memory_sessions"] == 2 and stats["memory_events"] <= 2 * 2 * 10
     for sid in ("a", "b", "c"):
         frames, more = log.range(sid, 1, 100, 1 << 20)
         assert frames == [frame(s) for s in range(1, 101)] and not more
-    frames, more = log.range("c", 85, 95, 1 << 20)  # across the store/memory boundary
+    frames, more = log.range("c", 85, 95, 1 << 20)  # across the log/memory boundary
     assert frames == [frame(s) for s in range(85, 96)]
 
 
-def test_range_is_cut_by_bytes_but_always_advances(store):
+def test_range_is_cut_by_bytes_but_always_advances(journal, store):
     log = EventLog(store, tail_events=5)
-    for seq in range(1, 21):
-        log.append("a", seq, frame(seq, 100))
-    log.flush()
+    fill(journal, log, "a", 20, size=100)
     frames, more = log.range("a", 1, 20, 250)
     assert frames == [frame(1, 100), frame(2, 100)] and more
     frames, more = log.range("a", 3, 20, 1)  # a limit below one frame still yields one
@@ -87,27 +95,20 @@ def test_range_is_cut_by_bytes_but_always_advances(store):
     assert len(frames) == 3 and not more
 
 
-def test_a_restarted_log_has_everything_flushed(tmp_path):
-    s = EventStore(tmp_path / "events.db")
-    log = EventLog(s)
-    fill(log, "a", 50)
-    log.flush()
-    fill(log, "a", 5, start=51)  # never flushed: a kill -9 loses these
-    s.close()
-    s2 = EventStore(tmp_path / "events.db")
-    try:
-        again = EventLog(s2)
-        assert again.last_seq("a") == 50
-        frames, _ = again.range("a", 1, 50, 1 << 20)
-        assert frames == [frame(i) for i in range(1, 51)]
-        assert again.append("a", 51, frame(51)).stored
-    finally:
-        s2.close()
-
-
-def test_skip_to_leaves_a_hole_that_range_shows(store):
+def test_a_restarted_broadcaster_counts_the_journaled_events_as_its_own(journal, store):
     log = EventLog(store)
-    fill(log, "a", 3)
+    fill(journal, log, "a", 50)
+    journal.commit([Record("a", 51, frame(51))])  # journaled, never delivered (in flight)
+    again = EventLog(EventStore(journal.path))
+    assert again.last_seq("a") == 51
+    frames, _ = again.range("a", 1, 51, 1 << 20)
+    assert frames == [frame(i) for i in range(1, 52)]
+    assert again.append("a", 52, frame(52)).stored
+
+
+def test_skip_to_leaves_a_hole_that_range_shows(journal, store):
+    log = EventLog(store)
+    fill(journal, log, "a", 3)
     assert log.skip_to("a", 7) == 3
     assert log.append("a", 7, frame(7)).stored
     frames, _ = log.range("a", 1, 7, 1 << 20)
@@ -115,16 +116,19 @@ def test_skip_to_leaves_a_hole_that_range_shows(store):
     assert log.skip_to("a", 5) == 0  # never backwards
 
 
-def test_remove_deletes_whole_sessions_and_forget_drops_them_from_memory(store):
-    log = EventLog(store)
+def test_removed_sessions_are_gone_from_the_log_and_forget_drops_them_from_memory(
+        journal, store):
+    log = EventLog(store, tail_events=1)  # memory keeps the last event or two of each
     for sid in ("old", "mid", "new"):
-        fill(log, sid, 3)
-        log.flush()
-    store.remove(["old", "mid", "never-seen"])
-    log.forget(["old", "mid"])
-    assert [s.sid for s in store.sessions()] == ["new"]
+        fill(journal, log, sid, 3)
+    journal.remove(["old", "mid", "never-seen"])  # the supervisor deletes ...
+    with pytest.raises(SessionGone):  # (a replay meanwhile: told it is gone, not a part)
+        log.range("mid", 1, 3, 1 << 20)
+    log.forget(["old", "mid"])  # ... and tells the broadcaster (ForgetSessions)
     assert store.range("old", 1, 3, 1 << 20) == ([], False)
+    assert log.range("old", 1, 3, 1 << 20) == ([], False)
     assert log.last_seq("old") is None and log.last_seq("new") == 3
+    assert log.statistics()["memory_sessions"] == 1
 
 
 @pytest.mark.parametrize(("from_seq", "to_seq", "ok"), [
@@ -136,35 +140,18 @@ def test_replay_range_validation(from_seq, to_seq, ok):
     assert (_range_problem(ReplayRequest(from_seq, to_seq), last=10) == "") is ok
 
 
-def test_resend_ring_answers_what_it_still_holds():
-    ring = ResendRing(per_session=5)
-    for seq in range(1, 11):
-        ring.add("a", seq, frame(seq))
-    batch = ring.answer("a", ReplayRequest(7, 8))
-    assert isinstance(batch, ReplayBatch) and batch.events == [frame(7), frame(8)]
-    assert batch.last_seq == 10 and not batch.more
-    partial = ring.answer("a", ReplayRequest(2, 0))  # 2..5 fell out of the ring
-    assert isinstance(partial, ReplayBatch) and partial.events == [frame(s) for s in range(6, 11)]
-    for req, sid in ((ReplayRequest(11, 0), "a"), (ReplayRequest(1, 3), "a"), (ReplayRequest(1, 0), "b")):
-        gone = ring.answer(sid, req)
-        assert isinstance(gone, ErrorReply) and gone.code == "gone"
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 120),
     tail=st.integers(1, 20),
-    flushes=st.sets(st.integers(1, 120)),
     window=st.tuples(st.integers(1, 130), st.integers(0, 130)),
 )
-def test_range_equals_the_appended_frames(tmp_path_factory, n, tail, flushes, window):
-    s = EventStore(tmp_path_factory.mktemp("log") / "events.db")
+def test_range_equals_the_appended_frames(tmp_path_factory, n, tail, window):
+    j = SessionLog(tmp_path_factory.mktemp("log") / "sessions.db", reserve_mb=0)
+    s = EventStore(j.path)
     try:
         log = EventLog(s, tail_events=tail)
-        for seq in range(1, n + 1):
-            log.append("a", seq, frame(seq))
-            if seq in flushes:
-                log.flush()
+        fill(j, log, "a", n)
         lo, hi = window
         hi = hi or n
         got: list[bytes] = []
@@ -178,3 +165,15 @@ def test_range_equals_the_appended_frames(tmp_path_factory, n, tail, flushes, wi
         assert got == [frame(i) for i in range(lo, min(hi, n) + 1)]
     finally:
         s.close()
+        j.close()
+
+
+def test_memory_is_bounded_in_bytes_too(journal, store):
+    log = EventLog(store, tail_events=1000, memory_sessions=10, memory_bytes=10_000)
+    for sid in ("a", "b", "c"):
+        fill(journal, log, sid, 30, size=1000)
+    stats = log.statistics()
+    assert stats["memory_bytes"] <= 10_000 and stats["memory_sessions"] >= 1
+    for sid in ("a", "b", "c"):  # what memory let go is read from the log
+        frames, _ = log.range(sid, 1, 30, 1 << 20)
+        assert frames == [frame(s, 1000) for s in range(1, 31)]

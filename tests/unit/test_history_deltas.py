@@ -3,6 +3,7 @@ and the incremental sanitiser agrees with `sanitize` everywhere."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,6 +99,19 @@ def test_least_recently_used_histories_go_first():
         raise AssertionError("a was evicted")
     except HistoryMiss:
         pass
+
+
+def test_histories_are_bounded_in_bytes_and_deltas_are_measured_incrementally():
+    big = {"role": "user", "content": [{"type": "text", "text": "x" * 10_000}]}
+    cache = HistoryCache(max_sessions=100, max_bytes=25_000)
+    for key in ("a", "b", "c"):
+        cache.resolve(LlmJob({"messages": [big]}, history_key=key, rev=1))
+    assert len(cache) == 2 and cache.bytes <= 25_000  # "a" went for the bytes
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+    cache.resolve(LlmJob({"messages": [reply]}, history_key="c", base_rev=1, keep=1, rev=2))
+    assert 20_000 < cache.bytes <= 25_000
+    with pytest.raises(HistoryMiss):
+        cache.resolve(LlmJob({"messages": []}, history_key="a", base_rev=1, keep=1, rev=2))
 
 
 def use(i):

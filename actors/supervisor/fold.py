@@ -1,0 +1,250 @@
+"""A session as a fold over its log: what each record adds, and how to replay it.
+
+Writing: `history_delta(session)` gives the history changes since the last
+event as `(role, blocks)` operations (work proportional to what changed, not
+to the history). `record_delta` packs them with an event's extras.
+
+Reading: `load_session` starts from the session's last compaction (or its
+row) and applies every later record with `apply_record`. Everything a run
+needs is derived from events (`SESSION_START` opens a run, `TURN_START`
+counts a turn, `TOOL_START`/`TOOL_END` record the current reply's calls, a
+terminal event closes the run), and the history from the deltas, replayed
+with the same merge rule the loop uses (`history.append_blocks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import msgpack
+
+from actors.config import Agent
+from actors.sessionlog import Compaction, Record, SessionLog, SessionRow
+from actors.supervisor.history import Message, append_blocks, blocks
+from actors.supervisor.session import TERMINAL, Session
+from actors.supervisor.turn import ToolOutcome
+from bus.codec import decode
+from bus.errors import BadFrame
+from bus.messages import Event
+
+log = logging.getLogger("oploop.journal")
+
+#: Operation meaning "the history is replaced by these messages" (a rewrite the
+#: loop never does today; kept so that one would still be logged exactly).
+RESET = "*"
+
+#: Session fields a compaction carries (the rest is runtime state: tasks, hooks).
+_FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
+           "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
+           "run_from_seq", "start_key", "started_calls")
+
+
+class BadRecord(ValueError):
+    """A log record that does not decode."""
+
+
+# -- writing ----------------------------------------------------------------------------
+
+
+def history_delta(session: Session) -> list[list[Any]]:
+    """The history operations since the last call (and mark them logged).
+
+    The loop only ever appends messages or replaces the last one by itself with
+    blocks added (never edits in place), so comparing the last logged message
+    by identity finds what changed in O(what changed).
+    """
+    history = session.history
+    n, last = session.logged_len, session.logged_last
+    ops: list[list[Any]] = []
+    if n == len(history) and (n == 0 or history[-1] is last):
+        return ops
+    if n > len(history) or (n and not _extends(history[n - 1], last)):
+        ops = [[RESET, [[m.get("role"), blocks(m)] for m in history]]]
+    else:
+        if n and history[n - 1] is not last:
+            assert last is not None
+            new = blocks(history[n - 1])[len(blocks(last)):]
+            ops.append([history[n - 1].get("role"), new])
+        ops.extend([m.get("role"), blocks(m)] for m in history[n:])
+    mark_logged(session)
+    return ops
+
+
+def _extends(message: Message, old: Message | None) -> bool:
+    """Whether `message` is `old` with blocks added at its end (same role)."""
+    if old is None or message is old:
+        return message is old
+    if message.get("role") != old.get("role"):
+        return False
+    before = blocks(old)
+    return blocks(message)[:len(before)] == before
+
+
+def mark_logged(session: Session) -> None:
+    """Take the session's history as logged as it is now."""
+    session.logged_len = len(session.history)
+    session.logged_last = session.history[-1] if session.history else None
+
+
+def logged_history(session: Session) -> list[Message]:
+    """The history as the log has it (what is not yet logged left out)."""
+    n = session.logged_len
+    if n == 0:
+        return []
+    assert session.logged_last is not None
+    return [*session.history[:n - 1], session.logged_last]
+
+
+def record_delta(ops: list[list[Any]], extras: dict[str, Any] | None = None) -> bytes | None:
+    """The `delta` column of a record: history ops and event extras, or None if empty."""
+    if not ops and not extras:
+        return None
+    packed: bytes = msgpack.packb({"h": ops, "x": extras or {}}, use_bin_type=True)
+    return packed
+
+
+def run_extras(session: Session) -> dict[str, Any]:
+    """What a `SESSION_START` record carries beyond its event: the run's absolute
+    deadline and the key of the `StartRun` that began it."""
+    return {"deadline": session.deadline, "key": session.start_key}
+
+
+def session_row(session: Session) -> SessionRow:
+    """The session's small row as it is now."""
+    meta: bytes = msgpack.packb({"agent": dataclasses.asdict(session.agent), "cwd": session.cwd},
+                                use_bin_type=True)
+    # Written with the run's end, before the task that ran it has unwound: the row
+    # says what the session is once it has (listed from the log from then on).
+    summary: bytes = msgpack.packb({**session.summary(),
+                                    "state": "running" if not session.run_over else "idle"},
+                                   use_bin_type=True)
+    stop: bytes | None = None
+    if session.stop_request and not session.run_over:
+        stop = msgpack.packb([session.runs, session.stop_request], use_bin_type=True)
+    return SessionRow(session.id, session.created, meta, summary, time.time(),
+                      not session.run_over, stop)
+
+
+def compaction(session: Session) -> Compaction:
+    """The session's state as logged (its last logged event's seq)."""
+    return Compaction(session.id, session.next_seq - 1, snapshot(session, logged_history(session)))
+
+
+def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
+    """A session as bytes: its fields, its agent in full, its finished tool outcomes."""
+    data: dict[str, Any] = {name: getattr(session, name) for name in _FIELDS}
+    if history is not None:
+        data["history"] = history
+    data["agent"] = dataclasses.asdict(session.agent)
+    data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms]
+                        for k, o in session.outcomes.items()}
+    packed: bytes = msgpack.packb(data, use_bin_type=True)
+    return packed
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def _agent(raw: dict[str, Any], agents: dict[str, Agent]) -> Agent:
+    raw = dict(raw)
+    raw["category_allowlist"] = tuple(raw.get("category_allowlist", ()))
+    return agents.get(raw.get("name", "")) or Agent(**raw)
+
+
+def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
+    """The session a `snapshot` describes (an agent no longer configured keeps the
+    settings it had)."""
+    data = msgpack.unpackb(blob, raw=False)
+    agent = _agent(data.pop("agent"), agents)
+    outcomes = {k: ToolOutcome(v[0], v[1], v[2]) for k, v in data.pop("outcomes").items()}
+    # A field added since the snapshot was written keeps its default.
+    session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
+    session.outcomes = outcomes
+    return session
+
+
+def from_row(row: SessionRow, agents: dict[str, Agent]) -> Session:
+    """A session with no record applied yet: its agent, cwd and creation time."""
+    meta = msgpack.unpackb(row.meta, raw=False)
+    return Session(row.sid, _agent(meta["agent"], agents), meta["cwd"], created=row.created)
+
+
+def decode_record(record: Record) -> tuple[Event, dict[str, Any]]:
+    """The event of a record and its delta (`{"h": ops, "x": extras}`); `BadRecord`."""
+    try:
+        env = decode(record.frame)
+        delta = msgpack.unpackb(record.delta, raw=False) if record.delta else {}
+    except (BadFrame, ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise BadRecord(f"record {record.sid}#{record.seq} does not decode: {exc}") from exc
+    if not isinstance(env.body, Event) or not isinstance(delta, dict):
+        raise BadRecord(f"record {record.sid}#{record.seq} is not an event")
+    return env.body, delta
+
+
+def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]) -> None:
+    """Fold one record into `session` (the same changes the live loop made)."""
+    session.next_seq = seq + 1
+    data, kind = event.data, event.type
+    extras = delta.get("x") or {}
+    if kind == "SESSION_START":
+        session.runs = int(data.get("run", session.runs + 1))
+        session.state, session.run_over, session.stop_request = "running", False, ""
+        session.run_limit, session.run_turn, session.run_from_seq = \
+            int(data.get("max_turns", 0)), 0, seq
+        session.deadline = float(extras.get("deadline", 0.0))
+        session.start_key = str(extras.get("key", ""))
+        session.outcomes.clear()
+        session.started_calls.clear()
+    elif kind == "TURN_START":
+        if event.turn != session.run_turn:
+            session.turns += 1
+        session.run_turn = event.turn
+    elif kind == "TOOL_START":
+        session.started_calls.append(data["tool_use_id"])
+    elif kind == "TOOL_END":
+        session.outcomes[data["tool_use_id"]] = ToolOutcome(
+            data["output"], bool(data["is_error"]), float(data.get("duration_ms", 0.0)))
+    elif kind == "TURN_END":
+        session.outcomes.clear()
+        session.started_calls.clear()
+    elif kind in TERMINAL:
+        session.run_over, session.last_end, session.state = True, kind, "idle"
+    for op in delta.get("h") or ():
+        role, added = op
+        if role == RESET:
+            session.history = [{"role": r, "content": list(b)} for r, b in added]
+        else:
+            append_blocks(session.history, role, list(added))
+
+
+def load_session(journal: SessionLog, sid: str, agents: dict[str, Agent]) -> Session | None:
+    """The session `sid` folded from the log, or None if the log has no such session.
+
+    A record that does not decode is skipped with an error naming the session
+    (its seq is still counted: a seq is never reused).
+    """
+    row = journal.row(sid)
+    if row is None:
+        return None
+    comp = journal.compaction(sid)
+    session = restore(comp.state, agents) if comp is not None else from_row(row, agents)
+    for record in journal.records(sid, after=comp.seq if comp is not None else 0):
+        try:
+            event, delta = decode_record(record)
+            apply_record(session, record.seq, event, delta)
+        except (BadRecord, KeyError, TypeError, ValueError) as exc:
+            log.error("session %s: record #%d skipped: %s", sid, record.seq, exc)
+            session.next_seq = max(session.next_seq, record.seq + 1)
+    if row.stop is not None and not session.run_over:
+        try:
+            run, mode = msgpack.unpackb(row.stop, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            run, mode = 0, ""
+        if run == session.runs:
+            session.stop_request = str(mode)
+    session.state = "idle" if session.run_over else "running"
+    mark_logged(session)
+    return session

@@ -1,0 +1,111 @@
+"""The supervisor's `LoopIO`: model calls and tool calls as jobs for its workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from actors.supervisor.dispatch import NoCapacity
+from actors.supervisor.history import Message
+from actors.supervisor.session import ModelError, Session, emit
+from actors.supervisor.turn import ToolCall, ToolOutcome
+from bus.messages import (
+    HISTORY_MISS,
+    Delta,
+    Envelope,
+    JobFailed,
+    LlmResult,
+    Retrying,
+    ToolJob,
+    ToolResult,
+)
+
+if TYPE_CHECKING:
+    from actors.supervisor.actor import Supervisor
+
+#: Longest a model call may take, retries included, when nothing tighter applies.
+LLM_JOB_TIMEOUT_S = 900.0
+
+
+class WorkerIO:
+    """`LoopIO` over the supervisor's workers and event stream."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.config = sup.config
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        self.sup.emit(session, type_, turn, data)
+
+    def tool_catalogue(self) -> list[dict[str, Any]]:
+        return self.sup.dispatcher.tool_specs()
+
+    async def call_model(
+        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
+    ) -> Message:
+        def progress(env: Envelope) -> None:
+            body = env.body
+            if isinstance(body, Delta):
+                kind = "THINKING" if body.channel == "thinking" else "TOKEN"
+                if kind == "TOKEN":
+                    session.partial.append(body.text)
+                emit(session, self, kind, turn, {"text": body.text})
+            elif isinstance(body, Retrying):
+                session.partial.clear()  # that attempt's text is void (see RETRY)
+                emit(session, self, "RETRY", turn, {
+                    "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
+                })
+
+        job = session.turn_cache.llm_job(session.id, request, stream)
+        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+                                for_worker=job.for_caller)
+        body = reply.body
+        if isinstance(body, JobFailed) and body.error == HISTORY_MISS:
+            session.turn_cache.forget_callers()  # that caller lost its copy: send in full
+            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+                                    for_worker=job.for_caller)
+            body = reply.body
+        if isinstance(body, LlmResult):
+            return body.message
+        if isinstance(body, JobFailed):
+            raise ModelError(body.error, body.message, body.status)
+        raise ModelError("internal", f"unexpected reply {reply.kind}")
+
+    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        job = ToolJob(call.name, call.input, session.cwd, timeout_s,
+                      list(session.agent.read_paths))
+        # The executor enforces `timeout_s`; the margin covers a wedged executor.
+        try:
+            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None)
+        except ModelError as exc:
+            return ToolOutcome(f"{exc.error}: {exc.message}", True)
+        body = reply.body
+        if isinstance(body, ToolResult):
+            return ToolOutcome(body.output, body.is_error, body.duration_ms)
+        if isinstance(body, JobFailed):
+            return ToolOutcome(f"{call.name} failed: {body.message}", True)
+        return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)
+
+    async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
+                   progress: Any, for_worker: Any = None) -> Envelope:
+        dispatcher = self.sup.dispatcher
+        # The session's deadline bounds its jobs too, so workers can plan for it
+        # (the llm caller falls back to a non-streaming call close to it).
+        deadline = time.time() + timeout_s
+        if session.deadline:  # (the run's own timer ends the run: no second timeout here)
+            deadline = min(deadline, session.deadline)
+        try:
+            job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
+                                    on_progress=progress, for_worker=for_worker)
+        except NoCapacity as exc:
+            raise ModelError("busy", str(exc)) from exc
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await job.future
+        except TimeoutError:
+            dispatcher.abort(job)
+            raise ModelError("timeout", f"no {role} reply within {timeout_s:g} s") from None
+        except BaseException:
+            dispatcher.abort(job)  # cancelled: stop the worker's side too
+            raise

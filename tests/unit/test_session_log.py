@@ -1,0 +1,360 @@
+"""The session log: constant bytes per event, a session as the fold of its log, faults.
+
+The loop runs against a scripted model (no processes); its events are encoded
+and journaled exactly as the supervisor does (`Journal.record` at emit time,
+one commit per event), so that every prefix of the log is a state a killed
+supervisor could have left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from actors.config import Agent, Config
+from actors.sessionlog import JournalFull, Record, SessionLog
+from actors.supervisor.fold import load_session
+from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
+from actors.supervisor.journal import Journal
+from actors.supervisor.session import (
+    TERMINAL,
+    ModelError,
+    Session,
+    begin_run,
+    drive_run,
+    finish_cancelled,
+    resume_run,
+)
+from actors.supervisor.turn import ToolCall, ToolOutcome
+from bus.codec import encode
+from bus.messages import Envelope, Event
+
+SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
+         "tags": ["exec"], "core": False, "risky": True}
+AGENT = Agent(max_turns=6, parallel_tools=False)
+
+#: Fields a session's fold must reproduce.
+FOLDED = ("history", "runs", "turns", "next_seq", "run_over", "last_end", "run_limit",
+          "run_turn", "run_from_seq", "start_key", "deadline", "stop_request")
+
+
+def tool_reply(n: int, turn: int) -> dict[str, Any]:
+    return {"role": "assistant", "stop_reason": "tool_use", "content": [
+        {"type": "text", "text": f"calling {n}"},
+        *({"type": "tool_use", "id": f"t{turn}-{i}", "name": "shell", "input": {"command": "x"}}
+          for i in range(n))]}
+
+
+def text_reply(text: str, stop: str = "end_turn") -> dict[str, Any]:
+    return {"role": "assistant", "stop_reason": stop, "content": [{"type": "text", "text": text}]}
+
+
+class LoggedIO:
+    """A `LoopIO` that journals every event as the supervisor does, one commit each."""
+
+    def __init__(self, journal: Journal, replies: list[Any]) -> None:
+        self.config = Config()
+        self.journal = journal
+        self.replies = list(replies)
+        self.events: list[tuple[int, str, str]] = []
+        self.cancel_at_tool = False
+        #: ("model" | "tool", mode): a cancel arriving while the model streams or a
+        #: tool runs, as the supervisor's `_cancel` does it (end the run, then cancel
+        #: its task).
+        self.interrupt: tuple[str, str] | None = None
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        seq = session.next_seq
+        session.next_seq += 1
+        frame = encode(Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id))
+        self.journal.record(session, type_, seq, frame)
+        self.journal.commit()
+        self.events.append((seq, type_, data.get("tool_use_id", "")))
+
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int) -> dict[str, Any]:
+        reply = self.replies.pop(0) if self.replies else text_reply("done")
+        for word in ("some ", "streamed ", "text"):
+            session.partial.append(word)
+            self.emit(session, "TOKEN", turn, {"text": word})
+        await self._maybe_interrupt(session, "model")
+        if isinstance(reply, Exception):
+            raise reply
+        if reply == "tools":
+            return tool_reply(2, turn)
+        if reply == "pause":
+            return text_reply("hm", "pause_turn")
+        return text_reply(str(reply))
+
+    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        if self.cancel_at_tool:
+            session.stop_request = "operation"
+            self.journal.touch(session)
+        await self._maybe_interrupt(session, "tool")
+        return ToolOutcome("out", False, 1.0)
+
+    async def _maybe_interrupt(self, session: Session, where: str) -> None:
+        if self.interrupt is None or self.interrupt[0] != where:
+            return
+        mode = self.interrupt[1]
+        self.interrupt = None
+        finish_cancelled(session, self, mode)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+    def tool_catalogue(self) -> list[dict[str, Any]]:
+        return [SHELL]
+
+
+def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool = False) -> None:
+    async def go() -> None:
+        if resume:
+            first = resume_run(session, io, "test")
+            await drive_run(session, io, session.run_limit, first)
+        else:
+            limit = begin_run(session, io, prompt)
+            await drive_run(session, io, limit)
+
+    async def owner() -> None:  # the supervisor's task group: a cancelled run ends here
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.create_task(go())
+        session.state = "idle"
+    asyncio.run(owner())
+
+
+def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str, str]]) -> None:
+    """One terminal event per run, seqs without gap, every tool_use answered, every
+    TOOL_START ended by its TOOL_END within its run (viewers see each tool end)."""
+    assert [seq for seq, _, _ in events] == list(range(1, len(events) + 1))
+    kinds = [t for _, t, _ in events]
+    assert sum(t in TERMINAL for t in kinds) == kinds.count("SESSION_START")
+    assert kinds[-1] in TERMINAL
+    started: set[str] = set()
+    for _, kind, call in events:
+        if kind == "TOOL_START":
+            started.add(call)
+        elif kind == "TOOL_END":
+            started.discard(call)
+        elif kind in TERMINAL:
+            # A cancel ends the run at once: its tools are aborted, not reported one by one.
+            assert not started or kind == "CANCELLED", f"tools started, never ended: {started}"
+            started.clear()
+    assert is_valid(history)
+    for i, msg in enumerate(history):
+        if tool_use_ids(msg):
+            assert i + 1 < len(history)
+
+
+@pytest.fixture
+def journal(tmp_path: Path):
+    j = Journal(tmp_path / "sessions.db", reserve_mb=0)
+    yield j
+    j.close()
+
+
+# -- constant work per event ------------------------------------------------------------
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar"):
+                return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+def bytes_per_token_event(tmp: Path, turn: int, n: int = 50) -> float:
+    """Bytes written (write(2) calls) per journaled TOKEN event, after `turn - 1` turns
+    of a 20 KB tool result each."""
+    journal = Journal(tmp / f"t{turn}.db", reserve_mb=0)
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, [])
+    begin_run(session, io, "read the files")
+    for t in range(1, turn):
+        add_reply(session.history, tool_reply(1, t))
+        session.history.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{t}-0", "content": "x" * 20_000}]})
+        io.emit(session, "TURN_END", t, {"stop": "tool_use"})
+    before = _wchar()
+    for _ in range(n):
+        io.emit(session, "TOKEN", turn, {"text": "hello world "})
+    spent = (_wchar() - before) / n
+    journal.close()
+    return spent
+
+
+def test_bytes_written_per_token_event_do_not_grow_with_the_history(tmp_path):
+    at_1 = bytes_per_token_event(tmp_path, 1)
+    at_200 = bytes_per_token_event(tmp_path, 200)
+    # Before the session log: 12.6 KB at turn 1, 10.1 MB at turn 200 (a snapshot each).
+    assert at_200 < 1.5 * at_1 + 1024, (at_1, at_200)
+
+
+def test_a_long_history_is_read_from_the_compaction_not_from_every_delta(journal):
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, ["tools", "tools", "fine"])
+    one_run(session, io)
+    comp = journal.log.compaction("s1")
+    assert comp is not None and comp.seq == session.next_seq - 1
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None
+    assert {f: getattr(loaded, f) for f in FOLDED} == {f: getattr(session, f) for f in FOLDED}
+
+
+# -- the fold equals the live session, and any prefix resumes ---------------------------
+
+#: A cancel (ui or deadline) while the model streams or a tool runs, or none.
+INTERRUPT = st.one_of(st.none(), st.tuples(st.sampled_from(["model", "tool"]),
+                                           st.sampled_from(["ui", "deadline"])))
+REPLY = st.one_of(st.just("tools"), st.just("pause"), st.text("abc ", min_size=1, max_size=5),
+                  st.just(ModelError("overloaded_error", "Overloaded", 529)))
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(runs=st.lists(st.tuples(st.lists(REPLY, max_size=7), st.booleans(), INTERRUPT),
+                     min_size=1, max_size=3))
+def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factory, runs):
+    tmp = tmp_path_factory.mktemp("log")
+    journal = Journal(tmp / "sessions.db", reserve_mb=0)
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, [])
+    for replies, cancel, interrupt in runs:
+        io.replies, io.cancel_at_tool, io.interrupt = list(replies), cancel, interrupt
+        one_run(session, io)
+    assert_invariants(session.history, io.events)
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None
+    assert {f: getattr(loaded, f) for f in FOLDED} == {f: getattr(session, f) for f in FOLDED}
+    records, row = journal.log.records("s1"), journal.log.row("s1")
+    journal.close()
+    assert row is not None and len(records) == len(io.events)
+
+    for k in range(1, len(records) + 1):
+        # The log a supervisor killed after `k` records leaves (no compaction yet) ...
+        copy = Journal(tmp / f"prefix{k}.db", reserve_mb=0)
+        copy.log.commit(records[:k], [row])
+        prefix = load_session(copy.log, "s1", {})
+        assert prefix is not None and prefix.next_seq == k + 1
+        # ... resumes the open run, or takes a follow-up, keeping every invariant.
+        again = LoggedIO(copy, [])
+        again.events = io.events[:k]
+        one_run(prefix, again, resume=not prefix.run_over)
+        assert_invariants(prefix.history, again.events)
+        copy.close()
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+def test_a_torn_last_record_loads_up_to_the_last_whole_one(tmp_path):
+    path = tmp_path / "sessions.db"
+    journal = Journal(path, reserve_mb=0)
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, ["tools", "fine"])
+    one_run(session, io)
+    # The host killed mid-write: copy the files as they are, the WAL's last frame torn.
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    for suffix in ("", "-wal"):
+        shutil.copy(f"{path}{suffix}", f"{torn / 'sessions.db'}{suffix}")
+    journal.close()
+    wal = torn / "sessions.db-wal"
+    wal.write_bytes(wal.read_bytes()[:-100])
+    log = SessionLog(torn / "sessions.db", reserve_mb=0)
+    loaded = load_session(log, "s1", {})
+    assert loaded is not None
+    assert loaded.next_seq == len(io.events)  # the last record (the terminal one) is gone
+    assert not loaded.run_over  # so the run is open: a supervisor resumes it
+    again = LoggedIO(Journal(torn / "sessions.db", reserve_mb=0), [])
+    again.events = io.events[:-1]
+    one_run(loaded, again, resume=True)
+    assert_invariants(loaded.history, again.events)
+    log.close()
+
+
+def test_an_undecodable_record_is_skipped_naming_its_session(journal, caplog):
+    for sid in ("bad", "good"):
+        one_run(Session(sid, AGENT, "/tmp"), LoggedIO(journal, ["hello"]))
+    journal.log.db.execute("DELETE FROM compactions")
+    journal.log.db.execute("UPDATE records SET frame = x'c1' WHERE sid = 'bad' AND seq = 3")
+    with caplog.at_level(logging.ERROR, "oploop.journal"):
+        bad = load_session(journal.log, "bad", {})
+        good = load_session(journal.log, "good", {})
+    assert "session bad: record #3 skipped" in caplog.text
+    assert bad is not None and good is not None
+    assert bad.next_seq == good.next_seq  # the skipped seq is never reused
+    assert good.run_over and good.last_end == "DONE"
+
+
+def test_a_full_disk_writes_nothing_and_loses_nothing(tmp_path):
+    log = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    log.commit([Record("s", 1, b"one")])
+    pages = log.db.execute("PRAGMA page_count").fetchone()[0]
+    log.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(JournalFull):
+        log.commit([Record("s", seq, b"x" * 4000) for seq in range(2, 50)])
+    assert log.range("s", 1, 99, 1 << 20) == ([(1, b"one")], False)
+    log.db.execute(f"PRAGMA max_page_count = {pages * 1000}")  # space returns
+    log.commit([Record("s", 2, b"two")])
+    assert log.last_seq("s") == 2
+    log.close()
+
+
+def test_the_reserve_is_kept_given_up_when_full_and_refuses_new_work(tmp_path, monkeypatch):
+    log = SessionLog(tmp_path / "sessions.db", reserve_mb=1)
+    assert log.reserve_path.stat().st_size == 1 << 20
+    assert log.low_space() == ""
+    assert log.release_reserve() and not log.reserve_path.exists() and log.releases == 1
+    monkeypatch.setattr(log, "free_bytes", lambda fresh=False: 1000)
+    assert "reserve of 1 MB" in log.low_space() and "in use" in log.low_space()
+    log.released = False
+    assert "disk_full" in log.low_space() and "limits.journal_reserve_mb" in log.low_space()
+    assert not log.keep_reserve()  # no room: not taken, and nothing raised
+    monkeypatch.undo()
+    assert log.keep_reserve() and log.reserve_path.exists()
+    log.close()
+
+
+def test_overview_and_remove(journal):
+    for sid in ("a", "b"):
+        one_run(Session(sid, AGENT, "/tmp"), LoggedIO(journal, ["hi"]))
+    over = {o.sid: o for o in journal.log.sessions_overview()}
+    assert set(over) == {"a", "b"} and not over["a"].running and over["a"].bytes > 0
+    assert over["a"].last_activity >= over["a"].created
+    assert journal.log.remove(["a", "nobody"]) == 1
+    assert [o.sid for o in journal.log.sessions_overview()] == ["b"]
+    assert journal.log.records("a") == [] and journal.log.compaction("a") is None
+    assert load_session(journal.log, "a", {}) is None
+
+
+def test_a_user_text_merge_is_logged_as_added_blocks(journal):
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, [])
+    add_user_text(session.history, "one")
+    io.emit(session, "SESSION_START", 0, {"run": 1, "max_turns": 3})
+    add_user_text(session.history, "two")  # joins the last user message
+    io.emit(session, "TURN_START", 1, {})
+    loaded = load_session(journal.log, "s1", {}) if journal.log.row("s1") else None
+    assert loaded is not None and loaded.history == session.history
+    assert loaded.history == [{"role": "user", "content": [
+        {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
+
+
+def test_records_are_sqlite_rows_per_event(journal):
+    one_run(Session("s1", AGENT, "/tmp"), LoggedIO(journal, ["hi"]))
+    n = journal.log.db.execute("SELECT count(*) FROM records WHERE sid = 's1'").fetchone()[0]
+    assert n == journal.log.last_seq("s1")
+    assert isinstance(journal.log.db, sqlite3.Connection)
