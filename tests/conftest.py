@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -33,10 +34,42 @@ def no_leaked_processes():
     assert not leaked, f"test leaked processes: {sorted(leaked)}"
 
 
+#: The homes this test process made (`short_home`), and pytest's own temporary base:
+#: where this run's workspaces are mounted (other runs on the machine have their own).
+_OUR_DIRS: list[str] = []
+
+
+def _test_mounts() -> set[str]:
+    """Mount points under the directories this test run made."""
+    with open("/proc/self/mountinfo") as f:
+        points = {line.split()[4] for line in f}
+    return {p for p in points if any(p.startswith(d) for d in _OUR_DIRS)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_leaked_mounts(tmp_path_factory):
+    """Fail a test module that leaves a workspace file system mounted (each holds a
+    loop device).
+
+    Per module, since a module's hosts may be shared by its tests; set up before,
+    and so torn down after, the module's own fixtures: their clean-up
+    (`remove_home`) has run when this looks.
+    """
+    if not _OUR_DIRS:
+        _OUR_DIRS.append(str(tmp_path_factory.getbasetemp()) + "/")
+    before = _test_mounts()
+    yield
+    leaked = _test_mounts() - before
+    for point in sorted(leaked, reverse=True):  # deepest first
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    assert not leaked, f"test left file systems mounted: {sorted(leaked)}"
+
+
 @pytest.fixture
 def short_home():
     """An OPLOOP_HOME short enough for unix socket paths (pytest's tmp paths are not)."""
     home = tempfile.mkdtemp(prefix="oph-", dir="/tmp")
+    _OUR_DIRS.append(home + "/")
     yield home
     remove_home(Path(home))
 

@@ -21,7 +21,7 @@ from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.pruned import Tombstones
-from actors.supervisor.pruning import Pruner
+from actors.supervisor.pruning import Pruner, remove_workspaces
 from actors.supervisor.session import (
     Session,
     begin_run,
@@ -670,7 +670,8 @@ async def _main(settings: Settings) -> None:
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,
-                               supervisor.forget_sessions)
+                               supervisor.forget_sessions,
+                               functools.partial(remove_workspaces, settings.home))
     await supervisor.serve()
 
 

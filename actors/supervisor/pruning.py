@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 from actors.config import Retention
 from actors.supervisor.pruned import Tombstones
@@ -28,7 +29,8 @@ class Pruner:
 
     def __init__(self, retention: Retention, store: SessionStore, tombstones: Tombstones,
                  running: Callable[[], Collection[str]],
-                 forget: Callable[[list[str]], None]) -> None:
+                 forget: Callable[[list[str]], None],
+                 drop_files: Callable[[list[str]], None] | None = None) -> None:
         self.retention = retention
         self.store = store
         self.tombstones = tombstones
@@ -36,6 +38,10 @@ class Pruner:
         self._running = running
         #: Drops sessions from memory and from the broadcaster, before the store deletes them.
         self._forget = forget
+        #: Deletes the sessions' files beyond the log (their workspaces): slow (an
+        #: unmount each), so it runs in a thread; the futures are owned here.
+        self._drop_files = drop_files
+        self._dropping: set[asyncio.Future[None]] = set()
         self._lock = asyncio.Lock()
         self.removed = 0
 
@@ -65,6 +71,16 @@ class Pruner:
         self.store.remove(sids)
         self.tombstones.add(sids)
         self.removed += len(sids)
+        if self._drop_files is not None:
+            dropping = asyncio.get_running_loop().run_in_executor(
+                None, self._drop_files, list(sids))
+            self._dropping.add(dropping)
+            dropping.add_done_callback(self._dropped)
+
+    def _dropped(self, dropping: asyncio.Future[None]) -> None:
+        self._dropping.discard(dropping)
+        if not dropping.cancelled() and (exc := dropping.exception()) is not None:
+            log.error("retention: a removed session's workspace was not deleted: %s", exc)
 
     def pruned(self, sid: str) -> bool:
         """Whether `sid` names a session that was deleted."""
@@ -82,3 +98,17 @@ class Pruner:
     def close(self) -> None:
         """Close the tombstones' database."""
         self.tombstones.close()
+
+
+def remove_workspaces(home: Path, sids: list[str]) -> None:
+    """Unmount and delete the workspaces (and their quota images) of removed sessions.
+
+    The sandbox's own code does it (`Workspaces.remove`), with the home's
+    `[workspaces]` settings; imported here only when a session is removed.
+    """
+    from actors.sandbox.policy import SandboxConfig
+    from actors.sandbox.workspaces import Workspaces
+
+    spaces = Workspaces(home / "workspaces", SandboxConfig.load(home).workspaces)
+    for sid in sids:
+        spaces.remove(sid)

@@ -65,6 +65,13 @@ def test_prune_and_rm_spare_the_running_session_and_pruned_ids_say_so(host):
         # Gone from both stores (the broadcaster deletes its copy when told).
         wait_until(lambda: not (set(finished) & set().union(*stored_sids(host))),
                    "the pruned sessions to leave both stores")
+        # Their workspaces (each a mounted image: `echo` ran in it) go too.
+        spaces = Path(host) / "workspaces"
+        wait_until(lambda: not any((spaces / sid).exists() or os.path.ismount(spaces / sid)
+                                   or (spaces / ".images" / f"{sid}.img").exists()
+                                   for sid in finished),
+                   "the pruned sessions' workspaces and images to be deleted")
+        assert (spaces / running).is_dir()  # the running one's stays
         # Every way of naming a pruned session says so.
         gone = finished[0]
         for args in (("watch", gone), ("cancel", gone), ("run", "--session", gone, "hi")):

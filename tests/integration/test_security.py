@@ -18,6 +18,7 @@ import pytest
 import zmq.auth
 from hostkit import assert_one_run, oploop, run, running_host, workspace
 
+from actors.sandbox.workspaces import release_all
 from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.errors import AccessDenied, RemoteError
@@ -183,6 +184,7 @@ def remote_executor(home: Path, listen: str, keys: Path):
             proc.kill()
             proc.wait()
         log.close()
+        release_all(home)  # its workspaces stay mounted (as a host's do) until released
 
 
 def test_status_shows_the_listening_address(tcp_host):
