@@ -325,7 +325,7 @@ class Sandbox:
         job = {"path": str(target), "data": data}
         returncode, reply = await self._run_op(tool, policy, cwd, ("write", job), (),
                                                _WRITE_REPLY_CAP, framed=False)
-        text = reply.decode("utf-8", "replace")
+        text = reply.decode("utf-8", "surrogateescape")  # the real path, losslessly
         if returncode == 0 and text.startswith("wrote "):
             return text.rsplit(" to ", 1)[-1]
         code, _, reason = text.partition("\t")

@@ -1,0 +1,93 @@
+"""Adversarial: a second attack on every tool entry point (after issue 15).
+
+Each case attacks as a hostile model would, asserts the attack fails, then that a
+normal call still works. The holes this attack found are the first cases; the
+strongest of the attacks the sandbox already held follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+from sbhelp import TEST_POLICY, Host, need
+from test_escape_read import call, rhost, still_reads
+
+from actors.tools import Catalogue, ToolContext, invoke, make_write_file
+
+__all__ = ["rhost"]  # the fixture, imported for the cases below
+
+
+def write_file(host: Host, path: str, content: str = "hi") -> tuple[str, bool]:
+    """One sandboxed write_file call of the host's session."""
+    tool = make_write_file(host.sandbox.file_writer("write_file", TEST_POLICY))
+    out = asyncio.run(invoke(Catalogue([tool]), "write_file", {"path": path, "content": content},
+                             ToolContext(cwd=host.workspace)))
+    return out.output, out.is_error
+
+
+def assert_encodable(text: str) -> None:
+    """A tool's output must reach the model and the viewers: strict UTF-8."""
+    text.encode("utf-8")
+
+
+# --- holes found, fixed ----------------------------------------------------------------
+
+
+def test_mount_table_names_no_other_session(rhost: Host) -> None:
+    """/proc/self/mountinfo listed every session's workspace mount of every home on the
+    machine (its session id, its home's path): from the shell and from read_file."""
+    need("namespaces")
+    other = rhost.sandbox.workspace(f"x{secrets.token_hex(5)}")
+    assert os.path.ismount(other)
+    shell = rhost.run("cat /proc/self/mountinfo /proc/self/mounts")
+    assert shell.returncode == 0, shell.output
+    assert other.name not in shell.output
+    for path in ("/proc/self/mountinfo", "/proc/self/mounts", "/proc/1/mountinfo"):
+        out, is_error = call(rhost, "read_file", path)
+        assert not is_error and other.name not in out, (path, out)
+    # The session's own workspace is still there, mounted, writable.
+    res = rhost.run("echo ok > f && cat f && grep -c ' " + str(rhost.workspace) + " ' /proc/self/mountinfo")
+    assert res.returncode == 0 and res.output.startswith("ok\n"), res.output
+    still_reads(rhost)
+
+
+def test_odd_names_round_trip_through_write_file(rhost: Host) -> None:
+    """A name that is not UTF-8 (a surrogate escape from the model's JSON): the write
+    happened, but its reply could not be encoded, so the tool said it failed."""
+    need("namespaces")
+    out, is_error = write_file(rhost, "\udcff" * 8, "odd")
+    assert not is_error, out
+    assert_encodable(out)
+    assert "\\xff" in out
+    assert (rhost.workspace / os.fsdecode(b"\xff" * 8)).read_bytes() == b"odd"
+    out, is_error = write_file(rhost, "plain.txt", "plain")
+    assert not is_error and (rhost.workspace / "plain.txt").read_text() == "plain", out
+
+
+def test_errors_about_odd_names_are_encodable(rhost: Host) -> None:
+    """An error naming a non-UTF-8 path must not make the tool's output unencodable."""
+    need("namespaces")
+    (rhost.workspace / os.fsdecode(b"f\xfe")).write_text("x")
+    for name, path in (("list_dir", "f\udcfe"), ("read_file", "nope\udcfe"),
+                       ("list_dir", "nope\udcfe")):
+        out, is_error = call(rhost, name, path)
+        assert is_error, out
+        assert_encodable(out)
+        assert "\\xfe" in out, out
+    out, is_error = write_file(rhost, "missing\udcfe/../../..", "x")
+    assert is_error
+    assert_encodable(out)
+    still_reads(rhost)
+
+
+def test_write_file_content_with_a_lone_surrogate_is_a_clear_error(rhost: Host) -> None:
+    """JSON may carry "\\ud800": the content cannot be UTF-8; a clear error, no traceback."""
+    out, is_error = write_file(rhost, "s.txt", "abc\ud800def")
+    assert is_error and "UTF-8" in out, out
+    assert_encodable(out)
+    assert not (rhost.workspace / "s.txt").exists()
+    out, is_error = write_file(rhost, "s.txt", "abc")
+    assert not is_error and (rhost.workspace / "s.txt").read_text() == "abc", out
