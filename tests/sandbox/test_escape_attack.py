@@ -91,3 +91,32 @@ def test_write_file_content_with_a_lone_surrogate_is_a_clear_error(rhost: Host) 
     assert not (rhost.workspace / "s.txt").exists()
     out, is_error = write_file(rhost, "s.txt", "abc")
     assert not is_error and (rhost.workspace / "s.txt").read_text() == "abc", out
+
+
+def test_session_ids_never_share_or_escape_a_workspace(tmp_path: Path) -> None:
+    """Odd session ids (oploop mints hex ones; a peer or a future API may not): none
+    leaves the workspaces directory, two never share one, a long one still works."""
+    from actors.sandbox.workspaces import NAME_MAX, safe_name
+
+    ids = ["ab", "a.b", "a/b", "../ab", "", ".", "..", "default", "\udcff", "x\x00y", "xy",
+           "é", "e", "a" * 300, "a" * 301, "a" * NAME_MAX, "ab.0123456789abcdef"]
+    names = [safe_name(sid) for sid in ids]
+    assert len(set(names)) == len(ids), sorted(zip(names, ids, strict=True))
+    for sid, name in zip(ids, names, strict=True):
+        assert "/" not in name and "\0" not in name and name not in ("", ".", ".."), sid
+        assert len(name.encode()) <= NAME_MAX + 17, sid
+        assert (tmp_path / name).parent == tmp_path
+    assert safe_name("9f86d081884c") == "9f86d081884c"  # oploop's own ids: unchanged
+    assert safe_name("default") == "default"
+
+
+def test_a_long_or_odd_session_id_gets_its_own_workspace(rhost: Host) -> None:
+    need("namespaces")
+    long_ws = rhost.sandbox.workspace("s" * 300)
+    dotted = rhost.sandbox.workspace("s.1")
+    assert long_ws.parent == dotted.parent == rhost.workspace.parent
+    assert len({long_ws, dotted, rhost.workspace}) == 3
+    assert os.path.ismount(long_ws) and os.path.ismount(dotted)
+    (rhost.workspace / "mine").write_text("x")
+    assert not (dotted / "mine").exists()
+    still_reads(rhost)
