@@ -49,7 +49,7 @@ def test_mount_table_names_no_other_session(rhost: Host) -> None:
         out, is_error = call(rhost, "read_file", path)
         assert not is_error and other.name not in out, (path, out)
     # The session's own workspace is still there, mounted, writable.
-    res = rhost.run("echo ok > f && cat f && grep -c ' " + str(rhost.workspace) + " ' /proc/self/mountinfo")
+    res = rhost.run(f"echo ok > f && cat f && grep -c ' {rhost.workspace} ' /proc/self/mountinfo")
     assert res.returncode == 0 and res.output.startswith("ok\n"), res.output
     still_reads(rhost)
 
