@@ -120,3 +120,50 @@ def test_a_long_or_odd_session_id_gets_its_own_workspace(rhost: Host) -> None:
     (rhost.workspace / "mine").write_text("x")
     assert not (dotted / "mine").exists()
     still_reads(rhost)
+
+
+# --- attacks the sandbox held ----------------------------------------------------------
+
+
+def test_write_file_to_the_mount_point_and_through_links_out(rhost: Host) -> None:
+    """The workspace's own mount point (replacing it would unmount nothing but hide the
+    image), its parent through `..` and through a link the shell planted: all refused."""
+    need("landlock")
+    planted = rhost.run("ln -s .. up && ln -s / rt && ln -s /proc/self/fd/1 out && echo ok")
+    assert planted.output == "ok\n", planted.output
+    ws = str(rhost.workspace)
+    for path in (".", ws, ws + "/", "..", "../s2", "up/x", "rt/tmp/x", "out", "/dev/null"):
+        out, is_error = write_file(rhost, path, "pwned")
+        assert is_error, (path, out)
+        assert_encodable(out)
+    assert os.path.ismount(rhost.workspace)
+    assert sorted(p.name for p in rhost.workspace.iterdir()) == ["out", "rt", "up"]
+    out, is_error = write_file(rhost, "fine.txt", "fine")
+    assert not is_error and (rhost.workspace / "fine.txt").read_text() == "fine", out
+
+
+def test_a_directory_of_60k_entries_lists_bounded(rhost: Host) -> None:
+    """A huge directory (60,000 names: a 1 GiB image has 65,536 inodes, a bound of its
+    own) with a 255-byte name of 0xff answers at once with the first LIST_CAP names
+    and a count; memory stays bounded by the cap in the reader."""
+    from actors.tools.builtin import LIST_CAP
+
+    big = rhost.workspace / "big"
+    big.mkdir()
+    ENTRIES = 60_000  # noqa: N806
+    fd = os.open(big, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(ENTRIES):
+            os.close(os.open(f"n{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+        os.close(os.open(b"\xff" * 255, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    os.chown(big, rhost.uid, rhost.uid)
+    out, is_error = call(rhost, "list_dir", "big")
+    assert not is_error, out[:200]
+    lines = out.splitlines()
+    assert len(lines) == LIST_CAP + 1 and lines[0] == "n000000", lines[:2]
+    assert lines[-1] == f"[truncated: {ENTRIES + 1 - LIST_CAP} more entries]", lines[-1]
+    out, is_error = call(rhost, "read_file", "big/" + "\udcff" * 255)
+    assert not is_error and out == "(empty file)", out
+    still_reads(rhost)
