@@ -87,7 +87,9 @@ def run_writer(job: dict[str, Any]) -> int:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         os.write(_REPLY_FD, f"{getattr(exc, 'errno', 0) or 0}\t{reason}".encode())
         return 1
-    os.write(_REPLY_FD, f"wrote {len(job['data'])} bytes to {real}".encode())
+    # surrogateescape: a name that is not UTF-8 was written; its reply must say so.
+    os.write(_REPLY_FD, f"wrote {len(job['data'])} bytes to {real}".encode(
+        "utf-8", "surrogateescape"))
     return 0
 
 

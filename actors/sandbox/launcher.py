@@ -66,6 +66,7 @@ MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
 
 RLIMIT_NAMES = {"cpu": 0, "fsize": 1, "core": 4, "nproc": 6, "nofile": 7, "as": 9}
 
@@ -283,6 +284,7 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
             continue
         kept.append((path, fd))
     hidden: list[str] = []
+    detach_hidden_mounts([p for p, _ in spec["hide"]], [p for p, _ in kept])
     for path, mode in spec["hide"]:
         if not os.path.isdir(path):  # absent, or already under a hidden path
             continue
@@ -296,6 +298,42 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
         os.close(fd)
     if new_proc:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def detach_hidden_mounts(hide: list[str], keep: list[str]) -> None:
+    """Unmount, in this namespace, every mount under a hidden path but the kept ones.
+
+    A tmpfs over a path hides its files, not the mounts beneath it from the mount
+    table: /proc/self/mountinfo would list every session's workspace (its id, its
+    home's path) of every home under /root, /home or /tmp. A kept path (the
+    session's own workspace) and the mounts holding one stay: it is bound back.
+    """
+    hidden = [h.rstrip("/") + "/" for h in hide]
+    kept = [k.rstrip("/") + "/" for k in keep]
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = [_unescape(line.split(b" ", 5)[4]) for line in f]
+    for point in sorted(set(points), key=len, reverse=True):  # the deepest first
+        mark = point.rstrip("/") + "/"
+        if not any(mark.startswith(h) and mark != h for h in hidden):
+            continue
+        if any(k.startswith(mark) for k in kept):
+            continue
+        _libc.umount2(point.encode("utf-8", "surrogateescape"), MNT_DETACH)  # gone: fine
+
+
+def _unescape(field: bytes) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    if b"\\" in field:
+        out, i = bytearray(), 0
+        while i < len(field):
+            if field[i:i + 1] == b"\\" and field[i + 1:i + 4].isdigit():
+                out.append(int(field[i + 1:i + 4], 8))
+                i += 4
+            else:
+                out += field[i:i + 1]
+                i += 1
+        field = bytes(out)
+    return field.decode("utf-8", "surrogateescape")
 
 
 def mount_view(spec: dict[str, Any], new_proc: bool) -> None:

@@ -32,7 +32,7 @@ from .cgroups import CallCgroup, CgroupTree, Hierarchies, Limits, executor_limit
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
-from .workspaces import Workspaces
+from .workspaces import Workspaces, safe_name
 
 log = logging.getLogger("oploop.sandbox")
 T = TypeVar("T")
@@ -212,8 +212,7 @@ class Sandbox:
 
     def workspace_path(self, session: str) -> Path:
         """Where the session's workspace is (no I/O: a read needs it only if it exists)."""
-        safe = "".join(c for c in session if c.isalnum() or c in "-_") or "default"
-        return self.workspaces / safe
+        return self.workspaces / safe_name(session)
 
     def workspace(self, session: str) -> Path:
         """The session's workspace directory: 0700, owned by the session's uid, on its own
@@ -325,7 +324,7 @@ class Sandbox:
         job = {"path": str(target), "data": data}
         returncode, reply = await self._run_op(tool, policy, cwd, ("write", job), (),
                                                _WRITE_REPLY_CAP, framed=False)
-        text = reply.decode("utf-8", "replace")
+        text = reply.decode("utf-8", "surrogateescape")  # the real path, losslessly
         if returncode == 0 and text.startswith("wrote "):
             return text.rsplit(" to ", 1)[-1]
         code, _, reason = text.partition("\t")

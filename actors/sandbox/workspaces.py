@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -99,9 +100,25 @@ class WorkspaceQuota:
         )
 
 
+NAME_MAX = 64
+"""The longest session id used as is for its workspace's name (ASCII: bytes = chars)."""
+_DIGEST_HEX = 16
+
+
 def safe_name(session: str) -> str:
-    """The directory name of `session`'s workspace (no separators, never empty)."""
-    return "".join(c for c in session if c.isalnum() or c in "-_") or "default"
+    """The directory name of `session`'s workspace: no separators, never empty, at most
+    NAME_MAX + 17 bytes, and one per session (two ids never share a workspace).
+
+    An id of ASCII letters, digits, `-` and `_` (oploop's own are hex) is its own name;
+    any other is its safe characters, a dot (which no such id has) and a digest of the
+    whole id: "a.b" and "ab", "../x" and "x", or ids too long for a file name once
+    all mapped to one directory, or failed to be made.
+    """
+    kept = "".join(c for c in session if c.isascii() and (c.isalnum() or c in "-_"))
+    if kept == session and 0 < len(session) <= NAME_MAX:
+        return session
+    digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{kept[:NAME_MAX] or 'session'}.{digest[:_DIGEST_HEX]}"
 
 
 class Workspaces:

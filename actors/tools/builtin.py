@@ -52,7 +52,8 @@ def _os_error(tool_name: str, path: Path, exc: OSError | ValueError) -> ToolOutc
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     is_dir = isinstance(exc, IsADirectoryError)
     hint = " (use list_dir)" if is_dir and tool_name == "read_file" else ""
-    return ToolOutcome.error(f"{tool_name}: {path}: {reason}{hint}")
+    # shown_name: a path that is not UTF-8 must not make the output unencodable.
+    return ToolOutcome.error(f"{tool_name}: {shown_name(str(path))}: {reason}{hint}")
 
 
 # --- read_file -------------------------------------------------------------------
@@ -205,14 +206,19 @@ def make_write_file(writer: FileWriter = write_local) -> Tool:
         """Write text (UTF-8) to a file, replacing it whole if it exists and creating
         missing parent directories."""
         target = resolve_path(ctx, path)
-        data = content.encode("utf-8")
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON may carry a lone surrogate ("\ud800")
+            return ToolOutcome.error(
+                f"write_file: the content is not valid UTF-8 text (a lone surrogate at "
+                f"character {exc.start}); nothing written")
         try:
             real = await writer(target, data, ctx.cwd)
         except ToolRefused as exc:
             return ToolOutcome.error(f"write_file: {exc}")
         except (OSError, ValueError) as exc:
             return _os_error("write_file", target, exc)
-        return f"wrote {len(data)} bytes to {real}"
+        return f"wrote {len(data)} bytes to {shown_name(real)}"
 
     return write_file
 
