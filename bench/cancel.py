@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from actors.sandbox.workspaces import remove_home
 from bus.client import Client
 
 WORDS = " ".join(f"w{i}" for i in range(3000))
@@ -181,7 +181,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             }
     finally:
         _cli(home, "down", env=env)
-        shutil.rmtree(home, ignore_errors=True)
+        remove_home(Path(home))
     result["load_after"] = os.getloadavg()
     return result
 

@@ -32,7 +32,6 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -42,6 +41,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from actors.sandbox.workspaces import remove_home
 
 RATE = 20_000  # token deltas per second
 DELTA = "tok "  # ~ one token
@@ -257,7 +258,7 @@ def _run_one(viewers: int, extra: str, seconds: float, batch_ms: float) -> RunRe
                 p.kill()
         broadcaster.send_signal(signal.SIGTERM)
         broadcaster.wait(10)
-        shutil.rmtree(home, ignore_errors=True)
+        remove_home(Path(home))
     counted = [got[n] for n in names if n != "extra" and n in got]
     first = got.get("v0", {})
     lat = [x for r in counted for x in r["lat"]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from actors.sandbox.workspaces import remove_home
 from bus.endpoints import Endpoints
 
 #: One trivial tool call per turn, for up to this many turns (runs are cut by max_turns).
@@ -98,7 +98,7 @@ class BenchHost:
             if self.state() is not None:
                 self.oploop("down")
         finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_home(Path(self.dir))
 
     def state(self) -> dict[str, Any] | None:
         """The host's state file."""

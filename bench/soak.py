@@ -59,6 +59,7 @@ import psutil
 import uvloop
 
 from actors.host.policy import RestartPolicy
+from actors.sandbox.workspaces import remove_home
 from actors.storage import private_files
 from bench.soak_verdict import Kill, SessionRun, report, summary
 from bus.client import Client
@@ -190,7 +191,7 @@ class SoakHost:
 
     def remove(self) -> None:
         """Remove the home (after `down`)."""
-        shutil.rmtree(self.home, ignore_errors=True)
+        remove_home(Path(self.home))
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of the host's log (every actor's stderr)."""

@@ -76,7 +76,6 @@ def short_home():
 
 def remove_home(home: Path) -> None:
     """Delete a test's home, unmounting the workspace file systems it still has."""
-    from actors.sandbox.workspaces import release_all
+    from actors.sandbox.workspaces import remove_home as remove
 
-    release_all(home)
-    shutil.rmtree(home, ignore_errors=True)
+    remove(home)

@@ -261,17 +261,38 @@ def loop_quota_missing() -> str:
 
 def release_all(root: Path) -> int:
     """Unmount every workspace mounted under `root` (images are kept, and mounted
-    again by the next call of their session); returns how many."""
-    prefix = str(root.resolve()).rstrip("/") + "/"
+    again by the next call of their session); returns how many mounts were detached
+    at the top.
+
+    Shallowest first, each detach recursive (`umount -l`), again until none is
+    left: a mount stacked on another at one path is then taken too.
+    """
+    base = str(root.resolve()).rstrip("/")
     count = 0
-    for point in sorted(_mount_points(), reverse=True):  # deepest first
-        if point.startswith(prefix):
+    for _ in range(_RELEASE_ROUNDS):
+        under = [p for p in _mount_points() if p == base or p.startswith(base + "/")]
+        if not under:
+            break
+        top = [p for p in under if not any(p.startswith(q + "/") for q in under)]
+        for point in sorted(set(top)):
             try:
-                _unmount(Path(point))
+                _run(["umount", "-l", point], f"cannot unmount {point}")
                 count += 1
             except WorkspaceRefused as exc:
                 log.error("%s", exc)
     return count
+
+
+def remove_home(home: Path) -> None:
+    """Delete an oploop home that is done with (a test's, a benchmark's): its
+    workspaces unmounted first, or they would stay mounted, each holding a loop
+    device, and the folder could not be removed."""
+    release_all(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+#: Release rounds at most: one per layer of mounts stacked at one path.
+_RELEASE_ROUNDS = 8
 
 
 def _mount_points() -> list[str]:
