@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -39,11 +41,26 @@ def no_leaked_processes():
 _OUR_DIRS: list[str] = []
 
 
+#: The temporary homes tests make for themselves (`oph-`, `opc-`, `oploop-root-`...).
+_HOME = re.compile(r"^(/tmp/op[a-z]*-[^/]+|/root/oploop-[^/]+)/")
+_STARTED = time.time()
+
+
 def _test_mounts() -> set[str]:
-    """Mount points under the directories this test run made."""
+    """Mount points under the directories this test run made: its own, and the
+    temporary homes made since it started (another run beside it may make some too:
+    run one suite at a time)."""
     with open("/proc/self/mountinfo") as f:
         points = {line.split()[4] for line in f}
-    return {p for p in points if any(p.startswith(d) for d in _OUR_DIRS)}
+    return {p for p in points if any(p.startswith(d) for d in _OUR_DIRS) or _ours(p)}
+
+
+def _ours(point: str) -> bool:
+    home = _HOME.match(point)
+    try:
+        return home is not None and os.stat(home.group(1)).st_ctime >= _STARTED
+    except OSError:
+        return False
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ import zmq.asyncio
 from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, workspace
 
 from actors.config import Config
+from actors.sandbox.workspaces import remove_home
 from actors.supervisor.actor import Supervisor
 from actors.supervisor.history import is_valid
 from bus.client import Client
@@ -56,7 +56,7 @@ def host(tmp_path_factory):
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(files / "scenario.json")}) as h:
             yield h
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        remove_home(Path(home))
 
 
 async def until(predicate, timeout=10.0, what="condition"):

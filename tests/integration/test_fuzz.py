@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -16,6 +15,7 @@ from hostkit import assert_one_run, running_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.sandbox.workspaces import remove_home
 from bus.client import Client
 from bus.codec import encode
 from bus.endpoints import Endpoints
@@ -85,7 +85,7 @@ def host(tmp_path_factory):
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as running:
             yield running
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        remove_home(Path(home))
 
 
 def test_fuzzed_frames_on_every_socket_while_a_session_runs(host, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hostkit import of_type, run, running_host, workspace
 
+from actors.sandbox.workspaces import remove_home
 from actors.supervisor.history import is_valid
 from bus.client import Client
 
@@ -79,7 +80,6 @@ SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    import shutil
     import tempfile
 
     home = tempfile.mkdtemp(prefix="opl-", dir="/tmp")
@@ -99,7 +99,7 @@ def host(tmp_path_factory):
         with running_host(home, env) as running:
             yield running
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        remove_home(Path(home))
 
 
 def retries(events):
