@@ -15,10 +15,11 @@ from typing import Any
 
 from bus.messages import HISTORY_MISS, LlmJob
 
-#: Sessions whose history a caller keeps; a miss only costs one full send.
-MAX_SESSIONS = 4096
+#: Sessions whose history a caller keeps (about the running ones: 1,000 by default);
+#: a miss only costs one full send.
+MAX_SESSIONS = 1_024
 #: Approximate bytes of history a caller keeps over all sessions (the least recently
-#: used go first): a count alone would let 4096 long histories hold gigabytes.
+#: used go first): a count alone would let 1,024 long histories hold gigabytes.
 MAX_BYTES = 256 << 20
 #: What a message costs beyond its text (dict, blocks, ids), for the estimate.
 MESSAGE_OVERHEAD = 128

@@ -76,7 +76,7 @@ MAX_OUTBOX = 1_000_000
 MAX_OUTBOX_BYTES = 256 << 20
 #: Start keys remembered in memory (resends come within seconds; older ones, and
 #: every one across a restart, are looked up in the session log).
-MAX_START_KEYS = 10_000
+MAX_START_KEYS = 1_024
 #: Longest resend answer to the broadcaster, in bytes of events (it asks again).
 RESEND_BATCH_BYTES = 1 << 20
 #: How long a failed journal commit waits before it is tried again.
