@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from homes import OUR_DIRS, make_home
 
 
 def _children() -> set[int]:
@@ -36,31 +33,11 @@ def no_leaked_processes():
     assert not leaked, f"test leaked processes: {sorted(leaked)}"
 
 
-#: The homes this test process made (`short_home`), and pytest's own temporary base:
-#: where this run's workspaces are mounted (other runs on the machine have their own).
-_OUR_DIRS: list[str] = []
-
-
-#: The temporary homes tests make for themselves (`oph-`, `opc-`, `oploop-root-`...).
-_HOME = re.compile(r"^(/tmp/op[a-z]*-[^/]+|/root/oploop-[^/]+)/")
-_STARTED = time.time()
-
-
 def _test_mounts() -> set[str]:
-    """Mount points under the directories this test run made: its own, and the
-    temporary homes made since it started (another run beside it may make some too:
-    run one suite at a time)."""
+    """Mount points under the directories this test run made (`homes.OUR_DIRS`)."""
     with open("/proc/self/mountinfo") as f:
         points = {line.split()[4] for line in f}
-    return {p for p in points if any(p.startswith(d) for d in _OUR_DIRS) or _ours(p)}
-
-
-def _ours(point: str) -> bool:
-    home = _HOME.match(point)
-    try:
-        return home is not None and os.stat(home.group(1)).st_ctime >= _STARTED
-    except OSError:
-        return False
+    return {p for p in points if any(p.startswith(d) for d in OUR_DIRS)}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -72,8 +49,9 @@ def no_leaked_mounts(tmp_path_factory):
     and so torn down after, the module's own fixtures: their clean-up
     (`remove_home`) has run when this looks.
     """
-    if not _OUR_DIRS:
-        _OUR_DIRS.append(str(tmp_path_factory.getbasetemp()) + "/")
+    base = str(tmp_path_factory.getbasetemp()) + "/"
+    if base not in OUR_DIRS:
+        OUR_DIRS.append(base)
     before = _test_mounts()
     yield
     leaked = _test_mounts() - before
@@ -85,8 +63,7 @@ def no_leaked_mounts(tmp_path_factory):
 @pytest.fixture
 def short_home():
     """An OPLOOP_HOME short enough for unix socket paths (pytest's tmp paths are not)."""
-    home = tempfile.mkdtemp(prefix="oph-", dir="/tmp")
-    _OUR_DIRS.append(home + "/")
+    home = make_home("oph-")
     yield home
     remove_home(Path(home))
 

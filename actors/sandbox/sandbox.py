@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import marshal
 import os
@@ -20,7 +19,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
@@ -29,13 +28,32 @@ from actors import fileops
 from . import bwrap, hostview, seccomp, uids
 from . import launcher as launcher_mod
 from .cgroups import CallCgroup, CgroupTree, Hierarchies, Limits, executor_limits
+from .filereplies import (
+    _DENIED,
+    _LIST_ENTRY_BYTES,
+    _READ_REPLY_SLACK,
+    _WRITE_REPLY_CAP,
+    _parsed,
+    _read_capped,
+    _read_framed,
+)
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
+from .launchspec import (
+    _HOMES,
+    _PRIVATE_TMP,
+    _SANDBOX_PATH,
+    TMPFS_SIZE,
+    _masks,
+    _reads_system_ro,
+    _rlimits,
+    _unshare_flags,
+    _within,
+)
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
 from .workspaces import Workspaces, safe_name
 
 log = logging.getLogger("oploop.sandbox")
-T = TypeVar("T")
 
 FileWriterFn = Callable[[Path, bytes, Path], Awaitable[str]]
 ReadResult = tuple[bytes, bool, int, str]
@@ -53,16 +71,6 @@ BOOTSTRAP = (
 """What the launcher's interpreter runs: the cached launcher module, not a script."""
 _PR_SET_CHILD_SUBREAPER = 36
 _GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
-_PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-TMPFS_SIZE = "64m"
-"""The size of each private tmpfs (/tmp, /var/tmp, /dev/shm, /run): a fill stops there."""
-_HOMES = ("/root", "/home")
-"""Hidden from every tool (tmpfs): root's and the users' homes, whatever their modes."""
-_WRITE_REPLY_CAP = 16 * 1024
-_READ_REPLY_SLACK = 64 * 1024  # a read's reply: the data cap plus its header (a path in hex)
-_LIST_ENTRY_BYTES = 260  # a listed entry's most bytes: a 255-byte name, its mark and NUL
-_DENIED = (1, 13, 30)  # EPERM, EACCES, EROFS: what Landlock and the mounts answer
-_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SandboxRefused(ToolRefused):
@@ -558,72 +566,7 @@ class Sandbox:
         return spec
 
 
-
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
-
-
-@functools.cache
-def _masks() -> list[tuple[str, list[tuple[str, bytes]]]]:
-    # Built once: marshal takes lists, and the copies never change.
-    return [(root, list(files)) for root, files in hostview.host_info_masks()]
-
-
-def _within(limits: Limits, cap: Limits) -> Limits:
-    """A call's limits, none above the executor's caps (0: none of that kind). The
-    parent bounds the call anyway, but v1 refuses a cpu quota above its parent's."""
-
-    def lower(value: float, bound: float) -> float:
-        if bound <= 0:
-            return value
-        return bound if value <= 0 else min(value, bound)
-
-    return Limits(
-        memory_bytes=int(lower(limits.memory_bytes, cap.memory_bytes)),
-        pids=int(lower(limits.pids, cap.pids)),
-        cpu=lower(limits.cpu, cap.cpu),
-    )
-
-
-@functools.cache
-def _reads_system_ro() -> tuple[str, ...]:
-    """The system paths a read may see, resolved and without those beneath another
-    (/bin is /usr/bin on most systems) nor devices (a read refuses them): each
-    Landlock rule costs a few syscalls on every call."""
-    real = {os.path.realpath(p) for p in SYSTEM_RO_PATHS if not p.startswith("/dev/")}
-    real = {p for p in real if os.path.isdir(p)}
-    return tuple(sorted(p for p in real if not any(p.startswith(q + "/") for q in real)))
-
-
-def _parsed(parse: Callable[[bytes], T], reply: bytes) -> T:
-    """The parsed reply of a sandboxed read (OSError: the reader's own error)."""
-    try:
-        return parse(reply)
-    except (ValueError, KeyError) as exc:  # cut short or mangled: not what fileops wrote
-        raise fileops.BadReply(f"sandboxed reader: unreadable reply ({exc})") from exc
-
-
-async def _read_framed(stream: asyncio.StreamReader, cap: int) -> bytes:
-    """One length-prefixed reply (at most `cap` bytes); b"" if the launcher wrote none."""
-    try:
-        size = int(await stream.readexactly(fileops.REPLY_LEN_DIGITS))
-        if size > cap:
-            raise fileops.BadReply(f"sandboxed reader: a {size}-byte reply (cap {cap})")
-        return await stream.readexactly(size)
-    except asyncio.IncompleteReadError:
-        return b""  # refused before it ran (the reason is on the error pipe), or killed
-    except ValueError as exc:
-        raise fileops.BadReply(f"sandboxed reader: unreadable reply ({exc})") from exc
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> bytes:
-    """Everything until EOF, keeping at most `cap` bytes (the rest is read and dropped)."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await stream.read(64 * 1024):
-        if size < cap:
-            chunks.append(chunk[: cap - size])
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:
@@ -647,27 +590,3 @@ def _check_reachable(tool: str, path: Path, uid: int) -> None:
         )
 
 
-def _unshare_flags(offline: bool) -> int:
-    flags = (
-        launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWIPC | launcher_mod.CLONE_NEWUTS
-        | launcher_mod.CLONE_NEWPID | launcher_mod.CLONE_NEWCGROUP
-    )
-    return flags | launcher_mod.CLONE_NEWNET if offline else flags
-
-
-def _rlimits(policy: Policy, as_user: bool) -> list[tuple[str, int, int]]:
-    limits = [
-        # Soft: SIGXCPU a process can see; hard a second later: SIGKILL.
-        ("cpu", policy.cpu_s, policy.cpu_s + 1),
-        ("fsize", policy.file_bytes, policy.file_bytes),
-        ("nofile", policy.nofile, policy.nofile),
-        ("core", 0, 0),
-    ]
-    if as_user and policy.limits.pids > 0:
-        # Counted per uid across the machine (root ignores it), and each session has
-        # its own uid: it bounds the session's calls together, never another
-        # session's; a backstop behind the cgroup's exact pids.max, hence the slack.
-        limits.append(("nproc", policy.limits.pids * 4, policy.limits.pids * 4))
-    if policy.address_space > 0:
-        limits.append(("as", policy.address_space, policy.address_space))
-    return limits

@@ -7,7 +7,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 import httpx2
@@ -15,6 +14,7 @@ import psutil
 import pytest
 import zmq
 import zmq.asyncio
+from homes import make_home
 from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, workspace
 
 from actors.config import Config
@@ -49,7 +49,7 @@ SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    home = tempfile.mkdtemp(prefix="opc-", dir="/tmp")
+    home = make_home("opc-")
     files = tmp_path_factory.mktemp("cancel")
     (files / "scenario.json").write_text(json.dumps({"scripts": SCRIPTS}))
     try:

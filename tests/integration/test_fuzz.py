@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 import zmq
+from homes import make_home
 from hostkit import assert_one_run, running_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -78,7 +78,7 @@ SOCKETS = [("api", zmq.DEALER), ("control", zmq.DEALER), ("work", zmq.DEALER),
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    home = tempfile.mkdtemp(prefix="opf-", dir="/tmp")
+    home = make_home("opf-")
     scenario = tmp_path_factory.mktemp("fuzz") / "scenario.json"
     scenario.write_text(json.dumps({"scripts": SCRIPTS}))
     try:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from homes import make_home
 from hostkit import of_type, run, running_host, workspace
 
 from actors.sandbox.workspaces import remove_home
@@ -80,9 +81,8 @@ SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    import tempfile
 
-    home = tempfile.mkdtemp(prefix="opl-", dir="/tmp")
+    home = make_home("opl-")
     files = tmp_path_factory.mktemp("loop")
     (files / "scenario.json").write_text(json.dumps({"scripts": SCRIPTS}))
     (files / "oploop.toml").write_text(CONFIG)

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -109,7 +108,9 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
     backend = request.param
     if backend == "bwrap" and bwrap.find()[1]:
         pytest.skip(f"bubblewrap backend absent on this machine: {bwrap.find()[1]}")
-    home = Path(tempfile.mkdtemp(prefix="ophs-", dir="/tmp"))
+    from homes import make_home  # (here: holder.py imports this module without tests/)
+
+    home = Path(make_home("ophs-"))
     # Traversable (not listable) by the tool uid, for the cases that lower the mount
     # namespace, which otherwise hides the home and binds only the workspace back.
     os.chmod(home, 0o711)

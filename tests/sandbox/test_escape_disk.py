@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from homes import make_home
 from sbhelp import TEST_POLICY, need
 
 from actors.sandbox import (
@@ -38,7 +38,7 @@ def home() -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("a loop-mounted workspace quota needs root")
     need("namespaces")
-    path = Path(tempfile.mkdtemp(prefix="ophd-", dir="/tmp"))
+    path = Path(make_home("ophd-"))
     try:
         yield path
     finally:

@@ -1,0 +1,230 @@
+"""The launcher's process lockdown: kernel constants, Landlock, seccomp, cgroup, rlimits, uid.
+
+Primitives over `ctypes` that the launcher (`launcher.py`) applies to itself
+before it runs a tool. Like the launcher, this file is imported both as a
+top-level module (the bootstrap puts actors/sandbox on sys.path) and as
+actors.sandbox.lockdown, so it imports only cheap parts of the standard
+library (see launcher.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+
+TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
+if TYPE_CHECKING:
+    from typing import Any
+
+# --- kernel constants (uapi headers; identical on every Linux architecture) ----------
+
+PR_SET_PDEATHSIG = 1
+PR_SET_SECCOMP = 22
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_MODE_FILTER = 2
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+RLIMIT_NAMES = {"cpu": 0, "fsize": 1, "core": 4, "nproc": 6, "nofile": 7, "as": 9}
+
+SIGKILL = 9
+SIGTERM = 15
+SIGPIPE = 13
+SIGXFSZ = 25
+
+# Landlock (linux/landlock.h). The syscall numbers are the same on all architectures.
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_EXECUTE = 1 << 0
+FS_WRITE_FILE = 1 << 1
+FS_READ_FILE = 1 << 2
+FS_READ_DIR = 1 << 3
+FS_REFER = 1 << 13  # ABI 2
+FS_TRUNCATE = 1 << 14  # ABI 3
+FS_IOCTL_DEV = 1 << 15  # ABI 5
+FS_FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+FS_READ_ONLY = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+NET_BIND_TCP = 1  # ABI 4
+NET_CONNECT_TCP = 2
+SCOPE_ABSTRACT_UNIX_SOCKET = 1  # ABI 6
+SCOPE_SIGNAL = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = (
+    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p,
+)
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def _prctl(option: int, arg: int = 0) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+
+
+# --- Landlock ---------------------------------------------------------------------------
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 when Landlock is absent or disabled."""
+    ret = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    return max(int(ret), 0)
+
+
+def _handled_fs(abi: int) -> int:
+    handled = (1 << 13) - 1
+    if abi >= 2:
+        handled |= FS_REFER
+    if abi >= 3:
+        handled |= FS_TRUNCATE
+    if abi >= 5:
+        handled |= FS_IOCTL_DEV
+    return handled
+
+
+def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool) -> int:
+    """Allow reading (and exec) beneath `ro`, everything beneath `rw`, nothing else.
+
+    `deny_tcp` also handles TCP bind/connect (no rule allows any port); `scope`
+    stops abstract unix sockets and signals from reaching outside this domain.
+    Paths that do not exist are skipped. Returns the ABI used.
+    """
+    abi = landlock_abi()
+    if abi < 1:
+        raise OSError(95, "Landlock is not supported by this kernel")
+    handled = _handled_fs(abi)
+    attr = _RulesetAttr(handled, 0, 0)
+    size = 8
+    if abi >= 4:
+        size = 16
+        attr.handled_access_net = (NET_BIND_TCP | NET_CONNECT_TCP) if deny_tcp else 0
+    if abi >= 6:
+        size = 24
+        attr.scoped = (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if scope else 0
+    ruleset = _check(
+        _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0),
+        "landlock_create_ruleset",
+    )
+    try:
+        for paths, access in ((ro, FS_READ_ONLY), (rw, handled)):
+            for path in paths:
+                _add_path_rule(ruleset, path, access & handled)
+        _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def _add_path_rule(ruleset: int, path: str, access: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            access &= FS_FILE_ONLY  # the kernel refuses directory rights on a file
+        rule = _PathBeneath(access, fd)
+        _check(
+            _libc.syscall(
+                SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0
+            ),
+            f"landlock_add_rule({path})",
+        )
+    finally:
+        os.close(fd)
+
+
+# --- seccomp --------------------------------------------------------------------------
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def apply_seccomp(bpf: bytes) -> None:
+    """Install a classic-BPF seccomp program (compiled by the executor with libseccomp)."""
+    if not bpf or len(bpf) % 8:
+        raise OSError(22, "seccomp program is empty or not whole instructions")
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = _SockFprog(len(bpf) // 8, ctypes.addressof(buf))
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
+        "prctl(PR_SET_SECCOMP)",
+    )
+
+
+# --- the other layers -----------------------------------------------------------------
+
+
+def join_cgroup(spec: dict[str, Any]) -> None:
+    """Create the call's cgroups, write their limits, and move this process into them."""
+    for path in spec["mkdir"]:
+        os.makedirs(path, exist_ok=True)
+    for path, value in spec["limits"]:
+        _write(path, value)
+    pid = str(os.getpid())
+    for procs in spec["procs"]:
+        _write(procs, pid)
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def set_rlimits(limits: list[tuple[str, int, int]]) -> None:
+    """Lower each rlimit (name, soft, hard); -1 means unlimited."""
+    for name, soft, hard in limits:
+        values = (ctypes.c_ulong * 2)(
+            soft if soft >= 0 else ctypes.c_ulong(-1).value,
+            hard if hard >= 0 else ctypes.c_ulong(-1).value,
+        )
+        _check(_libc.setrlimit(RLIMIT_NAMES[name], values), f"setrlimit({name})")
+
+
+def drop_uid(uid: int, gid: int) -> None:
+    """Become `uid`/`gid` with no supplementary groups; the capabilities go with root."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)

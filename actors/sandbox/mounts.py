@@ -1,0 +1,192 @@
+"""The launcher's mount view: hidden host paths, kept paths bound back, /run, /sys, /proc.
+
+Applied by the launcher (`launcher.py`) in the call's new mount namespace.
+Imported both as a top-level module and as actors.sandbox.mounts, standard
+library only (see launcher.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+if __package__:
+    from actors.sandbox.lockdown import (
+        MNT_DETACH,
+        MS_BIND,
+        MS_NODEV,
+        MS_NOEXEC,
+        MS_NOSUID,
+        MS_PRIVATE,
+        MS_RDONLY,
+        MS_REC,
+        MS_REMOUNT,
+        _check,
+        _libc,
+    )
+else:
+    from lockdown import (  # type: ignore[no-redef]
+        MNT_DETACH,
+        MS_BIND,
+        MS_NODEV,
+        MS_NOEXEC,
+        MS_NOSUID,
+        MS_PRIVATE,
+        MS_RDONLY,
+        MS_REC,
+        MS_REMOUNT,
+        _check,
+        _libc,
+    )
+
+TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    def enc(text: str | None) -> bytes | None:
+        return None if text is None else text.encode()
+
+    _check(_libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
+    """In a new mount namespace: hide host paths under tmpfs, bind the kept ones back, new /proc.
+
+    A kept path (the workspace, what a read may see) that lies under a hidden
+    one is bound back at its own place inside the tmpfs, through an fd opened
+    before it disappeared: the tmpfs is traversable, so the tool uid reaches it
+    even when the real parents are not (a home under a 0700 /root).
+    """
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    kept = []
+    for path in spec["keep"]:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # absent (or unreachable): nothing to bind back
+        if stat.S_ISLNK(os.fstat(fd).st_mode):  # swapped for a link since it was resolved
+            os.close(fd)
+            continue
+        kept.append((path, fd))
+    hidden: list[str] = []
+    detach_hidden_mounts([p for p, _ in spec["hide"]], [p for p, _ in kept])
+    for path, mode in spec["hide"]:
+        if not os.path.isdir(path):  # absent, or already under a hidden path
+            continue
+        opts = f"size={spec['tmpfs_size']},mode={mode}"
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+        hidden.append(path.rstrip("/") + "/")
+    for path, fd in kept:
+        if any((path + "/").startswith(h) for h in hidden):
+            _mount_point(path, stat.S_ISDIR(os.fstat(fd).st_mode))
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        os.close(fd)
+    if new_proc:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def detach_hidden_mounts(hide: list[str], keep: list[str]) -> None:
+    """Unmount, in this namespace, every mount under a hidden path but the kept ones.
+
+    A tmpfs over a path hides its files, not the mounts beneath it from the mount
+    table: /proc/self/mountinfo would list every session's workspace (its id, its
+    home's path) of every home under /root, /home or /tmp. A kept path (the
+    session's own workspace) and the mounts holding one stay: it is bound back.
+    Each umount costs tens of microseconds: a call pays for every workspace
+    mounted on the machine under a hidden path.
+    """
+    hidden = [h.rstrip("/") + "/" for h in hide]
+    kept = [k.rstrip("/") + "/" for k in keep]
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = [_unescape(line.split(b" ", 5)[4]) for line in f]
+    for point in sorted(set(points), key=len, reverse=True):  # the deepest first
+        mark = point.rstrip("/") + "/"
+        if not any(mark.startswith(h) and mark != h for h in hidden):
+            continue
+        if any(k.startswith(mark) for k in kept):
+            continue
+        _libc.umount2(point.encode("utf-8", "surrogateescape"), MNT_DETACH)  # gone: fine
+
+
+def _unescape(field: bytes) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    if b"\\" in field:
+        out, i = bytearray(), 0
+        while i < len(field):
+            if field[i:i + 1] == b"\\" and field[i + 1:i + 4].isdigit():
+                out.append(int(field[i + 1:i + 4], 8))
+                i += 4
+            else:
+                out += field[i:i + 1]
+                i += 1
+        field = bytes(out)
+    return field.decode("utf-8", "surrogateescape")
+
+
+def mount_view(spec: dict[str, Any], new_proc: bool) -> None:
+    """The whole file system view of a call: hidden and kept paths, a new /proc, a
+    private /run, and /sys and /proc/sys reduced (after the new /proc: it masks that)."""
+    setup_mounts(spec, new_proc)
+    private_run(spec["private_run"], spec["tmpfs_size"])
+    mask_host_info(spec["mask"])
+
+
+def private_run(paths: list[str], size: str) -> None:
+    """An empty tmpfs over /run (and a real /var/run): no host daemon's socket inside."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   f"size={size},mode=0755")
+
+
+def mask_host_info(masks: list[tuple[str, list[tuple[str, bytes]]]]) -> None:
+    """Cover each masked tree (/sys, /proc/sys) with a small read-only tmpfs holding
+    only copies of the few files ordinary tools read (the CPUs online, pid_max...).
+
+    Copies, not binds: a tmpfs and a few writes cost ~0.1 ms, where detaching
+    /sys and moving clones of the kept entries back cost several ms per call.
+    """
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for root, files in masks:
+        if not os.path.isdir(root):
+            continue
+        _mount("tmpfs", root, "tmpfs", flags, "size=1m,mode=0555")
+        for rel, data in files:
+            target = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(target), mode=0o555, exist_ok=True)
+            fd = os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o444)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        _mount(None, root, None, MS_REMOUNT | MS_RDONLY | flags, "size=1m,mode=0555")
+
+
+def _mount_point(path: str, directory: bool) -> None:
+    """Make an empty directory or file at `path` (in a tmpfs) to bind a kept path on."""
+    if directory:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def add_readable(spec: dict[str, Any]) -> None:
+    """Resolve the extra paths a read may see and add the safe ones to `keep` and Landlock.
+
+    Never one that is, or contains, a hidden path (`/`, `/root`, the oploop
+    home...), nor one inside the oploop home or a key folder (`secret`):
+    resolved first, so a symbolic link cannot lead there.
+    """
+    hidden = [p.rstrip("/") + "/" for p, _ in spec["hide"]]
+    secret = [p.rstrip("/") + "/" for p in spec["secret"]]
+    for path in spec["readable"]:
+        real = os.path.realpath(path)
+        mark = real.rstrip("/") + "/"
+        if any(h.startswith(mark) for h in hidden) or any(mark.startswith(s) for s in secret):
+            continue
+        spec["keep"].append(real)
+        if spec.get("landlock"):
+            spec["landlock"]["ro"].append(real)
