@@ -20,7 +20,7 @@ from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner
-from actors.supervisor.runs import RunManager
+from actors.supervisor.runs import Runs
 from actors.supervisor.session import Session, emit
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
@@ -71,7 +71,7 @@ JOURNAL_RETRY_S = 1.0
 RESERVE_CHECK_S = 5.0
 
 
-class Supervisor(RunManager):
+class Supervisor:
     """Holds every session, runs their turn loops, and is the single writer of events."""
 
     def __init__(self, endpoints: Endpoints, config: Config | None = None,
@@ -90,10 +90,12 @@ class Supervisor(RunManager):
         #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
         self._starts: dict[str, RunStarted] = {}
         self.sessions: dict[str, Session] = {}
+        #: Starting, resuming, cancelling and ending runs (and the control verbs).
+        self.runs = Runs(self)
         self.reactor = Reactor()
         self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.control = self.reactor.add(
-            zmq.ROUTER, "control", self.handle_control, bind=endpoints.binds("control"),
+            zmq.ROUTER, "control", self.runs.handle_control, bind=endpoints.binds("control"),
             secure=endpoints.server_side("control"), priority=True, reply_errors=True,
         )
         # Workers' keys reach it too (for aborts): cancels check who sent them.
@@ -296,7 +298,7 @@ class Supervisor(RunManager):
         body = env.body
         port = self.api
         if isinstance(body, StartRun):
-            self._start_run(peer, env, body)
+            self.runs.start(peer, env, body)
         elif isinstance(body, ListSessions):
             port.reply(Envelope(SessionList(self.summaries()), id=env.id), peer)
         elif isinstance(body, InspectSession):
@@ -321,7 +323,7 @@ class Supervisor(RunManager):
         elif isinstance(body, Cancel):
             # Accepted here too (the same rules), but behind the api's data; the
             # control socket is the fast path (`scripts/bench` compares the two).
-            self._cancel(peer, env, body, port)
+            self.runs.cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
             port.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
         elif isinstance(body, RemoveSessions):
@@ -437,14 +439,14 @@ class Supervisor(RunManager):
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                self.resume_journaled()
+                self.runs.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
                 notify_ready()
                 try:
                     await asyncio.Event().wait()
                 except asyncio.CancelledError:
-                    self._suspend_runs()
+                    self.runs.suspend()
                     raise
         finally:
             if self.journal is not None:

@@ -31,7 +31,7 @@ from actors.supervisor.history import Message, blocks
 from actors.supervisor.turn import (
     Continue,
     FinalOutput,
-    RunTools as ToolStep,
+    RunTools,
     ToolCall,
     ToolOutcome,
     next_step,
@@ -363,7 +363,7 @@ def _replied(out: _Out, reply: Message) -> None:
         else:
             out.emit("TURN_END", turn, {"stop": nxt.stop})
             out.emit("DONE", turn, {"text": nxt.text, "turns": turn, "stop": nxt.stop})
-    elif isinstance(nxt, ToolStep):
+    elif isinstance(nxt, RunTools):
         if s.stop_request:
             _finish_cancelled(out, s.stop_request, "")
             return

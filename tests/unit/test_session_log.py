@@ -20,12 +20,22 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_machine import World
 
 from actors.config import Agent, Config
 from actors.sessionlog import JournalFull, Record, SessionLog
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
 from actors.supervisor.journal import Journal
+from actors.supervisor.machine import (
+    CallModel,
+    ModelReplied,
+    Resume,
+    RunToolCalls,
+    Start,
+    ToolFinished,
+    ToolStarted,
+)
 from actors.supervisor.session import (
     TERMINAL,
     ModelError,
@@ -36,19 +46,9 @@ from actors.supervisor.session import (
     resume_run,
     run_state,
 )
-from actors.supervisor.machine import (
-    CallModel,
-    ModelReplied,
-    Resume,
-    RunToolCalls,
-    Start,
-    ToolFinished,
-    ToolStarted,
-)
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
 from bus.messages import Envelope, Event
-from test_machine import World
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
          "tags": ["exec"], "core": False, "risky": True}
