@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import secrets
 import time
 from collections import deque
 from typing import Any
@@ -22,22 +21,14 @@ from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces
-from actors.supervisor.session import (
-    Session,
-    begin_run,
-    drive_run,
-    emit,
-    finish_cancelled,
-    resume_run,
-)
+from actors.supervisor.runs import Runs
+from actors.supervisor.session import Session, emit
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure
 from bus.messages import (
     Cancel,
-    CancelAck,
-    ControlHello,
     Envelope,
     ErrorReply,
     Event,
@@ -62,13 +53,9 @@ from bus.sockets import Port, Reactor
 
 log = logging.getLogger("oploop.supervisor")
 
-#: Who may cancel on the control socket, by ZAP User-Id (None: ipc without CURVE).
-CONTROLLERS = frozenset({None, "local", "control"})
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
-#: How long a run waits for a first executor to announce its tools.
-CATALOGUE_WAIT_S = 5.0
 #: Events that could not be pushed (broadcaster away) wait here, in order, up to
 #: this many and this many bytes; beyond, they are dropped from the push only: they
 #: are journaled, and the broadcaster fetches what it misses from the log.
@@ -104,10 +91,12 @@ class Supervisor:
         #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
         self._starts: dict[str, RunStarted] = {}
         self.sessions: dict[str, Session] = {}
+        #: Starting, resuming, cancelling and ending runs (and the control verbs).
+        self.runs = Runs(self)
         self.reactor = Reactor()
         self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.control = self.reactor.add(
-            zmq.ROUTER, "control", self.handle_control, bind=endpoints.binds("control"),
+            zmq.ROUTER, "control", self.runs.handle_control, bind=endpoints.binds("control"),
             secure=endpoints.server_side("control"), priority=True, reply_errors=True,
         )
         # Workers' keys reach it too (for aborts): cancels check who sent them.
@@ -310,7 +299,7 @@ class Supervisor:
         body = env.body
         port = self.api
         if isinstance(body, StartRun):
-            self._start_run(peer, env, body)
+            self.runs.start(peer, env, body)
         elif isinstance(body, ListSessions):
             port.reply(Envelope(SessionList(self.summaries()), id=env.id), peer)
         elif isinstance(body, InspectSession):
@@ -335,7 +324,7 @@ class Supervisor:
         elif isinstance(body, Cancel):
             # Accepted here too (the same rules), but behind the api's data; the
             # control socket is the fast path (`scripts/bench` compares the two).
-            self._cancel(peer, env, body, port)
+            self.runs.cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
             port.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
         elif isinstance(body, RemoveSessions):
@@ -424,184 +413,6 @@ class Supervisor:
     def _no_agent(self, name: str) -> str:
         return f"no agent {name!r} (configured: {', '.join(sorted(self.config.agents))})"
 
-    def _refusal(self, req: StartRun) -> tuple[str, str] | None:
-        """Why a `StartRun` cannot be served, as (error, message), or None."""
-        limits = self.config.limits
-        if not req.prompt.strip():
-            return "bad_request", "the prompt is empty"
-        if len(req.prompt) > limits.max_prompt_chars:
-            return "too_large", (f"prompt of {len(req.prompt)} chars exceeds the limit of "
-                                 f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
-        if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
-            return "bad_request", "max_turns and deadline_s must be >= 0"
-        low = self.journal.log.low_space() if self.journal is not None else ""
-        if low or self._journal_failing:
-            return "disk_full", low or "the session log cannot be written: try again later"
-        # A run counts until its terminal event, not until its task has unwound.
-        running = sum(1 for s in self.sessions.values() if not s.run_over)
-        if running >= limits.max_running_sessions:
-            return "busy", (f"{running} sessions are running, the limit "
-                            f"(limits.max_running_sessions = {limits.max_running_sessions}): "
-                            f"try again when one has ended")
-        if req.session:
-            session = self.session(req.session)
-            if session is None:
-                return "unknown_session", self._no_session(req.session)
-            if not session.run_over:
-                return "busy", f"session {req.session} is running a turn"
-        elif self.config.agent(req.agent) is None:
-            return "unknown_agent", self._no_agent(req.agent)
-        return None
-
-    def _known_start(self, key: str) -> RunStarted | None:
-        """The run a `StartRun` key already began (memory, else the log), or None."""
-        if not key:
-            return None
-        known = self._starts.get(key)
-        if known is None and self.journal is not None:
-            try:
-                logged = self.journal.log.start(key)
-            except JournalError as exc:
-                log.error("start key lookup: %s", exc)
-                logged = None
-            if logged is not None:
-                known = RunStarted(logged.sid, logged.run, logged.from_seq)
-        return known
-
-    def _start_run(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
-        known = self._known_start(req.key)
-        if known is not None:  # a resend: the first one started the run
-            self._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
-            return
-        refusal = self._refusal(req)
-        if refusal is not None:
-            self.api.reply_error(peer, env.id, *refusal)
-            return
-        session = self.session(req.session) if req.session else None
-        if session is None:
-            agent = self.config.agent(req.agent)
-            assert agent is not None
-            session = Session(secrets.token_hex(6), agent, req.cwd)
-            self.sessions[session.id] = session
-        # A cancelled run's task may still be unwinding: the new one waits for it.
-        previous = session.task if session.task and not session.task.done() else None
-        from_seq = session.next_seq
-        session.run_from_seq, session.start_key = from_seq, req.key
-        limit = begin_run(session, self.io, req.prompt, req.max_turns, req.deadline_s)
-        assert self._group is not None
-        task = self._group.create_task(
-            self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
-        )
-        session.task = task
-        task.add_done_callback(lambda t: self._run_ended(session, t))
-        # Replied last (once journaled), and a client gone by now changes nothing: the
-        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
-        started = RunStarted(session.id, session.runs, from_seq)
-        self._remember_start(req.key, started)
-        self._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
-
-    def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
-        if session.task is not task or session.suspended:
-            return  # a newer run owns the session now, or the next supervisor will
-        session.task = None
-        session.state = "idle"
-        if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
-            finish_cancelled(session, self.io, "ui")
-        if self.journal is not None:
-            self._ended.append(session)  # leaves memory once its end is committed
-            self._schedule_flush()
-
-    def resume_journaled(self) -> int:
-        """Load the sessions whose run was open; those runs go on. Returns how many.
-        (Finished sessions stay in the log until something asks for them.)"""
-        if self.journal is None:
-            return 0
-        try:
-            running = self.journal.log.running()
-        except JournalError as exc:
-            log.error("cannot list the sessions to resume: %s", exc)
-            return 0
-        resumed = 0
-        for sid in running:
-            session = self.session(sid)
-            if session is None or session.run_over:
-                continue
-            session.state = "running"
-            assert self._group is not None
-            task = self._group.create_task(
-                self._run(session, session.run_limit, None, resume=True),
-                name=f"session-{session.id}-{session.runs}",
-            )
-            session.task = task
-            task.add_done_callback(functools.partial(self._run_ended, session))
-            resumed += 1
-        if resumed:
-            log.warning("resumed %d session(s) from the journal", resumed)
-        return resumed
-
-    async def _run(self, session: Session, limit: int,
-                   previous: asyncio.Task[None] | None, resume: bool = False) -> None:
-        first_turn = resume_run(session, self.io, "supervisor restarted") if resume else 1
-        if previous is not None:
-            await asyncio.wait([previous])
-        if not self.dispatcher.tool_specs():
-            try:
-                async with asyncio.timeout(CATALOGUE_WAIT_S):
-                    while not self.dispatcher.tool_specs():
-                        self.dispatcher.catalogue_changed.clear()
-                        await self.dispatcher.catalogue_changed.wait()
-            except TimeoutError:
-                log.warning("no executor announced tools; session %s runs without", session.id)
-        await drive_run(session, self.io, limit, first_turn)
-
-    # -- control -----------------------------------------------------------------------
-
-    def handle_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Priority verbs: workers' control hellos, and cancels."""
-        body = env.body
-        if isinstance(body, ControlHello) and peer is not None:
-            self.dispatcher.handle_control_hello(peer, body)
-        elif isinstance(body, Cancel):
-            if self.control.user_id not in CONTROLLERS:  # e.g. a worker: here for aborts
-                self.control.reply_error(peer, env.id, "forbidden",
-                                         "only a control key can cancel sessions")
-                return
-            self._cancel(peer, env, body)
-        else:
-            self.control.reply_error(peer, env.id, "bad_request", f"control does not serve {env.kind}")
-
-    def _cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
-                port: Port | None = None) -> None:
-        """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
-        port = port or self.control
-        session = self.session(req.session)
-        if session is None:
-            port.reply_error(peer, env.id, "unknown_session", self._no_session(req.session))
-            return
-        if req.mode not in ("ui", "operation"):
-            port.reply_error(peer, env.id, "bad_request",
-                             f"cancel mode must be 'ui' or 'operation', not {req.mode!r}")
-            return
-        if session.run_over:
-            port.reply_error(peer, env.id, "not_running",
-                             f"session {req.session} is not running (its last run ended "
-                             f"{session.last_end or 'never'}): nothing to cancel")
-            return
-        if req.mode == "operation":
-            session.stop_request = "operation"
-            self._journal_later(session)  # a restart keeps the request: ack after commit
-            self._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
-                                  port)
-            return
-        # The workers are told first (their control sockets are served before data),
-        # the run ends now; their acknowledgements arrive later, in the dispatcher.
-        self.dispatcher.abort_session(session.id)
-        finish_cancelled(session, self.io, "ui", req.reason)
-        if session.task is not None:
-            session.task.cancel()
-        ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
-        self._reply_committed(ack, peer, port)
-
     # -- running -----------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
@@ -620,19 +431,6 @@ class Supervisor:
             "auth": self.gate.statistics() if self.gate else {},
         }
 
-    def _suspend_runs(self) -> None:
-        """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run
-        open as journaled, to be resumed by the next supervisor, rather than end it.
-        Its jobs are still aborted as its tasks unwind, so no tool outlives it."""
-        suspended = 0
-        for session in self.sessions.values():
-            if session.task is not None and not session.task.done():
-                session.suspended = True
-                suspended += not session.run_over
-        if suspended:
-            log.warning("stopping: %d running session(s) left to resume at the next start",
-                        suspended)
-
     async def serve(self) -> None:
         """Serve until cancelled; runs in flight then are left to the next supervisor."""
         try:
@@ -642,14 +440,14 @@ class Supervisor:
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                self.resume_journaled()
+                self.runs.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
                 notify_ready()
                 try:
                     await asyncio.Event().wait()
                 except asyncio.CancelledError:
-                    self._suspend_runs()
+                    self.runs.suspend()
                     raise
         finally:
             if self.journal is not None:

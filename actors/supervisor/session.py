@@ -20,6 +20,7 @@ from actors.config import Agent, Config
 from actors.supervisor.catalogue import resolve_tools, unavailable_message
 from actors.supervisor.deltas import TurnCache
 from actors.supervisor.history import Message, add_reply, add_user_text, append_blocks
+from actors.supervisor.machine import RunState
 from actors.supervisor.request import build_request
 from actors.supervisor.router import parse_route, router_request
 from actors.supervisor.turn import (
@@ -118,6 +119,18 @@ class Session:
             "last_end": self.last_end,
             "created": self.created,
         }
+
+
+def run_state(session: Session) -> RunState:
+    """`session` as the run's state machine (`machine.step`) sees it: what a fold of
+    its log gives, ready for a `Resume` (an open run) or a `Start` (a follow-up)."""
+    return RunState(
+        phase="idle" if session.run_over else "model", runs=session.runs,
+        turns=session.turns, turn=session.run_turn, limit=session.run_limit,
+        last=session.history[-1] if session.history else None, last_end=session.last_end,
+        stop_request=session.stop_request, started=tuple(session.started_calls),
+        outcomes=tuple(session.outcomes.items()),
+    )
 
 
 class StopRun(Exception):

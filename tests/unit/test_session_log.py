@@ -20,12 +20,22 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_machine import World
 
 from actors.config import Agent, Config
 from actors.sessionlog import JournalFull, Record, SessionLog
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
 from actors.supervisor.journal import Journal
+from actors.supervisor.machine import (
+    CallModel,
+    ModelReplied,
+    Resume,
+    RunToolCalls,
+    Start,
+    ToolFinished,
+    ToolStarted,
+)
 from actors.supervisor.session import (
     TERMINAL,
     ModelError,
@@ -34,6 +44,7 @@ from actors.supervisor.session import (
     drive_run,
     finish_cancelled,
     resume_run,
+    run_state,
 )
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
@@ -248,12 +259,40 @@ def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factor
         copy.log.commit(records[:k], [row])
         prefix = load_session(copy.log, "s1", {})
         assert prefix is not None and prefix.next_seq == k + 1
+        # The state machine, from the same fold, does what the async loop does.
+        machine_events, machine_history = machine_resume(prefix)
         # ... resumes the open run, or takes a follow-up, keeping every invariant.
         again = LoggedIO(copy, [])
         again.events = io.events[:k]
         one_run(prefix, again, resume=not prefix.run_over)
         assert_invariants(prefix.history, again.events)
+        loop_events = [(t, c) for _, t, c in again.events[k:] if t != "TOKEN"]
+        assert machine_events == loop_events
+        assert machine_history == prefix.history
         copy.close()
+
+
+def machine_resume(folded: Session) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """Drive `machine.step` from the fold of a log prefix as `one_run` drives the async
+    loop (resume an open run, else a follow-up "go"; the model says "done"), checking
+    the machine's invariants after every step; its events and the history it ends with."""
+    world = World(state=run_state(folded), history=list(folded.history))
+    if folded.run_over:
+        actions = world.feed(Start("go", AGENT.max_turns, offered=frozenset({"shell"})))
+    else:
+        world.terminals_this_run = 0
+        world.open_tools = set(folded.started_calls) - set(folded.outcomes)
+        actions = world.feed(Resume("test", offered=frozenset({"shell"})))
+    while world.state.running:
+        call = next(a for a in actions if isinstance(a, CallModel | RunToolCalls))
+        if isinstance(call, CallModel):
+            # (what `LoggedIO.call_model` answers when its script is spent)
+            actions = world.feed(ModelReplied(text_reply(str(text_reply("done")))))
+            continue
+        for job in call.jobs:
+            world.feed(ToolStarted(job.call.id))
+            actions = world.feed(ToolFinished(job.call.id, ToolOutcome("out", False, 1.0)))
+    return [(t, d.get("tool_use_id", "")) for t, _, d in world.events], world.history
 
 
 # -- faults -----------------------------------------------------------------------------

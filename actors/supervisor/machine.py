@@ -1,0 +1,490 @@
+"""The run as a pure state machine: `step(state, input) -> (state, actions)`.
+
+No asyncio, no sockets, no clock: a driver feeds it what happened (a model
+reply, a tool outcome, a cancel, a supervisor restart) and carries out the
+actions it returns (publish an event, call the model, run tools, abort jobs).
+It decides what `actors/supervisor/session.py`'s async loop decides today, and
+it owns the run's invariants, so that they hold for any order of inputs:
+
+- exactly one terminal event (`DONE`, `ERROR`, `CANCELLED`) per run, and no
+  event of the run after it;
+- every `tool_use` the history holds is answered when the run ends (results
+  synthesised for cancelled or interrupted calls);
+- the cancel modes: "ui" and "deadline" end the run now, "operation" at the
+  next boundary (a turn's start, before a reply's tools run, after the last turn);
+- resume after a supervisor restart: a model call in flight is made again, a
+  tool in flight is never run again (its `TOOL_END` says "interrupted").
+
+The state keeps only the history's last message (what every decision looks
+at); the history itself grows by the additions each `Emit` carries, applied
+before the event is published (the session log journals them with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from actors.supervisor.catalogue import unavailable_message
+from actors.supervisor.history import Message, blocks
+from actors.supervisor.turn import (
+    Continue,
+    FinalOutput,
+    RunTools,
+    ToolCall,
+    ToolOutcome,
+    next_step,
+    results_message,
+    stored_reply,
+    tool_calls,
+)
+
+#: The events that end a run; exactly one per run.
+TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+
+#: The synthesised tool result (and interruption mark) for each cancel mode.
+CANCEL_WHY = {
+    "ui": "cancelled by the user",
+    "operation": "cancelled: the operation ended",
+    "deadline": "cancelled: deadline",
+}
+
+#: The result given to a tool call a supervisor restart interrupted.
+INTERRUPTED = ("interrupted: the supervisor restarted while this tool ran; it may or may "
+               "not have completed, and it is not run again")
+
+#: The result given to a started tool call whose executor went away.
+WORKER_LOST = "failed: the executor running this tool went away"
+
+#: One history addition: `append_blocks(history, role, blocks)`.
+Addition = tuple[str, tuple[dict[str, Any], ...]]
+
+
+# --- inputs ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """A new run on `prompt`: at most `limit` turns; `deadline_s` is reported only
+    (the driver turns it into a `Cancel("deadline")` when it passes)."""
+
+    prompt: str
+    limit: int
+    agent: str = ""
+    model: str = ""
+    deadline_s: float = 0.0
+    #: Ask the intent router first (a `CallModel(route=True)`, answered by `Routed`).
+    router: bool = False
+    #: Tool names offered on each turn (a call of any other is refused, never run).
+    offered: frozenset[str] = frozenset()
+    #: Checks a final answer: None if fine, else the problem (one repair turn).
+    check: Callable[[str], str | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed."""
+
+    route: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """Text the model call in flight streamed (kept, marked, if the run is cancelled)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """The model call in flight is being retried: the text it streamed is void."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReplied:
+    """The model's reply (an assistant message with `stop_reason`)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFailed:
+    """The model call failed for good: the run ends `ERROR`."""
+
+    error: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    """The driver is about to run call `call_id` (its parallelism gate let it in)."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    """Call `call_id` finished with `outcome` (failures are outcomes with `is_error`)."""
+
+    call_id: str
+    outcome: ToolOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
+
+    mode: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    """The worker serving the run went away: a model call is made again; started
+    tools that had not finished end as errors (a tool is never run twice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A supervisor restart: go on with the run the folded state describes."""
+
+    reason: str
+    router: bool = False
+    offered: frozenset[str] = frozenset()
+    check: Callable[[str], str | None] | None = None
+
+
+Input = (Start | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
+         | ToolFinished | Cancel | WorkerLost | Resume)
+
+
+# --- actions --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """Publish one event; first append `added` to the history (journaled with it)."""
+
+    type: str
+    turn: int
+    data: dict[str, Any]
+    added: tuple[Addition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CallModel:
+    """Call the model on the history: for `turn`, with no tools if `direct`; or the
+    intent router's call if `route`."""
+
+    turn: int
+    direct: bool = False
+    route: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolJob:
+    """One call to run; `refusal` set: do not run it, its outcome is that."""
+
+    call: ToolCall
+    refusal: ToolOutcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunToolCalls:
+    """Run `jobs` (report `ToolStarted` then `ToolFinished` for each)."""
+
+    turn: int
+    jobs: tuple[ToolJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AbortJobs:
+    """Abort whatever work of the run is in flight (model call, tools)."""
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The run is over (its terminal event was the last `Emit`)."""
+
+    type: str
+
+
+Action = Emit | CallModel | RunToolCalls | AbortJobs | End
+
+
+# --- state ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """A session's run as the machine sees it (all values, nothing mutable shared)."""
+
+    #: "idle" (no run open), "route", "model", "tools".
+    phase: str = "idle"
+    runs: int = 0
+    #: Turns over all runs (`ERROR` and `CANCELLED` report it).
+    turns: int = 0
+    turn: int = 0
+    limit: int = 0
+    last: Message | None = None
+    last_end: str = ""
+    stop_request: str = ""
+    partial: tuple[str, ...] = ()
+    direct: bool = False
+    repaired: bool = False
+    offered: frozenset[str] = frozenset()
+    check: Callable[[str], str | None] | None = field(default=None, compare=False)
+    #: The current reply's calls, the ids started, and the outcomes finished.
+    calls: tuple[ToolCall, ...] = ()
+    started: tuple[str, ...] = ()
+    outcomes: tuple[tuple[str, ToolOutcome], ...] = ()
+    #: History additions not yet carried by an `Emit`.
+    pending: tuple[Addition, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        """A run is open (its terminal event has not gone out)."""
+        return self.phase != "idle"
+
+
+class _Out:
+    """The actions of one step, and the state as it goes (a local builder)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.s = state
+        self.actions: list[Action] = []
+
+    def add(self, role: str, added: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
+        """Append blocks to the history (the `append_blocks` rule)."""
+        last = self.s.last
+        if last is not None and last.get("role") == role:
+            new = {"role": role, "content": blocks(last) + list(added)}
+        else:
+            new = {"role": role, "content": list(added)}
+        self.s = replace(self.s, last=new, pending=self.s.pending + ((role, tuple(added)),))
+
+    def emit(self, type_: str, turn: int, data: dict[str, Any]) -> None:
+        """Publish an event of the open run; a terminal one closes it."""
+        if not self.s.running:
+            return
+        self.actions.append(Emit(type_, turn, data, self.s.pending))
+        self.s = replace(self.s, pending=())
+        if type_ in TERMINAL:
+            self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
+                             started=(), outcomes=(), stop_request="")
+            self.actions.append(End(type_))
+
+
+def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
+    """The run's next state and the actions to carry out, given what happened."""
+    out = _Out(state)
+    if isinstance(event, Start):
+        _start(out, event)
+    elif isinstance(event, Resume):
+        _resume(out, event)
+    elif not state.running:
+        return state, []  # nothing of an ended run happens after its terminal event
+    elif isinstance(event, Cancel):
+        _cancel(out, event)
+    elif isinstance(event, Routed) and state.phase == "route":
+        direct = event.route == "DIRECT"
+        if event.route is not None:
+            out.emit("ROUTE", 0, {"route": event.route})
+        out.s = replace(out.s, direct=direct)
+        _turn(out, 1)
+    elif isinstance(event, Delta) and state.phase == "model":
+        out.s = replace(state, partial=state.partial + (event.text,))
+    elif isinstance(event, Retry) and state.phase == "model":
+        out.s = replace(state, partial=())
+    elif isinstance(event, ModelReplied) and state.phase == "model":
+        _replied(out, event.message)
+    elif isinstance(event, ModelFailed) and state.phase in ("model", "route"):
+        if state.phase == "route":  # the router may only save work: go on with tools
+            out.s = replace(state, direct=False)
+            _turn(out, 1)
+        else:
+            out.emit("ERROR", state.turns, {"error": event.error, "message": event.message})
+    elif isinstance(event, ToolStarted) and state.phase == "tools":
+        _tool_started(out, event.call_id)
+    elif isinstance(event, ToolFinished) and state.phase == "tools":
+        _tool_finished(out, event.call_id, event.outcome)
+    elif isinstance(event, WorkerLost):
+        _worker_lost(out)
+    return out.s, out.actions
+
+
+def _start(out: _Out, ev: Start) -> None:
+    if out.s.running:
+        return  # one run at a time: the caller refuses a second start
+    out.s = replace(out.s, phase="route" if ev.router else "model", runs=out.s.runs + 1,
+                    turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
+                    repaired=False, offered=ev.offered, check=ev.check, calls=(),
+                    started=(), outcomes=())
+    out.add("user", [{"type": "text", "text": ev.prompt}])
+    out.emit("SESSION_START", 0, {
+        "prompt": ev.prompt, "agent": ev.agent, "model": ev.model, "run": out.s.runs,
+        "max_turns": ev.limit, "deadline_s": ev.deadline_s,
+    })
+    if ev.router:
+        out.actions.append(CallModel(0, route=True))
+    else:
+        _turn(out, 1)
+
+
+def _turn(out: _Out, turn: int) -> None:
+    """A turn boundary: stop if asked, end at the limit, else start `turn`."""
+    s = out.s
+    if s.stop_request:
+        _finish_cancelled(out, s.stop_request, "")
+        return
+    if turn > s.limit:
+        out.emit("DONE", s.limit, {"text": "", "turns": s.limit, "stop": "max_turns"})
+        return
+    turns = s.turns + 1 if turn != s.turn else s.turns  # a resumed turn is counted once
+    out.s = replace(s, phase="model", turn=turn, turns=turns, partial=(), calls=(),
+                    started=(), outcomes=())
+    out.emit("TURN_START", turn, {})
+    out.actions.append(CallModel(turn, direct=out.s.direct))
+
+
+def _replied(out: _Out, reply: Message) -> None:
+    s = out.s
+    out.s = replace(s, partial=())
+    out.add("assistant", blocks(stored_reply(reply)))
+    nxt = next_step(reply)
+    turn = s.turn
+    if isinstance(nxt, FinalOutput):
+        problem = s.check(nxt.text) if s.check else None
+        if problem is not None and not s.repaired and turn < s.limit:
+            out.s = replace(out.s, repaired=True)
+            out.add("user", [{"type": "text", "text": repair_prompt(problem)}])
+            out.emit("TURN_END", turn, {"stop": "output_invalid", "problem": problem})
+            _turn(out, turn + 1)
+        elif problem is not None:
+            out.emit("ERROR", out.s.turns, {"error": "output_invalid", "message": problem})
+        else:
+            out.emit("TURN_END", turn, {"stop": nxt.stop})
+            out.emit("DONE", turn, {"text": nxt.text, "turns": turn, "stop": nxt.stop})
+    elif isinstance(nxt, RunTools):
+        if s.stop_request:
+            _finish_cancelled(out, s.stop_request, "")
+            return
+        offered = set() if s.direct else s.offered
+        jobs = tuple(ToolJob(c, None if c.name in offered
+                             else ToolOutcome(unavailable_message(c.name), True))
+                     for c in nxt.calls)
+        out.s = replace(out.s, phase="tools", calls=nxt.calls, started=(), outcomes=())
+        out.actions.append(RunToolCalls(turn, jobs))
+    elif isinstance(nxt, Continue):
+        out.emit("TURN_END", turn, {"stop": nxt.reason})
+        _turn(out, turn + 1)
+
+
+def _tool_started(out: _Out, call_id: str) -> None:
+    s = out.s
+    call = next((c for c in s.calls if c.id == call_id), None)
+    if call is None or call_id in s.started:
+        return
+    out.emit("TOOL_START", s.turn, {"tool_use_id": call.id, "name": call.name,
+                                    "input": call.input})
+    out.s = replace(out.s, started=out.s.started + (call_id,))
+
+
+def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
+    s = out.s
+    call = next((c for c in s.calls if c.id == call_id), None)
+    if call is None or call_id not in s.started or call_id in dict(s.outcomes):
+        return
+    out.s = replace(s, outcomes=s.outcomes + ((call_id, outcome),))
+    out.emit("TOOL_END", s.turn, {
+        "tool_use_id": call.id, "name": call.name, "is_error": outcome.is_error,
+        "output": outcome.output, "duration_ms": outcome.duration_ms,
+    })
+    known = dict(out.s.outcomes)
+    if len(known) < len(s.calls):
+        return
+    out.add("user", results_message(s.calls, [known[c.id] for c in s.calls])["content"])
+    out.s = replace(out.s, calls=(), started=(), outcomes=())
+    out.emit("TURN_END", s.turn, {"stop": "tool_use"})
+    _turn(out, s.turn + 1)
+
+
+def _worker_lost(out: _Out) -> None:
+    s = out.s
+    if s.phase in ("model", "route"):
+        out.s = replace(s, partial=())
+        out.actions.append(CallModel(s.turn, direct=s.direct, route=s.phase == "route"))
+        return
+    known = dict(s.outcomes)
+    for call_id in s.started:
+        if call_id not in known:
+            _tool_finished(out, call_id, ToolOutcome(WORKER_LOST, True))
+
+
+def _cancel(out: _Out, ev: Cancel) -> None:
+    if ev.mode not in CANCEL_WHY:
+        raise ValueError(f"unknown cancel mode {ev.mode!r}")
+    if ev.mode == "operation":
+        out.s = replace(out.s, stop_request=out.s.stop_request or "operation")
+        return
+    out.actions.append(AbortJobs())
+    _finish_cancelled(out, ev.mode, ev.reason)
+
+
+def _finish_cancelled(out: _Out, mode: str, reason: str) -> None:
+    """History made valid (partial text kept, open calls answered), then `CANCELLED`."""
+    why = CANCEL_WHY[mode]
+    _keep_partial(out, why)
+    _close_open_calls(out, why)
+    out.emit("CANCELLED", out.s.turns, {"mode": mode, "reason": reason or why})
+
+
+def _keep_partial(out: _Out, why: str) -> None:
+    text = "".join(out.s.partial)
+    out.s = replace(out.s, partial=())
+    last = out.s.last
+    if text.strip() and (last is None or last.get("role") == "user"):
+        out.add("assistant", [{"type": "text", "text": f"{text}\n\n[reply interrupted: {why}]"}])
+
+
+def _close_open_calls(out: _Out, why: str) -> None:
+    last = out.s.last
+    calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
+    if calls:
+        known = dict(out.s.outcomes)
+        outcomes = [known.get(c.id) or ToolOutcome(why, True) for c in calls]
+        out.add("user", results_message(calls, outcomes)["content"])
+
+
+def _resume(out: _Out, ev: Resume) -> None:
+    """Go on with an open run after a restart (the state is the log's fold)."""
+    s = out.s
+    if not s.running:
+        return
+    out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False)
+    out.emit("RESUMED", s.turn, {"reason": ev.reason})
+    last = out.s.last
+    calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
+    if calls:
+        known = dict(s.outcomes)
+        for call in calls:
+            if call.id in s.started and call.id not in known:
+                out.emit("TOOL_END", s.turn, {
+                    "tool_use_id": call.id, "name": call.name, "is_error": True,
+                    "output": INTERRUPTED, "duration_ms": 0.0,
+                })
+        _close_open_calls(out, INTERRUPTED)
+        out.s = replace(out.s, calls=(), started=(), outcomes=())
+        out.emit("TURN_END", s.turn, {"stop": "tool_use"})
+        _turn(out, s.turn + 1)
+        return
+    first = max(1, s.turn)
+    if first == 1 and ev.router:
+        out.s = replace(out.s, phase="route")
+        out.actions.append(CallModel(0, route=True))
+        return
+    _turn(out, first)
+
+
+def repair_prompt(problem: str) -> str:
+    """The user turn asking the model to fix a final answer that did not parse."""
+    return (f"Your final answer could not be parsed: {problem}\n"
+            "Reply again with only the JSON object, nothing before or after it.")

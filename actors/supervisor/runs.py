@@ -1,0 +1,231 @@
+"""The supervisor's runs: starting one (or answering a resent start), resuming those a
+restart left open, cancelling, and ending them; the control socket's verbs."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from actors.sessionlog import JournalError
+from actors.supervisor.session import (
+    Session,
+    begin_run,
+    drive_run,
+    finish_cancelled,
+    resume_run,
+)
+from bus.messages import Cancel, CancelAck, ControlHello, Envelope, RunStarted, StartRun
+from bus.sockets import Port
+
+if TYPE_CHECKING:
+    from actors.supervisor.actor import Supervisor
+
+log = logging.getLogger("oploop.supervisor")
+
+#: Who may cancel on the control socket, by ZAP User-Id (None: ipc without CURVE).
+CONTROLLERS = frozenset({None, "local", "control"})
+#: How long a run waits for an executor to announce its tools before going without.
+CATALOGUE_WAIT_S = 5.0
+
+
+class Runs:
+    """The supervisor's runs: `sup` has the sessions, the session log and the ports."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
+    def _refusal(self, req: StartRun) -> tuple[str, str] | None:
+        """Why a `StartRun` cannot be served, as (error, message), or None."""
+        limits = self.sup.config.limits
+        if not req.prompt.strip():
+            return "bad_request", "the prompt is empty"
+        if len(req.prompt) > limits.max_prompt_chars:
+            return "too_large", (f"prompt of {len(req.prompt)} chars exceeds the limit of "
+                                 f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
+        if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
+            return "bad_request", "max_turns and deadline_s must be >= 0"
+        low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
+        if low or self.sup._journal_failing:
+            return "disk_full", low or "the session log cannot be written: try again later"
+        # A run counts until its terminal event, not until its task has unwound.
+        running = sum(1 for s in self.sup.sessions.values() if not s.run_over)
+        if running >= limits.max_running_sessions:
+            return "busy", (f"{running} sessions are running, the limit "
+                            f"(limits.max_running_sessions = {limits.max_running_sessions}): "
+                            f"try again when one has ended")
+        if req.session:
+            session = self.sup.session(req.session)
+            if session is None:
+                return "unknown_session", self.sup._no_session(req.session)
+            if not session.run_over:
+                return "busy", f"session {req.session} is running a turn"
+        elif self.sup.config.agent(req.agent) is None:
+            return "unknown_agent", self.sup._no_agent(req.agent)
+        return None
+
+    def _known_start(self, key: str) -> RunStarted | None:
+        """The run a `StartRun` key already began (memory, else the log), or None."""
+        if not key:
+            return None
+        known = self.sup._starts.get(key)
+        if known is None and self.sup.journal is not None:
+            try:
+                logged = self.sup.journal.log.start(key)
+            except JournalError as exc:
+                log.error("start key lookup: %s", exc)
+                logged = None
+            if logged is not None:
+                known = RunStarted(logged.sid, logged.run, logged.from_seq)
+        return known
+
+    def start(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
+        """Serve a `StartRun`: answer a resent one with its run, refuse, or begin a run."""
+        known = self._known_start(req.key)
+        if known is not None:  # a resend: the first one started the run
+            self.sup._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
+            return
+        refusal = self._refusal(req)
+        if refusal is not None:
+            self.sup.api.reply_error(peer, env.id, *refusal)
+            return
+        session = self.sup.session(req.session) if req.session else None
+        if session is None:
+            agent = self.sup.config.agent(req.agent)
+            assert agent is not None
+            session = Session(secrets.token_hex(6), agent, req.cwd)
+            self.sup.sessions[session.id] = session
+        # A cancelled run's task may still be unwinding: the new one waits for it.
+        previous = session.task if session.task and not session.task.done() else None
+        from_seq = session.next_seq
+        session.run_from_seq, session.start_key = from_seq, req.key
+        limit = begin_run(session, self.sup.io, req.prompt, req.max_turns, req.deadline_s)
+        assert self.sup._group is not None
+        task = self.sup._group.create_task(
+            self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
+        )
+        session.task = task
+        task.add_done_callback(lambda t: self._run_ended(session, t))
+        # Replied last (once journaled), and a client gone by now changes nothing: the
+        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
+        started = RunStarted(session.id, session.runs, from_seq)
+        self.sup._remember_start(req.key, started)
+        self.sup._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
+
+    def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
+        if session.task is not task or session.suspended:
+            return  # a newer run owns the session now, or the next supervisor will
+        session.task = None
+        session.state = "idle"
+        if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
+            finish_cancelled(session, self.sup.io, "ui")
+        if self.sup.journal is not None:
+            self.sup._ended.append(session)  # leaves memory once its end is committed
+            self.sup._schedule_flush()
+
+    def resume_journaled(self) -> int:
+        """Load the sessions whose run was open; those runs go on. Returns how many.
+        (Finished sessions stay in the log until something asks for them.)"""
+        if self.sup.journal is None:
+            return 0
+        try:
+            running = self.sup.journal.log.running()
+        except JournalError as exc:
+            log.error("cannot list the sessions to resume: %s", exc)
+            return 0
+        resumed = 0
+        for sid in running:
+            session = self.sup.session(sid)
+            if session is None or session.run_over:
+                continue
+            session.state = "running"
+            assert self.sup._group is not None
+            task = self.sup._group.create_task(
+                self._run(session, session.run_limit, None, resume=True),
+                name=f"session-{session.id}-{session.runs}",
+            )
+            session.task = task
+            task.add_done_callback(functools.partial(self._run_ended, session))
+            resumed += 1
+        if resumed:
+            log.warning("resumed %d session(s) from the journal", resumed)
+        return resumed
+
+    async def _run(self, session: Session, limit: int,
+                   previous: asyncio.Task[None] | None, resume: bool = False) -> None:
+        first_turn = resume_run(session, self.sup.io, "supervisor restarted") if resume else 1
+        if previous is not None:
+            await asyncio.wait([previous])
+        if not self.sup.dispatcher.tool_specs():
+            try:
+                async with asyncio.timeout(CATALOGUE_WAIT_S):
+                    while not self.sup.dispatcher.tool_specs():
+                        self.sup.dispatcher.catalogue_changed.clear()
+                        await self.sup.dispatcher.catalogue_changed.wait()
+            except TimeoutError:
+                log.warning("no executor announced tools; session %s runs without", session.id)
+        await drive_run(session, self.sup.io, limit, first_turn)
+
+    # -- control -----------------------------------------------------------------------
+
+    def handle_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
+        """Priority verbs: workers' control hellos, and cancels."""
+        body = env.body
+        if isinstance(body, ControlHello) and peer is not None:
+            self.sup.dispatcher.handle_control_hello(peer, body)
+        elif isinstance(body, Cancel):
+            if self.sup.control.user_id not in CONTROLLERS:  # e.g. a worker: here for aborts
+                self.sup.control.reply_error(peer, env.id, "forbidden",
+                                         "only a control key can cancel sessions")
+                return
+            self.cancel(peer, env, body)
+        else:
+            self.sup.control.reply_error(peer, env.id, "bad_request",
+                                     f"control does not serve {env.kind}")
+
+    def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
+                port: Port | None = None) -> None:
+        """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
+        port = port or self.sup.control
+        session = self.sup.session(req.session)
+        if session is None:
+            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            return
+        if req.mode not in ("ui", "operation"):
+            port.reply_error(peer, env.id, "bad_request",
+                             f"cancel mode must be 'ui' or 'operation', not {req.mode!r}")
+            return
+        if session.run_over:
+            port.reply_error(peer, env.id, "not_running",
+                             f"session {req.session} is not running (its last run ended "
+                             f"{session.last_end or 'never'}): nothing to cancel")
+            return
+        if req.mode == "operation":
+            session.stop_request = "operation"
+            self.sup._journal_later(session)  # a restart keeps the request: ack after commit
+            self.sup._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
+                                  port)
+            return
+        # The workers are told first (their control sockets are served before data),
+        # the run ends now; their acknowledgements arrive later, in the dispatcher.
+        self.sup.dispatcher.abort_session(session.id)
+        finish_cancelled(session, self.sup.io, "ui", req.reason)
+        if session.task is not None:
+            session.task.cancel()
+        ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
+        self.sup._reply_committed(ack, peer, port)
+
+    def suspend(self) -> None:
+        """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run
+        open as journaled, to be resumed by the next supervisor, rather than end it.
+        Its jobs are still aborted as its tasks unwind, so no tool outlives it."""
+        suspended = 0
+        for session in self.sup.sessions.values():
+            if session.task is not None and not session.task.done():
+                session.suspended = True
+                suspended += not session.run_over
+        if suspended:
+            log.warning("stopping: %d running session(s) left to resume at the next start",
+                        suspended)

@@ -1,0 +1,293 @@
+"""The run's pure state machine: random input sequences keep its invariants after every
+step, and a scripted run gives the same events and history as today's async loop."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from actors.config import Agent, Config
+from actors.supervisor.history import Message, append_blocks, is_valid
+from actors.supervisor.machine import (
+    INTERRUPTED,
+    TERMINAL,
+    AbortJobs,
+    Action,
+    CallModel,
+    Cancel,
+    Delta,
+    Emit,
+    End,
+    Input,
+    ModelFailed,
+    ModelReplied,
+    Resume,
+    Retry,
+    Routed,
+    RunState,
+    RunToolCalls,
+    Start,
+    ToolFinished,
+    ToolStarted,
+    WorkerLost,
+    step,
+)
+from actors.supervisor.session import Session, run_session
+from actors.supervisor.turn import ToolCall, ToolOutcome
+
+SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
+         "tags": ["exec"], "core": False, "risky": True}
+
+
+def tool_reply(n: int, turn: int, name: str = "shell") -> Message:
+    return {"role": "assistant", "stop_reason": "tool_use", "content": [
+        {"type": "text", "text": f"calling {n}"},
+        *({"type": "tool_use", "id": f"t{turn}-{i}", "name": name, "input": {"c": i}}
+          for i in range(n))]}
+
+
+def text_reply(text: str, stop: str = "end_turn") -> Message:
+    return {"role": "assistant", "stop_reason": stop, "content": [{"type": "text", "text": text}]}
+
+
+@dataclass
+class World:
+    """A driver with no I/O: carries out actions on a history and an event list."""
+
+    state: RunState = field(default_factory=RunState)
+    history: list[Message] = field(default_factory=list)
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+    calling: CallModel | None = None
+    jobs: list[Any] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    open_tools: set[str] = field(default_factory=set)
+    terminals_this_run: int = 0
+
+    def feed(self, event: Input) -> list[Action]:
+        was_running = self.state.running
+        self.state, actions = step(self.state, event)
+        for action in actions:
+            self.carry_out(action, was_running or isinstance(event, Start))
+        self.check()
+        return actions
+
+    def carry_out(self, action: Action, may_emit: bool) -> None:
+        if isinstance(action, Emit):
+            assert may_emit, f"{action.type} emitted outside a run"
+            assert self.terminals_this_run == 0 or action.type == "SESSION_START", \
+                f"{action.type} after the run's terminal event"
+            if action.type == "SESSION_START":
+                self.terminals_this_run = 0
+            for role, added in action.added:
+                append_blocks(self.history, role, list(added))
+            self.events.append((action.type, action.turn, action.data))
+            if action.type == "TOOL_START":
+                self.open_tools.add(action.data["tool_use_id"])
+            elif action.type == "TOOL_END":
+                self.open_tools.discard(action.data["tool_use_id"])
+            elif action.type in TERMINAL:
+                self.terminals_this_run += 1
+                # A cancel ends the run at once: its tools are aborted, not reported.
+                assert not self.open_tools or action.type == "CANCELLED", self.open_tools
+                self.open_tools.clear()
+        elif isinstance(action, CallModel):
+            self.calling, self.jobs, self.started = action, [], []
+        elif isinstance(action, RunToolCalls):
+            self.calling, self.jobs, self.started = None, list(action.jobs), []
+        elif isinstance(action, AbortJobs):
+            self.calling, self.jobs, self.started = None, [], []
+        elif isinstance(action, End):
+            assert self.events[-1][0] == action.type
+
+    def check(self) -> None:
+        """The invariants, after every step."""
+        assert self.terminals_this_run <= 1
+        assert not self.state.pending or self.state.running
+        if not self.state.running:
+            self.calling, self.jobs, self.started = None, [], []
+            if self.history:
+                assert is_valid(self.history), self.history
+        last = self.history[-1] if self.history else None
+        expected = self.state.last
+        if not self.state.pending:
+            assert last == expected
+
+
+REPLIES = st.sampled_from(["text", "tools1", "tools2", "pause", "hidden", "max_tokens"])
+
+
+def reply_for(kind: str, turn: int) -> Message:
+    return {"text": text_reply("done"), "tools1": tool_reply(1, turn),
+            "tools2": tool_reply(2, turn), "pause": text_reply("hm", "pause_turn"),
+            "hidden": tool_reply(1, turn, "secret"),
+            "max_tokens": text_reply("cut", "max_tokens")}[kind]
+
+
+def plausible(world: World, draw: Any) -> Input:
+    """An input that could happen now (and, now and then, one that could not)."""
+    s = world.state
+    choices = ["cancel", "resume", "junk", "start"]
+    if world.calling is not None:
+        choices += ["reply"] * 6 + ["delta", "retry", "fail", "lost"]
+    if world.jobs:
+        choices += ["tool"] * 6 + ["lost"]
+    kind = draw(st.sampled_from(choices))
+    if kind == "start":
+        return Start("go", draw(st.integers(1, 5)), router=draw(st.booleans()),
+                     offered=frozenset({"shell"}),
+                     check=(lambda t: None if t != "cut" else "not JSON")
+                     if draw(st.booleans()) else None)
+    if kind == "cancel":
+        return Cancel(draw(st.sampled_from(["ui", "operation", "deadline"])))
+    if kind == "resume":
+        # A restart: what was in flight is gone; the state is the log's fold.
+        world.calling, world.jobs, world.started = None, [], []
+        return Resume("test", router=draw(st.booleans()), offered=frozenset({"shell"}))
+    if kind == "junk":
+        return draw(st.sampled_from([ToolFinished("nope", ToolOutcome("x", False)),
+                                     ToolStarted("nope"), Routed("AGENT"), Retry(),
+                                     ModelReplied(text_reply("stray"))]))
+    if kind == "delta":
+        return Delta(draw(st.sampled_from(["some ", "text", " "])))
+    if kind == "retry":
+        return Retry()
+    if kind == "fail":
+        return ModelFailed("overloaded", "try later")
+    if kind == "lost":
+        return WorkerLost()
+    if kind == "reply":
+        call = world.calling
+        assert call is not None
+        world.calling = None
+        if call.route:
+            return Routed(draw(st.sampled_from(["DIRECT", "AGENT", None])))
+        return ModelReplied(reply_for(draw(REPLIES), s.turn))
+    job = world.jobs[0]
+    if job.call.id not in world.started:
+        world.started.append(job.call.id)
+        return ToolStarted(job.call.id)
+    world.jobs.pop(0)
+    return ToolFinished(job.call.id, job.refusal or ToolOutcome("out", False, 1.0))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_inputs_keep_the_invariants_after_every_step(data):
+    world = World()
+    world.feed(Start("go", 4, offered=frozenset({"shell"})))
+    for _ in range(data.draw(st.integers(1, 60))):
+        world.feed(plausible(world, data.draw))
+    # However it went, a ui cancel ends an open run with a valid history.
+    world.feed(Cancel("ui"))
+    assert not world.state.running
+    assert is_valid(world.history)
+    kinds = [e[0] for e in world.events]
+    assert sum(k in TERMINAL for k in kinds) == kinds.count("SESSION_START")
+    assert kinds[-1] in TERMINAL
+
+
+def test_a_tool_in_flight_at_a_restart_is_never_run_again():
+    world = World()
+    world.feed(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(2, 1)))
+    world.feed(ToolStarted("t1-0"))
+    world.feed(ToolFinished("t1-0", ToolOutcome("ok", False)))
+    world.feed(ToolStarted("t1-1"))
+    actions = world.feed(Resume("restart", offered=frozenset({"shell"})))
+    kinds = [(a.type, a.data.get("tool_use_id")) for a in actions if isinstance(a, Emit)]
+    assert kinds == [("RESUMED", None), ("TOOL_END", "t1-1"), ("TURN_END", None),
+                     ("TURN_START", None)]
+    assert not any(isinstance(a, RunToolCalls) for a in actions)
+    assert CallModel(2) in actions
+    results = world.history[-1]["content"]
+    assert [(r["content"], r["is_error"]) for r in results] == [("ok", False),
+                                                                 (INTERRUPTED, True)]
+
+
+def test_a_model_call_in_flight_at_a_restart_is_made_again():
+    world = World()
+    world.feed(Start("go", 4))
+    world.feed(Delta("half"))
+    actions = world.feed(Resume("restart"))
+    assert [a.type for a in actions if isinstance(a, Emit)] == ["RESUMED", "TURN_START"]
+    assert CallModel(1) in actions
+    assert world.state.turns == 1  # the resumed turn is counted once
+
+
+def test_an_operation_cancel_waits_for_the_boundary_a_ui_cancel_does_not():
+    world = World()
+    world.feed(Start("go", 4, offered=frozenset({"shell"})))
+    assert world.feed(Cancel("operation")) == []
+    actions = world.feed(ModelReplied(tool_reply(1, 1)))
+    assert [a.type for a in actions if isinstance(a, Emit)] == ["CANCELLED"]
+    assert world.events[-1][2]["mode"] == "operation"
+    assert is_valid(world.history)
+
+    world.feed(Start("again", 4))
+    world.feed(Delta("streamed"))
+    actions = world.feed(Cancel("ui", "stop"))
+    assert isinstance(actions[0], AbortJobs)
+    assert world.events[-1][2] == {"mode": "ui", "reason": "stop"}
+    assert world.history[-1]["content"][-1]["text"].startswith("streamed")
+    assert world.feed(ModelReplied(text_reply("late"))) == []  # nothing after the end
+
+
+def test_an_unknown_cancel_mode_is_a_clear_error():
+    state, _ = step(RunState(), Start("go", 1))
+    with pytest.raises(ValueError, match="unknown cancel mode"):
+        step(state, Cancel("later"))
+
+
+class ScriptedIO:
+    """Today's async loop's `LoopIO`, playing the same replies as the machine gets."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.config = Config()
+        self.script = list(script)
+        self.events: list[tuple[str, int, dict[str, Any]]] = []
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        self.events.append((type_, turn, data))
+
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int) -> Message:
+        return reply_for(self.script.pop(0) if self.script else "text", turn)
+
+    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        return ToolOutcome(f"ran {call.id}", False, 1.0)
+
+    def tool_catalogue(self) -> list[dict[str, Any]]:
+        return [SHELL]
+
+
+@settings(max_examples=100, deadline=None)
+@given(script=st.lists(REPLIES, max_size=8), limit=st.integers(1, 6))
+def test_the_machine_gives_the_async_loops_events_and_history(script, limit):
+    agent = Agent(max_turns=limit, parallel_tools=False)
+    session = Session("s", agent, "/tmp")
+    io = ScriptedIO(script)
+    asyncio.run(run_session(session, io, "go"))
+
+    world = World()
+    replies = list(script)
+    actions = world.feed(Start("go", limit, agent=agent.name,
+                               model=agent.model_id(io.config.aliases),
+                               deadline_s=agent.deadline_s, offered=frozenset({"shell"})))
+    while world.state.running:
+        call = next(a for a in actions if isinstance(a, (CallModel, RunToolCalls)))
+        if isinstance(call, CallModel):
+            actions = world.feed(ModelReplied(
+                reply_for(replies.pop(0) if replies else "text", call.turn)))
+            continue
+        for job in call.jobs:
+            actions = world.feed(ToolStarted(job.call.id))
+            outcome = job.refusal or ToolOutcome(f"ran {job.call.id}", False, 1.0)
+            actions = world.feed(ToolFinished(job.call.id, outcome))
+    assert world.events == io.events
+    assert world.history == session.history
+    assert world.state.turns == session.turns
