@@ -102,6 +102,22 @@ def workspace(home: str, session: str) -> Path:
     return Path(home) / "workspaces" / session
 
 
+def ready_workspace(home: str, session: str) -> Path:
+    """The workspace of `session` once its executor has made it ready (mounted on its
+    quota image, then given the session's uid): a file put there earlier would be
+    hidden under the mount, or the tool might not be there to see it."""
+    path = workspace(home, session)
+
+    def ready() -> bool:
+        try:
+            return path.stat().st_uid != 0
+        except FileNotFoundError:
+            return False
+
+    wait_until(ready, f"the workspace {path} to be ready")
+    return path
+
+
 def actors(home: str) -> list[dict[str, Any]]:
     """The host's record of its actors (host.json)."""
     state: dict[str, Any] = json.loads((Path(home) / "run" / "host.json").read_text())

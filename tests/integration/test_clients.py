@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 import zmq
-from hostkit import assert_one_run, oploop, running_host, scripted_host, workspace
+from hostkit import assert_one_run, oploop, ready_workspace, running_host, scripted_host
 
 from bus.client import Client
 from bus.codec import decode, encode
@@ -214,7 +214,7 @@ GATED = {"gated": [
 
 def open_gate(home: str, session: str) -> None:
     """Let the gated tool of `session` finish."""
-    (workspace(home, session) / "gate").touch()
+    (ready_workspace(home, session) / "gate").touch()
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ import msgpack
 import psutil
 import pytest
 import zmq
+from hostkit import ready_workspace
 
 from actors.sessionlog import Record, SessionLog, SessionRow
 from bus.client import Client, Lag
@@ -102,13 +103,8 @@ def gated_host(short_home, tmp_path):
     assert up.returncode == 0, up.stderr
 
     def open_gate(session: str) -> None:
-        # The launcher makes the workspace as the tool starts (TOOL_START may come first).
-        workspace = Path(short_home) / "workspaces" / session
-        end = time.monotonic() + 30
-        while not workspace.is_dir():
-            assert time.monotonic() < end, f"workspace {workspace} never made"
-            time.sleep(0.02)
-        (workspace / "gate").touch()
+        # The executor makes the workspace as the tool starts (TOOL_START may come first).
+        (ready_workspace(short_home, session) / "gate").touch()
 
     yield short_home, open_gate
     down = oploop(short_home, "down")
