@@ -51,7 +51,7 @@ from .launchspec import (
 )
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
-from .workspaces import Workspaces, safe_name
+from .workspaces import Workspaces, commands_paused, safe_name
 
 log = logging.getLogger("oploop.sandbox")
 
@@ -477,18 +477,21 @@ class Sandbox:
         """
         swept = 0
         server = self._fork.running_pid() if self._fork is not None else None
-        for pid in launcher_mod._children(os.getpid()):
-            if pid in self._launchers or pid == server:
-                continue
-            tree = [pid]
-            while tree:
-                victim = tree.pop()
-                tree.extend(launcher_mod._children(victim))
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(victim, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            swept += 1
+        with commands_paused() as clear:
+            if not clear:
+                return 0  # a workspace command (mkfs, mount) is a child too: next time
+            for pid in launcher_mod._children(os.getpid()):
+                if pid in self._launchers or pid == server:
+                    continue
+                tree = [pid]
+                while tree:
+                    victim = tree.pop()
+                    tree.extend(launcher_mod._children(victim))
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(victim, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                swept += 1
         return swept
 
     def _use_cgroup(self, policy: Policy) -> bool:

@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -350,10 +351,42 @@ def _unmount(path: Path) -> None:
         _run(["umount", "-l", str(path)], f"cannot unmount {path}")
 
 
+#: Guards `_commands`: how many workspace commands (mkfs, mount, cp...) run now.
+_COMMANDS_LOCK = threading.Lock()
+_commands = 0
+
+
+@contextlib.contextmanager
+def commands_paused() -> Iterator[bool]:
+    """While held, no workspace command starts; yields whether none is running.
+
+    For the executor's orphan sweep (`Sandbox.sweep_orphans`): it kills every
+    child that is not a launcher, and these commands are children of the
+    executor too (a session's first call making its image while another call
+    of it ends had its mkfs killed).
+    """
+    with _COMMANDS_LOCK:
+        yield _commands == 0
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[None]:
+    global _commands
+    with _COMMANDS_LOCK:
+        _commands += 1
+    try:
+        yield
+    finally:
+        with _COMMANDS_LOCK:
+            _commands -= 1
+
+
 def _run(argv: list[str], what: str) -> None:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                              check=False, stdin=subprocess.DEVNULL)
+        with _counted():
+            done = subprocess.run(argv, capture_output=True, text=True,
+                                  timeout=COMMAND_TIMEOUT_S, check=False,
+                                  stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WorkspaceRefused(f"{what}: {exc}") from exc
     if done.returncode != 0:

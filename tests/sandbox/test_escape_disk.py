@@ -243,3 +243,39 @@ def test_the_executor_answers_a_refused_workspace_as_the_tool_s_error(home: Path
         assert not (home / "workspaces" / "full").exists()
     finally:
         executor.sandbox.close()
+
+
+def test_the_orphan_sweep_spares_a_workspace_command(home: Path) -> None:
+    """A session's first call makes its image (mkfs, a child of the executor) while
+    another call of it ends and sweeps the executor's orphans: the sweep killed the mkfs
+    (the demo's parallel read_file, list_dir and shell failed "cannot make a workspace
+    image: exit -9"). Now it waits for the next round."""
+    import threading
+    import time
+
+    import psutil
+
+    from actors.sandbox import workspaces
+
+    sandbox = sandbox_of(home)
+    done: list[BaseException | None] = []
+
+    def command() -> None:
+        try:
+            workspaces._run(["sleep", "1.5"], "a workspace command")
+            done.append(None)
+        except BaseException as exc:  # reported to the test below
+            done.append(exc)
+
+    worker = threading.Thread(target=command)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not [p for p in psutil.Process().children() if p.name() == "sleep"]:
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.01)
+        assert sandbox.sweep_orphans() == 0
+    finally:
+        worker.join()
+        sandbox.close()
+    assert done == [None], done
