@@ -35,7 +35,8 @@ from actors.supervisor.fold import (
     run_extras,
     session_row,
 )
-from actors.supervisor.session import TERMINAL, Session
+from actors.supervisor.machine import TERMINAL
+from actors.supervisor.session import Session
 
 log = logging.getLogger("oploop.journal")
 

@@ -82,6 +82,12 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
+class Begin:
+    """The driver is ready to do the run's work (its task runs, the tools are known):
+    the turns of a started or resumed run begin (or the intent router's call)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Routed:
     """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed."""
 
@@ -90,14 +96,21 @@ class Routed:
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """Text the model call in flight streamed (kept, marked, if the run is cancelled)."""
+    """Text (or thinking) the model call in flight streamed: a `TOKEN` (`THINKING`)
+    event; text is kept, marked, if the run is cancelled."""
 
     text: str
+    channel: str = "text"
 
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """The model call in flight is being retried: the text it streamed is void."""
+    """The model call in flight is being retried (a `RETRY` event): the text it
+    streamed is void."""
+
+    attempt: int = 0
+    error: str = ""
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +118,9 @@ class ModelReplied:
     """The model's reply (an assistant message with `stop_reason`)."""
 
     message: Message
+    #: The tool names the request offered (a call of any other is refused, never
+    #: run); None: those the run started with.
+    offered: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +155,15 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Failed:
+    """The run cannot go on (a driver's bug, the session log failing): it ends `ERROR`
+    at once, its work aborted, its open calls answered with `message`."""
+
+    error: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLost:
     """The worker serving the run went away: a model call is made again; started
     tools that had not finished end as errors (a tool is never run twice)."""
@@ -154,8 +179,8 @@ class Resume:
     check: Callable[[str], str | None] | None = None
 
 
-Input = (Start | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | WorkerLost | Resume)
+Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
+         | ToolFinished | Cancel | Failed | WorkerLost | Resume)
 
 
 # --- actions --------------------------------------------------------------------------
@@ -217,7 +242,8 @@ Action = Emit | CallModel | RunToolCalls | AbortJobs | End
 class RunState:
     """A session's run as the machine sees it (all values, nothing mutable shared)."""
 
-    #: "idle" (no run open), "route", "model", "tools".
+    #: "idle" (no run open), "ready" (opened, waiting for `Begin`), "route", "model",
+    #: "tools".
     phase: str = "idle"
     runs: int = 0
     #: Turns over all runs (`ERROR` and `CANCELLED` report it).
@@ -227,7 +253,9 @@ class RunState:
     last: Message | None = None
     last_end: str = ""
     stop_request: str = ""
-    partial: tuple[str, ...] = ()
+    #: Text streamed by the model call in flight, newest last, as a persistent list
+    #: `(older, text)` (`()` when empty): a delta adds one pair, nothing is copied.
+    partial: tuple[Any, ...] = ()
     direct: bool = False
     repaired: bool = False
     offered: frozenset[str] = frozenset()
@@ -238,6 +266,9 @@ class RunState:
     outcomes: tuple[tuple[str, ToolOutcome], ...] = ()
     #: History additions not yet carried by an `Emit`.
     pending: tuple[Addition, ...] = ()
+    #: In phase "ready": the turn `Begin` starts, and whether the router goes first.
+    first: int = 1
+    router: bool = False
 
     @property
     def running(self) -> bool:
@@ -265,8 +296,10 @@ class _Out:
         """Publish an event of the open run; a terminal one closes it."""
         if not self.s.running:
             return
-        self.actions.append(Emit(type_, turn, data, self.s.pending))
-        self.s = replace(self.s, pending=())
+        pending = self.s.pending
+        self.actions.append(Emit(type_, turn, data, pending))
+        if pending:
+            self.s = replace(self.s, pending=())
         if type_ in TERMINAL:
             self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
                              started=(), outcomes=(), stop_request="")
@@ -275,6 +308,9 @@ class _Out:
 
 def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
     """The run's next state and the actions to carry out, given what happened."""
+    kind = type(event)
+    if kind is Delta:  # the most frequent input (a streamed batch): its own short path
+        return _delta(state, event)  # type: ignore[arg-type]
     out = _Out(state)
     if isinstance(event, Start):
         _start(out, event)
@@ -284,17 +320,25 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         return state, []  # nothing of an ended run happens after its terminal event
     elif isinstance(event, Cancel):
         _cancel(out, event)
+    elif isinstance(event, Begin) and state.phase == "ready":
+        if state.router and state.first == 1:
+            out.s = replace(state, phase="route")
+            out.actions.append(CallModel(0, route=True))
+        else:
+            _turn(out, state.first)
     elif isinstance(event, Routed) and state.phase == "route":
         direct = event.route == "DIRECT"
         if event.route is not None:
             out.emit("ROUTE", 0, {"route": event.route})
         out.s = replace(out.s, direct=direct)
         _turn(out, 1)
-    elif isinstance(event, Delta) and state.phase == "model":
-        out.s = replace(state, partial=state.partial + (event.text,))
-    elif isinstance(event, Retry) and state.phase == "model":
+    elif isinstance(event, Retry) and state.phase in ("model", "route"):
         out.s = replace(state, partial=())
+        out.emit("RETRY", state.turn if state.phase == "model" else 0, {
+            "attempt": event.attempt, "error": event.error, "wait_s": event.wait_s})
     elif isinstance(event, ModelReplied) and state.phase == "model":
+        if event.offered is not None:
+            out.s = replace(state, offered=event.offered)
         _replied(out, event.message)
     elif isinstance(event, ModelFailed) and state.phase in ("model", "route"):
         if state.phase == "route":  # the router may only save work: go on with tools
@@ -306,15 +350,44 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _tool_started(out, event.call_id)
     elif isinstance(event, ToolFinished) and state.phase == "tools":
         _tool_finished(out, event.call_id, event.outcome)
+    elif isinstance(event, Failed):
+        out.actions.append(AbortJobs())
+        why = f"failed: {event.message}"
+        out.s = replace(out.s, partial=())
+        _end_started_tools(out, why)
+        _close_open_calls(out, why)
+        out.emit("ERROR", out.s.turns, {"error": event.error, "message": event.message})
     elif isinstance(event, WorkerLost):
         _worker_lost(out)
     return out.s, out.actions
 
 
+def _delta(state: RunState, ev: Delta) -> tuple[RunState, list[Action]]:
+    """A streamed batch: a `TOKEN` or `THINKING` event of the call in flight (the router's
+    too, at turn 0); model text is kept for a cancel."""
+    if state.phase == "model":
+        kind = "THINKING" if ev.channel == "thinking" else "TOKEN"
+        if kind == "TOKEN":
+            state = replace(state, partial=(state.partial, ev.text))
+        return state, [Emit(kind, state.turn, {"text": ev.text})]
+    if state.phase == "route":
+        kind = "THINKING" if ev.channel == "thinking" else "TOKEN"
+        return state, [Emit(kind, 0, {"text": ev.text})]
+    return state, []
+
+
+def partial_text(partial: tuple[Any, ...]) -> str:
+    """The text a `RunState.partial` list holds, oldest first."""
+    parts: list[str] = []
+    while partial:
+        partial, text = partial
+        parts.append(text)
+    return "".join(reversed(parts))
+
 def _start(out: _Out, ev: Start) -> None:
     if out.s.running:
         return  # one run at a time: the caller refuses a second start
-    out.s = replace(out.s, phase="route" if ev.router else "model", runs=out.s.runs + 1,
+    out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
                     started=(), outcomes=())
@@ -323,10 +396,6 @@ def _start(out: _Out, ev: Start) -> None:
         "prompt": ev.prompt, "agent": ev.agent, "model": ev.model, "run": out.s.runs,
         "max_turns": ev.limit, "deadline_s": ev.deadline_s,
     })
-    if ev.router:
-        out.actions.append(CallModel(0, route=True))
-    else:
-        _turn(out, 1)
 
 
 def _turn(out: _Out, turn: int) -> None:
@@ -433,12 +502,30 @@ def _finish_cancelled(out: _Out, mode: str, reason: str) -> None:
     """History made valid (partial text kept, open calls answered), then `CANCELLED`."""
     why = CANCEL_WHY[mode]
     _keep_partial(out, why)
+    _end_started_tools(out, why)
     _close_open_calls(out, why)
     out.emit("CANCELLED", out.s.turns, {"mode": mode, "reason": reason or why})
 
 
+def _end_started_tools(out: _Out, why: str) -> None:
+    """A `TOOL_END` (an error saying `why`) for each started call without one: every
+    `TOOL_START` a viewer saw gets its end, whatever ends the run."""
+    s = out.s
+    if not s.started:
+        return
+    known = dict(s.outcomes)
+    calls = {c.id: c for c in s.calls}
+    for call_id in s.started:
+        if call_id not in known:
+            call = calls.get(call_id)
+            out.emit("TOOL_END", s.turn, {
+                "tool_use_id": call_id, "name": call.name if call else "", "is_error": True,
+                "output": why, "duration_ms": 0.0,
+            })
+
+
 def _keep_partial(out: _Out, why: str) -> None:
-    text = "".join(out.s.partial)
+    text = partial_text(out.s.partial)
     out.s = replace(out.s, partial=())
     last = out.s.last
     if text.strip() and (last is None or last.get("role") == "user"):
@@ -474,14 +561,9 @@ def _resume(out: _Out, ev: Resume) -> None:
         _close_open_calls(out, INTERRUPTED)
         out.s = replace(out.s, calls=(), started=(), outcomes=())
         out.emit("TURN_END", s.turn, {"stop": "tool_use"})
-        _turn(out, s.turn + 1)
+        out.s = replace(out.s, phase="ready", first=s.turn + 1, router=False)
         return
-    first = max(1, s.turn)
-    if first == 1 and ev.router:
-        out.s = replace(out.s, phase="route")
-        out.actions.append(CallModel(0, route=True))
-        return
-    _turn(out, first)
+    out.s = replace(out.s, phase="ready", first=max(1, s.turn), router=ev.router)
 
 
 def repair_prompt(problem: str) -> str:
