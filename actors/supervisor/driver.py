@@ -167,6 +167,7 @@ class RunDriver:
             elif isinstance(action, End):
                 self.work = None
                 self._disarm()
+                self._abort()  # (from outside the run's task: nothing of it may go on)
 
     # -- carrying out ------------------------------------------------------------------
 
@@ -194,7 +195,9 @@ class RunDriver:
             task = asyncio.current_task()
             if self._aborted and task is not None and task.uncancel() == 0:
                 return  # only our own abort: the machine has ended the run
-            if not self.session.suspended:
+            if self.session.suspended:  # left open for the next supervisor: this driver
+                self.session.driver = None  # is done (nothing late may add to the run)
+            else:
                 self.feed(Cancel("ui"))
             raise
         except Exception as exc:  # the run's edge: a bug ends the run, not the host
