@@ -461,7 +461,8 @@ class Supervisor:
 
 async def _main(settings: Settings) -> None:
     endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
-    journal = Journal.for_home(settings.home, settings.config.limits.journal_reserve_mb)
+    limits = settings.config.limits
+    journal = Journal.for_home(settings.home, limits.journal_reserve_mb, limits.compact_every_kb)
     supervisor = Supervisor(endpoints, settings.config, journal)
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,

@@ -388,3 +388,90 @@ def test_a_deadline_cancels_through_the_drivers_timer():
         harness.journal.close()
     assert harness.events[-1][1] == "CANCELLED"
     assert harness.events[-1][2]["mode"] == "deadline"
+
+
+class IterationIO(FakeIO):
+    """Journals as the supervisor does: records at emit time, one commit per loop
+    iteration (`call_soon`); the model asks for one tool per turn, whose output is
+    2 KB, until `turns`. After each commit that wrote a compaction of a running
+    session, the session folded from the log is compared with the live one."""
+
+    def __init__(self, journal: Journal, turns: int) -> None:
+        super().__init__(journal, [])
+        self.turns = turns
+        self.scheduled = False
+        self.session: Session | None = None
+        self.compactions: list[int] = []
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        seq = session.next_seq
+        session.next_seq += 1
+        frame = encode(Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id))
+        self.journal.record(session, type_, seq, frame)
+        self.events.append((seq, type_, data))
+        self.session = session
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.commit)
+
+    def commit(self) -> None:
+        self.scheduled = False
+        batch = self.journal.commit()
+        session = self.session
+        if session is not None and "s1" in batch.compactions and not session.run_over:
+            self.compactions.append(batch.compactions["s1"].seq)
+            loaded = load_session(self.journal.log, "s1", {})
+            assert loaded is not None
+            assert {f: getattr(loaded, f) for f in FOLDED} == \
+                {f: getattr(session, f) for f in FOLDED}
+
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int, progress: Progress) -> Message:
+        progress(Delta("reading"))
+        await asyncio.sleep(0)
+        return reply("tools1" if turn < self.turns else "done", turn)
+
+    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        await asyncio.sleep(0)
+        return ToolOutcome("x" * 2048, False, 1.0)
+
+
+def test_a_long_run_is_compacted_every_n_kb_and_folds_from_there(tmp_path):
+    journal = Journal(tmp_path / "sessions.db", reserve_mb=0, compact_every_kb=8)
+    io = IterationIO(journal, turns=40)
+    session = Session("s1", Agent(max_turns=50), "/tmp")
+
+    async def go() -> None:
+        driver = RunDriver(session, io)
+        driver.start("read it all")
+        await driver.run()
+        await asyncio.sleep(0)  # (the last commit)
+
+    try:
+        asyncio.run(go())
+        check_events(io.events)
+        # ~2 KB of log per turn, a compaction every 8 KB (or its own size, once larger).
+        assert len(io.compactions) >= 3, io.compactions
+        assert io.compactions == sorted(io.compactions)
+        comp = journal.log.compaction("s1")
+        assert comp is not None and comp.seq == session.next_seq - 1  # (the run's end)
+    finally:
+        journal.close()
+
+
+def test_no_compaction_mid_run_when_turned_off(tmp_path):
+    journal = Journal(tmp_path / "sessions.db", reserve_mb=0, compact_every_kb=0)
+    io = IterationIO(journal, turns=10)
+    session = Session("s1", Agent(max_turns=50), "/tmp")
+
+    async def go() -> None:
+        driver = RunDriver(session, io)
+        driver.start("read it all")
+        await driver.run()
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(go())
+        assert io.compactions == []
+    finally:
+        journal.close()
