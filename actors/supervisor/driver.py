@@ -159,7 +159,7 @@ class RunDriver:
                 for role, added in action.added:
                     append_blocks(session.history, role, list(added))
                 self.io.emit(session, action.type, action.turn, action.data)
-            elif isinstance(action, CallModel | RunToolCalls):
+            elif isinstance(action, (CallModel, RunToolCalls)):  # noqa: UP038 (faster)
                 self.work = action
             elif isinstance(action, AbortJobs):
                 self.work = None

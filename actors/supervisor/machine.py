@@ -289,6 +289,8 @@ def replace(state: RunState, **changes: Any) -> RunState:
 class _Out:
     """The actions of one step, and the state as it goes (a local builder)."""
 
+    __slots__ = ("s", "actions", "last", "pending")
+
     def __init__(self, state: RunState) -> None:
         self.s = state
         self.actions: list[Action] = []
