@@ -21,6 +21,7 @@ so a typo fails there with a message naming the key, never mid-session::
     max_prompt_chars = 1000000
     max_running_sessions = 1000
     journal_reserve_mb = 64       # below this much free disk, new runs are refused
+    compact_every_kb = 4096       # a running session's log is compacted every this many KB
 
     [retention]                   # finished sessions deleted (0: no limit); see Retention
     max_age = "30d"
@@ -135,6 +136,10 @@ class Limits:
     #: it, and a reserve file of this size is given up to journal the ends of the
     #: runs under way when the disk fills (0: no reserve).
     journal_reserve_mb: int = 64
+    #: A session's state is written whole (a compaction) at each run's end and, in a
+    #: long run, once this many KB of records were logged since the last one: a
+    #: restart folds at most this much (0: only at a run's end).
+    compact_every_kb: int = 4096
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
 """`Runner[Deps, Output]`: the agent loop embedded in a program, typed.
 
-The same loop the supervisor runs (`actors.supervisor.session`), driven in this
-process: the model through the same backend and retry policy as the llm
-caller, tools from a `Catalogue` called directly, so that Python tools can take
-the program's own objects (`deps`, reaching them as `ctx.deps`). When an output
-type is given (a dataclass, a TypedDict — `typing_extensions.TypedDict` before
-Python 3.12 — or anything pydantic validates), the final answer is parsed into
-it; a parse failure gets one repair turn, then the run fails with
-`RunFailed("output_invalid")`::
+The same run the supervisor drives (`actors.supervisor.machine`, carried out by
+`actors.supervisor.driver`), in this process: the model through the same
+backend and retry policy as the llm caller, tools from a `Catalogue` called
+directly, so that Python tools can take the program's own objects (`deps`,
+reaching them as `ctx.deps`). When an output type is given (a dataclass, a
+TypedDict — `typing_extensions.TypedDict` before Python 3.12 — or anything
+pydantic validates), the final answer is parsed into it; a parse failure gets
+one repair turn, then the run fails with `RunFailed("output_invalid")`::
 
     @dataclass
     class Answer:
@@ -37,8 +37,10 @@ from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
 from actors.settings import Settings, load_settings
+from actors.supervisor.driver import ModelError, Progress, run_session
 from actors.supervisor.history import Message
-from actors.supervisor.session import ModelError, Session, emit, run_session
+from actors.supervisor.machine import Delta, Retry
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
 
@@ -211,19 +213,13 @@ class _LocalIO(Generic[Deps]):
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 
-    async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
-    ) -> Message:
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int, progress: Progress) -> Message:
         def on_delta(channel: str, text: str) -> None:
-            if channel == "text":
-                session.partial.append(text)
-            emit(session, self, "THINKING" if channel == "thinking" else "TOKEN", turn,
-                 {"text": text})
+            progress(Delta(text, channel))
 
         def on_retry(attempt: int, error: str, wait_s: float) -> None:
-            session.partial.clear()
-            emit(session, self, "RETRY", turn, {"attempt": attempt, "error": error,
-                                                "wait_s": wait_s})
+            progress(Retry(attempt, error, wait_s))
 
         runner = self.runner
         try:

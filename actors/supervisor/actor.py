@@ -22,7 +22,7 @@ from actors.supervisor.journal import Journal
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces
 from actors.supervisor.runs import Runs
-from actors.supervisor.session import Session, emit
+from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
@@ -189,11 +189,9 @@ class Supervisor:
     def _end_runs(self, error: str, message: str) -> None:
         """End every run under way with `ERROR` (the journal cannot keep them going)."""
         for session in list(self.sessions.values()):
-            if not session.run_over:
+            if not session.run_over and session.driver is not None:
                 self.dispatcher.abort_session(session.id)
-                emit(session, self.io, "ERROR", session.turns, {"error": error, "message": message})
-                if session.task is not None:
-                    session.task.cancel()
+                session.driver.fail(error, message)  # `ERROR` now, its task aborted
 
     def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
         """Send `env` (on `port`, default the api) once what this iteration emitted is
@@ -463,7 +461,8 @@ class Supervisor:
 
 async def _main(settings: Settings) -> None:
     endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
-    journal = Journal.for_home(settings.home, settings.config.limits.journal_reserve_mb)
+    limits = settings.config.limits
+    journal = Journal.for_home(settings.home, limits.journal_reserve_mb, limits.compact_every_kb)
     supervisor = Supervisor(endpoints, settings.config, journal)
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,

@@ -24,7 +24,8 @@ import msgpack
 from actors.config import Agent
 from actors.sessionlog import Compaction, Record, SessionLog, SessionRow
 from actors.supervisor.history import Message, append_blocks, blocks
-from actors.supervisor.session import TERMINAL, Session
+from actors.supervisor.machine import TERMINAL
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
 from bus.codec import decode
 from bus.errors import BadFrame

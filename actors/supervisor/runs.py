@@ -10,13 +10,8 @@ import secrets
 from typing import TYPE_CHECKING
 
 from actors.sessionlog import JournalError
-from actors.supervisor.session import (
-    Session,
-    begin_run,
-    drive_run,
-    finish_cancelled,
-    resume_run,
-)
+from actors.supervisor.driver import RunDriver
+from actors.supervisor.session import Session
 from bus.messages import Cancel, CancelAck, ControlHello, Envelope, RunStarted, StartRun
 from bus.sockets import Port
 
@@ -101,12 +96,13 @@ class Runs:
         previous = session.task if session.task and not session.task.done() else None
         from_seq = session.next_seq
         session.run_from_seq, session.start_key = from_seq, req.key
-        limit = begin_run(session, self.sup.io, req.prompt, req.max_turns, req.deadline_s)
+        driver = RunDriver(session, self.sup.io)
+        driver.start(req.prompt, req.max_turns, req.deadline_s)
         assert self.sup._group is not None
         task = self.sup._group.create_task(
-            self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
+            self._run(session, driver, previous), name=f"session-{session.id}-{session.runs}"
         )
-        session.task = task
+        session.task = driver.task = task  # (an abort before `run` begins cancels it too)
         task.add_done_callback(lambda t: self._run_ended(session, t))
         # Replied last (once journaled), and a client gone by now changes nothing: the
         # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
@@ -119,8 +115,8 @@ class Runs:
             return  # a newer run owns the session now, or the next supervisor will
         session.task = None
         session.state = "idle"
-        if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
-            finish_cancelled(session, self.sup.io, "ui")
+        if not session.run_over and session.driver is not None:
+            session.driver.cancel("ui")  # cancelled before it ever ran: still one end
         if self.sup.journal is not None:
             self.sup._ended.append(session)  # leaves memory once its end is committed
             self.sup._schedule_flush()
@@ -140,22 +136,22 @@ class Runs:
             session = self.sup.session(sid)
             if session is None or session.run_over:
                 continue
-            session.state = "running"
+            driver = RunDriver(session, self.sup.io)
+            driver.resume("supervisor restarted")
             assert self.sup._group is not None
             task = self.sup._group.create_task(
-                self._run(session, session.run_limit, None, resume=True),
+                self._run(session, driver, None),
                 name=f"session-{session.id}-{session.runs}",
             )
-            session.task = task
+            session.task = driver.task = task
             task.add_done_callback(functools.partial(self._run_ended, session))
             resumed += 1
         if resumed:
             log.warning("resumed %d session(s) from the journal", resumed)
         return resumed
 
-    async def _run(self, session: Session, limit: int,
-                   previous: asyncio.Task[None] | None, resume: bool = False) -> None:
-        first_turn = resume_run(session, self.sup.io, "supervisor restarted") if resume else 1
+    async def _run(self, session: Session, driver: RunDriver,
+                   previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])
         if not self.sup.dispatcher.tool_specs():
@@ -166,7 +162,7 @@ class Runs:
                         await self.sup.dispatcher.catalogue_changed.wait()
             except TimeoutError:
                 log.warning("no executor announced tools; session %s runs without", session.id)
-        await drive_run(session, self.sup.io, limit, first_turn)
+        await driver.run()
 
     # -- control -----------------------------------------------------------------------
 
@@ -203,7 +199,10 @@ class Runs:
                              f"{session.last_end or 'never'}): nothing to cancel")
             return
         if req.mode == "operation":
-            session.stop_request = "operation"
+            if session.driver is not None:
+                session.driver.cancel("operation")
+            else:  # (an open run not resumed here: the next one honours it)
+                session.stop_request = "operation"
             self.sup._journal_later(session)  # a restart keeps the request: ack after commit
             self.sup._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
                                   port)
@@ -211,8 +210,9 @@ class Runs:
         # The workers are told first (their control sockets are served before data),
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
         self.sup.dispatcher.abort_session(session.id)
-        finish_cancelled(session, self.sup.io, "ui", req.reason)
-        if session.task is not None:
+        if session.driver is not None:  # the run ends now; its task is aborted
+            session.driver.cancel("ui", req.reason)
+        elif session.task is not None:
             session.task.cancel()
         ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
         self.sup._reply_committed(ack, peer, port)

@@ -6,9 +6,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
+from actors.supervisor.driver import ModelError, Progress
 from actors.supervisor.history import Message
-from actors.supervisor.session import ModelError, Session, emit
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.messages import (
     HISTORY_MISS,
@@ -41,29 +43,22 @@ class WorkerIO:
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return self.sup.dispatcher.tool_specs()
 
-    async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
-    ) -> Message:
-        def progress(env: Envelope) -> None:
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int, progress: Progress) -> Message:
+        def on_progress(env: Envelope) -> None:
             body = env.body
             if isinstance(body, Delta):
-                kind = "THINKING" if body.channel == "thinking" else "TOKEN"
-                if kind == "TOKEN":
-                    session.partial.append(body.text)
-                emit(session, self, kind, turn, {"text": body.text})
-            elif isinstance(body, Retrying):
-                session.partial.clear()  # that attempt's text is void (see RETRY)
-                emit(session, self, "RETRY", turn, {
-                    "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
-                })
+                progress(machine.Delta(body.text, body.channel))
+            elif isinstance(body, Retrying):  # that attempt's text is void (see RETRY)
+                progress(machine.Retry(body.attempt, body.error, body.wait_s))
 
         job = session.turn_cache.llm_job(session.id, request, stream)
-        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, on_progress,
                                 for_worker=job.for_caller)
         body = reply.body
         if isinstance(body, JobFailed) and body.error == HISTORY_MISS:
             session.turn_cache.forget_callers()  # that caller lost its copy: send in full
-            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, on_progress,
                                     for_worker=job.for_caller)
             body = reply.body
         if isinstance(body, LlmResult):

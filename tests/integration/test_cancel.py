@@ -159,7 +159,12 @@ def test_ui_cancel_mid_tool_kills_the_whole_tree(host, tmp_path):
 
     events, info, after = asyncio.run(scenario())
     assert_one_run(events)
-    assert events[-1]["type"] == "CANCELLED" and not of_type(events, "TOOL_END")
+    assert events[-1]["type"] == "CANCELLED"
+    # The viewer sees the tool it saw start end, as cancelled (issue 14 item 4).
+    (end,) = of_type(events, "TOOL_END")
+    assert events[-2] is end and end["data"]["is_error"]
+    assert end["data"]["output"] == "cancelled by the user"
+    assert end["data"]["tool_use_id"] == of_type(events, "TOOL_START")[0]["data"]["tool_use_id"]
     assert is_valid(info.history)
     result = info.history[-1]["content"][0]
     assert result["type"] == "tool_result" and result["content"] == "cancelled by the user"

@@ -24,11 +24,15 @@ from test_machine import World
 
 from actors.config import Agent, Config
 from actors.sessionlog import JournalFull, Record, SessionLog
+from actors.supervisor.driver import ModelError, RunDriver
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
 from actors.supervisor.journal import Journal
 from actors.supervisor.machine import (
+    TERMINAL,
     CallModel,
+    Cancel,
+    Delta,
     ModelReplied,
     Resume,
     RunToolCalls,
@@ -36,16 +40,7 @@ from actors.supervisor.machine import (
     ToolFinished,
     ToolStarted,
 )
-from actors.supervisor.session import (
-    TERMINAL,
-    ModelError,
-    Session,
-    begin_run,
-    drive_run,
-    finish_cancelled,
-    resume_run,
-    run_state,
-)
+from actors.supervisor.session import Session, run_state
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
 from bus.messages import Envelope, Event
@@ -80,8 +75,7 @@ class LoggedIO:
         self.events: list[tuple[int, str, str]] = []
         self.cancel_at_tool = False
         #: ("model" | "tool", mode): a cancel arriving while the model streams or a
-        #: tool runs, as the supervisor's `_cancel` does it (end the run, then cancel
-        #: its task).
+        #: tool runs, from outside the run's task (the control socket, the deadline).
         self.interrupt: tuple[str, str] | None = None
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
@@ -93,11 +87,10 @@ class LoggedIO:
         self.events.append((seq, type_, data.get("tool_use_id", "")))
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int) -> dict[str, Any]:
+                         turn: int, progress: Any) -> dict[str, Any]:
         reply = self.replies.pop(0) if self.replies else text_reply("done")
         for word in ("some ", "streamed ", "text"):
-            session.partial.append(word)
-            self.emit(session, "TOKEN", turn, {"text": word})
+            progress(Delta(word))
         await self._maybe_interrupt(session, "model")
         if isinstance(reply, Exception):
             raise reply
@@ -109,7 +102,7 @@ class LoggedIO:
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         if self.cancel_at_tool:
-            session.stop_request = "operation"
+            session.driver.cancel("operation")
             self.journal.touch(session)
         await self._maybe_interrupt(session, "tool")
         return ToolOutcome("out", False, 1.0)
@@ -119,11 +112,8 @@ class LoggedIO:
             return
         mode = self.interrupt[1]
         self.interrupt = None
-        finish_cancelled(session, self, mode)
-        task = asyncio.current_task()
-        assert task is not None
-        task.cancel()
-        await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(session.driver.feed, Cancel(mode))
+        await asyncio.Event().wait()  # (the work in flight, until the cancel aborts it)
 
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [SHELL]
@@ -131,12 +121,12 @@ class LoggedIO:
 
 def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool = False) -> None:
     async def go() -> None:
+        driver = RunDriver(session, io)
         if resume:
-            first = resume_run(session, io, "test")
-            await drive_run(session, io, session.run_limit, first)
+            driver.resume("test")
         else:
-            limit = begin_run(session, io, prompt)
-            await drive_run(session, io, limit)
+            driver.start(prompt)
+        await driver.run()
 
     async def owner() -> None:  # the supervisor's task group: a cancelled run ends here
         with contextlib.suppress(asyncio.CancelledError):
@@ -159,9 +149,7 @@ def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str
         elif kind == "TOOL_END":
             started.discard(call)
         elif kind in TERMINAL:
-            # A cancel ends the run at once: its tools are aborted, not reported one by one.
-            assert not started or kind == "CANCELLED", f"tools started, never ended: {started}"
-            started.clear()
+            assert not started, f"tools started, never ended: {started}"
     assert is_valid(history)
     for i, msg in enumerate(history):
         if tool_use_ids(msg):
@@ -192,7 +180,7 @@ def bytes_per_token_event(tmp: Path, turn: int, n: int = 50) -> float:
     journal = Journal(tmp / f"t{turn}.db", reserve_mb=0)
     session = Session("s1", AGENT, "/tmp")
     io = LoggedIO(journal, [])
-    begin_run(session, io, "read the files")
+    RunDriver(session, io).start("read the files")
     for t in range(1, turn):
         add_reply(session.history, tool_reply(1, t))
         session.history.append({"role": "user", "content": [
@@ -259,7 +247,7 @@ def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factor
         copy.log.commit(records[:k], [row])
         prefix = load_session(copy.log, "s1", {})
         assert prefix is not None and prefix.next_seq == k + 1
-        # The state machine, from the same fold, does what the async loop does.
+        # The bare machine, from the same fold, does what the driver does.
         machine_events, machine_history = machine_resume(prefix)
         # ... resumes the open run, or takes a follow-up, keeping every invariant.
         again = LoggedIO(copy, [])
@@ -278,11 +266,11 @@ def machine_resume(folded: Session) -> tuple[list[tuple[str, str]], list[dict[st
     the machine's invariants after every step; its events and the history it ends with."""
     world = World(state=run_state(folded), history=list(folded.history))
     if folded.run_over:
-        actions = world.feed(Start("go", AGENT.max_turns, offered=frozenset({"shell"})))
+        actions = world.begin(Start("go", AGENT.max_turns, offered=frozenset({"shell"})))
     else:
         world.terminals_this_run = 0
         world.open_tools = set(folded.started_calls) - set(folded.outcomes)
-        actions = world.feed(Resume("test", offered=frozenset({"shell"})))
+        actions = world.begin(Resume("test", offered=frozenset({"shell"})))
     while world.state.running:
         call = next(a for a in actions if isinstance(a, CallModel | RunToolCalls))
         if isinstance(call, CallModel):

@@ -7,9 +7,11 @@ import asyncio
 import pytest
 
 from actors.config import MODEL_ALIASES, Agent, Config, RouterConfig
+from actors.supervisor.driver import ModelError, run_session
 from actors.supervisor.history import is_valid
+from actors.supervisor.machine import Delta
 from actors.supervisor.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
-from actors.supervisor.session import ModelError, Session, run_session
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
@@ -39,7 +41,7 @@ class ScriptedIO:
         self.events.append((session.next_seq, type_, turn, data))
         session.next_seq += 1
 
-    async def call_model(self, session, request, *, stream, turn):
+    async def call_model(self, session, request, *, stream, turn, progress):
         self.requests.append(request)
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
@@ -134,6 +136,9 @@ def test_cancel_mid_tool_leaves_a_valid_history_and_one_terminal_event():
     asyncio.run(main())
     assert types(io)[-1] == "CANCELLED" and types(io).count("CANCELLED") == 1
     assert is_valid(session.history) and session.state == "idle"
+    # The tool a viewer saw start is seen to end, as cancelled.
+    assert types(io)[-3:] == ["TOOL_START", "TOOL_END", "CANCELLED"]
+    assert io.events[-2][3]["is_error"] and io.events[-2][3]["output"] == "cancelled by the user"
 
 
 def test_cache_breakpoints_never_exceed_four_and_sit_on_prefix_and_latest_user_turns():
@@ -223,7 +228,7 @@ def test_intent_router_falls_back_to_agent(route):
 def test_operation_cancel_stops_at_the_next_boundary():
     class Stopping(ScriptedIO):
         async def run_tool(self, session, call, *, timeout_s):
-            session.stop_request = "operation"  # asked for while the tool runs
+            session.driver.cancel("operation")  # asked for while the tool runs
             return await super().run_tool(session, call, timeout_s=timeout_s)
 
     io = Stopping([tool_reply("a"), text_reply("never asked")])
@@ -236,14 +241,15 @@ def test_operation_cancel_stops_at_the_next_boundary():
 
 def test_deadline_cancels_and_keeps_the_streamed_text():
     class Slow(ScriptedIO):
-        async def call_model(self, session, request, *, stream, turn):
-            session.partial.append("half an ans")
+        async def call_model(self, session, request, *, stream, turn, progress):
+            progress(Delta("half an ans"))
             await asyncio.Event().wait()
 
     io = Slow([])
     session = Session("s1", Agent(), "/tmp")
     asyncio.run(run_session(session, io, "go", deadline_s=0.05))
     assert io.events[-1][1] == "CANCELLED" and io.events[-1][3]["mode"] == "deadline"
+    assert ("TOKEN", {"text": "half an ans"}) in [(e[1], e[3]) for e in io.events]
     text = session.history[-1]["content"][0]["text"]
     assert text == "half an ans\n\n[reply interrupted: cancelled: deadline]"
     assert is_valid(session.history)
