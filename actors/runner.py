@@ -41,6 +41,7 @@ from actors.supervisor.history import Message
 from actors.supervisor.session import ModelError, Session, emit, run_session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
+from actors.usage import ZERO, Usage, priced
 
 Deps = TypeVar("Deps")
 Output = TypeVar("Output")
@@ -63,7 +64,8 @@ class RunFailed(Exception):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunOutput(Generic[Output]):
-    """A finished run: the typed output, the final text, and how it ended."""
+    """A finished run: the typed output, the final text, how it ended, and its
+    tokens and cost (`usage.cost` None: the model has no price in `[prices]`)."""
 
     output: Output
     text: str
@@ -71,6 +73,7 @@ class RunOutput(Generic[Output]):
     turns: int
     session: Session
     events: list[dict[str, Any]]
+    usage: Usage = ZERO
 
 
 class OutputParser(Generic[Output]):
@@ -178,7 +181,8 @@ class Runner(Generic[Deps, Output]):
             raise RunFailed(error, data.get("message") or data.get("reason", ""), io.events)
         text = data["text"]
         output: Any = self.parser.parse(text) if self.parser is not None else text
-        return RunOutput(output, text, data["stop"], data["turns"], session, io.events)
+        return RunOutput(output, text, data["stop"], data["turns"], session, io.events,
+                         Usage.from_dict(data.get("usage")))
 
     async def aclose(self) -> None:
         """Close the model backend's connections."""
@@ -227,10 +231,11 @@ class _LocalIO(Generic[Deps]):
 
         runner = self.runner
         try:
-            return await call_with_retries(
+            reply = await call_with_retries(
                 runner.backend, runner.policy, request, stream=stream,
                 deadline=session.deadline or None, on_delta=on_delta, on_retry=on_retry,
             )
+            return priced(reply, self.config.prices)
         except CallFailed as exc:
             f = exc.failure
             raise ModelError(f.error, f.message, f.status) from exc

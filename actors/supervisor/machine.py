@@ -39,6 +39,7 @@ from actors.supervisor.turn import (
     stored_reply,
     tool_calls,
 )
+from actors.usage import ZERO, Usage, after_event, of_reply, with_usage
 
 #: The events that end a run; exactly one per run.
 TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
@@ -83,9 +84,11 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed."""
+    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed;
+    `usage`: what its call used (`actors.usage.of_reply`)."""
 
     route: str | None
+    usage: Usage = ZERO
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +241,10 @@ class RunState:
     outcomes: tuple[tuple[str, ToolOutcome], ...] = ()
     #: History additions not yet carried by an `Emit`.
     pending: tuple[Addition, ...] = ()
+    #: The run's tokens as its events so far report them, and those of calls
+    #: answered whose `TURN_END` (or `ROUTE`) is still to come (`actors.usage`).
+    usage: Usage = ZERO
+    unreported: Usage = ZERO
 
     @property
     def running(self) -> bool:
@@ -265,8 +272,11 @@ class _Out:
         """Publish an event of the open run; a terminal one closes it."""
         if not self.s.running:
             return
-        self.actions.append(Emit(type_, turn, data, self.s.pending))
-        self.s = replace(self.s, pending=())
+        s = self.s
+        data = with_usage(type_, data, s.usage, s.unreported)
+        self.actions.append(Emit(type_, turn, data, s.pending))
+        usage, unreported = after_event(type_, data, s.usage, s.unreported)
+        self.s = replace(s, pending=(), usage=usage, unreported=unreported)
         if type_ in TERMINAL:
             self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
                              started=(), outcomes=(), stop_request="")
@@ -286,6 +296,7 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _cancel(out, event)
     elif isinstance(event, Routed) and state.phase == "route":
         direct = event.route == "DIRECT"
+        out.s = replace(out.s, unreported=out.s.unreported + event.usage)
         if event.route is not None:
             out.emit("ROUTE", 0, {"route": event.route})
         out.s = replace(out.s, direct=direct)
@@ -347,7 +358,7 @@ def _turn(out: _Out, turn: int) -> None:
 
 def _replied(out: _Out, reply: Message) -> None:
     s = out.s
-    out.s = replace(s, partial=())
+    out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
     out.add("assistant", blocks(stored_reply(reply)))
     nxt = next_step(reply)
     turn = s.turn

@@ -34,6 +34,7 @@ from actors.supervisor.turn import (
     stored_reply,
     tool_calls,
 )
+from actors.usage import Meter
 
 log = logging.getLogger("oploop.session")
 
@@ -106,6 +107,8 @@ class Session:
     #: (see `fold.history_delta`).
     logged_len: int = field(default=0, repr=False, compare=False)
     logged_last: Message | None = field(default=None, repr=False, compare=False)
+    #: Tokens and cost: the ended runs', the open run's (`actors.usage.Meter`).
+    meter: Meter = field(default_factory=Meter)
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -118,6 +121,7 @@ class Session:
             "last_seq": self.next_seq - 1,
             "last_end": self.last_end,
             "created": self.created,
+            "usage": self.meter.total().to_dict(),
         }
 
 
@@ -129,7 +133,7 @@ def run_state(session: Session) -> RunState:
         turns=session.turns, turn=session.run_turn, limit=session.run_limit,
         last=session.history[-1] if session.history else None, last_end=session.last_end,
         stop_request=session.stop_request, started=tuple(session.started_calls),
-        outcomes=tuple(session.outcomes.items()),
+        outcomes=tuple(session.outcomes.items()), usage=session.meter.run,
     )
 
 
@@ -187,6 +191,7 @@ def emit(session: Session, io: LoopIO, type_: str, turn: int, data: dict[str, An
     if type_ in TERMINAL:
         session.run_over = True
         session.last_end = type_
+    data = session.meter.stamp(type_, data)  # TURN_END/ROUTE: the call's usage; end: the run's
     io.emit(session, type_, turn, data)
     return True
 
@@ -357,6 +362,7 @@ async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 
         )
         session.partial.clear()
         reply = await io.call_model(session, request, stream=agent.streaming, turn=turn)
+        session.meter.replied(reply)
         session.partial.clear()
         add_reply(session.history, stored_reply(reply))
         step = next_step(reply)
@@ -407,6 +413,7 @@ async def is_direct(session: Session, io: LoopIO) -> bool:
     except ModelError as exc:
         log.info("intent router failed (%s): AGENT", exc)
         return False
+    session.meter.replied(reply)
     route = parse_route(reply)
     emit(session, io, "ROUTE", 0, {"route": route})
     return route == "DIRECT"
