@@ -241,6 +241,13 @@ def money(cost: float | None) -> str:
     return f"${cost:.2f}"
 
 
+def total_line(data: Mapping[str, Any]) -> str:
+    """What a run's end adds to the human output: its totals on a line of their own
+    (`  tokens: 12.3k in · 1.2k out · $0.04`), or "" if its event has none."""
+    raw = data.get("usage")
+    return f"\n  tokens: {describe(raw)}" if isinstance(raw, Mapping) else ""
+
+
 def describe(raw: Any) -> str:
     """A usage dict in one line: `12.3k in · 1.2k out · 3k cache read · $0.04`
     (cache parts only when there are any; no price when it is not known)."""

@@ -235,3 +235,51 @@ def test_a_meter_counts_each_event_once_and_keeps_unreported_calls_apart():
     assert meter.total() == Usage(15, 3, cost=0.75) and meter.run == ZERO
     assert Meter.from_state(meter.to_state()).total() == meter.total()
     assert of_reply({}) == ZERO
+
+
+# -- the offline model's usage: prompt caching as the API counts it ---------------------
+
+
+def test_the_offline_model_counts_cache_writes_then_reads_as_the_api_does():
+    from actors.offline_model.cache import PromptCache
+    from actors.offline_model.wire import Reply, message_json, stream_events
+
+    marked = {"type": "text", "text": "static system prompt " * 20,
+              "cache_control": {"type": "ephemeral"}}
+    first = {"system": [marked], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hello there",
+                                      "cache_control": {"type": "ephemeral"}}]}]}
+    cache = PromptCache()
+    fresh, written, read = cache.usage(first)
+    assert (fresh, read) == (0, 0) and written > 20  # all of it up to the last breakpoint
+    # The next turn: the breakpoint moved to the newest message; the old prefix is read.
+    second = {"system": [marked], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "user", "content": [{"type": "text", "text": "more", "cache_control":
+                                      {"type": "ephemeral"}}]}]}
+    fresh2, written2, read2 = cache.usage(second)
+    assert read2 == written and written2 > 0 and fresh2 == 0
+    assert cache.usage({"messages": [{"role": "user", "content": "no marks"}]}) == (2, 0, 0)
+
+    message = message_json(Reply(({"type": "text", "text": "ok"},), "end_turn", 1),
+                           model="m", message_id="msg_1", in_tokens=5, cache_write=7,
+                           cache_read=9)
+    events = dict(stream_events(message))
+    start = events["message_start"]["message"]["usage"]
+    assert start == {"input_tokens": 5, "output_tokens": 1, "cache_creation_input_tokens": 7,
+                     "cache_read_input_tokens": 9}
+    assert events["message_delta"]["usage"] == {"output_tokens": 1}
+
+
+def test_a_bounded_prompt_cache_forgets_the_oldest_prefixes():
+    from actors.offline_model.cache import PromptCache
+
+    cache = PromptCache(max_entries=2)
+    requests = [{"messages": [{"role": "user", "content": [
+        {"type": "text", "text": f"prompt {i}", "cache_control": {"type": "ephemeral"}}]}]}
+        for i in range(3)]
+    for r in requests:
+        cache.usage(r)
+    assert cache.usage(requests[0])[2] == 0  # pushed out
+    assert cache.usage(requests[2])[2] > 0
