@@ -208,6 +208,7 @@ class _LocalIO(Generic[Deps]):
         event = {"seq": session.next_seq, "session": session.id, "type": type_, "turn": turn,
                  "ts": time.time(), "data": data}
         session.next_seq += 1
+        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
         self.events.append(event)
         if self.runner.on_event is not None:
             self.runner.on_event(event)

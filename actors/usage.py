@@ -179,33 +179,24 @@ def after_event(type_: str, data: Mapping[str, Any], run: Usage,
 
 @dataclass
 class Meter:
-    """A session's tokens: its ended runs (`ended`), the open run as its events so
-    far report it (`run`), and calls answered whose event is still to come
-    (`pending`: known live only, a fold of the log cannot see them)."""
+    """A session's tokens as its events report them: its ended runs (`ended`, from
+    their terminal events) and the open run so far (`run`, from its `ROUTE` and
+    `TURN_END` events). The same fold live (each event as it is emitted) and from
+    the log, so the totals survive a restart. A call whose `TURN_END` has not gone
+    out yet is not counted: its usage travels with that event."""
 
     ended: Usage = ZERO
     run: Usage = ZERO
-    pending: Usage = ZERO
-
-    def replied(self, reply: Mapping[str, Any]) -> None:
-        """A model call of the open run was answered."""
-        self.pending = self.pending + of_reply(reply)
-
-    def stamp(self, type_: str, data: dict[str, Any]) -> dict[str, Any]:
-        """`data` of an event about to go out, with its usage; then counted."""
-        data = with_usage(type_, data, self.run, self.pending)
-        self.apply(type_, data)
-        return data
 
     def apply(self, type_: str, data: Mapping[str, Any]) -> None:
-        """Count an event that went out (live, or folded from the log)."""
+        """Count one event of the session."""
         if type_ in TERMINAL:
             self.ended = self.ended + Usage.from_dict(data.get("usage"))
-        self.run, self.pending = after_event(type_, data, self.run, self.pending)
+        self.run = after_event(type_, data, self.run, ZERO)[0]
 
     def total(self) -> Usage:
         """Everything the session used so far."""
-        return self.ended + self.run + self.pending
+        return self.ended + self.run
 
     def to_state(self) -> list[dict[str, Any]]:
         """What a snapshot keeps (`ended`, `run`: what the log says)."""

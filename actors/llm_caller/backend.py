@@ -82,6 +82,13 @@ def block_to_param(block: Any) -> dict[str, Any]:
     return dumped
 
 
+def usage_to_dict(usage: Any) -> dict[str, int]:
+    """The SDK's `Usage` as the four token counts (a field the server left out or
+    sent as null counts 0). When streaming, the SDK has already folded
+    `message_delta`'s cumulative counts into the snapshot's usage."""
+    return {name: getattr(usage, name, 0) or 0 for name in API_FIELDS}
+
+
 def message_to_dict(message: Any) -> dict[str, Any]:
     """An SDK `Message` as the plain dict carried in `LlmResult`."""
     return {
@@ -91,13 +98,6 @@ def message_to_dict(message: Any) -> dict[str, Any]:
         "model": message.model,
         "usage": usage_to_dict(message.usage),
     }
-
-
-def usage_to_dict(usage: Any) -> dict[str, int]:
-    """The SDK's `Usage` as the four token counts (a field the server left out or
-    sent as null counts 0). When streaming, the SDK has already folded
-    `message_delta`'s cumulative counts into the snapshot's usage."""
-    return {name: getattr(usage, name, 0) or 0 for name in API_FIELDS}
 
 
 class AnthropicBackend:

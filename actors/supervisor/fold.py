@@ -216,7 +216,7 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.started_calls.clear()
     elif kind in TERMINAL:
         session.run_over, session.last_end, session.state = True, kind, "idle"
-    session.meter.apply(kind, data)  # tokens: the same counting the live loop did
+    session.meter.apply(kind, data)  # tokens: the same fold `Supervisor.emit` does live
     for op in delta.get("h") or ():
         role, added = op
         if role == RESET:

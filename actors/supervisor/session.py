@@ -34,7 +34,7 @@ from actors.supervisor.turn import (
     stored_reply,
     tool_calls,
 )
-from actors.usage import Meter
+from actors.usage import ZERO, Meter, Usage, after_event, of_reply, with_usage
 
 log = logging.getLogger("oploop.session")
 
@@ -107,8 +107,13 @@ class Session:
     #: (see `fold.history_delta`).
     logged_len: int = field(default=0, repr=False, compare=False)
     logged_last: Message | None = field(default=None, repr=False, compare=False)
-    #: Tokens and cost: the ended runs', the open run's (`actors.usage.Meter`).
+    #: Tokens and cost, the fold of the session's events (`io.emit` and the log's fold
+    #: apply each event to it; `summary` reports it).
     meter: Meter = field(default_factory=Meter)
+    #: The current run's tokens as its events report them, and calls answered whose
+    #: `TURN_END` (or `ROUTE`) is still to come (`actors.usage.with_usage`).
+    run_usage: Usage = ZERO
+    unreported: Usage = ZERO
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -191,7 +196,10 @@ def emit(session: Session, io: LoopIO, type_: str, turn: int, data: dict[str, An
     if type_ in TERMINAL:
         session.run_over = True
         session.last_end = type_
-    data = session.meter.stamp(type_, data)  # TURN_END/ROUTE: the call's usage; end: the run's
+    # TURN_END and ROUTE carry their call's usage, a terminal event the run's.
+    data = with_usage(type_, data, session.run_usage, session.unreported)
+    session.run_usage, session.unreported = after_event(type_, data, session.run_usage,
+                                                        session.unreported)
     io.emit(session, type_, turn, data)
     return True
 
@@ -238,6 +246,7 @@ def resume_run(session: Session, io: LoopIO, reason: str) -> int:
     call in flight starts again (text streamed since the turn's `TURN_START` is
     void, as after a `RETRY`).
     """
+    session.run_usage, session.unreported = session.meter.run, ZERO  # as the log says
     emit(session, io, "RESUMED", session.run_turn, {"reason": reason})
     session.partial.clear()
     last = session.history[-1] if session.history else {}
@@ -362,7 +371,7 @@ async def run_turns(session: Session, io: LoopIO, limit: int, first_turn: int = 
         )
         session.partial.clear()
         reply = await io.call_model(session, request, stream=agent.streaming, turn=turn)
-        session.meter.replied(reply)
+        session.unreported += of_reply(reply)
         session.partial.clear()
         add_reply(session.history, stored_reply(reply))
         step = next_step(reply)
@@ -413,7 +422,7 @@ async def is_direct(session: Session, io: LoopIO) -> bool:
     except ModelError as exc:
         log.info("intent router failed (%s): AGENT", exc)
         return False
-    session.meter.replied(reply)
+    session.unreported += of_reply(reply)
     route = parse_route(reply)
     emit(session, io, "ROUTE", 0, {"route": route})
     return route == "DIRECT"

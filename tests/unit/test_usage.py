@@ -168,9 +168,14 @@ def test_each_turn_end_carries_its_call_and_the_terminal_event_the_runs_totals()
 
 
 class UsageIO(LoggedIO):
-    """`LoggedIO` whose replies report usage (as priced by the supervisor)."""
+    """`LoggedIO` whose replies report usage (as priced by the supervisor), and whose
+    `emit` folds each event into the session's meter as `Supervisor.emit` does."""
 
     PER_CALL = Usage(1000, 50, 200, 3000, 0.005)
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        session.meter.apply(type_, data)
+        super().emit(session, type_, turn, data)
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
                          turn: int) -> dict[str, Any]:
@@ -222,16 +227,16 @@ def test_session_totals_are_the_fold_of_its_log_and_survive_a_restart(tmp_path: 
         journal.close()
 
 
-def test_a_meter_counts_each_event_once_and_keeps_unreported_calls_apart():
+def test_a_meter_is_the_fold_of_the_events_and_the_terminal_total_is_authoritative():
     meter = Meter()
-    meter.stamp("SESSION_START", {})
-    meter.replied({"usage": {"input_tokens": 10, "output_tokens": 1, "cost_usd": 0.5}})
-    assert meter.total() == Usage(10, 1, cost=0.5)  # live: known before its TURN_END
-    data = meter.stamp("TURN_END", {"stop": "tool_use"})
-    assert data["usage"]["input_tokens"] == 10
-    meter.replied({"usage": {"input_tokens": 5, "output_tokens": 2, "cost_usd": 0.25}})
-    end = meter.stamp("CANCELLED", {"mode": "ui"})  # a reply whose turn never ended
-    assert Usage.from_dict(end["usage"]) == Usage(15, 3, cost=0.75)
+    one = Usage(10, 1, cost=0.5)
+    for type_, data in [("SESSION_START", {}), ("TURN_START", {}),
+                        ("TURN_END", {"usage": one.to_dict()}), ("TOKEN", {"text": "x"})]:
+        meter.apply(type_, data)
+    assert meter.run == one and meter.total() == one
+    # The run ends with a reply whose TURN_END never went out (a cancel mid-tools):
+    # its terminal total has it, and replaces the run's partial count.
+    meter.apply("CANCELLED", {"mode": "ui", "usage": Usage(15, 3, cost=0.75).to_dict()})
     assert meter.total() == Usage(15, 3, cost=0.75) and meter.run == ZERO
     assert Meter.from_state(meter.to_state()).total() == meter.total()
     assert of_reply({}) == ZERO
