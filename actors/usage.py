@@ -241,7 +241,10 @@ def total_line(data: Mapping[str, Any]) -> str:
 
 def describe(raw: Any) -> str:
     """A usage dict in one line: `12.3k in · 1.2k out · 3k cache read · $0.04`
-    (cache parts only when there are any; no price when it is not known)."""
+    (cache parts only when there are any; no price when it is not known); "" for
+    None (a session listed by an older host)."""
+    if raw is None:
+        return ""
     u = raw if isinstance(raw, Usage) else Usage.from_dict(raw)
     parts = [f"{short_count(u.input)} in", f"{short_count(u.output)} out"]
     if u.cache_write:

@@ -94,6 +94,7 @@ def test_usage_reads_for_people():
     assert line == "12.3k in · 1.2k out · $0.04"
     line = describe(Usage(10, 2, 3000, 40_000, None))
     assert line == "10 in · 2 out · 3k cache write · 40k cache read"
+    assert describe(None) == ""
 
 
 # -- the price table in oploop.toml -------------------------------------------------
