@@ -186,3 +186,22 @@ def test_the_runner_counts_the_router_and_every_turn():
         total = total + u
     assert out.usage == Usage.from_dict(total.to_dict())
     assert out.usage == usages(out.events, "DONE")[0]
+
+
+def test_session_totals_survive_a_host_restart():
+    home = make_home("opu-")
+    try:
+        with running_host(home) as running:
+            events = run(running, "hello there")
+            sid = events[0]["session"]
+            before = json.loads(oploop(running, "sessions", "--json").stdout)
+        with running_host(home) as running:  # a new supervisor: the totals are the log's fold
+            after = json.loads(oploop(running, "sessions", "--json").stdout)
+            more = asyncio.run(_follow_up(running, sid))
+            listed = json.loads(oploop(running, "sessions", "--json").stdout)
+        assert before["session"] == after["session"] == sid
+        assert after["usage"] == before["usage"] == events[-1]["data"]["usage"]
+        total = Usage.from_dict(before["usage"]) + usages(more, "DONE")[0]
+        assert Usage.from_dict(listed["usage"]) == Usage.from_dict(total.to_dict())
+    finally:
+        remove_home(Path(home))
