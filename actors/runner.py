@@ -53,13 +53,15 @@ MAX_OUTPUT_CHARS = 1_000_000
 
 
 class RunFailed(Exception):
-    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run."""
+    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run, `usage`
+    what it used until then."""
 
     def __init__(self, error: str, message: str, events: list[dict[str, Any]]) -> None:
         super().__init__(f"{error}: {message}")
         self.error = error
         self.message = message
         self.events = events
+        self.usage = Usage.from_dict(events[-1]["data"].get("usage")) if events else ZERO
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -205,3 +205,35 @@ def test_session_totals_survive_a_host_restart():
         assert Usage.from_dict(listed["usage"]) == Usage.from_dict(total.to_dict())
     finally:
         remove_home(Path(home))
+
+
+def test_a_failed_runner_run_reports_what_it_used_including_the_unended_turn():
+    from typing_extensions import TypedDict
+
+    from actors.runner import RunFailed
+
+    class Pair(TypedDict):
+        a: int
+        b: int
+
+    async def go():
+        scenario = [{"reply": '{"a": 1}', "stop_reason": "end_turn"},
+                    {"reply": '{"a": "x"}', "stop_reason": "end_turn"}]
+        server = await start_server(scenario=scenario)
+        backend = AnthropicBackend(api_key="offline",
+                                   base_url=f"http://127.0.0.1:{server.port}")
+        try:
+            async with Runner(backend=backend, config=Config(), output_type=Pair,
+                              policy=RetryPolicy(base_s=0.01)) as runner:
+                await runner.run("pair?", deps=None)
+        finally:
+            await server.aclose()
+
+    with pytest.raises(RunFailed) as failed:
+        asyncio.run(go())
+    (repair,) = usages(failed.value.events, "TURN_END")  # the answer that did not parse
+    # The second answer failed too: the run ended with no TURN_END for it, and its
+    # ERROR counts it with the first.
+    assert failed.value.usage == usages(failed.value.events, "ERROR")[0]
+    assert failed.value.usage.output > repair.output > 0
+    assert failed.value.usage.cost is not None
