@@ -26,6 +26,7 @@ from actors.config import ConfigError, parse_duration
 from actors.host.actor import HostError, host_for, read_state
 from actors.render import Renderer
 from actors.settings import CONFIG_ENV, Settings, load_settings
+from actors.usage import describe
 from bus.client import Client, Lag
 from bus.endpoints import EndpointError, oploop_home
 from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
@@ -189,7 +190,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"sessions: {len(sessions)} ({running} running)")
     for s in sessions:
         print(f"  {s['session']}  {s['state']:<8} runs {s['runs']}  turns {s['turns']}"
-              f"  events {s['last_seq']}")
+              f"  events {s['last_seq']}  {describe(s.get('usage'))}")
     print("sandbox layers:")
     for layer, how in layers.items():
         print(f"  {layer:<14}{how}")
@@ -320,7 +321,7 @@ async def _list_sessions(args: argparse.Namespace) -> int:
     for s in sessions:
         print(json.dumps(s) if args.json else
               f"{s['session']}  {s['state']:<8} agent {s['agent']}  runs {s['runs']}  "
-              f"turns {s['turns']}  events {s['last_seq']}")
+              f"turns {s['turns']}  events {s['last_seq']}  {describe(s.get('usage'))}")
     return EXIT_OK
 
 

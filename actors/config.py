@@ -33,6 +33,12 @@ so a typo fails there with a message naming the key, never mid-session::
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
 
+    [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
+    input = 3.0                   # a model with no shipped price needs all four
+    output = 15.0
+    cache_write = 3.75
+    cache_read = 0.30
+
     [agents.ops]                  # any field of `Agent`
     model = "sonnet"
     max_turns = 30
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
 # -- agents (here, not in the supervisor: the runner and the config use them too) ----
@@ -110,7 +117,8 @@ DEFAULT_AGENT = Agent()
 
 CONFIG_NAME = "oploop.toml"
 
-_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "agents"})
+_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "agents",
+                       "prices"})
 
 
 class ConfigError(ValueError):
@@ -173,6 +181,8 @@ class Config:
     retention: Retention = Retention()
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
+    #: USD per million tokens, by model id (`actors.usage.price_for` looks models up).
+    prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -222,8 +232,34 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         limits=_record(Limits, data.get("limits", {}), source, "limits"),
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
+        prices=_prices(data.get("prices", {}), source),
         source=source,
     )
+
+
+def _prices(raw: Any, source: str) -> dict[str, Price]:
+    """The shipped prices with the file's `[prices."MODEL"]` tables over them: a shipped
+    model's missing keys keep its shipped price; another model needs all four."""
+    prices = dict(DEFAULT_PRICES)
+    fields = [f.name for f in dataclasses.fields(Price)]
+    for model, table in _table(raw, source, "prices").items():
+        where = f'prices."{model}"'
+        table = _table(table, source, where)
+        _no_unknown(table, set(fields), source, where)
+        shipped = DEFAULT_PRICES.get(model)
+        values: dict[str, float] = {}
+        for name in fields:
+            if name not in table and shipped is None:
+                raise ConfigError(f"{source}: {where}.{name}: required for a model with no "
+                                  "shipped price (USD per million tokens)")
+            value = _check(float, table[name], source, f"{where}.{name}") if name in table \
+                else getattr(shipped, name)
+            if not 0 <= value < float("inf"):  # (NaN fails too)
+                raise ConfigError(f"{source}: {where}.{name}: must be a number >= 0, "
+                                  f"got {value!r}")
+            values[name] = value
+        prices[model] = Price(**values)
+    return prices
 
 
 def _network(raw: Any, source: str) -> Network | None:

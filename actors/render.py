@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from actors.usage import total_line
+
 
 class Renderer:
     """Prints events as they come and remembers how the run ended."""
@@ -32,6 +34,8 @@ class Renderer:
                         else data.get("text", ""))
             return
         line = self._line(kind, data)
+        if line is not None and kind in ("DONE", "ERROR", "CANCELLED"):
+            line += total_line(data)  # the run's tokens and cost
         if line is not None:
             self._end_line()
             print(line, file=self.out, flush=True)

@@ -43,6 +43,7 @@ from actors.supervisor.machine import Delta, Retry
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
+from actors.usage import ZERO, Usage, priced
 
 Deps = TypeVar("Deps")
 Output = TypeVar("Output")
@@ -54,18 +55,21 @@ MAX_OUTPUT_CHARS = 1_000_000
 
 
 class RunFailed(Exception):
-    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run."""
+    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run, `usage`
+    what it used until then."""
 
     def __init__(self, error: str, message: str, events: list[dict[str, Any]]) -> None:
         super().__init__(f"{error}: {message}")
         self.error = error
         self.message = message
         self.events = events
+        self.usage = Usage.from_dict(events[-1]["data"].get("usage")) if events else ZERO
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunOutput(Generic[Output]):
-    """A finished run: the typed output, the final text, and how it ended."""
+    """A finished run: the typed output, the final text, how it ended, and its
+    tokens and cost (`usage.cost` None: the model has no price in `[prices]`)."""
 
     output: Output
     text: str
@@ -73,6 +77,7 @@ class RunOutput(Generic[Output]):
     turns: int
     session: Session
     events: list[dict[str, Any]]
+    usage: Usage = ZERO
 
 
 class OutputParser(Generic[Output]):
@@ -180,7 +185,8 @@ class Runner(Generic[Deps, Output]):
             raise RunFailed(error, data.get("message") or data.get("reason", ""), io.events)
         text = data["text"]
         output: Any = self.parser.parse(text) if self.parser is not None else text
-        return RunOutput(output, text, data["stop"], data["turns"], session, io.events)
+        return RunOutput(output, text, data["stop"], data["turns"], session, io.events,
+                         Usage.from_dict(data.get("usage")))
 
     async def aclose(self) -> None:
         """Close the model backend's connections."""
@@ -206,6 +212,7 @@ class _LocalIO(Generic[Deps]):
         event = {"seq": session.next_seq, "session": session.id, "type": type_, "turn": turn,
                  "ts": time.time(), "data": data}
         session.next_seq += 1
+        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
         self.events.append(event)
         if self.runner.on_event is not None:
             self.runner.on_event(event)
@@ -223,10 +230,11 @@ class _LocalIO(Generic[Deps]):
 
         runner = self.runner
         try:
-            return await call_with_retries(
+            reply = await call_with_retries(
                 runner.backend, runner.policy, request, stream=stream,
                 deadline=session.deadline or None, on_delta=on_delta, on_retry=on_retry,
             )
+            return priced(reply, self.config.prices)
         except CallFailed as exc:
             f = exc.failure
             raise ModelError(f.error, f.message, f.status) from exc

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.llm_caller.failures import StreamIncomplete, StreamStalled
+from actors.usage import API_FIELDS
 
 if TYPE_CHECKING:
     import anthropic
@@ -81,18 +82,21 @@ def block_to_param(block: Any) -> dict[str, Any]:
     return dumped
 
 
+def usage_to_dict(usage: Any) -> dict[str, int]:
+    """The SDK's `Usage` as the four token counts (a field the server left out or
+    sent as null counts 0). When streaming, the SDK has already folded
+    `message_delta`'s cumulative counts into the snapshot's usage."""
+    return {name: getattr(usage, name, 0) or 0 for name in API_FIELDS}
+
+
 def message_to_dict(message: Any) -> dict[str, Any]:
     """An SDK `Message` as the plain dict carried in `LlmResult`."""
-    usage = message.usage
     return {
         "role": "assistant",
         "content": [block_to_param(b) for b in message.content],
         "stop_reason": message.stop_reason,
         "model": message.model,
-        "usage": {
-            "input_tokens": getattr(usage, "input_tokens", 0) or 0,
-            "output_tokens": getattr(usage, "output_tokens", 0) or 0,
-        },
+        "usage": usage_to_dict(message.usage),
     }
 
 

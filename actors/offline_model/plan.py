@@ -134,16 +134,19 @@ def plan_response(
     message_id: str,
     request_id: str,
     delta_delay_s: float = 0.0,
+    prompt: tuple[int, int, int] | None = None,
 ) -> list[Action]:
-    """Everything to send for a valid request, given its scripted turn (None = rules)."""
+    """Everything to send for a valid request, given its scripted turn (None = rules);
+    `prompt`: its (input, cache write, cache read) tokens (`cache.PromptCache`), else
+    all input, none cached."""
     turn = turn or Turn()
     if isinstance(turn.fault, StatusFault):
         fault = turn.fault
         return plan_error(fault.status, fault.error, request_id, fault.headers)
     reply = scripted_reply(turn, request)
-    message = message_json(
-        reply, model=str(request["model"]), message_id=message_id, in_tokens=input_tokens(request)
-    )
+    fresh, written, read = prompt or (input_tokens(request), 0, 0)
+    message = message_json(reply, model=str(request["model"]), message_id=message_id,
+                           in_tokens=fresh, cache_write=written, cache_read=read)
     if request.get("stream"):
         delay = delta_delay_s if turn.delay_s is None else turn.delay_s
         return plan_stream(message, turn.fault, request_id, delay)

@@ -23,6 +23,7 @@ from typing import Any
 
 import h11
 
+from actors.offline_model.cache import PromptCache
 from actors.offline_model.plan import (
     Action,
     Body,
@@ -91,6 +92,8 @@ class OfflineServer:
     def __init__(self, scenario: Scenario | None = None, *, delta_delay_s: float = 0.0) -> None:
         self.scenario = scenario
         self.delta_delay_s = delta_delay_s
+        #: What the prompt cache holds, so that usage counts cache writes and reads.
+        self.prompt_cache = PromptCache()
         self.host = ""
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -243,6 +246,7 @@ class OfflineServer:
                 message_id=new_message_id(),
                 request_id=request_id,
                 delta_delay_s=self.delta_delay_s,
+                prompt=self.prompt_cache.usage(request),
             )
         except Exception as exc:  # a bug in the rules must not take the server down
             log.exception("offline model: could not answer request %s", request_id)

@@ -127,6 +127,7 @@ class Supervisor:
         iteration, with every other event of it: one commit per iteration)."""
         seq = session.next_seq
         session.next_seq += 1
+        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
         env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
         frame = encode(env)
         if self.journal is None:

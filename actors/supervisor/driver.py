@@ -53,6 +53,7 @@ from actors.supervisor.request import build_request
 from actors.supervisor.router import parse_route, router_request
 from actors.supervisor.session import Session, run_state
 from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.usage import of_reply
 
 log = logging.getLogger("oploop.session")
 
@@ -219,7 +220,7 @@ class RunDriver:
                 log.info("intent router failed (%s): AGENT", exc)
                 self.feed(ModelFailed(exc.error, exc.message))
                 return
-            self.feed(Routed(parse_route(reply)))
+            self.feed(Routed(parse_route(reply), of_reply(reply)))
             return
         agent = session.agent
         tools = [] if work.direct else resolve_tools(io.tool_catalogue(), agent, work.turn,

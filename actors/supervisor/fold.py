@@ -27,6 +27,7 @@ from actors.supervisor.history import Message, append_blocks, blocks
 from actors.supervisor.machine import TERMINAL
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
+from actors.usage import Meter
 from bus.codec import decode
 from bus.errors import BadFrame
 from bus.messages import Event
@@ -142,6 +143,7 @@ def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
     data["agent"] = dataclasses.asdict(session.agent)
     data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms]
                         for k, o in session.outcomes.items()}
+    data["meter"] = session.meter.to_state()
     packed: bytes = msgpack.packb(data, use_bin_type=True)
     return packed
 
@@ -161,9 +163,11 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
     data = msgpack.unpackb(blob, raw=False)
     agent = _agent(data.pop("agent"), agents)
     outcomes = {k: ToolOutcome(v[0], v[1], v[2]) for k, v in data.pop("outcomes").items()}
+    meter = Meter.from_state(data.pop("meter", None))  # (none in older snapshots)
     # A field added since the snapshot was written keeps its default.
     session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
     session.outcomes = outcomes
+    session.meter = meter
     return session
 
 
@@ -213,6 +217,7 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.started_calls.clear()
     elif kind in TERMINAL:
         session.run_over, session.last_end, session.state = True, kind, "idle"
+    session.meter.apply(kind, data)  # tokens: the same fold `Supervisor.emit` does live
     for op in delta.get("h") or ():
         role, added = op
         if role == RESET:

@@ -39,6 +39,7 @@ from actors.supervisor.turn import (
     stored_reply,
     tool_calls,
 )
+from actors.usage import ZERO, Usage, after_event, of_reply, with_usage
 
 #: The events that end a run; exactly one per run.
 TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
@@ -89,9 +90,11 @@ class Begin:
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed."""
+    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed;
+    `usage`: what its call used (`actors.usage.of_reply`)."""
 
     route: str | None
+    usage: Usage = ZERO
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +277,10 @@ class RunState(NamedTuple):
     #: In phase "ready": the turn `Begin` starts, and whether the router goes first.
     first: int = 1
     router: bool = False
+    #: The run's tokens as its events so far report them, and those of calls
+    #: answered whose `TURN_END` (or `ROUTE`) is still to come (`actors.usage`).
+    usage: Usage = ZERO
+    unreported: Usage = ZERO
 
     @property
     def running(self) -> bool:
@@ -312,8 +319,13 @@ class _Out:
         """Publish an event of the open run; a terminal one closes it."""
         if not self.s.running:
             return
+        s = self.s
+        data = with_usage(type_, data, s.usage, s.unreported)  # TURN_END, ROUTE, the end
         self.actions.append(Emit(type_, turn, data, self.pending))
         self.pending = ()
+        usage, unreported = after_event(type_, data, s.usage, s.unreported)
+        if usage is not s.usage or unreported is not s.unreported:
+            self.s = replace(s, usage=usage, unreported=unreported)
         if type_ in TERMINAL:
             self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
                              started=(), outcomes=(), stop_request="")
@@ -342,6 +354,7 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
             _turn(out, state.first)
     elif isinstance(event, Routed) and state.phase == "route":
         direct = event.route == "DIRECT"
+        out.s = replace(out.s, unreported=out.s.unreported + event.usage)
         if event.route is not None:
             out.emit("ROUTE", 0, {"route": event.route})
         out.s = replace(out.s, direct=direct)
@@ -433,7 +446,7 @@ def _turn(out: _Out, turn: int) -> None:
 
 def _replied(out: _Out, reply: Message) -> None:
     s = out.s
-    out.s = replace(s, partial=())
+    out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
     out.add("assistant", blocks(stored_reply(reply)))
     nxt = next_step(reply)
     turn = s.turn

@@ -18,6 +18,7 @@ from actors.supervisor.deltas import TurnCache
 from actors.supervisor.history import Message
 from actors.supervisor.machine import CANCEL_WHY, TERMINAL, RunState
 from actors.supervisor.turn import ToolOutcome
+from actors.usage import Meter
 
 __all__ = ["CANCEL_WHY", "TERMINAL", "Session", "run_state"]
 
@@ -70,6 +71,9 @@ class Session:
     #: The driver of the session's newest run (`driver.RunDriver`; None before any
     #: run in this process). Runtime only: never journaled.
     driver: Any = field(default=None, repr=False, compare=False)
+    #: Tokens and cost, the fold of the session's events (`io.emit` and the log's fold
+    #: apply each event to it; `summary` reports it).
+    meter: Meter = field(default_factory=Meter)
 
     def summary(self) -> dict[str, Any]:
         """The session as listed by `oploop sessions`."""
@@ -82,6 +86,7 @@ class Session:
             "last_seq": self.next_seq - 1,
             "last_end": self.last_end,
             "created": self.created,
+            "usage": self.meter.total().to_dict(),
         }
 
 
@@ -93,7 +98,7 @@ def run_state(session: Session) -> RunState:
         turns=session.turns, turn=session.run_turn, limit=session.run_limit,
         last=session.history[-1] if session.history else None, last_end=session.last_end,
         stop_request=session.stop_request, started=tuple(session.started_calls),
-        outcomes=tuple(session.outcomes.items()),
+        outcomes=tuple(session.outcomes.items()), usage=session.meter.run,
     )
 
 

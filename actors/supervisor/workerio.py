@@ -12,6 +12,7 @@ from actors.supervisor.driver import ModelError, Progress
 from actors.supervisor.history import Message
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.usage import priced
 from bus.messages import (
     HISTORY_MISS,
     Delta,
@@ -62,7 +63,7 @@ class WorkerIO:
                                     for_worker=job.for_caller)
             body = reply.body
         if isinstance(body, LlmResult):
-            return body.message
+            return priced(body.message, self.config.prices)  # its cost, by `[prices]`
         if isinstance(body, JobFailed):
             raise ModelError(body.error, body.message, body.status)
         raise ModelError("internal", f"unexpected reply {reply.kind}")

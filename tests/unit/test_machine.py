@@ -38,6 +38,7 @@ from actors.supervisor.machine import (
     step,
 )
 from actors.supervisor.turn import ToolOutcome
+from actors.usage import ZERO
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
          "tags": ["exec"], "core": False, "risky": True}
@@ -124,10 +125,13 @@ REPLIES = st.sampled_from(["text", "tools1", "tools2", "pause", "hidden", "max_t
 
 
 def reply_for(kind: str, turn: int) -> Message:
-    return {"text": text_reply("done"), "tools1": tool_reply(1, turn),
-            "tools2": tool_reply(2, turn), "pause": text_reply("hm", "pause_turn"),
-            "hidden": tool_reply(1, turn, "secret"),
-            "max_tokens": text_reply("cut", "max_tokens")}[kind]
+    reply = {"text": text_reply("done"), "tools1": tool_reply(1, turn),
+             "tools2": tool_reply(2, turn), "pause": text_reply("hm", "pause_turn"),
+             "hidden": tool_reply(1, turn, "secret"),
+             "max_tokens": text_reply("cut", "max_tokens")}[kind]
+    # Usage as a priced reply carries it: both loops must count it alike.
+    return {**reply, "usage": {"input_tokens": 100 * turn, "output_tokens": 7,
+                               "cache_read_input_tokens": 50, "cost_usd": 0.001}}
 
 
 def plausible(world: World, draw: Any) -> Input:
@@ -240,7 +244,7 @@ def test_an_operation_cancel_waits_for_the_boundary_a_ui_cancel_does_not():
     world.feed(Delta("streamed"))
     actions = world.feed(Cancel("ui", "stop"))
     assert isinstance(actions[0], AbortJobs)
-    assert world.events[-1][2] == {"mode": "ui", "reason": "stop"}
+    assert world.events[-1][2] == {"mode": "ui", "reason": "stop", "usage": ZERO.to_dict()}
     assert world.history[-1]["content"][-1]["text"].startswith("streamed")
     assert world.feed(ModelReplied(text_reply("late"))) == []  # nothing after the end
 
@@ -287,5 +291,6 @@ def test_a_failure_ends_the_run_with_one_error_and_a_valid_history():
     actions = world.feed(Failed("disk_full", "the disk is full"))
     assert isinstance(actions[0], AbortJobs)
     assert [e[0] for e in world.events][-2:] == ["TOOL_END", "ERROR"]
-    assert world.events[-1][2] == {"error": "disk_full", "message": "the disk is full"}
+    assert world.events[-1][2] == {"error": "disk_full", "message": "the disk is full",
+                                   "usage": ZERO.to_dict()}
     assert is_valid(world.history)

@@ -13,6 +13,7 @@ from actors.supervisor.machine import Delta
 from actors.supervisor.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
 from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.usage import ZERO
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
          "tags": ["exec"], "core": False, "risky": True}
@@ -77,7 +78,8 @@ def test_tool_calls_then_final_answer():
     results = session.history[2]["content"]
     assert [r["tool_use_id"] for r in results] == ["a", "b"]  # call order kept
     assert types(io)[0] == "SESSION_START" and types(io)[-1] == "DONE"
-    assert io.events[-1][3] == {"text": "all done", "turns": 2, "stop": "end_turn"}
+    assert io.events[-1][3] == {"text": "all done", "turns": 2, "stop": "end_turn",
+                                "usage": ZERO.to_dict()}  # (these replies report none)
     assert [e[0] for e in io.events] == list(range(1, len(io.events) + 1))
     assert is_valid(session.history)
 
@@ -235,7 +237,8 @@ def test_operation_cancel_stops_at_the_next_boundary():
     session = run(io)
     assert len(io.requests) == 1 and len(io.tool_calls) == 1
     assert io.events[-1][1:] == ("CANCELLED", 1, {
-        "mode": "operation", "reason": "cancelled: the operation ended"})
+        "mode": "operation", "reason": "cancelled: the operation ended",
+        "usage": ZERO.to_dict()})
     assert is_valid(session.history)
 
 
