@@ -220,6 +220,8 @@ REQUEST_MAX = 64 * 1024
 def request(kind: bytes, path: str, cap: int) -> bytes:
     """The executor's side of `run_server`: one framed request."""
     body = kind + b"%d " % cap + os.fsencode(path)
+    if len(body) > REQUEST_MAX:
+        raise OSError(36, os.strerror(36))  # ENAMETOOLONG: no reader takes it
     return b"%0*d" % (REPLY_LEN_DIGITS, len(body)) + body
 
 

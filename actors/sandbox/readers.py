@@ -151,6 +151,7 @@ class ReaderPool:
         self._busy: set[Reader] = set()
         self._doomed: set[Reader] = set()  # busy readers to retire when given back
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
         self._retired: list[int] = []  # pidfds of retired readers not yet seen gone
 
     # -- taking and giving back ------------------------------------------------------------
@@ -309,11 +310,12 @@ class ReaderPool:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        if self._timer is not None and not self._timer.cancelled():
-            if getattr(self._timer, "_loop", None) is loop and self._timer.when() > loop.time():
-                return
+        if self._timer is not None:
+            if self._timer_loop is loop and not self._timer.cancelled():
+                return  # armed already on this loop
             self._timer.cancel()
         self._timer = loop.call_later(self.sweep_s, self._tick)
+        self._timer_loop = loop
 
     def _tick(self) -> None:
         self._timer = None

@@ -178,6 +178,8 @@ def test_a_hostile_sequence_fails_on_a_fresh_and_on_a_reused_reader(rhost: Host)
         attacks = [
             ("read_file", "/proc/self/environ"),
             ("read_file", "/proc/1/environ"),
+            ("read_file", "/proc/self/mem"),
+            ("read_file", "/proc/1/mem"),
             ("read_file", f"/proc/{victim}/environ"),
             ("list_dir", f"/proc/{victim}/root"),
             ("list_dir", f"/proc/{victim}/root/proc/1/root"),
@@ -188,6 +190,7 @@ def test_a_hostile_sequence_fails_on_a_fresh_and_on_a_reused_reader(rhost: Host)
             ("read_file", "/proc/kmsg"),
             ("read_file", "\x00"),
             ("read_file", "a" * 5000),
+            ("list_dir", "a/" * 40000),
         ]
         sandbox.readers.drop(str(rhost.workspace))  # a fresh reader for the first round
         pid = None
