@@ -250,3 +250,16 @@ def test_a_call_cut_short_kills_its_reader(rhost: Host) -> None:
     sandbox.readers.close()  # (waits until the killed readers are gone)
     assert set(os.listdir("/proc/self/fd")) <= fds
     still_reads(rhost)
+
+
+@pytest.mark.parametrize("garbage", [b"9999999999", b"not-digits", b"0000000004X1 /"])
+def test_a_malformed_request_ends_the_reader(rhost: Host, garbage: bytes) -> None:
+    """A reader never guesses: anything but a well-formed request ends it, and the
+    session's next call gets a fresh one."""
+    call(rhost, "read_file", "/etc/hostname")
+    reader = only_reader(rhost.sandbox, rhost.workspace)
+    reader.sock.sendall(garbage)
+    wait_gone(reader.pid)
+    out, is_error = call(rhost, "read_file", "/etc/passwd")
+    assert not is_error and "root:" in out, out
+    assert only_reader(rhost.sandbox, rhost.workspace).pid != reader.pid
