@@ -4,7 +4,8 @@ Every built-in tool runs sandboxed (actors.sandbox): `shell` and `write_file`
 go through the launcher under their policy, in the session's own workspace;
 `read_file` and `list_dir` read from a launcher locked down the same way (the
 tool uid, Landlock read-only, no other process's /proc, homes and oploop's
-files hidden). A risky tool this executor has no sandboxed runner for is
+files hidden), kept per session as a persistent reader (actors/sandbox/readers.py).
+A risky tool this executor has no sandboxed runner for is
 refused, never run bare.
 """
 
