@@ -8,8 +8,8 @@ the process being killed without an fsync per commit.
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import os
 import shutil
 from pathlib import Path
