@@ -160,6 +160,19 @@ async def attach(settings: Settings, *, start: bool) -> AsyncIterator[Attached]:
             await _stop_if_last(home, pid)
 
 
+@contextlib.asynccontextmanager
+async def host_client(settings: Settings | None = None) -> AsyncIterator[Client]:
+    """A `Client` of the running host (`OPLOOP_CONNECT`, else `$OPLOOP_HOME`'s), or of an
+    embedded one started for this program (shared with `oploop run`s of the same home,
+    stopped when the last user ends): what a program uses to need no `oploop up`."""
+    if settings is None:
+        from actors.settings import load_settings
+
+        settings = load_settings()
+    async with attach(settings, start=True) as host:
+        yield host.client
+
+
 async def _stop_if_last(home: Path, pid: int) -> None:
     """The last user of an embedded host stops it and waits until it is gone, so that
     nothing of it outlives the command (it would stop by itself within a moment: this
