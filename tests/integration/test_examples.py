@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,17 @@ def test_typed_runner_example_runs_offline(short_home):
         assert done.returncode == 0, done.stderr
         assert "Answer(" in done.stdout and "disk free" in done.stdout
         assert ("offline model" in done.stderr) == (not extra), done.stderr
+
+
+def test_the_readme_python_examples_run_as_written(short_home, tmp_path):
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    assert len(blocks) >= 2
+    for i, block in enumerate(blocks):
+        script = tmp_path / f"readme_{i}.py"
+        script.write_text(block)
+        done = subprocess.run([sys.executable, str(script)], env=_env(short_home),
+                              capture_output=True, text=True, timeout=120,
+                              cwd=EXAMPLES.parent)
+        assert done.returncode == 0, f"README block {i}:\n{block}\n{done.stderr}"
+        assert "Traceback" not in done.stderr
