@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any, TextIO
 
 
@@ -32,6 +33,10 @@ class Renderer:
         self.color = _color(self.out)
         self.terminal: str | None = None
         self._mid_line = False
+        #: Tools running now (tool_use_id -> name, start), for the progress line.
+        self._running: dict[str, tuple[str, float]] = {}
+        self._status = False  # a progress line is on screen (to be erased)
+        self.progress = self.color and not json_lines and not quiet
 
     def event(self, ev: dict[str, Any]) -> None:
         """Show one event."""
@@ -46,7 +51,24 @@ class Renderer:
             return
         show = getattr(self, f"_on_{kind}", None)
         if show is not None:
+            self._clear_status()
             show(data)
+
+    def tick(self) -> None:
+        """Redraw the progress line of running tools (on a terminal; called every
+        fraction of a second while a run streams)."""
+        if not self.progress or not self._running or self._mid_line:
+            return
+        now = time.monotonic()
+        shown = ", ".join(f"{name} {now - t0:.0f} s" for name, t0 in self._running.values())
+        self.out.write(f"\r\x1b[K{self._dim(f'  … {shown}')}")
+        self.out.flush()
+        self._status = True
+
+    def _clear_status(self) -> None:
+        if self._status:
+            self.out.write("\r\x1b[K")
+            self._status = False
 
     # -- quiet: the final answer, and why there is none ------------------------------------
 
@@ -78,9 +100,11 @@ class Renderer:
         self._line(f"↺ resumed ({data.get('reason', '')})")
 
     def _on_TOOL_START(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._running[str(data.get("tool_use_id", ""))] = (data["name"], time.monotonic())
         self._line(f"→ {data['name']} {_brief(data.get('input'))}")
 
     def _on_TOOL_END(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._running.pop(str(data.get("tool_use_id", "")), None)
         mark = "✗" if data.get("is_error") else "✓"
         first = (data.get("output") or "").strip().splitlines()
         tail = f": {first[0][:100]}" if first and data.get("is_error") else ""
@@ -100,6 +124,7 @@ class Renderer:
         self._line(self._terminal_line("CANCELLED", data))
 
     def _terminal_line(self, kind: str, data: dict[str, Any]) -> str:
+        self._running.clear()
         if kind == "DONE":
             line = f"— done: {data.get('turns', 0)} turn(s), stop {data.get('stop', '')}"
         elif kind == "ERROR":

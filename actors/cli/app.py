@@ -171,6 +171,12 @@ def parser() -> argparse.ArgumentParser:
     tools.add_argument("--agent", help="an agent of oploop.toml (default: the default agent)")
     tools.add_argument("--json", action="store_true", help="one tool object per line")
     tools.set_defaults(fn=_async(commands.tools, creates_home=True))
+    logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
+    logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
+                                               "executor, llm_caller, broadcaster, host, ...)")
+    logs.add_argument("-f", "--follow", action="store_true", help="go on printing what is added")
+    logs.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines")
+    logs.set_defaults(fn=_home_checked(hostcmds.cmd_logs, create=False))
     return p
 
 

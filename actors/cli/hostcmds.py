@@ -208,3 +208,34 @@ def cmd_keys(args: argparse.Namespace) -> int:
     except (CredentialError, OSError) as exc:
         return fail(str(exc))
     return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print `$OPLOOP_HOME/host.log` (the host's and its actors' log), or only the lines
+    of one actor; `--follow` goes on printing what is added (Ctrl-C ends)."""
+    log = oploop_home() / "host.log"
+    try:
+        f = open(log, encoding="utf-8", errors="replace")  # noqa: SIM115 - followed below
+    except FileNotFoundError:
+        return fail(f"no log yet in {oploop_home()} (a host started by `oploop up --detach` "
+                    "or `oploop run` writes host.log)")
+    mark = f" {args.actor}[" if args.actor else ""
+    with f:
+        if args.lines is not None:
+            tail = f.readlines()[-args.lines:] if args.lines else []
+            lines = iter(tail)
+        else:
+            lines = iter(f.readline, "")
+        for line in lines:
+            if not mark or mark in line or line.startswith(f"{args.actor}["):
+                sys.stdout.write(line)
+        sys.stdout.flush()
+        while args.follow:
+            line = f.readline()
+            if not line:
+                time.sleep(0.2)  # a file has no readiness to wait on
+                continue
+            if not mark or mark in line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    return EXIT_OK

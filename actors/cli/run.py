@@ -116,6 +116,13 @@ class Interrupts:
             self._main.cancel()
 
 
+async def _tick(render: Renderer) -> None:
+    """The progress line of a running tool, on a terminal."""
+    while True:
+        await asyncio.sleep(0.25)
+        render.tick()
+
+
 async def _cancel_quietly(client: Client, session: str, reason: str) -> None:
     with contextlib.suppress(BusError):
         await client.cancel(session, mode="ui", reason=reason)
@@ -147,6 +154,7 @@ async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render
             stop.cancel_session()
         if not args.json and not args.quiet:
             print(f"session {started.session} (run {started.run})", file=sys.stderr)
+        ticker = asyncio.create_task(_tick(render)) if render.progress else None
         try:
             async for event in host.client.events(started.session, started.from_seq,
                                                   stop_at="first"):
@@ -155,6 +163,9 @@ async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render
             # Nobody reads the run any more: end it rather than leave it running.
             await _cancel_quietly(host.client, started.session, "output closed")
             return quiet_pipe()
+        finally:
+            if ticker is not None:
+                ticker.cancel()
     if stop.signal is not None:
         return stop.status
     return render.exit_status()

@@ -41,10 +41,10 @@ class Terminal:
     """`oploop ARGS` on a pseudo-terminal of its own, as typed in a shell: a Ctrl-C
     written to it is the terminal's SIGINT to its foreground process group."""
 
-    def __init__(self, home: str, *args: str) -> None:
+    def __init__(self, home: str, *args: str, **env: str) -> None:
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            [*OPLOOP, *args], stdin=slave, stdout=slave, stderr=slave, env=_env(home),
+            [*OPLOOP, *args], stdin=slave, stdout=slave, stderr=slave, env=_env(home, **env),
             start_new_session=True, preexec_fn=_controlling_tty)
         os.close(slave)
         self.output = b""
@@ -300,3 +300,36 @@ def test_version_and_bare_help():
     assert version.returncode == 0 and version.stdout.startswith("oploop ")
     bare = subprocess.run(OPLOOP, capture_output=True, text=True, timeout=30)
     assert bare.returncode == 2 and "exit status" in bare.stdout
+
+
+# -- what a terminal shows ---------------------------------------------------------------
+
+
+def test_a_terminal_shows_a_running_tool_and_no_colour_under_no_color(short_home):
+    term = Terminal(short_home, "run", "run `sleep 1.5` and then `echo fine`")
+    term.expect("… shell")  # the progress line while the tool runs
+    assert term.finish() == 0, term.text()
+    plain = Terminal(short_home, "run", "run `sleep 1.5`", NO_COLOR="1")
+    assert plain.finish() == 0, plain.text()
+    assert "\x1b[" not in plain.text() and "… shell" not in plain.text()
+
+
+def test_watch_quiet_and_logs(short_home):
+    with running_host(short_home):
+        quiet = oploop(short_home, "run", "-q", "run `echo quietly`")
+        assert quiet.returncode == 0, quiet.stderr
+        assert "quietly" in quiet.stdout and "→" not in quiet.stdout and "done" not in quiet.stdout
+        done = oploop(short_home, "run", "--json", "run `echo one`")
+        sid = events_of(done.stdout)[0]["session"]
+        assert oploop(short_home, "watch", sid).returncode == 0
+        beyond = oploop(short_home, "watch", sid, "--from-seq", "999")
+        assert beyond.returncode == 1 and "nothing from --from-seq 999" in beyond.stderr
+        assert oploop(short_home, "watch", sid, "--from-seq", "-5").returncode == 2
+        late = oploop(short_home, "run", "--json", "--deadline", "0.5", "run `sleep 20`")
+        assert late.returncode == 130, late.stderr
+        late_sid = events_of(late.stdout)[0]["session"]
+        replay = oploop(short_home, "watch", late_sid)
+        assert replay.returncode == 130 and "› run 1: run `sleep 20`" in replay.stdout
+        assert oploop(short_home, "run", "--max-turns", "-1", "x").returncode == 2
+        logs = oploop(short_home, "logs", "-n", "5")
+        assert logs.returncode == 0 and "ready" in oploop(short_home, "logs").stdout
