@@ -8,6 +8,7 @@ too (its own venv), for before/after figures measured in the same minute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -71,10 +72,8 @@ def ctrl_c_once(repo: Path) -> dict[str, Any]:
         while True:  # drain the terminal until the CLI exits
             ready, _, _ = select.select([master], [], [], 0.01)
             if ready:
-                try:
+                with contextlib.suppress(OSError):
                     seen += os.read(master, 65536)
-                except OSError:
-                    pass
             if proc.poll() is not None:
                 break
         elapsed = time.perf_counter() - pressed

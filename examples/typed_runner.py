@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone
 
-from actors.runner import Runner, RunFailed  # noqa: E402
+from actors.runner import RunFailed, Runner  # noqa: E402
 from actors.tools import ToolContext, tool  # noqa: E402
 
 

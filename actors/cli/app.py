@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from actors.cli import commands, hostcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
 from actors.config import ConfigError, parse_duration
-from actors.settings import Settings, load_settings
+from actors.settings import Settings
 from bus.endpoints import EndpointError, oploop_home
 from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
 from bus.security import ROLES, CredentialError
 
-AsyncCommand = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+AsyncCommand = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
 
 def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argparse.Namespace], int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError, fail
+from actors.cli.errors import EXIT_OK, CliError, fail
 from actors.cli.hosting import offline_notice, spawn_host
 from actors.config import ConfigError
 from actors.host.actor import read_state

@@ -65,7 +65,7 @@ async def spawn_host(home: Path, *, embedded: bool) -> Started:
     log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         os.fchmod(log_fd, 0o600)
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: ASYNC220 - Popen returns at once
             [sys.executable, "-m", "actors.host"], stdin=subprocess.DEVNULL, stdout=log_fd,
             stderr=log_fd, start_new_session=True, pass_fds=(wfd,), env=env,
         )
@@ -190,7 +190,7 @@ async def _stop_if_last(home: Path, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S
-        while alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:  # noqa: ASYNC110 - a pid has no event to await
             await asyncio.sleep(0.02)
     finally:
         os.close(held)
@@ -236,7 +236,7 @@ def listening(path: Path) -> bool:
 def alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie does not)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -254,7 +254,7 @@ async def host_watch(pid: int | None, home: Path) -> AsyncIterator[None]:
 
     async def poll() -> None:
         nonlocal died
-        while alive(pid):
+        while alive(pid):  # noqa: ASYNC110 - a pid has no event to await
             await asyncio.sleep(HOST_POLL_S)
         died = True
         main.cancel()

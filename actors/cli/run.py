@@ -19,8 +19,8 @@ from pathlib import Path
 from actors.cli.errors import (
     EXIT_CANCELLED,
     EXIT_TERMINATED,
-    CliError,
     EXIT_USAGE,
+    CliError,
     quiet_pipe,
 )
 from actors.cli.hosting import attach, host_watch
