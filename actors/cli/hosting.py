@@ -264,6 +264,9 @@ async def host_watch(pid: int | None, home: Path) -> AsyncIterator[None]:
         yield
     except asyncio.CancelledError:
         if died and main.uncancel() == 0:
+            if read_state(home) is None and not (Endpoints.for_home(home).run_dir
+                                                 / "host.json").exists():
+                raise HostGone(f"the host (pid {pid}) stopped (`oploop down`?)") from None
             raise HostGone(f"the host (pid {pid}) died; see {home / 'host.log'}, then "
                            "`oploop up` to resume its runs") from None
         raise

@@ -188,6 +188,16 @@ def test_concurrent_embedded_runs_share_one_host_until_the_last_ends(short_home)
     _no_host_left(short_home)
 
 
+def test_runs_started_together_start_one_host(short_home):
+    runs = [_start(short_home, f"run `echo {i}`") for i in range(3)]
+    for proc in runs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert events_of(out)[-1]["type"] == "DONE"
+    _no_host_left(short_home)
+    assert _running_sessions(short_home) == []
+
+
 # -- closed pipes ------------------------------------------------------------------------
 
 
