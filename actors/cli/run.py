@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -80,8 +81,21 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.remove_signal_handler(sig)
+        # From here the command only returns: a signal now ends it at once, with the
+        # status asked for, not with a KeyboardInterrupt (or a death by SIGINT); blocked
+        # while the handlers change hands, so that none falls between them.
+        both = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        try:
+            for sig in both:
+                self._loop.remove_signal_handler(sig)
+                signal.signal(sig, self._exit_now)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+
+    def _exit_now(self, sig: int, _frame: object) -> None:
+        self.signal = self.signal or sig
+        os._exit(self.status)
 
     @property
     def status(self) -> int:

@@ -154,6 +154,23 @@ def test_sigterm_during_a_tool_cancels_the_session_exit_143(short_home):
     assert _running_sessions(short_home) == []
 
 
+def test_ctrl_c_in_watch_and_a_second_ctrl_c_in_run(short_home):
+    with running_host(short_home):
+        term = Terminal(short_home, "run", "run `sleep 30`")
+        term.expect("→ shell")
+        sid = term.text().split("session ", 1)[1].split()[0]
+        viewer = Terminal(short_home, "watch", sid)
+        viewer.expect("→ shell")
+        viewer.ctrl_c()
+        assert viewer.finish() == 130, viewer.text()
+        _no_traceback(viewer.text())
+        term.ctrl_c()
+        term.ctrl_c()
+        assert term.finish() == 130, term.text()
+        _no_traceback(term.text())
+        wait_until(lambda: sid not in _running_sessions(short_home), "the run cancelled")
+
+
 # -- two embedded runs at once -----------------------------------------------------------
 
 
