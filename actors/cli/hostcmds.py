@@ -112,7 +112,26 @@ def actor_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
         except psutil.Error:
             row.update(cpu_percent=None, cpu_s=None, rss_mb=None)
         row.pop("started", None)
+    helpers = _helpers([p.pid for p in procs.values()])
+    if helpers:  # the sandbox's fork servers and tools: memory the host's too
+        rows.append({"name": "helpers", "pid": None, "restarts": 0,
+                     "state": f"{len(helpers)} proc", "cpu_percent": None,
+                     "cpu_s": None, "rss_mb": round(sum(helpers) / 2**20, 1)})
     return rows
+
+
+def _helpers(actor_pids: list[int]) -> list[int]:
+    """The RSS of every process the actors started (not the actors themselves)."""
+    seen, sizes = set(actor_pids), []
+    for pid in actor_pids:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                if child.pid in seen:
+                    continue
+                seen.add(child.pid)
+                with contextlib.suppress(psutil.Error):
+                    sizes.append(child.memory_info().rss)
+    return sizes
 
 
 async def _sessions(timeout: float = 5.0) -> list[dict[str, Any]]:
