@@ -31,6 +31,15 @@ def check_settings() -> Settings:
     file checked here."""
     settings = load_settings()
     source = settings.config.source
+    if settings.config.hidden:  # a safety setting must not silently do nothing
+        from actors.tools import BUILTIN
+
+        for (platform, mode), names in settings.config.hidden.items():
+            unknown = sorted(set(names) - set(BUILTIN))
+            if unknown:
+                raise ConfigError(f"{source}: hidden.{platform}.{mode}: no tool named "
+                                  f"{', '.join(map(repr, unknown))} (the tools: "
+                                  f"{', '.join(sorted(BUILTIN))})")
     if source != "<defaults>":
         os.environ[CONFIG_ENV] = str(Path(source).resolve())
     return settings

@@ -360,3 +360,12 @@ def test_watch_quiet_and_logs(short_home):
         assert oploop(short_home, "run", "--max-turns", "-1", "x").returncode == 2
         logs = oploop(short_home, "logs", "-n", "5")
         assert logs.returncode == 0 and "ready" in oploop(short_home, "logs").stdout
+
+
+def test_a_typo_in_a_hidden_tool_name_stops_the_start(short_home):
+    (Path(short_home) / "oploop.toml").write_text('[hidden.local]\nreadonly = ["shel"]\n')
+    for args in (("up", "--detach"), ("run", "hi")):
+        done = oploop(short_home, *args)
+        assert done.returncode == 2, done.stderr
+        assert "hidden.local.readonly: no tool named 'shel'" in done.stderr
+        _no_host_left(short_home)
