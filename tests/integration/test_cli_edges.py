@@ -200,8 +200,7 @@ def test_concurrent_embedded_runs_share_one_host_until_the_last_ends(short_home)
     out2, err2 = second.communicate(timeout=60)
     assert second.returncode == 0, err2
     assert events_of(out2)[-1]["type"] == "DONE"
-    assert not psutil.pid_exists(host["pid"]) or \
-        psutil.Process(host["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert _gone(host["pid"])
     _no_host_left(short_home)
 
 
@@ -251,7 +250,7 @@ def test_a_run_notices_its_host_died_at_once(short_home):
         _, err = proc.communicate(timeout=10)  # not the client's 30 s of patience
         assert proc.returncode == 1, err
         assert "died" in err and "Traceback" not in err
-        wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), "the actors gone")
+        wait_until(lambda: all(_gone(p) for p in pids), "the actors gone")
         # For running_host's `down`: a host again (it resumes the run the kill left open).
         up = oploop(short_home, "up", "--detach")
         assert up.returncode == 0, up.stderr
@@ -369,3 +368,22 @@ def test_a_typo_in_a_hidden_tool_name_stops_the_start(short_home):
         assert done.returncode == 2, done.stderr
         assert "hidden.local.readonly: no tool named 'shel'" in done.stderr
         _no_host_left(short_home)
+
+
+def test_foreground_up_says_ready_and_stops_on_ctrl_c(short_home):
+    term = Terminal(short_home, "up")
+    term.expect("ready in")
+    pids = host_pids(short_home)
+    term.ctrl_c()
+    assert term.finish() in (0, 130), term.text()
+    _no_traceback(term.text())
+    assert "exited" not in term.text()  # no actor reported dying one by one
+    wait_until(lambda: all(_gone(p) for p in pids), "the actors gone")
+    _no_host_left(short_home)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
