@@ -124,9 +124,11 @@ def test_ctrl_c_during_a_tool_cancels_the_session_and_stops_the_embedded_host(sh
         assert states and "running" not in states
 
 
-@pytest.mark.parametrize("moment", ["at once", "host ready"])
+@pytest.mark.parametrize("moment", ["at once", "host starting", "host ready"])
 def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
     term = Terminal(short_home, "run", "run `sleep 30`")
+    if moment == "host starting":  # the log is opened just before the host is started
+        wait_until(lambda: (Path(short_home) / "host.log").exists(), "the host starting")
     if moment == "host ready":
         term.expect("offline model")
     term.ctrl_c()
