@@ -171,6 +171,10 @@ def parser() -> argparse.ArgumentParser:
     tools.add_argument("--agent", help="an agent of oploop.toml (default: the default agent)")
     tools.add_argument("--json", action="store_true", help="one tool object per line")
     tools.set_defaults(fn=_async(commands.tools, creates_home=True))
+    comp = sub.add_parser("completion", help="print a shell completion script: "
+                                             "eval \"$(oploop completion bash)\"")
+    comp.add_argument("shell", choices=("bash", "zsh"))
+    comp.set_defaults(fn=lambda args: _completion(args.shell))
     logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
     logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
                                                "executor, llm_caller, broadcaster, host, ...)")
@@ -178,6 +182,37 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines")
     logs.set_defaults(fn=_home_checked(hostcmds.cmd_logs, create=False))
     return p
+
+
+def _completion(shell: str) -> int:
+    """Print a completion script for `shell` (commands and each command's options)."""
+    p = parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, cmd in sub.choices.items():
+        opts = sorted(o for a in cmd._actions for o in a.option_strings)
+        nested = [a for a in cmd._actions if isinstance(a, argparse._SubParsersAction)]
+        words = opts + [w for n in nested for w in n.choices]
+        cases.append(f'    {name}) opts="{" ".join(words)}" ;;')
+    script = "\n".join([
+        "_oploop() {",
+        '  local cur="${COMP_WORDS[COMP_CWORD]}" opts',
+        "  if [ \"$COMP_CWORD\" -eq 1 ]; then",
+        f'    COMPREPLY=($(compgen -W "{" ".join(sub.choices)} --help --version" -- "$cur"))',
+        "    return",
+        "  fi",
+        '  case "${COMP_WORDS[1]}" in',
+        *cases,
+        '    *) opts="" ;;',
+        "  esac",
+        '  COMPREPLY=($(compgen -W "$opts" -f -- "$cur"))',
+        "}",
+        "complete -F _oploop oploop",
+    ])
+    if shell == "zsh":
+        script = "autoload -Uz bashcompinit && bashcompinit\n" + script
+    print(script)
+    return 0
 
 
 async def _run_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -389,3 +389,12 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_bash_completion():
+    script = subprocess.run([*OPLOOP, "completion", "bash"], capture_output=True, text=True,
+                            timeout=30, check=True).stdout
+    probe = (f'{script}\nCOMP_WORDS=(oploop ru); COMP_CWORD=1; _oploop; echo "${{COMPREPLY[@]}}"'
+             '\nCOMP_WORDS=(oploop run --dead); COMP_CWORD=2; _oploop; echo "${COMPREPLY[@]}"')
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+    assert out.stdout.split("\n")[:2] == ["run", "--deadline"], out.stdout + out.stderr
