@@ -78,7 +78,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     if state is None:
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     try:
-        running = [s["session"] for s in asyncio.run(_sessions(timeout=2.0))
+        running = [s["session"] for s in asyncio.run(_sessions(wait_s=2.0))
                    if s["state"] == "running"]
     except BusError:  # a supervisor that does not answer is stopped all the same
         running = []
@@ -143,11 +143,11 @@ def _helpers(actor_pids: list[int]) -> list[int]:
     return sizes
 
 
-async def _sessions(timeout: float = 5.0) -> list[dict[str, Any]]:
+async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
     """The sessions of the host in `$OPLOOP_HOME` (this machine's, whatever
     OPLOOP_CONNECT says: status and down are about it)."""
     async with Client.connect(oploop_home()) as client:
-        return await client.sessions(timeout=timeout)
+        return await client.sessions(timeout=wait_s)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -175,8 +175,10 @@ def cmd_status(args: argparse.Namespace) -> int:
              else ""))
     if state.get("listen"):
         print(f"listening on {state['listen']} (+4 ports), "
-              + ("CURVE: authorised keys only" if state.get("curve") else "plain TCP on loopback: any local user can connect"))
-    print(f"{'actor':<15}{'pid':>8}{'state':>11}{'restarts':>10}{'cpu%':>7}{'cpu s':>8}{'rss MB':>8}")
+              + ("CURVE: authorised keys only" if state.get("curve")
+                 else "plain TCP on loopback: any local user can connect"))
+    print(f"{'actor':<15}{'pid':>8}{'state':>11}{'restarts':>10}{'cpu%':>7}{'cpu s':>8}"
+          f"{'rss MB':>8}")
     for r in rows:
         print(f"{r['name']:<15}{r['pid'] or '-':>8}{r['state']:>11}{r['restarts']:>10}"
               f"{_fmt(r['cpu_percent']):>7}{_fmt(r['cpu_s']):>8}{_fmt(r['rss_mb']):>8}")
