@@ -28,7 +28,7 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argpars
         try:
             settings = hostcmds.check_settings()
         except ConfigError as exc:
-            raise CliError(f"bad configuration: {exc}", EXIT_USAGE) from None
+            raise CliError(f"bad configuration: {exc}") from None
         try:
             return int(uvloop.run(fn(args, settings)))
         except RemoteError as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 EXIT_OK = 0
 #: Something failed (the line on stderr says what).
 EXIT_ERROR = 1
-#: Bad usage or a bad environment (a flag, `OPLOOP_HOME`, the configuration).
+#: Bad usage: a flag, a prompt that cannot be read, `OPLOOP_HOME`.
 EXIT_USAGE = 2
 #: Cancelled (Ctrl-C, or the run ended `CANCELLED`); SIGTERM gives 143.
 EXIT_CANCELLED = 130
@@ -25,9 +25,9 @@ EXIT_CANCELLED = 130
 EXIT_PIPE = 141
 EXIT_TERMINATED = 143
 
-EXIT_HELP = """exit status: 0 done; 1 failed (the line on stderr says why); 2 bad usage,
-configuration or OPLOOP_HOME; 130 cancelled (Ctrl-C, or the run ended CANCELLED);
-141 the output was closed (| head); 143 SIGTERM.
+EXIT_HELP = """exit status: 0 done; 1 failed (the line on stderr says why: no host, a bad
+configuration, ...); 2 bad usage or a bad OPLOOP_HOME; 130 cancelled (Ctrl-C, or the
+run ended CANCELLED); 141 the output was closed (| head); 143 SIGTERM.
 
 environment: OPLOOP_HOME (default ~/.oploop), OPLOOP_CONFIG, OPLOOP_CONNECT and
 OPLOOP_KEYS (a host elsewhere), ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL (else the

@@ -55,7 +55,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         check_settings()
     except ConfigError as exc:
-        raise CliError(f"bad configuration: {exc}", 2) from None
+        raise CliError(f"bad configuration: {exc}") from None
     if not args.detach:
         from actors.host.actor import main as host_main
 

@@ -367,7 +367,7 @@ def test_a_typo_in_a_hidden_tool_name_stops_the_start(short_home):
     (Path(short_home) / "oploop.toml").write_text('[hidden.local]\nreadonly = ["shel"]\n')
     for args in (("up", "--detach"), ("run", "hi")):
         done = oploop(short_home, *args)
-        assert done.returncode == 2, done.stderr
+        assert done.returncode == 1, done.stderr
         assert "hidden.local.readonly: no tool named 'shel'" in done.stderr
         _no_host_left(short_home)
 
