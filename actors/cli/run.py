@@ -72,6 +72,7 @@ class Interrupts:
         self.client: Client | None = None
         self.starting = False
         self.cancelled = asyncio.Event()
+        self._cancel: asyncio.Task[None] | None = None  # (held: a task only the loop holds may go)
         self._main = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
 
@@ -122,7 +123,7 @@ class Interrupts:
         why = "SIGTERM" if self.signal == signal.SIGTERM else "Ctrl-C"
         if sys.stderr.isatty():
             print("\noploop: cancelling (Ctrl-C again to quit now)", file=sys.stderr)
-        self._loop.create_task(_cancel_quietly(self.client, self.session, why))
+        self._cancel = self._loop.create_task(_cancel_quietly(self.client, self.session, why))
         self._loop.call_later(CANCEL_WAIT_S, self._give_up)
 
     def _give_up(self) -> None:
