@@ -389,7 +389,10 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
         data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not psutil.pid_exists(int(data.get("pid", 0))):
+    try:  # a killed host no one has reaped yet is a zombie: not a host
+        if psutil.Process(int(data.get("pid", 0))).status() == psutil.STATUS_ZOMBIE:
+            return None
+    except (psutil.Error, ValueError, TypeError):
         return None
     return data
 
