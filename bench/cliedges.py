@@ -69,15 +69,18 @@ def ctrl_c_once(repo: Path) -> dict[str, Any]:
         _read_until(master, "→ shell".encode(), seen)
         pressed = time.perf_counter()
         os.write(master, b"\x03")
+        shown = None
         while True:  # drain the terminal until the CLI exits
             ready, _, _ = select.select([master], [], [], 0.01)
             if ready:
                 with contextlib.suppress(OSError):
                     seen += os.read(master, 65536)
+            if shown is None and b"cancelled (" in seen:
+                shown = time.perf_counter() - pressed
             if proc.poll() is not None:
                 break
         elapsed = time.perf_counter() - pressed
-        return {"s": elapsed, "exit": proc.returncode,
+        return {"s": elapsed, "exit": proc.returncode, "shown_s": shown,
                 "traceback": b"Traceback" in seen or b"KeyboardInterrupt" in seen}
     finally:
         if proc.poll() is None:
@@ -128,7 +131,9 @@ def measure(repo: Path, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {"repo": str(repo), "load": os.getloadavg()[0]}
     for name, once in (("ctrl_c_to_exit", ctrl_c_once), ("dead_host_to_exit", dead_host_once)):
         tries = [once(repo) for _ in range(n)]
+        shown = [t["shown_s"] for t in tries if t.get("shown_s") is not None]
         out[name] = {"median_s": statistics.median(t["s"] for t in tries),
+                     "shown_median_s": statistics.median(shown) if shown else None,
                      "exits": [t["exit"] for t in tries],
                      "tracebacks": sum(bool(t.get("traceback")) for t in tries)}
     return out
@@ -144,8 +149,10 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"cli edges ({result['repo']}, load {result['load']:.1f})"]
     for name in ("ctrl_c_to_exit", "dead_host_to_exit"):
         r = result[name]
+        shown = r.get("shown_median_s")
         lines.append(f"  {name:<20}{r['median_s']:>8.2f} s  exits {r['exits']}"
-                     f"  tracebacks {r['tracebacks']}")
+                     f"  tracebacks {r['tracebacks']}"
+                     + (f"  (CANCELLED shown after {shown:.2f} s)" if shown is not None else ""))
     return "\n".join(lines)
 
 
