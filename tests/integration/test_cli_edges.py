@@ -305,6 +305,9 @@ def test_prompts_from_stdin_and_from_a_file(short_home, tmp_path):
     bad = subprocess.run([*OPLOOP, "run", "-"], input=b"\xff\xfe", env=_env(short_home),
                          capture_output=True, timeout=30)
     assert bad.returncode == 2 and b"not valid UTF-8" in bad.stderr
+    argv = subprocess.run([*OPLOOP, "run", b"caf\xe9"], env=_env(short_home),
+                          capture_output=True, timeout=30)
+    assert argv.returncode == 2 and b"not valid UTF-8" in argv.stderr
 
 
 # -- inspect, version --------------------------------------------------------------------
