@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -36,6 +38,7 @@ from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
+from actors.llm_caller.scripted import ScriptedBackend
 from actors.settings import Settings, load_settings
 from actors.supervisor.driver import ModelError, Progress, run_session
 from actors.supervisor.history import Message
@@ -126,6 +129,21 @@ def _json_part(text: str) -> str:
     return text[start:end + 1] if 0 <= start < end else text.strip()
 
 
+def default_backend(settings: Settings, environ: Mapping[str, str] | None = None) -> ModelBackend:
+    """The model a `Runner` calls when given none, as a host chooses it: the scripted
+    backend with `OPLOOP_LLM_BACKEND=scripted`; the real API with `ANTHROPIC_API_KEY`
+    or `ANTHROPIC_BASE_URL`; else the offline model's rules, in this process (said
+    once on stderr)."""
+    env = os.environ if environ is None else environ
+    if settings.llm_backend == "scripted":
+        return ScriptedBackend.from_script(settings.llm_script)
+    if env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_BASE_URL"):
+        return AnthropicBackend()
+    print("oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: the Runner uses the "
+          "offline model (canned answers, no network)", file=sys.stderr)
+    return ScriptedBackend()
+
+
 class Runner(Generic[Deps, Output]):
     """Runs the agent loop in this process, typed by its dependencies and output."""
 
@@ -142,11 +160,13 @@ class Runner(Generic[Deps, Output]):
         on_event: OnEvent | None = None,
         settings: Settings | None = None,
     ) -> None:
-        # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*).
-        if config is None or policy is None:
+        # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*,
+        # OPLOOP_LLM_BACKEND).
+        if config is None or policy is None or backend is None:
             settings = settings or load_settings()
             config = config or settings.config
             policy = policy or RetryPolicy.from_settings(settings.retry)
+            backend = backend or default_backend(settings)
         self.config = config
         self.parser = OutputParser(output_type) if output_type is not None else None
         if self.parser is not None:
@@ -155,7 +175,8 @@ class Runner(Generic[Deps, Output]):
             )
         self.agent = agent
         self.catalogue = Catalogue([*(BUILTIN.values() if builtin else ()), *tools])
-        self.backend = backend or AnthropicBackend()
+        assert backend is not None
+        self.backend: ModelBackend = backend
         self.policy = policy
         self.on_event = on_event
         self._sessions = 0
@@ -182,7 +203,12 @@ class Runner(Generic[Deps, Output]):
         data = end["data"]
         if end["type"] != "DONE":
             error = data.get("error") or f"cancelled ({data.get('mode')})"
-            raise RunFailed(error, data.get("message") or data.get("reason", ""), io.events)
+            message = data.get("message") or data.get("reason", "")
+            if error in ("connection", "timeout", "auth", "authentication"):
+                message += (" (the model at ANTHROPIC_BASE_URL or api.anthropic.com: check the "
+                            "key and the network; without ANTHROPIC_API_KEY and "
+                            "ANTHROPIC_BASE_URL the runner uses the offline model)")
+            raise RunFailed(error, message, io.events)
         text = data["text"]
         output: Any = self.parser.parse(text) if self.parser is not None else text
         return RunOutput(output, text, data["stop"], data["turns"], session, io.events,

@@ -26,8 +26,10 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
 
-Two more are the host's handshake with the actors it starts, not settings a user
-sets: `OPLOOP_READY_FD` (the pipe to say "ready" on) and `OPLOOP_PARENT_PID`.
+A few more are the host's handshake with the actors it starts, not settings a user
+sets: `OPLOOP_READY_FD` (the pipe to say "ready" on), `OPLOOP_PARENT_PID`,
+`OPLOOP_EMBEDDED=1` (a host `oploop run` started: its runs end with it, none is
+resumed at its start) and `OPLOOP_RESTARTED=1` (this actor is a restart).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from bus.endpoints import Endpoints, oploop_home
 
 READY_FD_ENV = "OPLOOP_READY_FD"
 PARENT_PID_ENV = "OPLOOP_PARENT_PID"
+EMBEDDED_ENV = "OPLOOP_EMBEDDED"
+RESTARTED_ENV = "OPLOOP_RESTARTED"
 CONFIG_ENV = "OPLOOP_CONFIG"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -84,6 +88,10 @@ class Settings:
     keys: str = ""
     ready_fd: int | None = None
     parent_pid: int | None = None
+    #: Part of an embedded host (`oploop run` with no host up): runs end with the host.
+    embedded: bool = False
+    #: This actor is a restart by its host (not the host's first start of it).
+    restarted: bool = False
 
     def endpoints(self) -> Endpoints:
         """The host to talk to: `connect` when set, else the one of `home`."""
@@ -129,6 +137,8 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         keys=env.get("OPLOOP_KEYS", ""),
         ready_fd=reader.optional(READY_FD_ENV, int),
         parent_pid=reader.optional(PARENT_PID_ENV, int),
+        embedded=env.get(EMBEDDED_ENV, "") == "1",
+        restarted=env.get(RESTARTED_ENV, "") == "1",
     )
 
 

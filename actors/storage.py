@@ -8,6 +8,7 @@ the process being killed without an fsync per commit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -62,8 +63,14 @@ def open_private_db(path: Path, schema: str) -> sqlite3.Connection:
     import sqlite3
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Created before SQLite opens it: its -wal and -shm files follow the mode.
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    # Created before SQLite opens it: its -wal and -shm files follow the mode. Only
+    # when missing: closing a descriptor of a database this process already has open
+    # (the supervisor opens sessions.db twice: the log, the tombstones) would drop
+    # every POSIX lock SQLite holds on it (they are per process), and another process
+    # closing its connection would then delete the WAL under us (a lost commit).
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):  # (made meanwhile by another process)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     os.chmod(path, 0o600)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")

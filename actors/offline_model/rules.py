@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.offline_model.intents import SHELL, ToolCall, parse_tool_calls
+from actors.offline_model.typed import example_value, requested_schema
 from actors.offline_model.wire import Reply, count_tokens, text_chunks
 
 HELP_TEXT = (
@@ -62,6 +63,10 @@ def respond(request: Mapping[str, Any]) -> Reply:
         plan = "report the tool results"
     else:
         blocks, stop, plan = plan_tool_calls(user_text(user), offered_tools(request))
+    schema = requested_schema(_system_text(request)) if stop == "end_turn" else None
+    if schema is not None:  # a typed run's final answer: a value of its schema
+        said = blocks[0].get("text", "") if results else ""
+        blocks = [text_block(json.dumps(example_value(schema, said)))]
     if thinking_enabled(request):
         blocks.insert(0, thinking_block(user_text(user), plan))
     return limit_tokens(blocks, stop, int(request.get("max_tokens") or 1))

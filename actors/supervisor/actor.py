@@ -93,6 +93,9 @@ class Supervisor:
         self.sessions: dict[str, Session] = {}
         #: Starting, resuming, cancelling and ending runs (and the control verbs).
         self.runs = Runs(self)
+        #: Whether runs the log has open go on at start (not at an embedded host's first
+        #: start: those are resumed by the next `oploop up`, never by some `oploop run`).
+        self.resume_at_start = True
         self.reactor = Reactor()
         self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.control = self.reactor.add(
@@ -439,7 +442,8 @@ class Supervisor:
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                self.runs.resume_journaled()
+                if self.resume_at_start:
+                    self.runs.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
                 notify_ready()
@@ -465,6 +469,8 @@ async def _main(settings: Settings) -> None:
     limits = settings.config.limits
     journal = Journal.for_home(settings.home, limits.journal_reserve_mb, limits.compact_every_kb)
     supervisor = Supervisor(endpoints, settings.config, journal)
+    supervisor.resume_at_start = settings.restarted or not settings.embedded
+    supervisor.runs.end_at_stop = settings.embedded
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,

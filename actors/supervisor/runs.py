@@ -31,6 +31,9 @@ class Runs:
 
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
+        #: An embedded host's (`oploop run` with no host up): at a stop, runs are ended
+        #: `CANCELLED` rather than left to be resumed by some later, unrelated command.
+        self.end_at_stop = False
 
     def _refusal(self, req: StartRun) -> tuple[str, str] | None:
         """Why a `StartRun` cannot be served, as (error, message), or None."""
@@ -221,6 +224,12 @@ class Runs:
         """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run
         open as journaled, to be resumed by the next supervisor, rather than end it.
         Its jobs are still aborted as its tasks unwind, so no tool outlives it."""
+        if self.end_at_stop:
+            for session in self.sup.sessions.values():
+                if session.task is not None and not session.task.done():
+                    self.sup.dispatcher.abort_session(session.id)
+                    finish_cancelled(session, self.sup.io, "ui", "the embedded host stopped")
+            return
         suspended = 0
         for session in self.sup.sessions.values():
             if session.task is not None and not session.task.done():
