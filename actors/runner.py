@@ -233,7 +233,7 @@ class _LocalIO(Generic[Deps]):
             )
         except CallFailed as exc:
             f = exc.failure
-            raise ModelError(f.error, f.message, f.status) from exc
+            raise ModelError(f.error, exc.message, f.status) from exc
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         deadline = time.time() + timeout_s

@@ -64,7 +64,7 @@ class LlmCaller(Worker):
             message = await self._call_with_retries(env, job, request, batcher)
         except CallFailed as exc:
             f = exc.failure
-            return JobFailed(f.error, f.message, retryable=False, status=f.status)
+            return JobFailed(f.error, exc.message, retryable=False, status=f.status)
         finally:
             batcher.flush()
         return LlmResult(message)

@@ -15,7 +15,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from actors.llm_caller.backend import ModelBackend, OnDelta
-from actors.llm_caller.failures import CallFailed, classify
+from actors.llm_caller.failures import CallFailed, RetryAfterTooLong, classify
 from actors.llm_caller.policy import RetryPolicy
 
 log = logging.getLogger("oploop.llm")
@@ -36,16 +36,33 @@ async def call_with_retries(
 ) -> dict[str, Any]:
     """The model's reply to `request`; `CallFailed` once retries are spent or the
     failure is final. A stream that dies close to `deadline` is retried once
-    without streaming, which cannot stall mid-way."""
-    deadline = deadline or time.time() + policy.request_timeout_s
+    without streaming, which cannot stall mid-way. A reply that was not streamed
+    is passed to `on_delta` whole (text and thinking), so it is seen like a
+    streamed one. A `retry-after` beyond `policy.retry_after_cap_s` fails the call."""
+    started = time.time()
+    deadline = deadline or started + policy.request_timeout_s
     use_stream = stream
+    errors: list[str] = []  # each failed attempt's error class, in order
 
     async def attempt_once() -> dict[str, Any]:
         timeout_s = max(1.0, deadline - time.time())
-        if use_stream:
-            return await backend.stream(request, on_delta, idle_s=policy.idle_s,
-                                        timeout_s=timeout_s)
-        return await backend.create(request, timeout_s=timeout_s)
+        try:
+            if use_stream:
+                return await backend.stream(request, on_delta, bounds=policy.bounds,
+                                            timeout_s=timeout_s)
+            reply = await backend.create(request, timeout_s=timeout_s)
+        except Exception as exc:
+            failure = classify(exc)
+            errors.append(failure.error)
+            hint = failure.retry_after_s
+            if failure.retryable and hint is not None and hint > policy.retry_after_cap_s:
+                raise RetryAfterTooLong(failure, policy.retry_after_cap_s) from exc
+            raise
+        replay(reply, on_delta)
+        return reply
+
+    def failed(exc: BaseException, attempts: int) -> CallFailed:
+        return CallFailed(classify(exc), attempts, errors, time.time() - started)
 
     def before_retry(failed: int, exc: BaseException | None, wait_s: float) -> None:
         nonlocal use_stream
@@ -63,7 +80,7 @@ async def call_with_retries(
     except Exception as exc:
         first = classify(exc)
         if not first.retryable or policy.attempts <= 1:
-            raise CallFailed(first, 1) from exc
+            raise failed(exc, 1) from exc
         first_wait = policy.backoff_s(1, first.retry_after_s)
         before_retry(1, exc, first_wait)
     await asyncio.sleep(first_wait)
@@ -92,5 +109,16 @@ async def call_with_retries(
                 attempts += 1
                 return await attempt_once()
     except Exception as exc:
-        raise CallFailed(classify(exc), attempts) from exc
+        raise failed(exc, attempts) from exc
     raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+def replay(reply: dict[str, Any], on_delta: OnDelta) -> None:
+    """A reply that was not streamed, told to `on_delta` block by block."""
+    for block in reply.get("content") or ():
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            on_delta("text", block["text"])
+        elif kind == "thinking" and block.get("thinking"):
+            on_delta("thinking", block["thinking"])
+

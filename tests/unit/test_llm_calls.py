@@ -22,11 +22,11 @@ class FlakyBackend:
         self.failures = failures
         self.calls: list[str] = []
 
-    async def stream(self, request, on_delta, *, idle_s, timeout_s):
+    async def stream(self, request, on_delta, *, bounds, timeout_s):
         self.calls.append("stream")
         on_delta("text", "partial")
         if len(self.calls) <= self.failures:
-            raise StreamStalled(idle_s)
+            raise StreamStalled(bounds.idle_s)
         return MESSAGE
 
     async def create(self, request, *, timeout_s):
@@ -67,9 +67,10 @@ def test_attempts_are_bounded():
     assert failed.value.attempts == 3 and len(backend.calls) == 3
 
 
-def test_retry_after_is_capped_and_the_schedule_doubles():
+def test_retry_after_is_honoured_as_sent_and_the_schedule_doubles():
     policy = RetryPolicy(base_s=0.5, cap_s=32.0)
-    assert policy.backoff_s(1, 100.0) == 32.0 and policy.backoff_s(1, 1.0) == 1.0
+    # retry-after is the server's to set, up to its own cap (beyond: the call fails)
+    assert policy.backoff_s(1, 100.0) == 100.0 and policy.backoff_s(1, 1.0) == 1.0
     for n in range(1, 8):
         step = min(32.0, 0.5 * 2 ** (n - 1))
         assert step <= policy.backoff_s(n, None) <= min(32.0, step * 1.5)
