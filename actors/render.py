@@ -15,6 +15,8 @@ class Renderer:
         self.out = out or sys.stdout
         self.terminal: str | None = None
         self._mid_line = False
+        #: Text of the model call in flight was printed (void if a RETRY follows).
+        self._streamed = False
 
     def event(self, ev: dict[str, Any]) -> None:
         """Show one event."""
@@ -26,11 +28,16 @@ class Renderer:
             return
         if kind == "TOKEN":
             self._write(data.get("text", ""))
+            self._streamed = True
             return
         if kind == "THINKING":
             self._write(f"\x1b[2m{data.get('text', '')}\x1b[0m" if self.out.isatty()
                         else data.get("text", ""))
+            self._streamed = True
             return
+        if kind == "RETRY" and self._streamed:
+            self._write(" [void]")  # the failed attempt's text, printed already, is void
+        self._streamed = False
         line = self._line(kind, data)
         if line is not None:
             self._end_line()

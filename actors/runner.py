@@ -212,9 +212,12 @@ class _LocalIO(Generic[Deps]):
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 
     async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
+        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int,
+        route: bool = False,
     ) -> Message:
         def on_delta(channel: str, text: str) -> None:
+            if route:
+                return  # the router's word is for the loop, not the user
             if channel == "text":
                 session.partial.append(text)
             emit(session, self, "THINKING" if channel == "thinking" else "TOKEN", turn,
@@ -226,10 +229,15 @@ class _LocalIO(Generic[Deps]):
                                                 "wait_s": wait_s})
 
         runner = self.runner
+        policy, total_s = runner.policy, None
+        if route:  # the intent router fails fast (`[router] attempts`, `timeout_s`)
+            router = self.config.router
+            policy, total_s = dataclasses.replace(policy, attempts=router.attempts), router.timeout_s
         try:
             return await call_with_retries(
-                runner.backend, runner.policy, request, stream=stream,
+                runner.backend, policy, request, stream=stream,
                 deadline=session.deadline or None, on_delta=on_delta, on_retry=on_retry,
+                total_s=total_s,
             )
         except CallFailed as exc:
             f = exc.failure

@@ -15,7 +15,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from actors.llm_caller.backend import ModelBackend, OnDelta
-from actors.llm_caller.failures import CallFailed, RetryAfterTooLong, classify
+from actors.llm_caller.failures import CallFailed, CallFailure, RetryAfterTooLong, classify
 from actors.llm_caller.policy import RetryPolicy
 
 log = logging.getLogger("oploop.llm")
@@ -33,16 +33,39 @@ async def call_with_retries(
     deadline: float | None,
     on_delta: OnDelta,
     on_retry: OnRetry,
+    total_s: float | None = None,
 ) -> dict[str, Any]:
     """The model's reply to `request`; `CallFailed` once retries are spent or the
     failure is final. A stream that dies close to `deadline` is retried once
     without streaming, which cannot stall mid-way. A reply that was not streamed
     is passed to `on_delta` whole (text and thinking), so it is seen like a
-    streamed one. A `retry-after` beyond `policy.retry_after_cap_s` fails the call."""
+    streamed one. A `retry-after` beyond `policy.retry_after_cap_s` fails the call.
+    `total_s` bounds the whole call, retries included (the intent router's)."""
+    if total_s is None:
+        return await _call(backend, policy, request, stream, deadline, on_delta, on_retry,
+                           [])
+    preload = getattr(backend, "preload", None)
+    if preload is not None:  # the SDK's import (seconds, once) is not the call's time
+        await preload()
+    errors: list[str] = []
+    started = time.time()
+    try:
+        async with asyncio.timeout(total_s):
+            return await _call(backend, policy, request, stream, deadline, on_delta, on_retry,
+                               errors)
+    except TimeoutError:
+        failure = CallFailure("timeout", f"no reply within {total_s:g} s", False)
+        raise CallFailed(failure, len(errors) + 1, [*errors, "timeout"],
+                         time.time() - started) from None
+
+
+async def _call(
+    backend: ModelBackend, policy: RetryPolicy, request: dict[str, Any], stream: bool,
+    deadline: float | None, on_delta: OnDelta, on_retry: OnRetry, errors: list[str],
+) -> dict[str, Any]:
     started = time.time()
     deadline = deadline or started + policy.request_timeout_s
-    use_stream = stream
-    errors: list[str] = []  # each failed attempt's error class, in order
+    use_stream = stream  # `errors`: each failed attempt's error class, in order
 
     async def attempt_once() -> dict[str, Any]:
         timeout_s = max(1.0, deadline - time.time())

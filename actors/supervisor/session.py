@@ -22,7 +22,7 @@ from actors.supervisor.deltas import TurnCache
 from actors.supervisor.history import Message, add_reply, add_user_text, append_blocks
 from actors.supervisor.machine import RunState
 from actors.supervisor.request import build_request
-from actors.supervisor.router import parse_route, router_request
+from actors.supervisor.router import route_of, router_request
 from actors.supervisor.turn import (
     Continue,
     FinalOutput,
@@ -152,9 +152,11 @@ class LoopIO(Protocol):
         ...
 
     async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
+        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int,
+        route: bool = False,
     ) -> Message:
-        """The model's reply to `request`; raises `ModelError`."""
+        """The model's reply to `request`; raises `ModelError`. `route`: the intent
+        router's call, tried at most `[router] attempts` times within `timeout_s`."""
         ...
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
@@ -403,12 +405,14 @@ async def is_direct(session: Session, io: LoopIO) -> bool:
     """
     request = router_request(session.history, io.config.router, session.id, io.config.aliases)
     try:
-        reply = await io.call_model(session, request, stream=False, turn=0)
+        reply = await io.call_model(session, request, stream=False, turn=0, route=True)
     except ModelError as exc:
         log.info("intent router failed (%s): AGENT", exc)
+        emit(session, io, "ROUTE", 0, {"route": "AGENT", "reason": f"{exc.error}: {exc.message}"})
         return False
-    route = parse_route(reply)
-    emit(session, io, "ROUTE", 0, {"route": route})
+    route, reason = route_of(reply)
+    emit(session, io, "ROUTE", 0, {"route": route, "reason": reason} if reason else
+         {"route": route})
     return route == "DIRECT"
 
 

@@ -15,6 +15,7 @@ from bus.messages import (
     Delta,
     Envelope,
     JobFailed,
+    LlmJob,
     LlmResult,
     Retrying,
     ToolJob,
@@ -26,6 +27,16 @@ if TYPE_CHECKING:
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
+
+
+def _model_reply(reply: Envelope) -> Message:
+    """The message of an llm caller's answer; `ModelError` if the call failed."""
+    body = reply.body
+    if isinstance(body, LlmResult):
+        return body.message
+    if isinstance(body, JobFailed):
+        raise ModelError(body.error, body.message, body.status)
+    raise ModelError("internal", f"unexpected reply {reply.kind}")
 
 
 class WorkerIO:
@@ -42,7 +53,8 @@ class WorkerIO:
         return self.sup.dispatcher.tool_specs()
 
     async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
+        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int,
+        route: bool = False,
     ) -> Message:
         def progress(env: Envelope) -> None:
             body = env.body
@@ -57,6 +69,13 @@ class WorkerIO:
                     "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
                 })
 
+        if route:  # the router's small request, not the session's history: no delta
+            router = self.config.router
+            routed = LlmJob(request, stream, attempts=router.attempts, timeout_s=router.timeout_s)
+            # Its reply is a word for the loop, not text for the user: no TOKEN events.
+            reply = await self._job("llm", routed, session, router.timeout_s + 10.0,
+                                    lambda env: None)
+            return _model_reply(reply)
         job = session.turn_cache.llm_job(session.id, request, stream)
         reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
                                 for_worker=job.for_caller)
@@ -65,12 +84,7 @@ class WorkerIO:
             session.turn_cache.forget_callers()  # that caller lost its copy: send in full
             reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
                                     for_worker=job.for_caller)
-            body = reply.body
-        if isinstance(body, LlmResult):
-            return body.message
-        if isinstance(body, JobFailed):
-            raise ModelError(body.error, body.message, body.status)
-        raise ModelError("internal", f"unexpected reply {reply.kind}")
+        return _model_reply(reply)
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
