@@ -232,7 +232,8 @@ class _LocalIO(Generic[Deps]):
         policy, total_s = runner.policy, None
         if route:  # the intent router fails fast (`[router] attempts`, `timeout_s`)
             router = self.config.router
-            policy, total_s = dataclasses.replace(policy, attempts=router.attempts), router.timeout_s
+            policy = dataclasses.replace(policy, attempts=router.attempts)
+            total_s = router.timeout_s
         try:
             return await call_with_retries(
                 runner.backend, policy, request, stream=stream,

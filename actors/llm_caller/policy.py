@@ -4,8 +4,9 @@ Defaults follow the reference loop: 6 attempts, exponential backoff from 0.5 s
 doubling to a 32 s cap with jitter, a 2 s streaming idle watchdog. A server's
 `retry-after` is honoured as sent up to `retry_after_cap_s` (120 s); a longer
 one fails the call at once, saying so (retrying early would only be refused
-again). The stream's bounds are `actors.llm_caller.stalls.StreamBounds`. Every figure can be set from the environment
-(`actors.settings`) so that tests (and impatient users) can shrink them.
+again). The stream's bounds are `actors.llm_caller.stalls.StreamBounds`. Every
+figure can be set from the environment (`actors.settings`) so that tests (and
+impatient users) can shrink them.
 """
 
 from __future__ import annotations
