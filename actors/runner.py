@@ -217,13 +217,15 @@ class _LocalIO(Generic[Deps]):
     ) -> Message:
         def on_delta(channel: str, text: str) -> None:
             if route:
-                return  # the router's word is for the loop, not the user
+                return  # the router's call is the loop's business: its ROUTE says it all
             if channel == "text":
                 session.partial.append(text)
             emit(session, self, "THINKING" if channel == "thinking" else "TOKEN", turn,
                  {"text": text})
 
         def on_retry(attempt: int, error: str, wait_s: float) -> None:
+            if route:
+                return
             session.partial.clear()
             emit(session, self, "RETRY", turn, {"attempt": attempt, "error": error,
                                                 "wait_s": wait_s})

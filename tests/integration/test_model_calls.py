@@ -15,6 +15,10 @@ import pytest
 from homes import make_home
 from hostkit import of_type, oploop, run, scripted_host
 
+from actors.llm_caller.backend import AnthropicBackend
+from actors.llm_caller.calls import call_with_retries
+from actors.llm_caller.policy import RetryPolicy
+from actors.offline_model.server import start_server
 from actors.sandbox.workspaces import remove_home
 from actors.supervisor.history import is_valid
 from bus.client import Client
@@ -132,6 +136,36 @@ def test_a_slow_start_with_pings_succeeds_without_a_retry(host):
     events = run(host, "#slowstart go")
     assert not retries(events)
     assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "slow but fine"
+
+
+def test_at_the_default_bounds_a_10s_slow_start_and_a_3s_pause_with_pings_succeed():
+    """The issue's own figures, with the shipped defaults (idle 2 s, first 60 s, pause
+    30 s): the llm caller's call against the offline model, over HTTP, through the SDK."""
+    turns = {"slow": [stall(2, ping=1.0, reply="slow but fine", seconds=10)],
+             "pause": [stall(4, ping=1.0, reply="paused but fine", seconds=3)]}
+
+    async def main():
+        server = await start_server(scenario={"scripts": turns})
+        backend = AnthropicBackend("offline", f"http://127.0.0.1:{server.port}")
+        retried = []
+
+        async def one(tag):
+            request = {"model": "m", "max_tokens": 100, "stream": True,
+                       "messages": [{"role": "user", "content": f"#{tag}"}],
+                       "metadata": {"user_id": tag}}
+            reply = await call_with_retries(
+                backend, RetryPolicy(), request, stream=True, deadline=None,
+                on_delta=lambda channel, text: None, on_retry=lambda *a: retried.append(a))
+            return reply["content"][0]["text"]
+
+        try:
+            return await asyncio.gather(one("slow"), one("pause")), retried
+        finally:
+            await backend.aclose()
+            await server.aclose()
+
+    texts, retried = asyncio.run(main())
+    assert texts == ["slow but fine", "paused but fine"] and not retried
 
 
 def test_a_pause_with_pings_succeeds_without_a_retry(host):
