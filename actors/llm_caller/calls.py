@@ -84,7 +84,7 @@ async def _call(
         replay(reply, on_delta)
         return reply
 
-    def failed(exc: BaseException, attempts: int) -> CallFailed:
+    def gave_up(exc: BaseException, attempts: int) -> CallFailed:
         return CallFailed(classify(exc), attempts, errors, time.time() - started)
 
     def before_retry(failed: int, exc: BaseException | None, wait_s: float) -> None:
@@ -103,7 +103,7 @@ async def _call(
     except Exception as exc:
         first = classify(exc)
         if not first.retryable or policy.attempts <= 1:
-            raise failed(exc, 1) from exc
+            raise gave_up(exc, 1) from exc
         first_wait = policy.backoff_s(1, first.retry_after_s)
         before_retry(1, exc, first_wait)
     await asyncio.sleep(first_wait)
@@ -132,7 +132,7 @@ async def _call(
                 attempts += 1
                 return await attempt_once()
     except Exception as exc:
-        raise failed(exc, attempts) from exc
+        raise gave_up(exc, attempts) from exc
     raise AssertionError("unreachable: tenacity either returns or raises")
 
 
