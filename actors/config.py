@@ -16,6 +16,8 @@ so a typo fails there with a message naming the key, never mid-session::
     enabled = false
     model = "haiku"
     max_tokens = 8
+    attempts = 2                  # at most one retry ...
+    timeout_s = 10.0              # ... within this long; then AGENT, the ROUTE says why
 
     [limits]
     max_prompt_chars = 1000000
@@ -132,6 +134,10 @@ class RouterConfig:
     enabled: bool = False
     model: str = "haiku"
     max_tokens: int = 8
+    #: The classifier fails fast: this many attempts (one retry) within this long,
+    #: then the run goes on as AGENT (the ROUTE event says why).
+    attempts: int = 2
+    timeout_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

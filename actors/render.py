@@ -39,6 +39,8 @@ class Renderer:
         self._running: dict[str, tuple[str, float]] = {}
         self._status = False  # a progress line is on screen (to be erased)
         self.progress = self.color and not json_lines and not quiet
+        #: Text of the model call in flight was printed (void if a RETRY follows).
+        self._streamed = False
 
     def event(self, ev: dict[str, Any]) -> None:
         """Show one event."""
@@ -55,6 +57,7 @@ class Renderer:
         if show is not None:
             self._clear_status()
             show(data)
+        self._streamed = kind in ("TOKEN", "THINKING") or (self._streamed and show is None)
 
     def tick(self) -> None:
         """Redraw the progress line of running tools (on a terminal; called every
@@ -113,6 +116,8 @@ class Renderer:
         self._line(f"  {mark} {data['name']} ({data.get('duration_ms', 0):.0f} ms){tail}")
 
     def _on_RETRY(self, data: dict[str, Any]) -> None:  # noqa: N802
+        if self._streamed:
+            self._write(" [void]")  # the failed attempt's text, printed already, is void
         self._line(f"↻ attempt {data['attempt']} failed ({data['error']}); retrying in "
                    f"{data['wait_s']:.1f} s — text streamed by that attempt is void")
 

@@ -247,23 +247,33 @@ class _LocalIO(Generic[Deps]):
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Progress) -> Message:
+                         turn: int, progress: Progress, route: bool = False) -> Message:
+        # The router's call is the loop's business (its ROUTE says it all): neither its
+        # text nor its retries are events, as over the bus.
         def on_delta(channel: str, text: str) -> None:
-            progress(Delta(text, channel))
+            if not route:
+                progress(Delta(text, channel))
 
         def on_retry(attempt: int, error: str, wait_s: float) -> None:
-            progress(Retry(attempt, error, wait_s))
+            if not route:
+                progress(Retry(attempt, error, wait_s))
 
         runner = self.runner
+        policy, total_s = runner.policy, None
+        if route:  # the intent router fails fast (`[router] attempts`, `timeout_s`)
+            router = self.config.router
+            policy = dataclasses.replace(policy, attempts=router.attempts)
+            total_s = router.timeout_s
         try:
             reply = await call_with_retries(
-                runner.backend, runner.policy, request, stream=stream,
+                runner.backend, policy, request, stream=stream,
                 deadline=session.deadline or None, on_delta=on_delta, on_retry=on_retry,
+                total_s=total_s,
             )
             return priced(reply, self.config.prices)
         except CallFailed as exc:
             f = exc.failure
-            raise ModelError(f.error, f.message, f.status) from exc
+            raise ModelError(f.error, exc.message, f.status) from exc
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         deadline = time.time() + timeout_s

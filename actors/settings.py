@@ -15,7 +15,10 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
 | `OPLOOP_RETRY_BASE_S` | 0.5 | first backoff, doubling ... |
 | `OPLOOP_RETRY_MAX_S` | 32 | ... up to this |
-| `OPLOOP_STREAM_IDLE_S` | 2 | a stream silent this long is retried |
+| `OPLOOP_RETRY_AFTER_MAX_S` | 120 | a server's `retry-after` honoured up to this; beyond, the call fails |
+| `OPLOOP_STREAM_IDLE_S` | 2 | a stream that sends nothing (not even a ping) this long is retried |
+| `OPLOOP_STREAM_FIRST_S` | 60 | a stream with no content this long after the request is retried |
+| `OPLOOP_STREAM_PAUSE_S` | 30 | a stream with no content this long since the last (pings only) is retried |
 | `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text batched this long (0..10000; 0: none) |
 | `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
@@ -66,6 +69,9 @@ class RetrySettings:
     base_s: float = 0.5
     cap_s: float = 32.0
     idle_s: float = 2.0
+    first_s: float = 60.0
+    pause_s: float = 30.0
+    retry_after_cap_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,9 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         base_s=reader.get("OPLOOP_RETRY_BASE_S", float, 0.5, at_least=0),
         cap_s=reader.get("OPLOOP_RETRY_MAX_S", float, 32.0, at_least=0),
         idle_s=reader.get("OPLOOP_STREAM_IDLE_S", float, 2.0, at_least=0),
+        first_s=reader.get("OPLOOP_STREAM_FIRST_S", float, 60.0, at_least=0),
+        pause_s=reader.get("OPLOOP_STREAM_PAUSE_S", float, 30.0, at_least=0),
+        retry_after_cap_s=reader.get("OPLOOP_RETRY_AFTER_MAX_S", float, 120.0, at_least=0),
     )
     batch_ms = reader.get("OPLOOP_TOKEN_BATCH_MS", float, 20.0, at_least=0)
     if batch_ms > MAX_TOKEN_BATCH_MS:

@@ -332,6 +332,10 @@ class LlmJob(Body):
     base_rev: int = 0
     keep: int = 0
     rev: int = 0
+    #: Attempts at most (0: the caller's policy), and the whole call's time limit in
+    #: seconds, retries included (0: none but the deadline): the intent router's.
+    attempts: int = 0
+    timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -103,6 +104,9 @@ class OfflineServer:
         self._requests = 0
         self._errors = 0
         self._abandoned = 0
+        #: When (`time.time()`) the latest scripted stall began: the stalls bench
+        #: measures from it to the client's retry.
+        self.last_stall_at = 0.0
 
     async def listen(self, host: str, port: int, sock: socket.socket | None = None) -> None:
         """Bind and start accepting; `port` 0 picks a free one (see `.port`). With
@@ -279,6 +283,7 @@ class OfflineServer:
             elif isinstance(action, Sleep):
                 await asyncio.sleep(action.seconds)
             elif isinstance(action, Stall):
+                self.last_stall_at = time.time()
                 await self._stall(conn, writer, action)
             elif isinstance(action, Drop):
                 return False

@@ -50,7 +50,7 @@ from actors.supervisor.machine import (
     step,
 )
 from actors.supervisor.request import build_request
-from actors.supervisor.router import parse_route, router_request
+from actors.supervisor.router import route_of, router_request
 from actors.supervisor.session import Session, run_state
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from actors.usage import of_reply
@@ -82,9 +82,10 @@ class LoopIO(Protocol):
         ...
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Progress) -> Message:
+                         turn: int, progress: Progress, route: bool = False) -> Message:
         """The model's reply to `request`, reporting streamed text and retries to
-        `progress` as they happen; raises `ModelError`."""
+        `progress` as they happen; raises `ModelError`. `route`: the intent router's
+        call, tried at most `[router] attempts` times within `timeout_s`."""
         ...
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
@@ -215,12 +216,13 @@ class RunDriver:
             request = router_request(session.history, config.router, session.id, config.aliases)
             try:
                 reply = await io.call_model(session, request, stream=False, turn=0,
-                                            progress=self.feed)
+                                            progress=self.feed, route=True)
             except ModelError as exc:
                 log.info("intent router failed (%s): AGENT", exc)
                 self.feed(ModelFailed(exc.error, exc.message))
                 return
-            self.feed(Routed(parse_route(reply), of_reply(reply)))
+            route, reason = route_of(reply)
+            self.feed(Routed(route, of_reply(reply), reason))
             return
         agent = session.agent
         tools = [] if work.direct else resolve_tools(io.tool_catalogue(), agent, work.turn,

@@ -91,10 +91,12 @@ class Begin:
 @dataclass(frozen=True, slots=True)
 class Routed:
     """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed;
-    `usage`: what its call used (`actors.usage.of_reply`)."""
+    `usage`: what its call used (`actors.usage.of_reply`); `reason` says why a failed
+    or unclear call fell back to AGENT (in the ROUTE event)."""
 
     route: str | None
     usage: Usage = ZERO
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,8 +357,10 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
     elif isinstance(event, Routed) and state.phase == "route":
         direct = event.route == "DIRECT"
         out.s = replace(out.s, unreported=out.s.unreported + event.usage)
-        if event.route is not None:
-            out.emit("ROUTE", 0, {"route": event.route})
+        route: dict[str, str] = {"route": "DIRECT" if direct else "AGENT"}
+        if not direct and (event.reason or event.route is None):
+            route["reason"] = event.reason or "the intent router's call failed"
+        out.emit("ROUTE", 0, route)  # every decision, the fallback's reason with it
         out.s = replace(out.s, direct=direct)
         _turn(out, 1)
     elif isinstance(event, Retry) and state.phase in ("model", "route"):
@@ -369,7 +373,8 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _replied(out, event.message)
     elif isinstance(event, ModelFailed) and state.phase in ("model", "route"):
         if state.phase == "route":  # the router may only save work: go on with tools
-            out.s = replace(state, direct=False)
+            out.emit("ROUTE", 0, {"route": "AGENT", "reason": f"{event.error}: {event.message}"})
+            out.s = replace(out.s, direct=False)
             _turn(out, 1)
         else:
             out.emit("ERROR", state.turns, {"error": event.error, "message": event.message})

@@ -228,7 +228,8 @@ class Runs:
             for session in self.sup.sessions.values():
                 if session.task is not None and not session.task.done():
                     self.sup.dispatcher.abort_session(session.id)
-                    finish_cancelled(session, self.sup.io, "ui", "the embedded host stopped")
+                    if session.driver is not None:  # the run ends now, CANCELLED
+                        session.driver.cancel("ui", "the embedded host stopped")
             return
         suspended = 0
         for session in self.sup.sessions.values():

@@ -42,7 +42,7 @@ class ScriptedIO:
         self.events.append((session.next_seq, type_, turn, data))
         session.next_seq += 1
 
-    async def call_model(self, session, request, *, stream, turn, progress):
+    async def call_model(self, session, request, *, stream, turn, progress, route=False):
         self.requests.append(request)
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
@@ -169,6 +169,8 @@ def test_target_machine_suppresses_the_environment_reminder():
     reminders = io.requests[0]["system"][-1]["text"]
     assert "Target machine:" in reminders and "db-1" in reminders
     assert "Environment:" not in reminders
+    # nor the local platform's "tools act on it directly", which would contradict it
+    assert "Platform: a local machine" not in reminders
 
 
 def test_no_tools_means_the_honesty_reminder():
@@ -212,19 +214,22 @@ def test_intent_router_direct_sends_no_tools():
     assert ("ROUTE" in types(io)) and io.events[-1][3]["text"] == "Paris"
 
 
-@pytest.mark.parametrize("route", [
-    {"role": "assistant", "stop_reason": "end_turn",
-     "content": [{"type": "text", "text": "AGENT"}]},
-    {"role": "assistant", "stop_reason": "end_turn",
-     "content": [{"type": "text", "text": "no idea"}]},
-    ModelError("overloaded_error", "Overloaded", 529),
+@pytest.mark.parametrize("route, reason", [
+    ({"role": "assistant", "stop_reason": "end_turn",
+      "content": [{"type": "text", "text": "AGENT"}]}, None),
+    ({"role": "assistant", "stop_reason": "end_turn",
+      "content": [{"type": "text", "text": "no idea"}]}, "neither DIRECT nor AGENT"),
+    (ModelError("overloaded_error", "Overloaded", 529), "overloaded_error: Overloaded"),
 ])
-def test_intent_router_falls_back_to_agent(route):
+def test_intent_router_falls_back_to_agent_and_says_why(route, reason):
     config = Config(router=RouterConfig(enabled=True))
     io = ScriptedIO([route, text_reply("done")], config)
     run(io)
     assert io.requests[1]["tools"][0]["name"] == "shell"
     assert types(io)[-1] == "DONE"
+    (routed,) = [e[3] for e in io.events if e[1] == "ROUTE"]
+    assert routed["route"] == "AGENT"
+    assert (reason in routed["reason"]) if reason else "reason" not in routed
 
 
 def test_operation_cancel_stops_at_the_next_boundary():
@@ -244,7 +249,7 @@ def test_operation_cancel_stops_at_the_next_boundary():
 
 def test_deadline_cancels_and_keeps_the_streamed_text():
     class Slow(ScriptedIO):
-        async def call_model(self, session, request, *, stream, turn, progress):
+        async def call_model(self, session, request, *, stream, turn, progress, route=False):
             progress(Delta("half an ans"))
             await asyncio.Event().wait()
 
