@@ -37,6 +37,11 @@ from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
 
 log = logging.getLogger("oploop.executor")
 
+#: Tool calls one executor runs at once. One executor with many slots is the default
+#: (`OPLOOP_EXECUTORS`=1): an idle executor costs ~30 MB whatever its slots, a slot
+#: costs nothing until used, and every call is bounded by its own cgroup anyway.
+SLOTS = 32
+
 
 def sandboxed_catalogue(sandbox: Sandbox) -> Catalogue:
     """The built-in tools, every one running inside `sandbox`."""
@@ -65,7 +70,7 @@ class Executor(Worker):
     """Runs tool calls, each as its own task; `Abort` cancels one (killing its processes)."""
 
     role = "tool"
-    capacity = 16
+    capacity = SLOTS
 
     def __init__(
         self,

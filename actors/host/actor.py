@@ -96,7 +96,7 @@ def model_settings(llm_backend: str, env: dict[str, str]) -> dict[str, str] | No
 class Host:
     """Starts, watches, restarts and stops the actors of one `$OPLOOP_HOME`."""
 
-    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 2,
+    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
                  llm_backend: str = "anthropic") -> None:
         self.home = (home or oploop_home()).absolute()
