@@ -375,7 +375,9 @@ def main() -> None:
     try:
         settings = load_settings()
         host = host_for(settings)
-        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings)
+        # asyncio's own loop: the host only starts its actors and waits on them.
+        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings,
+                  fast_loop=False)
     except (HostError, ConfigError) as exc:
         print(f"oploop: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -81,6 +81,11 @@ USES = {
 }
 
 
+def test_the_host_runs_on_asyncios_own_loop():
+    # it only starts its actors and waits: uvloop (~2 MB resident) buys it nothing
+    assert "uvloop" not in loaded_after("import actors.host.actor")
+
+
 @pytest.mark.parametrize("entry", sorted(USES))
 def test_an_actor_loads_none_of_the_heavy_modules_its_role_does_not_use(entry):
     loaded = loaded_after(f"import {entry}")
