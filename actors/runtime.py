@@ -88,12 +88,18 @@ async def trim_heap(every_s: float = HEAP_TRIM_S) -> None:
         trim()
 
 
-async def _with_heap_trim(main: Awaitable[None]) -> None:
-    trimming = asyncio.create_task(trim_heap(), name="heap-trim")
+async def _with_heap_trim(main: Awaitable[None], name: str = "",
+                          memtrace_s: float = 0.0) -> None:
+    helpers = [asyncio.create_task(trim_heap(), name="heap-trim")]
+    if memtrace_s > 0:  # OPLOOP_MEMTRACE: a debugging switch
+        from actors.memtrace import trace_memory
+
+        helpers.append(asyncio.create_task(trace_memory(name, memtrace_s), name="memtrace"))
     try:
         await main
     finally:
-        trimming.cancel()
+        for helper in helpers:
+            helper.cancel()
 
 
 async def until_signal(name: str, main: Awaitable[None]) -> None:
@@ -135,7 +141,7 @@ def run_actor(name: str, main: Callable[[Settings], Awaitable[None]], *,
             sys.exit(2)
     setup_logging(name, settings.log_level)
     join_host(settings, with_parent=with_parent)
-    actor = until_signal(name, _with_heap_trim(main(settings)))
+    actor = until_signal(name, _with_heap_trim(main(settings), name, settings.memtrace_s))
     if not fast_loop:
         asyncio.run(actor)
         return
