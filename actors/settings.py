@@ -24,7 +24,8 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
 | `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
 | `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
-| `OPLOOP_EXECUTORS` | 2 | executor processes of a host (at least 1) |
+| `OPLOOP_EXECUTORS` | 1 | executor processes of a host (at least 1; each runs 32 calls at once) |
+| `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs the lines its memory grew by most (tracemalloc: slow, for finding leaks; 0: off) |
 | `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
@@ -87,8 +88,10 @@ class Settings:
     llm_script: str = ""
     offline_scenario: str = ""
     llm_callers: int = 1
-    executors: int = 2
+    executors: int = 1
     viewer_queue: int = 100_000
+    #: `OPLOOP_MEMTRACE`: seconds between growth reports (`actors.memtrace`); 0: off.
+    memtrace_s: float = 0.0
     #: `OPLOOP_CONNECT` / `OPLOOP_KEYS`: a host elsewhere ("" : this home's).
     connect: str = ""
     keys: str = ""
@@ -140,8 +143,9 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         llm_script=env.get("OPLOOP_LLM_SCRIPT", ""),
         offline_scenario=env.get("OPLOOP_OFFLINE_SCENARIO", ""),
         llm_callers=reader.get("OPLOOP_LLM_CALLERS", int, 1, at_least=1),
-        executors=reader.get("OPLOOP_EXECUTORS", int, 2, at_least=1),
+        executors=reader.get("OPLOOP_EXECUTORS", int, 1, at_least=1),
         viewer_queue=reader.get("OPLOOP_VIEWER_QUEUE", int, 100_000, at_least=1),
+        memtrace_s=reader.get("OPLOOP_MEMTRACE", float, 0.0, at_least=0),
         connect=env.get("OPLOOP_CONNECT", ""),
         keys=env.get("OPLOOP_KEYS", ""),
         ready_fd=reader.optional(READY_FD_ENV, int),

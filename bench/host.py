@@ -49,21 +49,26 @@ class BenchHost:
     offline model). `target_bytes` sizes the file every turn reads.
     """
 
-    def __init__(self, *, llm_callers: int = 1, executors: int = 2,
+    def __init__(self, *, llm_callers: int = 1, executors: int | None = None,
                  backend: str = "scripted", listen: str = "", base_url: str = "",
-                 target_bytes: int = 0) -> None:
+                 target_bytes: int = 0, config: str = "") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="oploop-bench-"))
         self.home = self.dir / "home"
         if listen:  # TCP with CURVE: every public socket of the host speaks CURVE
+            config += f'[network]\nlisten = "{listen}"\n'
+        if config:  # `config`: more of oploop.toml
             self.home.mkdir()
-            (self.home / "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
+            (self.home / "oploop.toml").write_text(config)
         self.target, self.script = write_workload(self.dir, target_bytes)
         self.env = {
             **os.environ,
             "OPLOOP_HOME": str(self.home),
             "OPLOOP_LLM_CALLERS": str(llm_callers),
-            "OPLOOP_EXECUTORS": str(executors),
         }
+        if executors is not None:  # (None: the host's default)
+            self.env["OPLOOP_EXECUTORS"] = str(executors)
+        else:
+            self.env.pop("OPLOOP_EXECUTORS", None)
         if backend == "scripted":
             self.env["OPLOOP_LLM_BACKEND"] = "scripted"
             self.env["OPLOOP_LLM_SCRIPT"] = str(self.script)

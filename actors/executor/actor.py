@@ -38,6 +38,11 @@ from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
 
 log = logging.getLogger("oploop.executor")
 
+#: Tool calls one executor runs at once. One executor with many slots is the default
+#: (`OPLOOP_EXECUTORS`=1): an idle executor costs ~30 MB whatever its slots, a slot
+#: costs nothing until used, and every call is bounded by its own cgroup anyway.
+SLOTS = 32
+
 
 def sandboxed_catalogue(sandbox: Sandbox) -> Catalogue:
     """The built-in tools, every one running inside `sandbox`."""
@@ -66,7 +71,7 @@ class Executor(Worker):
     """Runs tool calls, each as its own task; `Abort` cancels one (killing its processes)."""
 
     role = "tool"
-    capacity = 16
+    capacity = SLOTS
 
     def __init__(
         self,
@@ -160,4 +165,6 @@ async def _main(settings: Settings) -> None:
 
 def main() -> None:
     """Entry point of `python -m actors.executor`."""
-    run_actor("executor", _main)
+    # asyncio's own loop (uvloop needs `ssl`, which `__main__` keeps out): a call's
+    # cost is its sandboxed launch, ~1 ms, not the loop's few microseconds.
+    run_actor("executor", _main, fast_loop=False)

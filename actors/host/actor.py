@@ -104,7 +104,7 @@ def model_settings(llm_backend: str, env: dict[str, str]) -> dict[str, str] | No
 class Host:
     """Starts, watches, restarts and stops the actors of one `$OPLOOP_HOME`."""
 
-    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 2,
+    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
                  llm_backend: str = "anthropic", embedded: bool = False) -> None:
         self.home = (home or oploop_home()).absolute()
@@ -410,7 +410,9 @@ def main() -> None:
     try:
         settings = load_settings()
         host = host_for(settings)
-        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings)
+        # asyncio's own loop: the host only starts its actors and waits on them.
+        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings,
+                  fast_loop=False)
     except (HostError, ConfigError) as exc:
         print(f"oploop: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -20,7 +20,7 @@ from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.pruned import Tombstones
-from actors.supervisor.pruning import Pruner, remove_workspaces
+from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.runs import Runs
 from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO
@@ -475,7 +475,7 @@ async def _main(settings: Settings) -> None:
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,
                                supervisor.forget_sessions,
-                               functools.partial(remove_workspaces, settings.home))
+                               functools.partial(remove_workspaces_apart, settings.home))
     await supervisor.serve()
 
 

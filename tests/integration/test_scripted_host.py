@@ -29,7 +29,7 @@ def scripted_host(short_home, tmp_path):
     script.write_text(json.dumps([{"reply": [call]}] * 25 + [{"reply": "finished"}]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     env.update(OPLOOP_HOME=short_home, OPLOOP_LLM_BACKEND="scripted",
-               OPLOOP_LLM_SCRIPT=str(script), OPLOOP_LLM_CALLERS="2")
+               OPLOOP_LLM_SCRIPT=str(script), OPLOOP_LLM_CALLERS="2", OPLOOP_EXECUTORS="2")
     up = subprocess.run([*OPLOOP, "up", "--detach"], env=env, capture_output=True, text=True,
                         timeout=60, check=False)
     assert up.returncode == 0, up.stderr
