@@ -100,9 +100,9 @@ class LoopIO(Protocol):
 class RunDriver:
     """Drives one run of `session` through the machine (`start` or `resume`, then `run`).
 
-    The newest driver of a session is `session.driver`; an older one (a cancelled
-    run still unwinding) is ignored from then on: whatever it still reports
-    cannot touch the new run.
+    The driver of a session's open run is `session.driver` (cleared at the run's
+    end); any other (a cancelled run still unwinding, a suspended one) is ignored:
+    whatever it still reports cannot touch the session.
     """
 
     def __init__(self, session: Session, io: LoopIO) -> None:
@@ -170,6 +170,7 @@ class RunDriver:
                 self.work = None
                 self._disarm()
                 self._abort()  # (from outside the run's task: nothing of it may go on)
+                session.driver = None  # done: no cycle left for the collector
 
     # -- carrying out ------------------------------------------------------------------
 

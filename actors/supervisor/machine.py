@@ -1,15 +1,17 @@
 """The run as a pure state machine: `step(state, input) -> (state, actions)`.
 
-No asyncio, no sockets, no clock: a driver feeds it what happened (a model
-reply, a tool outcome, a cancel, a supervisor restart) and carries out the
-actions it returns (publish an event, call the model, run tools, abort jobs).
-It decides what `actors/supervisor/session.py`'s async loop decides today, and
-it owns the run's invariants, so that they hold for any order of inputs:
+No asyncio, no sockets, no clock: the driver (`actors/supervisor/driver.py`,
+in the supervisor and in the in-process `Runner`) feeds it what happened (a
+model reply, streamed text, a tool outcome, a cancel, a supervisor restart)
+and carries out the actions it returns (publish an event, call the model, run
+tools, abort jobs). It makes every decision of a run, and it owns the run's
+invariants, so that they hold for any order of inputs:
 
 - exactly one terminal event (`DONE`, `ERROR`, `CANCELLED`) per run, and no
   event of the run after it;
 - every `tool_use` the history holds is answered when the run ends (results
   synthesised for cancelled or interrupted calls);
+- every `TOOL_START` has its `TOOL_END` (a cancelled tool's says so, `is_error`);
 - the cancel modes: "ui" and "deadline" end the run now, "operation" at the
   next boundary (a turn's start, before a reply's tools run, after the last turn);
 - resume after a supervisor restart: a model call in flight is made again, a
@@ -418,6 +420,7 @@ def partial_text(partial: tuple[Any, ...]) -> str:
         partial, text = partial
         parts.append(text)
     return "".join(reversed(parts))
+
 
 def _start(out: _Out, ev: Start) -> None:
     if out.s.running:

@@ -68,8 +68,8 @@ class Session:
     #: (see `fold.history_delta`).
     logged_len: int = field(default=0, repr=False, compare=False)
     logged_last: Message | None = field(default=None, repr=False, compare=False)
-    #: The driver of the session's newest run (`driver.RunDriver`; None before any
-    #: run in this process). Runtime only: never journaled.
+    #: The driver of the session's open run (`driver.RunDriver`; None when no run is
+    #: open in this process). Runtime only: never journaled.
     driver: Any = field(default=None, repr=False, compare=False)
     #: Tokens and cost, the fold of the session's events (`io.emit` and the log's fold
     #: apply each event to it; `summary` reports it).
