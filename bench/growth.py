@@ -35,14 +35,17 @@ RETENTION_EVERY = "10s"
 
 
 def actor_rss(host: BenchHost) -> dict[str, int]:
-    """RSS of each host process, keyed by its actor name (the host itself: "host")."""
-    state = host.state() or {}
-    names = {a["pid"]: a["name"] for a in state.get("actors", [])}
-    names[state.get("pid")] = "host"
+    """RSS of each long-lived host process, keyed by its name (`BenchHost.process_names`):
+    the actors and the fork servers. What the sandbox forks per session or call
+    (readers retired after seconds idle, running tools) is left out: it is not kept."""
+    names = host.process_names()
     out = {}
     for proc in host.processes():
+        name = names.get(proc.pid, "")
+        if not name or name.startswith("sandbox:"):
+            continue
         try:
-            out[names.get(proc.pid) or f"pid-{proc.pid}"] = proc.memory_info().rss
+            out[name] = proc.memory_info().rss
         except psutil.Error:
             continue
     return out

@@ -122,6 +122,28 @@ class BenchHost:
         host = psutil.Process(int(state["pid"]))
         return [host, *host.children(recursive=True)]
 
+    def process_names(self) -> dict[int, str]:
+        """A name for each host process: the actors by their host names (executor-1,
+        llm-1, ...), the host "host", an executor's sandbox fork server "NAME fork
+        server", and what the sandbox forks per session or call (persistent readers,
+        running tools) "sandbox: pid N" — those come and go."""
+        state = self.state() or {}
+        names = {a["pid"]: a["name"] for a in state.get("actors", [])}
+        names[state.get("pid")] = "host"
+        out: dict[int, str] = {}
+        for proc in self.processes():
+            try:
+                parent = proc.ppid()
+            except psutil.Error:
+                continue
+            if proc.pid in names:
+                out[proc.pid] = names[proc.pid]
+            elif parent in names:
+                out[proc.pid] = f"{names[parent]} fork server"
+            else:
+                out[proc.pid] = f"sandbox: pid {proc.pid}"
+        return out
+
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds used so far by each host process (keyed by pid): on a shared
         machine, robust where wall time is not."""
