@@ -66,8 +66,8 @@ def respond(request: Mapping[str, Any]) -> Reply:
         if said:
             more, more_stop, _ = plan_tool_calls(
                 said, offered_tools(request), f"{said}|{results[0].get('tool_use_id')}")
-            if more_stop == "tool_use":
-                blocks += more
+            if more_stop == "tool_use":  # one text (the report, then the plan), the calls
+                blocks = [text_block(f"{blocks[0]['text']}\n\n{more[0]['text']}"), *more[1:]]
                 stop, plan = "tool_use", "report the tool results, then do what was said"
     else:
         blocks, stop, plan = plan_tool_calls(user_text(user), offered_tools(request))
