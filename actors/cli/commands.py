@@ -14,6 +14,7 @@ from actors.render import Renderer
 from actors.settings import Settings
 from actors.usage import describe
 from bus.client import Lag
+from bus.errors import AccessDenied
 
 
 async def watch(args: argparse.Namespace, settings: Settings) -> int:
@@ -55,7 +56,11 @@ async def say(args: argparse.Namespace, settings: Settings) -> int:
 
     text = read_prompt(args.text)
     async with attach(settings, start=False) as host:
-        ack = await host.client.say(args.session, text)
+        try:
+            ack = await host.client.say(args.session, text)
+        except AccessDenied as exc:
+            raise CliError(f"{exc}: sending messages needs a control key (a viewer key may "
+                           "only watch)") from None
     if ack.state == "started":
         print(f"oploop: session {ack.session} was idle: run {ack.run} started on the message")
     else:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oploop.supervisor")
 
-#: Who may cancel on the control socket, by ZAP User-Id (None: ipc without CURVE).
+#: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
 CONTROLLERS = frozenset({None, "local", "control"})
 
 

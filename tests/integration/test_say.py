@@ -66,11 +66,13 @@ def host(tmp_path_factory):
         remove_home(Path(home))
 
 
-def oploop(home: str, *args: str, input_text: str | None = None) -> subprocess.CompletedProcess:
+def oploop(home: str, *args: str, input_text: str | None = None,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The CLI against `home`, with `input_text` on its standard input."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    return subprocess.run([*OPLOOP, *args], env={**env, "OPLOOP_HOME": home}, text=True,
-                          input=input_text or "", capture_output=True, timeout=60, check=False)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    return subprocess.run([*OPLOOP, *args], env={**full, **(env or {}), "OPLOOP_HOME": home},
+                          text=True, input=input_text or "", capture_output=True, timeout=60,
+                          check=False)
 
 
 async def until_started(home: str, session: str) -> None:
@@ -197,6 +199,13 @@ def test_keys_say_by_role_a_viewer_is_refused(host, tmp_path):
     events = asyncio.run(scenario())
     assert [e["data"] for e in of_type(events, "USER_MESSAGE")] == [
         {"text": "from the laptop", "by": "control"}]
+    # The CLI with a viewer's key: one line saying why, non-zero, nothing said.
+    env = {"OPLOOP_CONNECT": listen, "OPLOOP_KEYS": str(tv)}
+    out = oploop(str(Path(home) / "elsewhere"), "say", events[0]["session"], "hello",
+                 env=env)
+    assert out.returncode == 1, out
+    (line,) = out.stderr.strip().splitlines()
+    assert "refused this key" in line and "needs a control key" in line, line
 
 
 def test_a_message_accepted_survives_a_supervisor_sigkill(host, tmp_path):
