@@ -39,6 +39,10 @@ def who(user_id: str | None) -> str:
     return user_id if user_id and user_id != "local" else "local"
 
 
+#: Messages said into one run that may wait for its next boundary (each rewrites the
+#: session's row with all of them: a bound on that too).
+MAX_SAID = 100
+
 #: How long a run waits for an executor to announce its tools before going without.
 CATALOGUE_WAIT_S = 5.0
 
@@ -279,6 +283,15 @@ class Runs:
         if low or self.sup._journal_failing:
             port.reply_error(peer, env.id, "disk_full",
                              low or "the session log cannot be written: try again later")
+            return
+        waiting = session.said
+        if len(waiting) >= MAX_SAID or \
+                sum(len(t) for t, _ in waiting) + len(req.text) > limits.max_prompt_chars:
+            port.reply_error(peer, env.id, "busy",
+                             f"{len(waiting)} message(s) already wait for session "
+                             f"{req.session}'s next boundary (at most {MAX_SAID}, and "
+                             f"{limits.max_prompt_chars} chars in all: "
+                             f"limits.max_prompt_chars): try again when they are taken")
             return
         driver = session.driver
         if driver is not None and driver.state.running:

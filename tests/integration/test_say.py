@@ -28,6 +28,7 @@ from hostkit import (
 from test_security import free_ports, issue, remote
 
 from actors.sandbox.workspaces import remove_home
+from actors.supervisor.runs import MAX_SAID
 from bus.client import Client
 from bus.errors import AccessDenied, RemoteError
 
@@ -172,6 +173,33 @@ async def _last_seq(home: str, sid: str) -> int | None:
     async with Client.connect(Path(home)) as client:
         info = await client.inspect(sid)
         return int(info.summary["last_seq"])
+
+
+def test_messages_waiting_for_one_boundary_are_bounded(host, tmp_path):
+    home, _ = host
+
+    async def scenario():
+        async with Client.connect(Path(home)) as client:
+            started = await client.start("#wait go", cwd=str(tmp_path))
+            await until_started(home, started.session)
+            queued = [f"n{i}" for i in range(MAX_SAID - 2)]
+            for text in queued:
+                await client.say(started.session, text)
+            room = LIMIT - sum(map(len, queued))
+            with pytest.raises(RemoteError, match=f"{LIMIT} chars in all"):
+                await client.say(started.session, "y" * (room + 1))  # the queue's total
+            for text in ("last", "y" * (room - 4)):  # exactly full
+                await client.say(started.session, text)
+                queued.append(text)
+            with pytest.raises(RemoteError, match=f"at most {MAX_SAID}"):
+                await client.say(started.session, "one too many")
+            (workspace(home, started.session) / "go").touch()
+            return queued, await collect(client, started.session, started.from_seq)
+
+    queued, events = asyncio.run(scenario())
+    said = [e["data"]["text"] for e in of_type(events, "USER_MESSAGE")]
+    assert said == queued
+    assert events[-1]["type"] == "DONE"
 
 
 def test_keys_say_by_role_a_viewer_is_refused(host, tmp_path):
