@@ -101,6 +101,12 @@ class Renderer:
             more = " …" if len(first) > 100 or "\n" in prompt.strip() else ""
             self._line(self._bold(f"› run {data.get('run', '?')}: {first[:100]}{more}"))
 
+    def _on_USER_MESSAGE(self, data: dict[str, Any]) -> None:  # noqa: N802
+        text = str(data.get("text", "")).strip()
+        first = text.splitlines()[0] if text else ""
+        more = " …" if len(first) > 100 or "\n" in text else ""
+        self._line(self._bold(f"› {data.get('by', '?')}: {first[:100]}{more}"))
+
     def _on_RESUMED(self, data: dict[str, Any]) -> None:  # noqa: N802
         self._line(f"↺ resumed ({data.get('reason', '')})")
 

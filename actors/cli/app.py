@@ -111,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     keys.add_argument("action", choices=("add", "list", "revoke"))
     keys.add_argument("name", nargs="?")
     keys.add_argument("--role", choices=ROLES, default="control",
-                      help="control: start, cancel, watch; worker: serve jobs; viewer: watch only")
+                      help="control: start, cancel, say, watch; worker: serve jobs; viewer: watch only")
     keys.set_defaults(fn=_home_checked(hostcmds.cmd_keys, create=True))
     run = sub.add_parser(
         "run", help="run a session and stream it (starts an embedded host if none is up)",
@@ -146,6 +146,15 @@ def parser() -> argparse.ArgumentParser:
                         help="ui (default): end the run now, killing its tool; operation: "
                              "let the model call or tool in flight finish, then stop")
     cancel.set_defaults(fn=_async(commands.cancel))
+    say = sub.add_parser(
+        "say", help="send a message into a session",
+        description="Send TEXT to SESSION as a user message. A running session takes it "
+                    "at its next boundary (after the current tool results, before the next "
+                    "model call); an idle one starts a run on it. `oploop watch` shows it.")
+    say.add_argument("session")
+    say.add_argument("text", metavar="TEXT",
+                     help="the message; - reads it from standard input, @FILE from a file")
+    say.set_defaults(fn=_async(commands.say))
     ses = sub.add_parser("sessions", help="list sessions (or prune them)")
     ses.add_argument("--json", action="store_true", help="one object per session")
     ses.set_defaults(fn=_async(commands.sessions))

@@ -1,4 +1,4 @@
-"""The commands that talk to a running host: watch, cancel, sessions, prune, rm,
+"""The commands that talk to a running host: watch, cancel, say, sessions, prune, rm,
 tools, inspect. With no host they answer at once (`hosting.attach`), as `status` does."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from actors.render import Renderer
 from actors.settings import Settings
 from actors.usage import describe
 from bus.client import Lag
+from bus.errors import AccessDenied
 
 
 async def watch(args: argparse.Namespace, settings: Settings) -> int:
@@ -46,6 +47,25 @@ async def cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with attach(settings, start=False) as host:
         ack = await host.client.cancel(args.session, mode=args.mode)
     print(f"oploop: cancel of {ack.session} accepted ({args.mode})")
+    return EXIT_OK
+
+
+async def say(args: argparse.Namespace, settings: Settings) -> int:
+    """Send a message into a session (taken at its next boundary, or a new run)."""
+    from actors.cli.run import read_prompt
+
+    text = read_prompt(args.text)
+    async with attach(settings, start=False) as host:
+        try:
+            ack = await host.client.say(args.session, text)
+        except AccessDenied as exc:
+            raise CliError(f"{exc}: sending messages needs a control key (a viewer key may "
+                           "only watch)") from None
+    if ack.state == "started":
+        print(f"oploop: session {ack.session} was idle: run {ack.run} started on the message")
+    else:
+        print(f"oploop: message queued in {ack.session} (run {ack.run}): it is taken before "
+              f"the next model call")
     return EXIT_OK
 
 

@@ -43,6 +43,7 @@ from actors.supervisor.machine import (
     Routed,
     RunState,
     RunToolCalls,
+    Say,
     Start,
     ToolFinished,
     ToolJob,
@@ -142,6 +143,10 @@ class RunDriver:
     def cancel(self, mode: str, reason: str = "") -> None:
         """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
         self.feed(Cancel(mode, reason))
+
+    def say(self, text: str, by: str) -> None:
+        """A user message into the open run: taken at its next boundary (`USER_MESSAGE`)."""
+        self.feed(Say(text, by))
 
     def fail(self, error: str, message: str) -> None:
         """End the run now with `ERROR` (e.g. the session log cannot be written)."""
@@ -304,6 +309,8 @@ def _sync(session: Session, old: RunState, state: RunState) -> None:
         session.started_calls = list(state.started)
     if state.outcomes is not old.outcomes:
         session.outcomes = dict(state.outcomes)
+    if state.said is not old.said:
+        session.said = list(state.said)
 
 
 async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,

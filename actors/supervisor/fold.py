@@ -124,8 +124,11 @@ def session_row(session: Session) -> SessionRow:
                                     "state": "running" if not session.run_over else "idle"},
                                    use_bin_type=True)
     stop: bytes | None = None
-    if session.stop_request and not session.run_over:
-        stop = msgpack.packb([session.runs, session.stop_request], use_bin_type=True)
+    if (session.stop_request or session.said) and not session.run_over:
+        # What the open run was asked and has not yet taken: an operation cancel, and
+        # messages said into it (`[run, stop_request, [[text, by], ...]]`).
+        stop = msgpack.packb([session.runs, session.stop_request,
+                              [list(m) for m in session.said]], use_bin_type=True)
     return SessionRow(session.id, session.created, meta, summary, time.time(),
                       not session.run_over, stop)
 
@@ -246,11 +249,13 @@ def load_session(journal: SessionLog, sid: str, agents: dict[str, Agent]) -> Ses
             session.next_seq = max(session.next_seq, record.seq + 1)
     if row.stop is not None and not session.run_over:
         try:
-            run, mode = msgpack.unpackb(row.stop, raw=False)
+            run, mode, *more = msgpack.unpackb(row.stop, raw=False)
+            said = [(str(t), str(b)) for t, b in (more[0] if more else ())]
         except (ValueError, TypeError, msgpack.UnpackException):
-            run, mode = 0, ""
+            run, mode, said = 0, "", []
         if run == session.runs:
             session.stop_request = str(mode)
+            session.said = said
     session.state = "idle" if session.run_over else "running"
     mark_logged(session)
     return session

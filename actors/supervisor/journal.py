@@ -99,6 +99,8 @@ class Journal:
         record = Record(session.id, seq, frame, record_delta(history_delta(session), extras))
         batch = self.batch
         batch.records.append(record)
+        if type_ == "USER_MESSAGE":  # a message taken leaves the row's queue
+            batch.rows[session.id] = session_row(session)
         if type_ == "SESSION_START":
             batch.rows[session.id] = session_row(session)
             if session.start_key:

@@ -15,7 +15,11 @@ invariants, so that they hold for any order of inputs:
 - the cancel modes: "ui" and "deadline" end the run now, "operation" at the
   next boundary (a turn's start, before a reply's tools run, after the last turn);
 - resume after a supervisor restart: a model call in flight is made again, a
-  tool in flight is never run again (its `TOOL_END` says "interrupted").
+  tool in flight is never run again (its `TOOL_END` says "interrupted");
+- messages said into a running run (`Say`) wait in the state and join the
+  history at the next boundary, each a `USER_MESSAGE` event, in order, after
+  the tool results and before the next model call (so no user text ever
+  comes between a `tool_use` and its result).
 
 The state keeps only the history's last message (what every decision looks
 at); the history itself grows by the additions each `Emit` carries, applied
@@ -186,8 +190,18 @@ class Resume:
     check: Callable[[str], str | None] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Say:
+    """A user message into the open run, said by `by` (a key's name, or "local"):
+    queued, it joins the history at the next boundary as a `USER_MESSAGE`. (An idle
+    session has no run to take it: the caller starts one on it instead.)"""
+
+    text: str
+    by: str = "local"
+
+
 Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | Failed | WorkerLost | Resume)
+         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say)
 
 
 # --- actions --------------------------------------------------------------------------
@@ -285,6 +299,8 @@ class RunState(NamedTuple):
     #: answered whose `TURN_END` (or `ROUTE`) is still to come (`actors.usage`).
     usage: Usage = ZERO
     unreported: Usage = ZERO
+    #: Messages said (`Say`) and not yet taken, oldest first: `(text, by)` pairs.
+    said: tuple[tuple[str, str], ...] = ()
 
     @property
     def running(self) -> bool:
@@ -323,6 +339,8 @@ class _Out:
         """Publish an event of the open run; a terminal one closes it."""
         if not self.s.running:
             return
+        if type_ in TERMINAL and self.s.said:
+            _take_said(self, turn)  # the run ends: what was said still joins the history
         s = self.s
         data = with_usage(type_, data, s.usage, s.unreported)  # TURN_END, ROUTE, the end
         self.actions.append(Emit(type_, turn, data, self.pending))
@@ -350,6 +368,8 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         return state, []  # nothing of an ended run happens after its terminal event
     elif isinstance(event, Cancel):
         _cancel(out, event)
+    elif isinstance(event, Say):
+        out.s = replace(state, said=(*state.said, (event.text, event.by)))
     elif isinstance(event, Begin) and state.phase == "ready":
         if state.router and state.first == 1:
             out.s = replace(state, phase="route")
@@ -437,7 +457,9 @@ def _start(out: _Out, ev: Start) -> None:
 
 
 def _turn(out: _Out, turn: int) -> None:
-    """A turn boundary: stop if asked, end at the limit, else start `turn`."""
+    """A turn boundary: messages said join the history; then stop if asked, end at
+    the limit, else start `turn`."""
+    _take_said(out, turn)
     s = out.s
     if s.stop_request:
         _finish_cancelled(out, s.stop_request, "")
@@ -467,6 +489,9 @@ def _replied(out: _Out, reply: Message) -> None:
             _turn(out, turn + 1)
         elif problem is not None:
             out.emit("ERROR", out.s.turns, {"error": "output_invalid", "message": problem})
+        elif out.s.said and turn < s.limit:  # said while it answered: the model hears it
+            out.emit("TURN_END", turn, {"stop": nxt.stop})
+            _turn(out, turn + 1)
         else:
             out.emit("TURN_END", turn, {"stop": nxt.stop})
             out.emit("DONE", turn, {"text": nxt.text, "turns": turn, "stop": nxt.stop})
@@ -483,6 +508,18 @@ def _replied(out: _Out, reply: Message) -> None:
     elif isinstance(nxt, Continue):
         out.emit("TURN_END", turn, {"stop": nxt.reason})
         _turn(out, turn + 1)
+
+
+def _take_said(out: _Out, turn: int) -> None:
+    """The messages said so far join the history, one `USER_MESSAGE` each, in order
+    (at a boundary: the last message is the user's, or an answered assistant's)."""
+    said = out.s.said
+    if not said:
+        return
+    out.s = replace(out.s, said=())
+    for text, by in said:
+        out.add("user", [{"type": "text", "text": text}])
+        out.emit("USER_MESSAGE", turn, {"text": text, "by": by})
 
 
 def _tool_started(out: _Out, call_id: str) -> None:

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 from actors.sessionlog import JournalError
 from actors.supervisor.driver import RunDriver
 from actors.supervisor.session import Session
-from bus.messages import Cancel, CancelAck, ControlHello, Envelope, RunStarted, StartRun
+from bus.messages import (
+    Cancel,
+    CancelAck,
+    ControlHello,
+    Envelope,
+    RunStarted,
+    Say,
+    SayAck,
+    StartRun,
+)
 from bus.sockets import Port
 
 if TYPE_CHECKING:
@@ -20,8 +29,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oploop.supervisor")
 
-#: Who may cancel on the control socket, by ZAP User-Id (None: ipc without CURVE).
+#: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
 CONTROLLERS = frozenset({None, "local", "control"})
+
+
+def who(user_id: str | None) -> str:
+    """Who sent a request on the control socket, as events name them: the key's role
+    as ZAP reports it ("control"), or "local" (the host's own key, or ipc)."""
+    return user_id if user_id and user_id != "local" else "local"
+
+
+#: Messages said into one run that may wait for its next boundary (each rewrites the
+#: session's row with all of them: a bound on that too).
+MAX_SAID = 100
+
 #: How long a run waits for an executor to announce its tools before going without.
 CATALOGUE_WAIT_S = 5.0
 
@@ -89,6 +110,14 @@ class Runs:
         if refusal is not None:
             self.sup.api.reply_error(peer, env.id, *refusal)
             return
+        started = self._begin(req)
+        # Replied last (once journaled), and a client gone by now changes nothing: the
+        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
+        self.sup._remember_start(req.key, started)
+        self.sup._reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
+
+    def _begin(self, req: StartRun) -> RunStarted:
+        """Begin the run `req` asks for (refusals already checked)."""
         session = self.sup.session(req.session) if req.session else None
         if session is None:
             agent = self.sup.config.agent(req.agent)
@@ -107,11 +136,7 @@ class Runs:
         )
         session.task = driver.task = task  # (an abort before `run` begins cancels it too)
         task.add_done_callback(lambda t: self._run_ended(session, t))
-        # Replied last (once journaled), and a client gone by now changes nothing: the
-        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
-        started = RunStarted(session.id, session.runs, from_seq)
-        self.sup._remember_start(req.key, started)
-        self.sup._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
+        return RunStarted(session.id, session.runs, from_seq)
 
     def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
         if session.task is not task or session.suspended:
@@ -180,6 +205,12 @@ class Runs:
                                          "only a control key can cancel sessions")
                 return
             self.cancel(peer, env, body)
+        elif isinstance(body, Say):
+            if self.sup.control.user_id not in CONTROLLERS:
+                self.sup.control.reply_error(peer, env.id, "forbidden",
+                                             "only a control key can send messages to sessions")
+                return
+            self.say(peer, env, body, who(self.sup.control.user_id))
         else:
             self.sup.control.reply_error(peer, env.id, "bad_request",
                                      f"control does not serve {env.kind}")
@@ -219,6 +250,57 @@ class Runs:
             session.task.cancel()
         ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
         self.sup._reply_committed(ack, peer, port)
+
+    def say(self, peer: bytes | None, env: Envelope, req: Say, by: str) -> None:
+        """A user message: the running run takes it at its next boundary (acknowledged
+        once journaled); an idle session starts a run on it. Refused, with nothing
+        changed: an unknown session, an empty text, one over `max_prompt_chars`."""
+        port = self.sup.control
+        limits = self.sup.config.limits
+        session = self.sup.session(req.session)
+        if session is None:
+            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            return
+        if not req.text.strip():
+            port.reply_error(peer, env.id, "bad_request", "the message is empty: nothing to say")
+            return
+        if len(req.text) > limits.max_prompt_chars:
+            port.reply_error(peer, env.id, "too_large",
+                             f"message of {len(req.text)} chars exceeds the limit of "
+                             f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
+            return
+        if session.run_over:  # idle (or its run just ended): the message starts the next
+            start = StartRun(req.text, session.id, cwd=session.cwd)
+            refusal = self._refusal(start)
+            if refusal is not None:
+                port.reply_error(peer, env.id, *refusal)
+                return
+            started = self._begin(start)
+            self.sup._reply_committed(Envelope(SayAck(session.id, "started", started.run,
+                                                      started.from_seq), id=env.id), peer, port)
+            return
+        low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
+        if low or self.sup._journal_failing:
+            port.reply_error(peer, env.id, "disk_full",
+                             low or "the session log cannot be written: try again later")
+            return
+        waiting = session.said
+        if len(waiting) >= MAX_SAID or \
+                sum(len(t) for t, _ in waiting) + len(req.text) > limits.max_prompt_chars:
+            port.reply_error(peer, env.id, "busy",
+                             f"{len(waiting)} message(s) already wait for session "
+                             f"{req.session}'s next boundary (at most {MAX_SAID}, and "
+                             f"{limits.max_prompt_chars} chars in all: "
+                             f"limits.max_prompt_chars): try again when they are taken")
+            return
+        driver = session.driver
+        if driver is not None and driver.state.running:
+            driver.say(req.text, by)
+        else:  # (an open run not resumed here: the next one takes it)
+            session.said.append((req.text, by))
+        self.sup._journal_later(session)  # a restart keeps the message: ack after commit
+        self.sup._reply_committed(Envelope(SayAck(session.id, "queued", session.runs),
+                                           id=env.id), peer, port)
 
     def suspend(self) -> None:
         """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run

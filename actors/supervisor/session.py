@@ -59,6 +59,9 @@ class Session:
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
     #: Ids of the current reply's tool calls whose `TOOL_START` went out.
     started_calls: list[str] = field(default_factory=list)
+    #: Messages said into the open run and not yet taken (`(text, by)`, oldest first):
+    #: journaled in the session's row, so a restart delivers them still.
+    said: list[tuple[str, str]] = field(default_factory=list)
     #: The supervisor is stopping: the run is left open, as journaled, for the next
     #: supervisor to resume; it is not ended (cancelled) on the way out.
     suspended: bool = False
@@ -99,6 +102,7 @@ def run_state(session: Session) -> RunState:
         last=session.history[-1] if session.history else None, last_end=session.last_end,
         stop_request=session.stop_request, started=tuple(session.started_calls),
         outcomes=tuple(session.outcomes.items()), usage=session.meter.run,
+        said=tuple((str(t), str(b)) for t, b in session.said),
     )
 
 

@@ -48,7 +48,7 @@ SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object
 LOST = "shell failed: executor died (no heartbeat)"
 #: Fields of a session its log's fold must reproduce.
 FOLDED = ("history", "runs", "turns", "next_seq", "run_over", "last_end", "run_limit",
-          "run_turn", "started_calls")
+          "run_turn", "started_calls", "said")
 
 
 def reply(kind: str, turn: int) -> Message:
@@ -149,7 +149,7 @@ HAPPENINGS = st.sampled_from([
     "reply", "reply", "reply", "reply", "delta", "thinking", "retry", "fail",
     "tool", "tool", "tool", "tool", "lost", "worker_lost", "bug",
     "cancel_ui", "cancel_operation", "cancel_deadline", "failed",
-    "stale", "duplicate", "restart", "follow_up",
+    "stale", "duplicate", "restart", "follow_up", "say", "say",
 ])
 REPLIES = st.sampled_from(["tools1", "tools2", "tools3", "done", "pause", "cut", "hidden"])
 
@@ -166,6 +166,8 @@ class Harness:
         self.driver: RunDriver | None = None
         self.old: list[RunDriver] = []
         self.task: asyncio.Task[None] | None = None
+        #: Messages said into an open run (each must arrive once, in order).
+        self.said: list[str] = []
 
     async def settle(self) -> None:
         """Let the run go as far as it can without the test (the fakes do no I/O)."""
@@ -252,6 +254,12 @@ class Harness:
             driver.feed(Routed("DIRECT"))  # no router call in flight (if none is)
             if state.phase != "route" and state.phase != "model":
                 driver.feed(ModelReplied(reply("done", state.turn)))
+        elif what == "say" and running:
+            text = f"said {len(self.said)}"
+            self.said.append(text)
+            driver.say(text, "local")
+            self.journal.touch(self.session)  # as `Runs.say`: journaled, then acknowledged
+            self.journal.commit()
         elif what == "restart":
             await self.restart()
             return
@@ -337,6 +345,8 @@ def test_random_happenings_keep_the_invariants_and_every_prefix_resumes(
         asyncio.run(scenario())
         kinds = [k for _, k, _ in harness.events]
         assert kinds[-1] in TERMINAL
+        # Every message said arrived once, in order, across restarts too.
+        assert [d["text"] for _, k, d in harness.events if k == "USER_MESSAGE"] == harness.said
         assert sum(k in TERMINAL for k in kinds) == kinds.count("SESSION_START")
         loaded = load_session(harness.journal.log, "s1", {})
         assert loaded is not None

@@ -31,6 +31,7 @@ from actors.supervisor.machine import (
     Routed,
     RunState,
     RunToolCalls,
+    Say,
     Start,
     ToolFinished,
     ToolStarted,
@@ -67,12 +68,18 @@ class World:
     started: list[str] = field(default_factory=list)
     open_tools: set[str] = field(default_factory=set)
     terminals_this_run: int = 0
+    #: Texts said while a run was open (each must arrive once, in order).
+    said: list[str] = field(default_factory=list)
 
     def feed(self, event: Input) -> list[Action]:
         was_running = self.state.running
+        if isinstance(event, Say) and was_running:
+            self.said.append(event.text)
         self.state, actions = step(self.state, event)
         for action in actions:
             self.carry_out(action, was_running or isinstance(event, Start))
+        if any(isinstance(a, Emit) and a.type == "TURN_START" for a in actions):
+            assert not self.state.said, "a model call began with a message still queued"
         self.check()
         return actions
 
@@ -137,7 +144,7 @@ def reply_for(kind: str, turn: int) -> Message:
 def plausible(world: World, draw: Any) -> Input:
     """An input that could happen now (and, now and then, one that could not)."""
     s = world.state
-    choices = ["cancel", "resume", "junk", "start"]
+    choices = ["cancel", "resume", "junk", "start", "say", "say"]
     if s.phase == "ready":
         choices += ["begin"] * 6
     if world.calling is not None:
@@ -152,6 +159,8 @@ def plausible(world: World, draw: Any) -> Input:
                      if draw(st.booleans()) else None)
     if kind == "begin":
         return Begin()
+    if kind == "say":
+        return Say(f"m{len(world.said)}", draw(st.sampled_from(["local", "control"])))
     if kind == "cancel":
         return Cancel(draw(st.sampled_from(["ui", "operation", "deadline"])))
     if kind == "resume":
@@ -201,6 +210,12 @@ def test_random_inputs_keep_the_invariants_after_every_step(data):
     assert sum(k in TERMINAL for k in kinds) == kinds.count("SESSION_START")
     assert kinds[-1] in TERMINAL
     assert kinds.count("TOOL_START") == kinds.count("TOOL_END")
+    # Every message said into an open run arrived once, in order, as its own event,
+    # and is in the history (which stayed valid: never between a call and its result).
+    assert [e[2]["text"] for e in world.events if e[0] == "USER_MESSAGE"] == world.said
+    texts = [b.get("text") for m in world.history if m["role"] == "user"
+             for b in m["content"] if b.get("type") == "text"]
+    assert [t for t in texts if t.startswith("m")] == world.said
 
 
 def test_a_tool_in_flight_at_a_restart_is_never_run_again():
@@ -293,4 +308,60 @@ def test_a_failure_ends_the_run_with_one_error_and_a_valid_history():
     assert [e[0] for e in world.events][-2:] == ["TOOL_END", "ERROR"]
     assert world.events[-1][2] == {"error": "disk_full", "message": "the disk is full",
                                    "usage": ZERO.to_dict()}
+    assert is_valid(world.history)
+
+
+def test_messages_said_during_a_tool_call_arrive_together_after_its_result():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(ToolStarted("t1-0"))
+    assert world.feed(Say("first", "local")) == []  # queued: nothing happens yet
+    world.feed(Say("second", "control"))
+    actions = world.feed(ToolFinished("t1-0", ToolOutcome("out", False)))
+    kinds = [a.type if isinstance(a, Emit) else type(a).__name__ for a in actions]
+    assert kinds == ["TOOL_END", "TURN_END", "USER_MESSAGE", "USER_MESSAGE", "TURN_START",
+                     "CallModel"]
+    said = [a.data for a in actions if isinstance(a, Emit) and a.type == "USER_MESSAGE"]
+    assert said == [{"text": "first", "by": "local"}, {"text": "second", "by": "control"}]
+    # One user turn: the tool result, then the texts, before the next model call.
+    last = world.history[-1]
+    assert [b["type"] for b in last["content"]] == ["tool_result", "text", "text"]
+    assert is_valid(world.history)
+
+
+def test_a_message_said_while_the_model_answers_gets_a_turn_of_its_own():
+    world = World()
+    world.begin(Start("go", 4))
+    world.feed(Say("and also this"))
+    actions = world.feed(ModelReplied(text_reply("done")))
+    kinds = [a.type for a in actions if isinstance(a, Emit)]
+    assert kinds == ["TURN_END", "USER_MESSAGE", "TURN_START"]
+    assert world.state.running and world.state.turn == 2
+    world.feed(ModelReplied(text_reply("done too")))
+    assert world.events[-1][0] == "DONE" and is_valid(world.history)
+
+
+def test_a_message_pending_when_the_run_ends_still_joins_the_history():
+    world = World()
+    world.begin(Start("go", 1, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(Say("late"))
+    world.feed(Cancel("ui"))
+    kinds = [e[0] for e in world.events]
+    assert kinds[-2:] == ["USER_MESSAGE", "CANCELLED"]
+    assert is_valid(world.history)
+    assert step(world.state, Say("nobody listens")) == (world.state, [])  # idle: ignored
+
+
+def test_messages_pending_at_a_restart_survive_the_resume():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(ToolStarted("t1-0"))
+    world.feed(Say("still there?"))
+    world.calling, world.jobs = None, []
+    actions = world.begin(Resume("supervisor restarted"))
+    kinds = [a.type for a in actions if isinstance(a, Emit)]
+    assert kinds == ["RESUMED", "TOOL_END", "TURN_END", "USER_MESSAGE", "TURN_START"]
     assert is_valid(world.history)

@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_machine import World
 
 from actors.config import Agent, Config
-from actors.sessionlog import JournalFull, Record, SessionLog
+from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
 from actors.supervisor.driver import ModelError, RunDriver
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
@@ -385,3 +386,33 @@ def test_records_are_sqlite_rows_per_event(journal):
     n = journal.log.db.execute("SELECT count(*) FROM records WHERE sid = 's1'").fetchone()[0]
     assert n == journal.log.last_seq("s1")
     assert isinstance(journal.log.db, sqlite3.Connection)
+
+
+def test_messages_waiting_fold_from_the_row_once_and_old_rows_still_load(journal):
+    """Messages said and not yet taken are the row's `stop` column: a fold restores
+    them for the open run, a `USER_MESSAGE` that takes them rewrites it (never twice),
+    and a row written before they existed (`[run, mode]`) still loads."""
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, [])
+    add_user_text(session.history, "go")
+    session.run_over, session.runs = False, 1
+    io.emit(session, "SESSION_START", 0, {"run": 1, "max_turns": 3})
+    session.said = [("first", "local"), ("second", "control")]
+    journal.touch(session)
+    journal.commit()
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None and loaded.said == session.said
+    assert run_state(loaded).said == (("first", "local"), ("second", "control"))
+    session.said = []
+    add_user_text(session.history, "first")
+    add_user_text(session.history, "second")
+    io.emit(session, "USER_MESSAGE", 1, {"text": "first", "by": "local"})
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None and loaded.said == [] and loaded.history == session.history
+    row = journal.log.row("s1")
+    assert row is not None
+    old = SessionRow(row.sid, row.created, row.meta, row.summary, row.updated, row.running,
+                     msgpack.packb([1, "operation"]))
+    journal.log.commit([], [old], [], [])
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None and loaded.stop_request == "operation" and loaded.said == []
