@@ -4,9 +4,10 @@ Two set-ups: the scripted model (no offline model process, no SDK: oploop
 alone), and the default one (the offline model, llm callers that have
 imported the SDK). Read 1 s after `oploop up --detach` returned (start-up
 garbage settled) and after one short session (so lazy imports on the first
-turn's path have landed), and again once every actor has handed its freed heap
-back to the OS (`runtime.HEAP_TRIM_S` later: "settled", what a host idle for
-more than a few seconds holds). The goal (issue 13): the scripted host at most
+turn's path have landed), and again once the idle executor has stopped its sandbox
+fork server (`forkserver.IDLE_S` after its last launcher ended) and every actor has
+then handed its freed heap back to the OS (`runtime.HEAP_TRIM_S`): "settled", what a
+host idle for more than about 45 s holds. The goal (issue 13): the scripted host at most
 150 MB in all — an actor imports only what its role uses (see
 `python -X importtime -m actors.<role>` for what each one loads).
 """
@@ -20,6 +21,7 @@ from typing import Any
 import uvloop
 
 from actors.runtime import HEAP_TRIM_S
+from actors.sandbox.forkserver import IDLE_S as FORK_IDLE_S
 from bench.driver import Driver
 from bench.host import BenchHost
 from bench.memory import MB, _usage
@@ -48,7 +50,12 @@ def _once(backend: str) -> dict[str, float]:
                 time.sleep(0.5)
         time.sleep(1.0)
         usage = _usage(host)
-        time.sleep(HEAP_TRIM_S)  # a trim round in every actor since the first reading
+        # The fork server stops once idle; then a trim round in every actor.
+        deadline = time.monotonic() + FORK_IDLE_S + 15
+        while time.monotonic() < deadline and any(
+                k.endswith("fork server") for k in _usage(host)["processes"]):
+            time.sleep(0.5)
+        time.sleep(HEAP_TRIM_S)
         settled = _usage(host)
     return {"rss": usage["rss"], "pss": usage["pss"],
             "settled.rss": settled["rss"], "settled.pss": settled["pss"],

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from actors.tools.process import run_to_end
@@ -107,17 +108,27 @@ class ServedProcess:
         self._status_fd = self._pidfd = -1
 
 
+#: A fork server that has forked nothing for this long, with nothing it forked still
+#: alive, is stopped (`stop_if_idle`): it is a pre-imported interpreter (~10 MB) an idle
+#: host need not hold. The next call starts it again (one interpreter start, ~30 ms,
+#: against the model call of seconds that comes before a tool call).
+IDLE_S = 30.0
+
+
 class ForkServer:
-    """One fork server process, started on first use and stopped by `close`."""
+    """One fork server process, started on first use and stopped by `close` (or when
+    idle, `stop_if_idle`)."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+        self._used = 0.0  # time.monotonic() of the last fork asked for
 
     @property
     def pid(self) -> int:
         """The server's pid (its children's parent)."""
+        self._used = time.monotonic()
         self._ensure()
         assert self._proc is not None
         return self._proc.pid
@@ -183,8 +194,21 @@ class ForkServer:
             raise
         return served, err_r
 
+    def stop_if_idle(self, idle_s: float = IDLE_S) -> bool:
+        """Stop the server if it has forked nothing for `idle_s` (the caller knows that
+        nothing it forked is alive: a launcher's parent-death signal watches the
+        server). True if it is not running now."""
+        with self._lock:
+            if self._proc is None:
+                return True
+            if time.monotonic() - self._used < idle_s:
+                return False
+            self.close()
+            return True
+
     def _request(self, fds: list[int], kind: bytes) -> int:
         with self._lock:
+            self._used = time.monotonic()
             self._ensure()
             assert self._sock is not None
             try:

@@ -36,6 +36,7 @@ from .filereplies import (
     _read_capped,
     _read_framed,
 )
+from .forkserver import IDLE_S as FORK_IDLE_S
 from .forkserver import ForkServer, ForkServerGone, ServedProcess
 from .launchspec import (
     _HOMES,
@@ -177,6 +178,9 @@ class Sandbox:
         self._started = False
         # Forks launchers from one pre-started launcher process: no interpreter start per call.
         self._fork = ForkServer() if fork_server else None
+        #: Stop the fork server when idle this long (`forkserver.IDLE_S`); its timer.
+        self.fork_idle_s = FORK_IDLE_S
+        self._fork_timer: asyncio.TimerHandle | None = None
         self._subreaper = False
         self._launchers: set[int] = set()
         #: Persistent readers of read_file and list_dir, per session (`readers.py`).
@@ -211,6 +215,8 @@ class Sandbox:
         """Retire the readers; stop the fork server; remove this executor's cgroup
         directories (and any call's left in them)."""
         self.readers.close()
+        if self._fork_timer is not None:
+            self._fork_timer.cancel()
         if self._fork is not None:
             self._fork.close()
         if self._cgroups is not None:
@@ -498,6 +504,27 @@ class Sandbox:
         self._launchers.discard(child.process.pid)
         if self._subreaper:
             self.sweep_orphans()
+        if not self._launchers:
+            self._arm_fork_retirement()
+
+    def _arm_fork_retirement(self) -> None:
+        """Look again in `fork_idle_s`: an idle fork server is stopped then."""
+        if self._fork is None or self._fork.running_pid() is None:
+            return
+        if self._fork_timer is not None:
+            self._fork_timer.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not in a loop (a synchronous caller): stopped at close
+        self._fork_timer = loop.call_later(self.fork_idle_s, self._retire_fork)
+
+    def _retire_fork(self) -> None:
+        self._fork_timer = None
+        if self._fork is None or self._launchers:
+            return  # a launcher alive (a reader, a tool): its end arms this again
+        if not self._fork.stop_if_idle(self.fork_idle_s):
+            self._arm_fork_retirement()  # it forked meanwhile: look again later
 
     def sweep_orphans(self) -> int:
         """The last layer: kill and reap processes adopted as subreaper; count them.
