@@ -32,6 +32,10 @@ so a typo fails there with a message naming the key, never mid-session::
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
 
+    [http]                        # the gateway: web view, JSON + SSE API, /metrics
+    enabled = true
+    listen = "127.0.0.1:7480"     # loopback only (no access token yet)
+
     [agents.ops]                  # any field of `Agent`
     model = "sonnet"
     max_turns = 30
@@ -41,6 +45,7 @@ so a typo fails there with a message naming the key, never mid-session::
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import tomllib
 import types
@@ -109,7 +114,8 @@ DEFAULT_AGENT = Agent()
 
 CONFIG_NAME = "oploop.toml"
 
-_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "agents"})
+_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "http",
+                       "agents"})
 
 
 class ConfigError(ValueError):
@@ -156,6 +162,54 @@ class Retention:
     every_s: float = 60.0
 
 
+#: Where the gateway listens unless `[http] listen` (or `OPLOOP_HTTP_LISTEN`) says.
+DEFAULT_HTTP_LISTEN = "127.0.0.1:7480"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The gateway actor (`actors.gateway`): the web view, the JSON + SSE API, /metrics.
+
+    `explicit`: `listen` was configured (a busy port then fails the start; the
+    default port, when busy, gives way to a free one).
+    """
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 7480
+    explicit: bool = False
+
+    @property
+    def listen(self) -> str:
+        """`HOST:PORT` as configured."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_http_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` (port 0: any free one) on a loopback address, as (host, port).
+
+    Off loopback is refused: the gateway has no access token or TLS yet, and its
+    API starts sessions that run tools (ValueError says so).
+    """
+    host, sep, port_s = listen.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        raise ValueError(f"expected HOST:PORT (127.0.0.1:7480), got {listen!r}")
+    if not _loopback(host):
+        raise ValueError(f"{listen!r}: off loopback is refused (the gateway has no access "
+                         "token or TLS yet, and its API starts sessions): use 127.0.0.1")
+    return host, int(port_s)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Everything `oploop.toml` can set, defaults filled in."""
@@ -168,6 +222,7 @@ class Config:
     retention: Retention = Retention()
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
+    http: HttpConfig = HttpConfig()
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -217,6 +272,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         limits=_record(Limits, data.get("limits", {}), source, "limits"),
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
+        http=_http(data.get("http", {}), source),
         source=source,
     )
 
@@ -235,6 +291,19 @@ def _network(raw: Any, source: str) -> Network | None:
     except EndpointError as exc:
         key = "network.curve" if isinstance(exc, PlainTcpRefused) else "network.listen"
         raise ConfigError(f"{source}: {key}: {exc}") from exc
+
+
+def _http(raw: Any, source: str) -> HttpConfig:
+    table = _table(raw, source, "http")
+    _no_unknown(table, {"enabled", "listen"}, source, "http")
+    enabled = _check(bool, table.get("enabled", True), source, "http.enabled")
+    if "listen" not in table:
+        return HttpConfig(enabled=enabled)
+    try:
+        host, port = parse_http_listen(_check(str, table["listen"], source, "http.listen"))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: http.listen: {exc}") from None
+    return HttpConfig(enabled, host, port, explicit=True)
 
 
 def _retention(raw: Any, source: str) -> Retention:
