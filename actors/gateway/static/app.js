@@ -207,7 +207,7 @@ class SessionView {
       case "TOOL_START": {
         const box = el("div", "tool");
         const head = el("div", "head", `⚙ ${d.name} … running`);
-        box.append(head, truncated(JSON.stringify(d.input ?? {}, null, 1), INPUT_SHOWN));
+        box.append(head, truncated(JSON.stringify(d.input ?? {}), INPUT_SHOWN));
         box.head = head;
         this.tools.set(d.tool_use_id, box);
         this.part().append(box);
@@ -226,7 +226,9 @@ class SessionView {
         const ms = typeof d.duration_ms === "number" ? `${Math.round(d.duration_ms)} ms` : "";
         box.head.textContent = `⚙ ${d.name} ${d.is_error ? "failed" : "ok"} · ${ms}`;
         if (d.is_error) box.classList.add("error");
-        box.append(truncated(String(d.output ?? ""), OUTPUT_SHOWN));
+        const out = truncated(String(d.output ?? ""), OUTPUT_SHOWN);
+        out.classList.add("output");
+        box.append(out);
         this.text = this.thinking = null;
         break;
       }
