@@ -220,7 +220,11 @@ async def session_events(request: web.Request) -> web.StreamResponse:
             stop_at = ""
         case other:
             raise ApiError(400, "bad_request", f"stop_at: expected first or last, got {other!r}")
-    await gw.client.inspect(sid)  # 404 before the stream starts, not inside it
+    # 404 before the stream starts, not inside it. The broadcaster's answer is cheap;
+    # only a session it does not hold (not yet logged, or pruned) asks the supervisor,
+    # whose answer carries the whole history.
+    if await gw.client.last_seq(sid) is None:
+        await gw.client.inspect(sid)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     gw.metrics.sse_clients.inc()

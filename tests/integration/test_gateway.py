@@ -253,6 +253,14 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             assert samples[("oploop_actor_restarts", (("actor", "supervisor"),))] == 0
             assert samples[("oploop_actor_up", (("actor", "gateway"), ("state", "running")))] == 1
             assert samples[("oploop_gateway_events_missed_total", ())] == 0
+            # Every stream of the tests before has ended, those the client left mid-run
+            # too: their handlers were cancelled, their subscriptions closed.
+            for _ in range(200):
+                if samples[("oploop_gateway_sse_clients", ())] == 0:
+                    break
+                await asyncio.sleep(0.05)
+                samples = await scrape()
+            assert samples[("oploop_gateway_sse_clients", ())] == 0
 
     asyncio.run(main())
 
