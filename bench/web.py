@@ -9,6 +9,9 @@
    (p50/p99: goal p99 <= 50 ms). The gateway's RSS idle and after the run.
 2. **Scrape.** A real host (scripted model) with N finished sessions; the median time
    of `GET /metrics` over 20 scrapes (goal <= 50 ms at 1,000 sessions).
+3. **Page.** A finished session of 10,000 events (one TOKEN per delta) opened in
+   headless Chromium: the time until its terminal event is rendered, and the longest
+   gap between two animation frames meanwhile (skipped without chromium/playwright).
 
     python -m bench.web [--quick]
 """
@@ -175,10 +178,69 @@ def scrape(sessions: int) -> dict[str, Any]:
         return asyncio.run(main())
 
 
+#: Records the longest gap between two animation frames (the page's responsiveness).
+FRAME_GAPS = """
+window.__maxGap = 0;
+(function tick(last) {
+  requestAnimationFrame((now) => {
+    if (last) window.__maxGap = Math.max(window.__maxGap, now - last);
+    tick(now);
+  });
+})(0);
+"""
+
+
+def page(words: int) -> dict[str, Any]:
+    """Open a finished session of `words` + a few events (one TOKEN event per delta) in
+    headless Chromium: the time to render it all, and the longest frame gap meanwhile."""
+    import shutil
+
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        return {"skipped": "playwright is not installed"}
+    if chromium is None:
+        return {"skipped": "no chromium binary"}
+    from bench.host import BenchHost
+
+    host = BenchHost(backend="offline")
+    scenario = host.dir / "scenario.json"
+    text = " ".join(f"w{i}" for i in range(words))
+    scenario.write_text(json.dumps({"scripts": {"big": [{"reply": text, "delay_s": 0}]}}))
+    host.env.update(OPLOOP_HTTP_LISTEN="127.0.0.1:0", OPLOOP_TOKEN_BATCH_MS="0",
+                    OPLOOP_OFFLINE_SCENARIO=str(scenario))
+    with host:
+        async def main() -> dict[str, Any]:
+            from bus.client import Client
+
+            async with Client.connect(host.home) as client:
+                started = await client.start("#big")
+                events = [e async for e in client.events(started.session, stop_at="first")]
+            url = (host.home / "run" / "web.url").read_text().strip()
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=chromium,
+                                                   args=["--no-sandbox", "--disable-gpu"])
+                try:
+                    tab = await browser.new_page()
+                    await tab.add_init_script(FRAME_GAPS)
+                    t0 = time.perf_counter()
+                    await tab.goto(f"{url}s/{started.session}")
+                    await tab.wait_for_selector(".terminal.DONE", timeout=120_000)
+                    render_s = time.perf_counter() - t0
+                    gap = await tab.evaluate("window.__maxGap")
+                finally:
+                    await browser.close()
+            return {"events": len(events), "render_s": render_s, "max_frame_gap_ms": gap}
+
+        return asyncio.run(main())
+
+
 def run(quick: bool) -> dict[str, Any]:
     """The web section (`quick`: a 2 s stream and 100 sessions)."""
     out = {"sse": fanout(2.0 if quick else 10.0),
-           "scrape": scrape(100 if quick else 1000), "load": os.getloadavg()}
+           "scrape": scrape(100 if quick else 1000),
+           "page": page(2_000 if quick else 10_000), "load": os.getloadavg()}
     out["table"] = table(out)
     return out
 
@@ -196,7 +258,15 @@ def table(result: dict[str, Any]) -> str:
         f"{s['gateway_rss_after_mb']:.1f} MB after the stream",
         f"  /metrics with {m['sessions']} sessions: {m['scrape_ms']:.1f} ms median "
         f"({m['bytes']} bytes; goal <= 50 ms at 1,000)",
+        _page_line(result["page"]),
     ])
+
+
+def _page_line(p: dict[str, Any]) -> str:
+    if "skipped" in p:
+        return f"  page: skipped ({p['skipped']})"
+    return (f"  page: a session of {p['events']} events rendered in {p['render_s']:.2f} s "
+            f"(headless Chromium), longest frame gap {p['max_frame_gap_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ pytestmark = [
 ]
 
 WORDS = " ".join(f"word{i}" for i in range(400))
-SCRIPTS = {"slow": [{"reply": WORDS, "delay_s": 0.03}]}
+BIG = " ".join(f"w{i}" for i in range(10_000))
+SCRIPTS = {"slow": [{"reply": WORDS, "delay_s": 0.03}],
+           "big": [{"reply": BIG, "delay_s": 0}]}
 ARTIFACTS = Path(os.environ.get("OPLOOP_ARTIFACTS", "/tmp/oploop-artifacts")) / "web"
 TIMEOUT_MS = 30_000
 
@@ -42,8 +44,9 @@ def host(tmp_path_factory):
     home = make_home("opw-")
     files = tmp_path_factory.mktemp("web")
     (files / "scenario.json").write_text(json.dumps({"scripts": SCRIPTS}))
+    # Unbatched: one TOKEN event per streamed delta, for a session of 10,000 events.
     env = {"OPLOOP_OFFLINE_SCENARIO": str(files / "scenario.json"),
-           "OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}
+           "OPLOOP_HTTP_LISTEN": "127.0.0.1:0", "OPLOOP_TOKEN_BATCH_MS": "0"}
     try:
         with running_host(home, env) as h:
             yield h
@@ -101,6 +104,40 @@ def test_start_watch_cancel_in_two_pages(host):
                 await row.wait_for()
                 assert "idle" in await row.inner_text()
                 await page.screenshot(path=str(ARTIFACTS / "sessions.png"))
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+def test_a_session_of_10000_events_renders_in_full(host):
+    url = (Path(host) / "run" / "web.url").read_text().strip()
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = await browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_default_timeout(60_000)
+                await page.goto(url)
+                resp = await page.request.post(f"{url}api/sessions", data={"prompt": "#big"})
+                assert resp.status == 201, await resp.text()
+                sid = (await resp.json())["session"]
+                # Opened while it streams: replay, then live, rendered in frame batches.
+                await page.goto(f"{url}s/{sid}")
+                await page.wait_for_selector(".terminal.DONE")
+                info = await page.request.get(f"{url}api/sessions/{sid}")
+                last = (await info.json())["session"]["last_seq"]
+                assert last > 10_000
+                assert await page.get_attribute("#log", "data-seq") == str(last)
+                text = await page.evaluate(
+                    "[...document.querySelectorAll('#log .text')].map(e => e.textContent)")
+                assert text[0] == BIG
                 assert not errors, errors
             finally:
                 await browser.close()
