@@ -5,15 +5,17 @@ Two sources, and they differ on restarts:
 - **Counted from the live event stream** (`Metrics.observe`, fed by the gateway's
   subscription to every session): runs by terminal type, cancels by mode, turns,
   tool calls by tool and outcome with their durations, model retries by cause,
+  turn ends by stop reason,
   tokens by kind (when `TURN_END` carries `usage`), events by type. They count
   what this gateway saw since it started: **they reset when the gateway restarts**
   (Prometheus' `rate()` and `increase()` handle a counter reset), and events the
   live stream dropped under load are not counted (`oploop_gateway_events_missed`
   counts those, from the gaps in each session's seq).
 - **Read at each scrape** from the supervisor, the broadcaster and the host's
-  status file: sessions by state, viewers, actor restarts and state. These are the
-  host's own figures and do not reset with the gateway (actor restarts count
-  since the host started).
+  status file: sessions by state, viewers, actor restarts and state, events the
+  broadcaster recovered or lost. These are the host's own figures and do not reset
+  with the gateway (actor restarts count since the host started; the broadcaster's
+  since it started).
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Metrics:
                             registry=r)
         self.cancels = Counter("oploop_cancels", "Runs cancelled, by mode", ["mode"], registry=r)
         self.turns = Counter("oploop_turns", "Turns started", registry=r)
+        self.turn_ends = Counter("oploop_turn_ends", "Turns ended (model replies), by stop "
+                                 "reason", ["stop"], registry=r)
         self.tool_calls = Counter("oploop_tool_calls", "Tool calls ended, by tool and outcome",
                                   ["tool", "outcome"], registry=r)
         self.tool_seconds = Histogram("oploop_tool_call_duration_seconds",
@@ -106,6 +110,12 @@ class Metrics:
                               ["state"], registry=r)
         self.viewers = Gauge("oploop_viewers", "Viewers subscribed at the broadcaster",
                              registry=r)
+        self.backfilled = Gauge("oploop_broadcaster_events_recovered",
+                                "Events the broadcaster fetched again from the supervisor "
+                                "(since it started)", registry=r)
+        self.lost = Gauge("oploop_broadcaster_events_lost",
+                          "Events the broadcaster could not recover (since it started)",
+                          registry=r)
         self.actor_restarts = Gauge("oploop_actor_restarts",
                                     "Restarts of each actor since the host started",
                                     ["actor"], registry=r)
@@ -116,6 +126,7 @@ class Metrics:
                                      registry=r)
         self._tool = _Labels()
         self._cause = _Labels()
+        self._stop = _Labels()
         self._last_seq: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     # -- the event stream --------------------------------------------------------------
@@ -138,6 +149,7 @@ class Metrics:
             cause = str(data.get("error", "")).partition(":")[0].strip() or "unknown"
             self.retries.labels(self._cause(cause[:64])).inc()
         elif kind == "TURN_END":
+            self.turn_ends.labels(self._stop(str(data.get("stop", ""))[:64] or "none")).inc()
             usage = data.get("usage")
             if isinstance(usage, dict):
                 for name in TOKEN_KINDS:
@@ -183,6 +195,8 @@ class Metrics:
         try:
             stats = await client.broadcaster_stats(timeout=SCRAPE_TIMEOUT_S)
             self.viewers.set(int(stats.get("viewers", 0)))
+            self.backfilled.set(int(stats.get("recovered", 0)))
+            self.lost.set(int(stats.get("lost", 0)))
         except BusError as exc:
             self.scrape_errors.labels("broadcaster").inc()
             log.warning("metrics: the broadcaster did not answer: %s", exc)

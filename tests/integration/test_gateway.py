@@ -250,6 +250,8 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             assert samples[("oploop_tool_call_duration_seconds_count",
                             (("tool", "list_dir"),))] >= 1
             assert samples[("oploop_sessions", (("state", "idle"),))] >= 1
+            assert samples[("oploop_turn_ends_total", (("stop", "end_turn"),))] >= 1
+            assert samples[("oploop_broadcaster_events_lost", ())] == 0
             assert samples[("oploop_actor_restarts", (("actor", "supervisor"),))] == 0
             assert samples[("oploop_actor_up", (("actor", "gateway"), ("state", "running")))] == 1
             assert samples[("oploop_gateway_events_missed_total", ())] == 0

@@ -79,6 +79,7 @@ def test_metrics_count_a_run_from_its_events():
     assert s[("oploop_model_retries_total", (("cause", "overloaded"),))] == 1
     assert s[("oploop_tokens_total", (("kind", "input"),))] == 10
     assert s[("oploop_tokens_total", (("kind", "output"),))] == 3
+    assert s[("oploop_turn_ends_total", (("stop", "end_turn"),))] == 1
     assert s[("oploop_runs_total", (("terminal", "CANCELLED"),))] == 1
     assert s[("oploop_cancels_total", (("mode", "ui"),))] == 1
     assert s[("oploop_gateway_events_missed_total", ())] == 0
