@@ -13,6 +13,7 @@ from aiohttp import web
 
 from actors.config import HttpConfig
 from actors.gateway import api
+from actors.gateway.feed import Feed
 from actors.gateway.metrics import Metrics
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
@@ -45,6 +46,7 @@ class Gateway:
         # A body holds at most the prompt (UTF-8: up to 4 bytes a char) and a few fields.
         self.max_body = self.max_prompt_chars * 4 + 65_536
         self.metrics = Metrics()
+        self.feed = Feed()
         self._client: Client | None = None
         self.url = ""
 
@@ -85,11 +87,20 @@ class Gateway:
                 log.info("gateway serving %s", self.url)
                 notify_ready()
                 async with asyncio.TaskGroup() as group:
-                    group.create_task(self.metrics.follow(client), name="metrics")
+                    group.create_task(self._follow(client), name="follow")
             finally:
                 url_file.unlink(missing_ok=True)
                 await runner.cleanup()
                 self._client = None
+
+    async def _follow(self, client: Client) -> None:
+        """Every event published, to the metrics and the sessions list's streams."""
+        async for ev in client.live():
+            try:
+                self.metrics.observe(ev)
+                self.feed.publish(ev)
+            except (KeyError, TypeError, ValueError) as exc:  # a bad event costs a count
+                log.warning("event not counted: %s", exc)
 
     async def _listen(self, runner: web.AppRunner) -> str:
         """Bind `[http] listen`; the default port, when taken (another host), gives

@@ -1,6 +1,8 @@
 """The gateway's JSON + SSE API: each request becomes one bus request of a client.
 
 - `GET /api/sessions`: every session's summary (api `ListSessions`).
+- `GET /api/events`: SSE, a notice `{session, seq, type, turn, ts}` for each event of
+  any session but the streamed deltas, from now on (the sessions list's live updates).
 - `GET /api/sessions/{id}`: one session's summary and history (api `InspectSession`).
 - `GET /api/sessions/{id}/events`: SSE, the events from seq 1 (or after
   `Last-Event-ID`), then live (broadcaster replay + events, `Client.events`).
@@ -253,6 +255,25 @@ async def session_events(request: web.Request) -> web.StreamResponse:
         gw.metrics.sse_clients.dec()
 
 
+async def list_events(request: web.Request) -> web.StreamResponse:
+    """`GET /api/events`: SSE, a notice for each event of any session but the streamed
+    deltas (`feed.py`), from now on."""
+    gw = request.app[GATEWAY]
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    with gw.feed.watch() as queue:
+        await resp.write(b": listening\n\n")
+        while (notice := await queue.get()) is not None:
+            try:
+                async with asyncio.timeout(SLOW_CLIENT_S):
+                    await resp.write(f"data: {_dumps(notice)}\n\n".encode())
+            except TimeoutError:
+                break
+    if request.transport is not None:  # fell behind: its page reconnects and lists again
+        request.transport.abort()
+    return resp
+
+
 async def metrics(request: web.Request) -> web.Response:
     """`GET /metrics`: Prometheus text format."""
     gw = request.app[GATEWAY]
@@ -266,6 +287,7 @@ def _dumps(obj: Any) -> str:
 
 def add_routes(app: web.Application) -> None:
     """Every API route, and `/metrics`."""
+    app.router.add_get("/api/events", list_events)
     app.router.add_get("/api/sessions", list_sessions)
     app.router.add_post("/api/sessions", start_session)
     app.router.add_get("/api/sessions/{sid}", get_session)

@@ -171,14 +171,6 @@ class Metrics:
         if len(self._last_seq) > MAX_TRACKED:
             self._last_seq.popitem(last=False)
 
-    async def follow(self, client: Client) -> None:
-        """Count every event published, until cancelled."""
-        async for ev in client.live():
-            try:
-                self.observe(ev)
-            except (KeyError, TypeError, ValueError) as exc:  # a bad event costs a count
-                log.warning("metrics: event not counted: %s", exc)
-
     # -- at scrape ---------------------------------------------------------------------
 
     async def scrape(self, client: Client, run_dir: Path) -> bytes:

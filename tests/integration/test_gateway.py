@@ -164,6 +164,29 @@ def test_cancel_then_follow_up_on_one_stream(host):
     asyncio.run(main())
 
 
+def test_the_list_stream_tells_of_every_sessions_changes_but_deltas(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with aiohttp.ClientSession() as http, http.get(f"{url}api/events") as feed:
+            assert feed.status == 200
+            await feed.content.readline()  # ": listening": the stream is open
+            sid = await start(http, url, "#think hello")
+            types = []
+            async for raw in feed.content:
+                line = raw.decode()
+                if not line.startswith("data: "):
+                    continue
+                notice = json.loads(line[6:])
+                if notice["session"] == sid:
+                    types.append(notice["type"])
+                    if notice["type"] == "DONE":
+                        break
+            assert types[0] == "SESSION_START" and "TURN_START" in types
+            assert not {"TOKEN", "THINKING"} & set(types)
+
+    asyncio.run(main())
+
+
 def test_bad_input_gets_a_json_error(host):
     async def main() -> None:
         url = url_of(host)

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.config import ConfigError, HttpConfig, parse_config
 from actors.gateway.actor import Gateway, GatewayError
+from actors.gateway.feed import NOTICE_QUEUE, Feed
 from actors.gateway.metrics import MAX_LABELS, Metrics
 from actors.settings import load_settings
 
@@ -143,3 +144,22 @@ def test_only_the_gateway_loads_the_http_stack_and_it_loads_no_model_code():
     gateway = loaded_after("import actors.gateway.actor")
     assert http <= gateway
     assert not {m for m in gateway if m.split(".")[0] in ("anthropic", "pydantic", "httpx")}
+
+
+def test_the_feed_skips_deltas_and_ends_a_stream_that_falls_behind():
+    async def main() -> None:
+        feed = Feed()
+        with feed.watch() as slow, feed.watch() as quick:
+            feed.publish(ev(1, "TOKEN", {"text": "x"}))
+            feed.publish(ev(2, "TURN_START"))
+            assert (await quick.get())["seq"] == 2
+            for seq in range(3, 3 + NOTICE_QUEUE + 1):
+                feed.publish(ev(seq, "TURN_START"))
+                while not quick.empty():
+                    quick.get_nowait()
+            assert feed.streams == 1  # the slow one is out; the quick one goes on
+            items = [slow.get_nowait() for _ in range(slow.qsize())]
+            assert items[-1] is None and all(i is not None for i in items[:-1])
+        assert feed.streams == 0
+
+    asyncio.run(main())

@@ -1,4 +1,4 @@
-// The oploop web view: a sessions list (polled) and a session view (SSE, rendered in
+// The oploop web view: a sessions list (live through /api/events) and a session view (SSE, rendered in
 // batches once per animation frame, so thousands of deltas a second cost one layout).
 "use strict";
 
@@ -81,10 +81,25 @@ async function refreshList() {
   }
 }
 
+// The list is fetched again when a session changes (`/api/events` tells, at most
+// every LIST_EVERY_MS), and every LIST_POLL_MS in any case.
+const LIST_EVERY_MS = 250;
+const LIST_POLL_MS = 5000;
+let listDue = false;
+
+function listSoon() {
+  if (listDue) return;
+  listDue = true;
+  setTimeout(() => { listDue = false; if (!document.hidden) refreshList(); }, LIST_EVERY_MS);
+}
+
 function showList() {
   $("list-view").hidden = false;
   refreshList();
-  listTimer = setInterval(() => { if (!document.hidden) refreshList(); }, 1000);
+  listTimer = setInterval(() => { if (!document.hidden) refreshList(); }, LIST_POLL_MS);
+  const changes = new EventSource("/api/events");
+  changes.onmessage = listSoon;
+  changes.onopen = listSoon; // (re)connected: what changed meanwhile is listed
   $("start-form").onsubmit = async (e) => {
     e.preventDefault();
     const prompt = $("start-prompt").value;
