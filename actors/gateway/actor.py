@@ -58,7 +58,7 @@ class Gateway:
 
     def app(self) -> web.Application:
         """The aiohttp application: API, metrics, page."""
-        app = web.Application(middlewares=[api.errors], client_max_size=self.max_body)
+        app = web.Application(middlewares=[api.guard, api.errors], client_max_size=self.max_body)
         app[api.GATEWAY] = self
         api.add_routes(app)
         app.router.add_get("/", self._page)

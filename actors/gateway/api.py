@@ -71,6 +71,35 @@ def json_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": code, "message": message}, status=status)
 
 
+#: Host names a browser may use to reach a loopback gateway: any other `Host` header is
+#: a page of another site whose name resolves to 127.0.0.1 (DNS rebinding).
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse what a web page of another site could make a browser send: a `Host` that
+    is not a loopback name (DNS rebinding), and a state-changing request from another
+    origin (browsers send `Origin` with every POST, and `Sec-Fetch-Site`); programs
+    such as curl send neither and are served."""
+    if _hostname(request.host or "") not in LOOPBACK_NAMES:
+        return json_error(403, "forbidden", f"Host {request.host!r} is not this gateway's")
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        origin = request.headers.get("Origin")
+        site = request.headers.get("Sec-Fetch-Site", "same-origin")
+        if (origin is not None and origin != f"{request.scheme}://{request.host}") \
+                or site not in ("same-origin", "none"):
+            return json_error(403, "forbidden", f"cross-site request (Origin {origin!r})")
+    return await handler(request)
+
+
+def _hostname(host: str) -> str:
+    """`host` without its port (`[::1]:7480` -> `[::1]`)."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1]
+    return host.rpartition(":")[0] if ":" in host else host
+
+
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn refusals of the API, of the host, and of aiohttp itself into JSON errors."""

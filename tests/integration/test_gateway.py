@@ -212,6 +212,15 @@ def test_bad_input_gets_a_json_error(host):
                 assert "max_prompt_chars" in body["message"]
             async with http.post(f"{url}api/sessions", json={"prompt": "hi", "agent": "x"}) as resp:
                 assert resp.status == 400 and (await resp.json())["error"] == "unknown_agent"
+            # What a page of another site could make a browser send.
+            async with http.post(f"{url}api/sessions", json={"prompt": "run `id`"},
+                                 headers={"Origin": "http://evil.example"}) as resp:
+                assert resp.status == 403 and "cross-site" in (await resp.json())["message"]
+            async with http.post(f"{url}api/sessions", data="{}",
+                                 headers={"Sec-Fetch-Site": "cross-site"}) as resp:
+                assert resp.status == 403
+            async with http.get(f"{url}api/sessions", headers={"Host": "evil.example"}) as resp:
+                assert resp.status == 403  # DNS rebinding: another site's name
             async with http.get(f"{url}api/nothing") as resp:
                 assert resp.status == 404 and (await resp.json())["error"] == "not_found"
             sid = await start(http, url, "list /tmp")
