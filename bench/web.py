@@ -40,13 +40,17 @@ CLIENTS = 16
 SID = "benchweb0001"
 
 
-async def _follow(url: str, out: dict[str, Any]) -> None:
+def _auth(home: Path) -> dict[str, str]:
+    return {"Authorization": f"Bearer {(home / 'web.token').read_text().strip()}"}
+
+
+async def _follow(url: str, auth: dict[str, str], out: dict[str, Any]) -> None:
     """One SSE client: every event of the session to its terminal one."""
     import aiohttp
 
     lat: list[float] = []
     seqs: list[int] = []
-    async with aiohttp.ClientSession() as http, http.get(
+    async with aiohttp.ClientSession(headers=auth) as http, http.get(
             f"{url}api/sessions/{SID}/events", params={"stop_at": "last"},
             timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as resp:
         assert resp.status == 200, await resp.text()
@@ -119,7 +123,7 @@ def fanout(seconds: float) -> dict[str, Any]:
                 while await client.last_seq(SID) is None:  # noqa: ASYNC110 (a poll, as above)
                     await asyncio.sleep(0.02)
             outs: list[dict[str, Any]] = [{} for _ in range(CLIENTS)]
-            tasks = [asyncio.create_task(_follow(url, o)) for o in outs]
+            tasks = [asyncio.create_task(_follow(url, _auth(home), o)) for o in outs]
             await _wait_viewers(str(home), CLIENTS + 1)  # + the gateway's metrics stream
             # `_produce` numbers from 1 again: the first event is sent once more, by it.
             last_seq = await asyncio.to_thread(
@@ -166,7 +170,7 @@ def scrape(sessions: int) -> dict[str, Any]:
                             pass
             url = (host.home / "run" / "web.url").read_text().strip()
             times = []
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=_auth(host.home)) as http:
                 for _ in range(21):
                     t = time.perf_counter()
                     async with http.get(f"{url}metrics") as resp:
@@ -225,7 +229,8 @@ def page(words: int) -> dict[str, Any]:
                     tab = await browser.new_page()
                     await tab.add_init_script(FRAME_GAPS)
                     t0 = time.perf_counter()
-                    await tab.goto(f"{url}s/{started.session}")
+                    token = (host.home / "web.token").read_text().strip()
+                    await tab.goto(f"{url}s/{started.session}?token={token}")
                     await tab.wait_for_selector(".terminal.DONE", timeout=120_000)
                     render_s = time.perf_counter() - t0
                     gap = await tab.evaluate("window.__maxGap")

@@ -12,7 +12,7 @@ from pathlib import Path
 from aiohttp import web
 
 from actors.config import HttpConfig
-from actors.gateway import api
+from actors.gateway import access, api
 from actors.gateway.feed import Feed
 from actors.gateway.metrics import Metrics
 from actors.runtime import notify_ready, run_actor
@@ -49,6 +49,8 @@ class Gateway:
         self.feed = Feed()
         self._client: Client | None = None
         self.url = ""
+        #: What every request must carry (`access.py`).
+        self.token = access.load_token(settings.home)
 
     @property
     def client(self) -> Client:
@@ -58,7 +60,9 @@ class Gateway:
 
     def app(self) -> web.Application:
         """The aiohttp application: API, metrics, page."""
-        app = web.Application(middlewares=[api.guard, api.errors], client_max_size=self.max_body)
+        app = web.Application(
+            middlewares=[api.guard, access.require(self.token), api.errors],
+            client_max_size=self.max_body)
         app[api.GATEWAY] = self
         api.add_routes(app)
         app.router.add_get("/", self._page)

@@ -46,6 +46,12 @@ def url_of(home: str) -> str:
     return (Path(home) / "run" / "web.url").read_text().strip()
 
 
+def session(home: str) -> aiohttp.ClientSession:
+    """An HTTP client carrying the host's web token."""
+    token = (Path(home) / "web.token").read_text().strip()
+    return aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"})
+
+
 async def sse(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[int, dict[str, Any]]]:
     """(id, event) of each SSE message of `resp`."""
     fields: dict[str, str] = {}
@@ -90,7 +96,7 @@ def assert_contiguous_run(events: list[dict[str, Any]]) -> None:
 def test_start_list_inspect_and_stream(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http:
+        async with session(host) as http:
             sid = await start(http, url, "#think hello")
             events = await read_all(http, url, sid)
             assert_contiguous_run(events)
@@ -111,7 +117,7 @@ def test_start_list_inspect_and_stream(host):
 def test_last_event_id_resumes_mid_run_without_gap_or_duplicate(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http:
+        async with session(host) as http:
             sid = await start(http, url, "#slow go")
             first: list[dict[str, Any]] = []
             async with http.get(f"{url}api/sessions/{sid}/events") as resp:
@@ -134,7 +140,7 @@ def test_last_event_id_resumes_mid_run_without_gap_or_duplicate(host):
 def test_cancel_then_follow_up_on_one_stream(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http:
+        async with session(host) as http:
             sid = await start(http, url, "#slow go")
             seen: list[dict[str, Any]] = []
             async with http.get(f"{url}api/sessions/{sid}/events") as resp:  # follows runs
@@ -167,7 +173,7 @@ def test_cancel_then_follow_up_on_one_stream(host):
 def test_the_list_stream_tells_of_every_sessions_changes_but_deltas(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http, http.get(f"{url}api/events") as feed:
+        async with session(host) as http, http.get(f"{url}api/events") as feed:
             assert feed.status == 200
             await feed.content.readline()  # ": listening": the stream is open
             sid = await start(http, url, "#think hello")
@@ -187,10 +193,34 @@ def test_the_list_stream_tells_of_every_sessions_changes_but_deltas(host):
     asyncio.run(main())
 
 
+def test_every_request_needs_the_token(host):
+    async def main() -> None:
+        url = url_of(host)
+        token = (Path(host) / "web.token").read_text().strip()
+        assert (Path(host) / "web.token").stat().st_mode & 0o077 == 0
+        # unsafe: aiohttp keeps no cookie of an IP address host otherwise (browsers do)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            for path in ("", "s/abc", "static/app.js", "api/sessions", "metrics"):
+                for headers in ({}, {"Authorization": "Bearer wrong"}):
+                    async with http.get(url + path, headers=headers) as resp:
+                        assert resp.status == 401, path
+                        assert await resp.json() == {"error": "unauthorized",
+                                                     "message": "a token is required"}
+            async with http.post(f"{url}api/sessions", json={"prompt": "hi"}) as resp:
+                assert resp.status == 401
+            # A first visit with ?token= sets the cookie and drops the token from the URL.
+            async with http.get(f"{url}?token={token}") as resp:
+                assert resp.status == 200 and str(resp.url) == url
+            async with http.get(f"{url}api/sessions") as resp:
+                assert resp.status == 200  # the cookie now
+
+    asyncio.run(main())
+
+
 def test_bad_input_gets_a_json_error(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http:
+        async with session(host) as http:
             for method, path in [("GET", "api/sessions/nope"), ("GET", "api/sessions/nope/events"),
                                  ("POST", "api/sessions/nope/cancel"),
                                  ("POST", "api/sessions/nope/messages")]:
@@ -237,7 +267,7 @@ def test_bad_input_gets_a_json_error(host):
 def test_a_stalled_client_costs_other_viewers_nothing(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http, aiohttp.ClientSession() as stalled:
+        async with session(host) as http, session(host) as stalled:
             sid = await start(http, url, "#slow go")
             # One viewer connects and never reads; another reads the whole run.
             async with stalled.get(f"{url}api/sessions/{sid}/events") as stuck:
@@ -259,7 +289,7 @@ def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 def test_metrics_count_runs_turns_tools_and_read_the_host(host):
     async def main() -> None:
         url = url_of(host)
-        async with aiohttp.ClientSession() as http:
+        async with session(host) as http:
             sid = await start(http, url, "list /tmp")
             events = await read_all(http, url, sid)
             turns = sum(e["type"] == "TURN_START" for e in events)
@@ -306,7 +336,7 @@ def test_a_killed_gateway_is_restarted_by_the_host(host):
                and actor(host, "gateway")["state"] == "running", "the gateway back")
 
     async def main() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with session(host) as http:
             wait_until(lambda: (Path(host) / "run" / "web.url").exists(), "its url")
             async with http.get(f"{url_of(host)}api/sessions") as resp:
                 assert resp.status == 200

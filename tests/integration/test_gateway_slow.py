@@ -73,10 +73,16 @@ def push(home: Path, first: int, last: int) -> None:
     ctx.term()
 
 
-def dropped(url: str) -> float:
+def token_of(home: Path) -> str:
+    return (home / "web.token").read_text().strip()
+
+
+def dropped(url: str, token: str) -> float:
     import urllib.request
 
-    with urllib.request.urlopen(f"{url}metrics", timeout=10) as resp:
+    request = urllib.request.Request(f"{url}metrics",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
         text = resp.read().decode()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -99,6 +105,8 @@ def closed(sock: socket.socket) -> bool:
 
 def test_a_stalled_sse_client_is_dropped_and_the_others_get_everything(gateway):
     home, url = gateway
+    token = token_of(home)
+    auth = {"Authorization": f"Bearer {token}"}
     push(home, 1, 1)
 
     async def main() -> None:
@@ -109,9 +117,10 @@ def test_a_stalled_sse_client_is_dropped_and_the_others_get_everything(gateway):
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect((host, int(port)))
-        stalled.sendall(f"GET /api/sessions/{SID}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        stalled.sendall(f"GET /api/sessions/{SID}/events HTTP/1.1\r\nHost: {host}\r\n"
+                        f"Authorization: Bearer {token}\r\n\r\n".encode())
         try:
-            async with aiohttp.ClientSession() as http, http.get(
+            async with aiohttp.ClientSession(headers=auth) as http, http.get(
                     f"{url}api/sessions/{SID}/events", params={"stop_at": "last"}) as resp:
                 await asyncio.to_thread(push, home, 2, EVENTS)
                 seqs = []
@@ -121,7 +130,7 @@ def test_a_stalled_sse_client_is_dropped_and_the_others_get_everything(gateway):
                         seqs.append(json.loads(line[6:])["seq"])
             assert seqs == list(range(1, EVENTS + 1))
             end = time.monotonic() + SLOW_CLIENT_S + 30
-            while dropped(url) < 1:
+            while dropped(url, token) < 1:
                 assert time.monotonic() < end, "the stalled client was never dropped"
                 await asyncio.sleep(0.1)
             # Its connection is closed: what it has buffered, then the end.

@@ -58,8 +58,13 @@ async def log_text(page: Page) -> str:
     return str(await page.inner_text("#log"))
 
 
+def token_of(home: str) -> str:
+    return (Path(home) / "web.token").read_text().strip()
+
+
 def test_start_watch_cancel_in_two_pages(host):
     url = (Path(host) / "run" / "web.url").read_text().strip()
+    token = token_of(host)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
     async def main() -> None:
@@ -72,7 +77,8 @@ def test_start_watch_cancel_in_two_pages(host):
                 page = await browser.new_page()
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.set_default_timeout(TIMEOUT_MS)
-                await page.goto(url)
+                await page.goto(f"{url}?token={token}")  # as `oploop web` would print it
+                assert page.url == url  # the token went into a cookie
                 await page.fill("#start-prompt", "#slow go")
                 await page.click("#start-form button")
                 await page.wait_for_url("**/s/*")
@@ -86,7 +92,7 @@ def test_start_watch_cancel_in_two_pages(host):
                 other = await browser.new_page()
                 other.on("pageerror", lambda exc: errors.append(str(exc)))
                 other.set_default_timeout(TIMEOUT_MS)
-                await other.goto(f"{url}s/{sid}")
+                await other.goto(f"{url}s/{sid}?token={token}")
                 await other.wait_for_function(
                     "document.querySelector('#log .text')?.textContent.includes('word0')")
                 await page.click("#cancel-ui")
@@ -113,6 +119,7 @@ def test_start_watch_cancel_in_two_pages(host):
 
 def test_a_session_of_10000_events_renders_in_full(host):
     url = (Path(host) / "run" / "web.url").read_text().strip()
+    token = token_of(host)
 
     async def main() -> None:
         assert async_playwright is not None
@@ -124,7 +131,7 @@ def test_a_session_of_10000_events_renders_in_full(host):
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.set_default_timeout(60_000)
-                await page.goto(url)
+                await page.goto(f"{url}?token={token}")
                 resp = await page.request.post(f"{url}api/sessions", data={"prompt": "#big"})
                 assert resp.status == 201, await resp.text()
                 sid = (await resp.json())["session"]
