@@ -213,8 +213,14 @@ async def cancel_session(request: web.Request) -> web.Response:
     mode = field(body, "mode", str, "ui")
     if mode not in ("ui", "operation"):
         raise ApiError(400, "bad_request", f"mode: expected ui or operation, got {mode!r}")
-    ack = await request.app[GATEWAY].client.cancel(
-        request.match_info["sid"], mode, field(body, "reason", str, "cancelled from the web"))
+    gw, sid = request.app[GATEWAY], request.match_info["sid"]
+    gw.metrics.cancel_sent(sid)  # before: the CANCELLED event may come before the ack
+    try:
+        ack = await gw.client.cancel(sid, mode, field(body, "reason", str,
+                                                      "cancelled from the web"))
+    except BusError:
+        gw.metrics.cancel_refused(sid)
+        raise
     return web.json_response({"session": ack.session, "state": ack.state})
 
 

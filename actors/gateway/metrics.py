@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,11 @@ class Metrics:
                                     ["actor"], registry=r)
         self.actor_up = Gauge("oploop_actor_up", "1 while the actor runs, by actor and state",
                               ["actor", "state"], registry=r)
+        self.cancel_seconds = Histogram(
+            "oploop_gateway_cancel_seconds",
+            "From a cancel the gateway forwarded to the CANCELLED event on the live stream",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r)
         self.scrape_errors = Counter("oploop_gateway_scrape_errors",
                                      "Scrapes where a source did not answer", ["source"],
                                      registry=r)
@@ -128,6 +134,19 @@ class Metrics:
         self._cause = _Labels()
         self._stop = _Labels()
         self._last_seq: collections.OrderedDict[str, int] = collections.OrderedDict()
+        #: Cancels forwarded and not yet seen ended: session -> when (monotonic).
+        self._cancels: collections.OrderedDict[str, float] = collections.OrderedDict()
+
+    def cancel_sent(self, session: str) -> None:
+        """A cancel of `session` is being forwarded (its CANCELLED ends the timing)."""
+        self._cancels.pop(session, None)
+        self._cancels[session] = time.monotonic()
+        if len(self._cancels) > MAX_TRACKED:
+            self._cancels.popitem(last=False)
+
+    def cancel_refused(self, session: str) -> None:
+        """The cancel of `session` was refused (not running...): no CANCELLED will come."""
+        self._cancels.pop(session, None)
 
     # -- the event stream --------------------------------------------------------------
 
@@ -158,6 +177,9 @@ class Metrics:
                         self.tokens.labels(name.removesuffix("_tokens")).inc(n)
         elif kind in ("DONE", "ERROR", "CANCELLED"):
             self.runs.labels(kind).inc()
+            sent = self._cancels.pop(ev["session"], None)
+            if sent is not None and kind == "CANCELLED":
+                self.cancel_seconds.observe(time.monotonic() - sent)
             if kind == "CANCELLED":
                 mode = str(data.get("mode", ""))
                 self.cancels.labels(mode if mode in ("ui", "operation", "deadline")

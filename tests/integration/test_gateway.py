@@ -293,6 +293,14 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             sid = await start(http, url, "list /tmp")
             events = await read_all(http, url, sid)
             turns = sum(e["type"] == "TURN_START" for e in events)
+            cancelled = await start(http, url, "#slow go")
+            async with http.get(f"{url}api/sessions/{cancelled}/events") as resp:
+                async for _, ev in sse(resp):
+                    if ev["type"] == "TOKEN" and ev["seq"] < 5:
+                        async with http.post(f"{url}api/sessions/{cancelled}/cancel") as c:
+                            assert c.status == 200
+                    if ev["type"] == "CANCELLED":
+                        break
 
             async def scrape() -> dict[Any, float]:
                 async with http.get(f"{url}metrics") as resp:
@@ -302,7 +310,7 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             # The live stream reaches the gateway's counters a moment after the viewer.
             for _ in range(200):
                 samples = await scrape()
-                if samples.get(("oploop_runs_total", (("terminal", "DONE"),)), 0) >= 1:
+                if samples.get(("oploop_runs_total", (("terminal", "CANCELLED"),)), 0) >= 1:
                     break
                 await asyncio.sleep(0.05)
             assert samples[("oploop_turns_total", ())] >= turns
@@ -317,6 +325,9 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             assert samples[("oploop_actor_restarts", (("actor", "supervisor"),))] == 0
             assert samples[("oploop_actor_up", (("actor", "gateway"), ("state", "running")))] == 1
             assert samples[("oploop_gateway_events_missed_total", ())] == 0
+            # The cancel went through the gateway: timed to its CANCELLED.
+            assert samples[("oploop_gateway_cancel_seconds_count", ())] >= 1
+            assert samples[("oploop_runs_total", (("terminal", "CANCELLED"),))] >= 1
             # Every stream of the tests before has ended, those the client left mid-run
             # too: their handlers were cancelled, their subscriptions closed.
             for _ in range(200):
