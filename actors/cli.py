@@ -212,6 +212,13 @@ def _reachable_at() -> str:
     return f"tcp://{host}:{network.port}"
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    """`oploop web [SESSION] [--no-open]` (the gateway's `urls.show`)."""
+    from actors.gateway.urls import show
+
+    return show(check_settings().home, args.session, open_browser=not args.no_open)
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     """CURVE keys for TCP: issue one to a remote worker, client or viewer; list; revoke."""
     keyring = Keyring.for_home(oploop_home())
@@ -455,6 +462,10 @@ def parser() -> argparse.ArgumentParser:
     rm.add_argument("sessions", nargs="+", metavar="SESSION")
     rm.add_argument("--json", action="store_true")
     rm.set_defaults(fn=_async(_rm))
+    web = sub.add_parser("web", help="the web view's address (with its token); opens it")
+    web.add_argument("session", nargs="?", default="")
+    web.add_argument("--no-open", action="store_true", help="print it only")
+    web.set_defaults(fn=cmd_web)
     tools = sub.add_parser("tools", help="list tools as an agent sees them")
     tools.add_argument("--agent")
     tools.add_argument("--json", action="store_true")

@@ -18,7 +18,8 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-TOKEN_FILE = "web.token"
+from actors.gateway.urls import TOKEN_FILE
+
 COOKIE = "oploop_token"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

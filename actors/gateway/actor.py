@@ -15,15 +15,13 @@ from actors.config import HttpConfig
 from actors.gateway import access, api
 from actors.gateway.feed import Feed
 from actors.gateway.metrics import Metrics
+from actors.gateway.urls import WEB_URL_FILE
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
 from bus.client import Client
 
 log = logging.getLogger("oploop.gateway")
 
-#: Where the gateway writes its URL (`actors.host.actor.WEB_URL_FILE`, which the
-#: host removes at stop), in the run dir.
-WEB_URL_FILE = "web.url"
 #: The page and its scripts, served as they are (no build step).
 STATIC = Path(__file__).parent / "static"
 #: How long a stopping gateway lets open requests (SSE streams) finish.

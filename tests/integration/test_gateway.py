@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from conftest import remove_home
 from homes import make_home
-from hostkit import TERMINAL, actor, running_host, wait_until
+from hostkit import TERMINAL, actor, oploop, running_host, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT_LIMIT = 2_000
@@ -213,6 +213,23 @@ def test_every_request_needs_the_token(host):
                 assert resp.status == 200 and str(resp.url) == url
             async with http.get(f"{url}api/sessions") as resp:
                 assert resp.status == 200  # the cookie now
+
+    asyncio.run(main())
+
+
+def test_oploop_web_prints_the_pages_address_with_its_token(host):
+    shown = oploop(host, "web", "--no-open", env=GATEWAY_ENV)
+    assert shown.returncode == 0, shown.stderr
+    token = (Path(host) / "web.token").read_text().strip()
+    assert shown.stdout.strip() == f"{url_of(host)}?token={token}"
+    one = oploop(host, "web", "abc123", "--no-open", env=GATEWAY_ENV)
+    assert one.stdout.strip() == f"{url_of(host)}s/abc123?token={token}"
+
+    async def main() -> None:
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(cookie_jar=jar) as http, \
+                http.get(shown.stdout.strip()) as resp:
+            assert resp.status == 200 and "oploop" in await resp.text()
 
     asyncio.run(main())
 

@@ -139,8 +139,9 @@ def test_only_the_gateway_loads_the_http_stack_and_it_loads_no_model_code():
         return set(json.loads(done.stdout))
 
     http = {"aiohttp", "prometheus_client"}
-    for actor in ("host", "supervisor", "broadcaster"):
-        assert not loaded_after(f"import actors.{actor}.actor") & http, actor
+    for module in ("host.actor", "supervisor.actor", "broadcaster.actor", "cli",
+                   "gateway.urls"):
+        assert not loaded_after(f"import actors.{module}") & http, module
     gateway = loaded_after("import actors.gateway.actor")
     assert http <= gateway
     assert not {m for m in gateway if m.split(".")[0] in ("anthropic", "pydantic", "httpx")}
