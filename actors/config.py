@@ -34,7 +34,8 @@ so a typo fails there with a message naming the key, never mid-session::
 
     [http]                        # the gateway: web view, JSON + SSE API, /metrics
     enabled = true
-    listen = "127.0.0.1:7480"     # loopback only (no access token yet)
+    listen = "127.0.0.1:7480"     # off loopback only with cert and key (HTTPS)
+    cert = ""                     # PEM certificate and key files
 
     [agents.ops]                  # any field of `Agent`
     model = "sonnet"
@@ -171,33 +172,43 @@ class HttpConfig:
     """The gateway actor (`actors.gateway`): the web view, the JSON + SSE API, /metrics.
 
     `explicit`: `listen` was configured (a busy port then fails the start; the
-    default port, when busy, gives way to a free one).
+    default port, when busy, gives way to a free one). `cert` and `key`: PEM files
+    for HTTPS, required to listen off loopback.
     """
 
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 7480
     explicit: bool = False
+    cert: str = ""
+    key: str = ""
 
     @property
     def listen(self) -> str:
         """`HOST:PORT` as configured."""
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    @property
+    def tls(self) -> bool:
+        """Whether the gateway serves HTTPS."""
+        return bool(self.cert and self.key)
 
-def parse_http_listen(listen: str) -> tuple[str, int]:
-    """`HOST:PORT` (port 0: any free one) on a loopback address, as (host, port).
+    @property
+    def loopback(self) -> bool:
+        """Whether it listens on a loopback address only."""
+        return _loopback(self.host)
 
-    Off loopback is refused: the gateway has no access token or TLS yet, and its
-    API starts sessions that run tools (ValueError says so).
-    """
+
+def parse_http_listen(listen: str, tls: bool = False) -> tuple[str, int]:
+    """`HOST:PORT` (port 0: any free one) as (host, port); off loopback only with `tls`
+    (the token would cross the network in clear otherwise: ValueError says so)."""
     host, sep, port_s = listen.strip().rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
         raise ValueError(f"expected HOST:PORT (127.0.0.1:7480), got {listen!r}")
-    if not _loopback(host):
-        raise ValueError(f"{listen!r}: off loopback is refused (the gateway has no access "
-                         "token or TLS yet, and its API starts sessions): use 127.0.0.1")
+    if not tls and not _loopback(host):
+        raise ValueError(f"{listen!r}: off loopback is refused without TLS (set http.cert "
+                         "and http.key), or use 127.0.0.1")
     return host, int(port_s)
 
 
@@ -295,15 +306,25 @@ def _network(raw: Any, source: str) -> Network | None:
 
 def _http(raw: Any, source: str) -> HttpConfig:
     table = _table(raw, source, "http")
-    _no_unknown(table, {"enabled", "listen"}, source, "http")
+    _no_unknown(table, {"enabled", "listen", "cert", "key"}, source, "http")
     enabled = _check(bool, table.get("enabled", True), source, "http.enabled")
+    cert = _check(str, table.get("cert", ""), source, "http.cert")
+    key = _check(str, table.get("key", ""), source, "http.key")
+    if bool(cert) != bool(key):
+        raise ConfigError(f"{source}: http.{'key' if cert else 'cert'}: required with "
+                          f"http.{'cert' if cert else 'key'} (HTTPS needs both)")
+    for name, path in (("cert", cert), ("key", key)):
+        if path and not Path(path).expanduser().is_file():
+            raise ConfigError(f"{source}: http.{name}: no such file {path!r}")
+    cert, key = (str(Path(p).expanduser()) if p else "" for p in (cert, key))
     if "listen" not in table:
-        return HttpConfig(enabled=enabled)
+        return HttpConfig(enabled=enabled, cert=cert, key=key)
     try:
-        host, port = parse_http_listen(_check(str, table["listen"], source, "http.listen"))
+        host, port = parse_http_listen(_check(str, table["listen"], source, "http.listen"),
+                                       tls=bool(cert))
     except ValueError as exc:
         raise ConfigError(f"{source}: http.listen: {exc}") from None
-    return HttpConfig(enabled, host, port, explicit=True)
+    return HttpConfig(enabled, host, port, explicit=True, cert=cert, key=key)
 
 
 def _retention(raw: Any, source: str) -> Retention:

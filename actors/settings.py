@@ -157,17 +157,18 @@ def _with_env(config: Config, reader: _Reader) -> Config:
 
 
 def _http_env(http: HttpConfig, reader: _Reader) -> HttpConfig:
-    """`[http]` with `OPLOOP_HTTP_LISTEN` applied: `off`, or a loopback `HOST:PORT`."""
+    """`[http]` with `OPLOOP_HTTP_LISTEN` applied: `off`, or `HOST:PORT` (off loopback
+    only with `[http]` cert and key)."""
     raw = reader.env.get("OPLOOP_HTTP_LISTEN", "").strip()
     if not raw:
         return http
     if raw.lower() == "off":
         return dataclasses.replace(http, enabled=False)
     try:
-        host, port = parse_http_listen(raw)
+        host, port = parse_http_listen(raw, tls=http.tls)
     except ValueError as exc:
         raise ConfigError(f"OPLOOP_HTTP_LISTEN: {exc}") from None
-    return HttpConfig(True, host, port, explicit=True)
+    return dataclasses.replace(http, enabled=True, host=host, port=port, explicit=True)
 
 
 class _Reader:

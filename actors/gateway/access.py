@@ -43,8 +43,9 @@ def load_token(home: Path) -> str:
     return token
 
 
-def require(token: str) -> Middleware:
-    """The middleware that lets through only requests carrying `token`."""
+def require(token: str, *, secure: bool = False) -> Middleware:
+    """The middleware that lets through only requests carrying `token` (`secure`: the
+    cookie is sent over HTTPS only)."""
 
     def valid(given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), token.encode())
@@ -60,7 +61,8 @@ def require(token: str) -> Middleware:
             # (and so of the history and of what the page's links pass on).
             query = {k: v for k, v in request.query.items() if k != "token"}
             resp = web.HTTPFound(request.rel_url.with_query(query))
-            resp.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
+            resp.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/",
+                            secure=secure or None)
             raise resp
         return web.json_response({"error": "unauthorized", "message": "a token is required"},
                                  status=401)

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import logging
 import os
+import ssl
 import sys
 from pathlib import Path
 
@@ -59,7 +60,8 @@ class Gateway:
     def app(self) -> web.Application:
         """The aiohttp application: API, metrics, page."""
         app = web.Application(
-            middlewares=[api.guard, access.require(self.token), api.errors],
+            middlewares=[api.guard, access.require(self.token, secure=self.http.tls),
+                         api.errors],
             client_max_size=self.max_body)
         app[api.GATEWAY] = self
         api.add_routes(app)
@@ -108,17 +110,29 @@ class Gateway:
         """Bind `[http] listen`; the default port, when taken (another host), gives
         way to a free one. Returns the URL served."""
         host, port = self.http.host, self.http.port
+        ssl_context = self._ssl_context()
         try:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or self.http.explicit:
                 raise GatewayError(f"cannot listen on {self.http.listen} ([http] listen, "
                                    f"OPLOOP_HTTP_LISTEN): {exc.strerror or exc}") from exc
             log.warning("port %d is taken: the gateway listens on a free one", port)
-            await web.TCPSite(runner, host, 0).start()
+            await web.TCPSite(runner, host, 0, ssl_context=ssl_context).start()
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        return f"http://{shown}:{bound[1]}/"
+        return f"{'https' if ssl_context else 'http'}://{shown}:{bound[1]}/"
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """HTTPS with `[http] cert` and `key`, else None."""
+        if not self.http.tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(self.http.cert, self.http.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise GatewayError(f"cannot load [http] cert/key: {exc}") from exc
+        return context
 
 
 def main() -> None:

@@ -82,7 +82,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     is not a loopback name (DNS rebinding), and a state-changing request from another
     origin (browsers send `Origin` with every POST, and `Sec-Fetch-Site`); programs
     such as curl send neither and are served."""
-    if _hostname(request.host or "") not in LOOPBACK_NAMES:
+    loopback = request.app[GATEWAY].http.loopback  # off loopback: TLS names the host
+    if loopback and _hostname(request.host or "") not in LOOPBACK_NAMES:
         return json_error(403, "forbidden", f"Host {request.host!r} is not this gateway's")
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         origin = request.headers.get("Origin")

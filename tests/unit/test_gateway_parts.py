@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 
 import aiohttp
 import pytest
@@ -129,7 +130,6 @@ def test_a_taken_default_port_gives_way_but_a_configured_one_fails(tmp_path):
 
 def test_only_the_gateway_loads_the_http_stack_and_it_loads_no_model_code():
     import json
-    import subprocess
     import sys
 
     def loaded_after(statement: str) -> set[str]:
@@ -162,5 +162,46 @@ def test_the_feed_skips_deltas_and_ends_a_stream_that_falls_behind():
             items = [slow.get_nowait() for _ in range(slow.qsize())]
             assert items[-1] is None and all(i is not None for i in items[:-1])
         assert feed.streams == 0
+
+    asyncio.run(main())
+
+
+def self_signed(directory) -> tuple[str, str]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+def test_off_loopback_needs_both_cert_and_key(tmp_path):
+    cert, key = self_signed(tmp_path)
+    http = parse_config({"http": {"listen": "0.0.0.0:8443", "cert": cert, "key": key}}).http
+    assert (http.host, http.port, http.tls, http.loopback) == ("0.0.0.0", 8443, True, False)
+    with pytest.raises(ConfigError, match=r"http\.key: required with http\.cert"):
+        parse_config({"http": {"listen": "0.0.0.0:8443", "cert": cert}})
+    with pytest.raises(ConfigError, match=r"http\.cert: no such file"):
+        parse_config({"http": {"cert": str(tmp_path / "none"), "key": key}})
+    toml = tmp_path / "oploop.toml"
+    toml.write_text(f'[http]\ncert = "{cert}"\nkey = "{key}"\n')
+    env = {"OPLOOP_CONFIG": str(toml), "OPLOOP_HTTP_LISTEN": "0.0.0.0:0"}
+    assert load_settings(env).config.http.tls
+
+
+def test_the_gateway_serves_https_with_cert_and_key(tmp_path):
+    cert, key = self_signed(tmp_path)
+
+    async def main() -> None:
+        gw = Gateway(load_settings({"OPLOOP_HOME": str(tmp_path)}))
+        gw.http = HttpConfig(True, "127.0.0.1", 0, explicit=True, cert=cert, key=key)
+        runner = web.AppRunner(web.Application())
+        await runner.setup()
+        try:
+            url = await gw._listen(runner)
+            assert url.startswith("https://127.0.0.1:")
+            async with aiohttp.ClientSession() as http, http.get(url, ssl=False) as resp:
+                assert resp.status == 404  # an empty app, over TLS
+        finally:
+            await runner.cleanup()
 
     asyncio.run(main())
