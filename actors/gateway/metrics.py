@@ -5,7 +5,7 @@ Two sources, and they differ on restarts:
 - **Counted from the live event stream** (`Metrics.observe`, fed by the gateway's
   subscription to every session): runs by terminal type, cancels by mode, turns,
   tool calls by tool and outcome with their durations, model retries by cause,
-  turn ends by stop reason,
+  turn ends by stop reason, runs ended in error by code,
   tokens by kind (when `TURN_END` carries `usage`), events by type. They count
   what this gateway saw since it started: **they reset when the gateway restarts**
   (Prometheus' `rate()` and `increase()` handle a counter reset), and events the
@@ -88,6 +88,8 @@ class Metrics:
                               ["type"], registry=r)
         self.runs = Counter("oploop_runs", "Runs ended, by terminal event", ["terminal"],
                             registry=r)
+        self.errors = Counter("oploop_run_errors", "Runs ended in ERROR, by error code",
+                              ["error"], registry=r)
         self.cancels = Counter("oploop_cancels", "Runs cancelled, by mode", ["mode"], registry=r)
         self.turns = Counter("oploop_turns", "Turns started", registry=r)
         self.turn_ends = Counter("oploop_turn_ends", "Turns ended (model replies), by stop "
@@ -133,6 +135,7 @@ class Metrics:
         self._tool = _Labels()
         self._cause = _Labels()
         self._stop = _Labels()
+        self._error = _Labels()
         self._last_seq: collections.OrderedDict[str, int] = collections.OrderedDict()
         #: Cancels forwarded and not yet seen ended: session -> when (monotonic).
         self._cancels: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -180,6 +183,8 @@ class Metrics:
             sent = self._cancels.pop(ev["session"], None)
             if sent is not None and kind == "CANCELLED":
                 self.cancel_seconds.observe(time.monotonic() - sent)
+            if kind == "ERROR":
+                self.errors.labels(self._error(str(data.get("error", ""))[:64] or "none")).inc()
             if kind == "CANCELLED":
                 mode = str(data.get("mode", ""))
                 self.cancels.labels(mode if mode in ("ui", "operation", "deadline")

@@ -85,6 +85,8 @@ def test_metrics_count_a_run_from_its_events():
     assert s[("oploop_runs_total", (("terminal", "CANCELLED"),))] == 1
     assert s[("oploop_cancels_total", (("mode", "ui"),))] == 1
     assert s[("oploop_gateway_events_missed_total", ())] == 0
+    m.observe(ev(7, "ERROR", {"error": "model_error", "message": "overloaded"}, session="s2"))
+    assert samples(m)[("oploop_run_errors_total", (("error", "model_error"),))] == 1
 
 
 def test_metrics_count_gaps_and_bound_model_chosen_labels():
