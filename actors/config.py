@@ -16,11 +16,14 @@ so a typo fails there with a message naming the key, never mid-session::
     enabled = false
     model = "haiku"
     max_tokens = 8
+    attempts = 2                  # at most one retry ...
+    timeout_s = 10.0              # ... within this long; then AGENT, the ROUTE says why
 
     [limits]
     max_prompt_chars = 1000000
     max_running_sessions = 1000
     journal_reserve_mb = 64       # below this much free disk, new runs are refused
+    compact_every_kb = 4096       # a running session's log is compacted every this many KB
 
     [retention]                   # finished sessions deleted (0: no limit); see Retention
     max_age = "30d"
@@ -36,6 +39,12 @@ so a typo fails there with a message naming the key, never mid-session::
     enabled = true
     listen = "127.0.0.1:7480"     # off loopback only with cert and key (HTTPS)
     cert = ""                     # PEM certificate and key files
+
+    [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
+    input = 3.0                   # a model with no shipped price needs all four
+    output = 15.0
+    cache_write = 3.75
+    cache_read = 0.30
 
     [agents.ops]                  # any field of `Agent`
     model = "sonnet"
@@ -56,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
 # -- agents (here, not in the supervisor: the runner and the config use them too) ----
@@ -116,7 +126,7 @@ DEFAULT_AGENT = Agent()
 CONFIG_NAME = "oploop.toml"
 
 _TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "http",
-                       "agents"})
+                       "agents", "prices"})
 
 
 class ConfigError(ValueError):
@@ -130,6 +140,10 @@ class RouterConfig:
     enabled: bool = False
     model: str = "haiku"
     max_tokens: int = 8
+    #: The classifier fails fast: this many attempts (one retry) within this long,
+    #: then the run goes on as AGENT (the ROUTE event says why).
+    attempts: int = 2
+    timeout_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +156,10 @@ class Limits:
     #: it, and a reserve file of this size is given up to journal the ends of the
     #: runs under way when the disk fills (0: no reserve).
     journal_reserve_mb: int = 64
+    #: A session's state is written whole (a compaction) at each run's end and, in a
+    #: long run, once this many KB of records were logged since the last one: a
+    #: restart folds at most this much (0: only at a run's end).
+    compact_every_kb: int = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +252,8 @@ class Config:
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
     http: HttpConfig = HttpConfig()
+    #: USD per million tokens, by model id (`actors.usage.price_for` looks models up).
+    prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -284,8 +304,34 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
         http=_http(data.get("http", {}), source),
+        prices=_prices(data.get("prices", {}), source),
         source=source,
     )
+
+
+def _prices(raw: Any, source: str) -> dict[str, Price]:
+    """The shipped prices with the file's `[prices."MODEL"]` tables over them: a shipped
+    model's missing keys keep its shipped price; another model needs all four."""
+    prices = dict(DEFAULT_PRICES)
+    fields = [f.name for f in dataclasses.fields(Price)]
+    for model, table in _table(raw, source, "prices").items():
+        where = f'prices."{model}"'
+        table = _table(table, source, where)
+        _no_unknown(table, set(fields), source, where)
+        shipped = DEFAULT_PRICES.get(model)
+        values: dict[str, float] = {}
+        for name in fields:
+            if name not in table and shipped is None:
+                raise ConfigError(f"{source}: {where}.{name}: required for a model with no "
+                                  "shipped price (USD per million tokens)")
+            value = _check(float, table[name], source, f"{where}.{name}") if name in table \
+                else getattr(shipped, name)
+            if not 0 <= value < float("inf"):  # (NaN fails too)
+                raise ConfigError(f"{source}: {where}.{name}: must be a number >= 0, "
+                                  f"got {value!r}")
+            values[name] = value
+        prices[model] = Price(**values)
+    return prices
 
 
 def _network(raw: Any, source: str) -> Network | None:

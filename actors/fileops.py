@@ -207,6 +207,57 @@ def run_lister(job: dict[str, Any]) -> int:
     return 0
 
 
+# --- the persistent reader (actors/sandbox/readers.py) -------------------------------------
+# A reader serves many reads and listings of one session: each request arrives on fd 0
+# (the same socket as fd 1), framed like a reply: REPLY_LEN_DIGITS digits of length, then
+# kind (b"R" read, b"L" list), the cap in decimal, b" ", the raw path bytes.
+
+_REQUEST_FD = 0
+REQUEST_MAX = 64 * 1024
+"""The longest request a reader takes (a path is at most 4096 bytes)."""
+
+
+def request(kind: bytes, path: str, cap: int) -> bytes:
+    """The executor's side of `run_server`: one framed request."""
+    body = kind + b"%d " % cap + os.fsencode(path)
+    if len(body) > REQUEST_MAX:
+        raise OSError(36, os.strerror(36))  # ENAMETOOLONG: no reader takes it
+    return b"%0*d" % (REPLY_LEN_DIGITS, len(body)) + body
+
+
+def run_server(job: dict[str, Any]) -> int:
+    """The persistent reader: answer requests on fd 0 until EOF; the exit code.
+
+    Each request is one `run_reader` or `run_lister`, in this process, locked down
+    once for all of them. Anything that is not a well-formed request ends the
+    reader (the executor then starts a fresh one): it never guesses.
+    """
+    ops = {b"R": run_reader, b"L": run_lister}
+    while True:
+        head = _read_exactly(REPLY_LEN_DIGITS)
+        if not head:
+            return 0  # the executor closed its end: retired
+        if len(head) != REPLY_LEN_DIGITS or not head.isdigit() or int(head) > REQUEST_MAX:
+            return 2
+        body = _read_exactly(int(head))
+        cap, sep, raw = body[1:].partition(b" ")
+        run = ops.get(body[:1])
+        if run is None or not sep or not cap.isdigit():
+            return 2
+        run({"path": os.fsdecode(raw), "cap": int(cap)})
+
+
+def _read_exactly(size: int) -> bytes:
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.read(_REQUEST_FD, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
 def _reply_error(exc: OSError | ValueError) -> int:
     if isinstance(exc, BlockingIOError):
         reason = "the read would block (a pseudo-file with no data ready)"

@@ -1,20 +1,46 @@
-"""How the CLI shows events: readable text in a terminal, or JSON lines."""
+"""How the CLI shows events: readable text, the final answer alone (`quiet`), or
+JSON lines. One method per event kind (`_on_<KIND>`); kinds without one are not
+shown as text. Colour only on a terminal, and never under `NO_COLOR`."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from typing import Any, TextIO
+
+from actors.usage import total_line
+
+
+def usage_suffix(data: dict[str, Any]) -> str:
+    """What a run's end adds about tokens and cost ("" for none): the one place the
+    `DONE`/`ERROR`/`CANCELLED` lines take it from (its totals on a line of their own)."""
+    return total_line(data)
 
 
 class Renderer:
-    """Prints events as they come and remembers how the run ended."""
+    """Prints events as they come and remembers how the run ended.
 
-    def __init__(self, json_lines: bool = False, out: TextIO | None = None) -> None:
+    `prompts`: show each run's prompt (`SESSION_START`): a replay (`watch`) shows
+    them; `run` does not repeat what was just typed.
+    """
+
+    def __init__(self, json_lines: bool = False, out: TextIO | None = None, *,
+                 quiet: bool = False, prompts: bool = False) -> None:
         self.json_lines = json_lines
+        self.quiet = quiet
+        self.prompts = prompts
         self.out = out or sys.stdout
+        self.color = _color(self.out)
         self.terminal: str | None = None
         self._mid_line = False
+        #: Tools running now (tool_use_id -> name, start), for the progress line.
+        self._running: dict[str, tuple[str, float]] = {}
+        self._status = False  # a progress line is on screen (to be erased)
+        self.progress = self.color and not json_lines and not quiet
+        #: Text of the model call in flight was printed (void if a RETRY follows).
+        self._streamed = False
 
     def event(self, ev: dict[str, Any]) -> None:
         """Show one event."""
@@ -24,36 +50,107 @@ class Renderer:
         if self.json_lines:
             print(json.dumps(ev, default=repr), file=self.out, flush=True)
             return
-        if kind == "TOKEN":
-            self._write(data.get("text", ""))
+        if self.quiet:
+            self._quiet(kind, data)
             return
-        if kind == "THINKING":
-            self._write(f"\x1b[2m{data.get('text', '')}\x1b[0m" if self.out.isatty()
-                        else data.get("text", ""))
-            return
-        line = self._line(kind, data)
-        if line is not None:
-            self._end_line()
-            print(line, file=self.out, flush=True)
+        show = getattr(self, f"_on_{kind}", None)
+        if show is not None:
+            self._clear_status()
+            show(data)
+        self._streamed = kind in ("TOKEN", "THINKING") or (self._streamed and show is None)
 
-    def _line(self, kind: str, data: dict[str, Any]) -> str | None:
-        if kind == "TOOL_START":
-            return f"→ {data['name']} {_brief(data.get('input'))}"
-        if kind == "TOOL_END":
-            mark = "✗" if data.get("is_error") else "✓"
-            first = (data.get("output") or "").strip().splitlines()
-            tail = f": {first[0][:100]}" if first and data.get("is_error") else ""
-            return f"  {mark} {data['name']} ({data.get('duration_ms', 0):.0f} ms){tail}"
-        if kind == "RETRY":
-            return (f"↻ attempt {data['attempt']} failed ({data['error']}); retrying in "
-                    f"{data['wait_s']:.1f} s — text streamed by that attempt is void")
+    def tick(self) -> None:
+        """Redraw the progress line of running tools (on a terminal; called every
+        fraction of a second while a run streams)."""
+        if not self.progress or not self._running or self._mid_line:
+            return
+        now = time.monotonic()
+        shown = ", ".join(f"{name} {now - t0:.0f} s" for name, t0 in self._running.values())
+        self.out.write(f"\r\x1b[K{self._dim(f'  … {shown}')}")
+        self.out.flush()
+        self._status = True
+
+    def _clear_status(self) -> None:
+        if self._status:
+            self.out.write("\r\x1b[K")
+            self._status = False
+
+    # -- quiet: the final answer, and why there is none ------------------------------------
+
+    def _quiet(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "DONE":
-            return f"— done: {data['turns']} turn(s), stop {data['stop']}"
-        if kind == "ERROR":
-            return f"— error: {data['error']}: {data['message']}"
-        if kind == "CANCELLED":
-            return f"— cancelled ({data.get('mode')}): {data.get('reason', '')}"
-        return None
+            text = data.get("text") or ""
+            self.out.write(text if text.endswith("\n") or not text else text + "\n")
+            self.out.flush()
+        elif kind in ("ERROR", "CANCELLED"):  # on stderr: stdout stays the answer alone
+            line = self._terminal_line(kind, data)
+            print(line, file=sys.stderr, flush=True)
+
+    # -- text ----------------------------------------------------------------------------
+
+    def _on_TOKEN(self, data: dict[str, Any]) -> None:  # noqa: N802 - named after the kind
+        self._write(data.get("text", ""))
+
+    def _on_THINKING(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._write(self._dim(data.get("text", "")))
+
+    def _on_SESSION_START(self, data: dict[str, Any]) -> None:  # noqa: N802
+        if self.prompts:
+            prompt = str(data.get("prompt", ""))
+            first = prompt.strip().splitlines()[0] if prompt.strip() else ""
+            more = " …" if len(first) > 100 or "\n" in prompt.strip() else ""
+            self._line(self._bold(f"› run {data.get('run', '?')}: {first[:100]}{more}"))
+
+    def _on_USER_MESSAGE(self, data: dict[str, Any]) -> None:  # noqa: N802
+        text = str(data.get("text", "")).strip()
+        first = text.splitlines()[0] if text else ""
+        more = " …" if len(first) > 100 or "\n" in text else ""
+        self._line(self._bold(f"› {data.get('by', '?')}: {first[:100]}{more}"))
+
+    def _on_RESUMED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._line(f"↺ resumed ({data.get('reason', '')})")
+
+    def _on_TOOL_START(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._running[str(data.get("tool_use_id", ""))] = (data["name"], time.monotonic())
+        self._line(f"→ {data['name']} {_brief(data.get('input'))}")
+
+    def _on_TOOL_END(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._running.pop(str(data.get("tool_use_id", "")), None)
+        mark = "✗" if data.get("is_error") else "✓"
+        first = (data.get("output") or "").strip().splitlines()
+        tail = f": {first[0][:100]}" if first and data.get("is_error") else ""
+        self._line(f"  {mark} {data['name']} ({data.get('duration_ms', 0):.0f} ms){tail}")
+
+    def _on_RETRY(self, data: dict[str, Any]) -> None:  # noqa: N802
+        if self._streamed:
+            self._write(" [void]")  # the failed attempt's text, printed already, is void
+        self._line(f"↻ attempt {data['attempt']} failed ({data['error']}); retrying in "
+                   f"{data['wait_s']:.1f} s — text streamed by that attempt is void")
+
+    def _on_DONE(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._line(self._terminal_line("DONE", data))
+
+    def _on_ERROR(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._line(self._terminal_line("ERROR", data))
+
+    def _on_CANCELLED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._line(self._terminal_line("CANCELLED", data))
+
+    def _terminal_line(self, kind: str, data: dict[str, Any]) -> str:
+        self._running.clear()
+        if kind == "DONE":
+            line = f"— done: {data.get('turns', 0)} turn(s), stop {data.get('stop', '')}"
+        elif kind == "ERROR":
+            line = f"— error: {data.get('error', '')}: {data.get('message', '')}"
+        else:
+            line = f"— cancelled ({data.get('mode')}): {data.get('reason', '')}"
+        return line + usage_suffix(data)
+
+    # -- output --------------------------------------------------------------------------
+
+    def _line(self, text: str) -> None:
+        self._end_line()
+        print(text, file=self.out, flush=True)
 
     def _write(self, text: str) -> None:
         self.out.write(text)
@@ -65,9 +162,25 @@ class Renderer:
             self.out.write("\n")
             self._mid_line = False
 
+    def _dim(self, text: str) -> str:
+        return f"\x1b[2m{text}\x1b[0m" if self.color and text else text
+
+    def _bold(self, text: str) -> str:
+        return f"\x1b[1m{text}\x1b[0m" if self.color else text
+
     def exit_status(self) -> int:
         """0 done, 130 cancelled, 1 error (or no terminal event)."""
         return {"DONE": 0, "CANCELLED": 130}.get(self.terminal or "", 1)
+
+
+def _color(out: TextIO) -> bool:
+    """Colour on a terminal, unless `NO_COLOR` is set (https://no-color.org)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _brief(value: Any, limit: int = 80) -> str:

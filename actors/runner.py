@@ -1,13 +1,13 @@
 """`Runner[Deps, Output]`: the agent loop embedded in a program, typed.
 
-The same loop the supervisor runs (`actors.supervisor.session`), driven in this
-process: the model through the same backend and retry policy as the llm
-caller, tools from a `Catalogue` called directly, so that Python tools can take
-the program's own objects (`deps`, reaching them as `ctx.deps`). When an output
-type is given (a dataclass, a TypedDict — `typing_extensions.TypedDict` before
-Python 3.12 — or anything pydantic validates), the final answer is parsed into
-it; a parse failure gets one repair turn, then the run fails with
-`RunFailed("output_invalid")`::
+The same run the supervisor drives (`actors.supervisor.machine`, carried out by
+`actors.supervisor.driver`), in this process: the model through the same
+backend and retry policy as the llm caller, tools from a `Catalogue` called
+directly, so that Python tools can take the program's own objects (`deps`,
+reaching them as `ctx.deps`). When an output type is given (a dataclass, a
+TypedDict — `typing_extensions.TypedDict` before Python 3.12 — or anything
+pydantic validates), the final answer is parsed into it; a parse failure gets
+one repair turn, then the run fails with `RunFailed("output_invalid")`::
 
     @dataclass
     class Answer:
@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -36,11 +38,15 @@ from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
+from actors.llm_caller.scripted import ScriptedBackend
 from actors.settings import Settings, load_settings
+from actors.supervisor.driver import ModelError, Progress, run_session
 from actors.supervisor.history import Message
-from actors.supervisor.session import ModelError, Session, emit, run_session
+from actors.supervisor.machine import Delta, Retry
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
+from actors.usage import ZERO, Usage, priced
 
 Deps = TypeVar("Deps")
 Output = TypeVar("Output")
@@ -52,18 +58,21 @@ MAX_OUTPUT_CHARS = 1_000_000
 
 
 class RunFailed(Exception):
-    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run."""
+    """A run ended with `ERROR` or `CANCELLED`; `events` is the whole run, `usage`
+    what it used until then."""
 
     def __init__(self, error: str, message: str, events: list[dict[str, Any]]) -> None:
         super().__init__(f"{error}: {message}")
         self.error = error
         self.message = message
         self.events = events
+        self.usage = Usage.from_dict(events[-1]["data"].get("usage")) if events else ZERO
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunOutput(Generic[Output]):
-    """A finished run: the typed output, the final text, and how it ended."""
+    """A finished run: the typed output, the final text, how it ended, and its
+    tokens and cost (`usage.cost` None: the model has no price in `[prices]`)."""
 
     output: Output
     text: str
@@ -71,6 +80,7 @@ class RunOutput(Generic[Output]):
     turns: int
     session: Session
     events: list[dict[str, Any]]
+    usage: Usage = ZERO
 
 
 class OutputParser(Generic[Output]):
@@ -119,6 +129,21 @@ def _json_part(text: str) -> str:
     return text[start:end + 1] if 0 <= start < end else text.strip()
 
 
+def default_backend(settings: Settings, environ: Mapping[str, str] | None = None) -> ModelBackend:
+    """The model a `Runner` calls when given none, as a host chooses it: the scripted
+    backend with `OPLOOP_LLM_BACKEND=scripted`; the real API with `ANTHROPIC_API_KEY`
+    or `ANTHROPIC_BASE_URL`; else the offline model's rules, in this process (said
+    once on stderr)."""
+    env = os.environ if environ is None else environ
+    if settings.llm_backend == "scripted":
+        return ScriptedBackend.from_script(settings.llm_script)
+    if env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_BASE_URL"):
+        return AnthropicBackend()
+    print("oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: the Runner uses the "
+          "offline model (canned answers, no network)", file=sys.stderr)
+    return ScriptedBackend()
+
+
 class Runner(Generic[Deps, Output]):
     """Runs the agent loop in this process, typed by its dependencies and output."""
 
@@ -135,11 +160,13 @@ class Runner(Generic[Deps, Output]):
         on_event: OnEvent | None = None,
         settings: Settings | None = None,
     ) -> None:
-        # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*).
-        if config is None or policy is None:
+        # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*,
+        # OPLOOP_LLM_BACKEND).
+        if config is None or policy is None or backend is None:
             settings = settings or load_settings()
             config = config or settings.config
             policy = policy or RetryPolicy.from_settings(settings.retry)
+            backend = backend or default_backend(settings)
         self.config = config
         self.parser = OutputParser(output_type) if output_type is not None else None
         if self.parser is not None:
@@ -148,7 +175,8 @@ class Runner(Generic[Deps, Output]):
             )
         self.agent = agent
         self.catalogue = Catalogue([*(BUILTIN.values() if builtin else ()), *tools])
-        self.backend = backend or AnthropicBackend()
+        assert backend is not None
+        self.backend: ModelBackend = backend
         self.policy = policy
         self.on_event = on_event
         self._sessions = 0
@@ -175,10 +203,16 @@ class Runner(Generic[Deps, Output]):
         data = end["data"]
         if end["type"] != "DONE":
             error = data.get("error") or f"cancelled ({data.get('mode')})"
-            raise RunFailed(error, data.get("message") or data.get("reason", ""), io.events)
+            message = data.get("message") or data.get("reason", "")
+            if error in ("connection", "timeout", "auth", "authentication"):
+                message += (" (the model at ANTHROPIC_BASE_URL or api.anthropic.com: check the "
+                            "key and the network; without ANTHROPIC_API_KEY and "
+                            "ANTHROPIC_BASE_URL the runner uses the offline model)")
+            raise RunFailed(error, message, io.events)
         text = data["text"]
         output: Any = self.parser.parse(text) if self.parser is not None else text
-        return RunOutput(output, text, data["stop"], data["turns"], session, io.events)
+        return RunOutput(output, text, data["stop"], data["turns"], session, io.events,
+                         Usage.from_dict(data.get("usage")))
 
     async def aclose(self) -> None:
         """Close the model backend's connections."""
@@ -204,6 +238,7 @@ class _LocalIO(Generic[Deps]):
         event = {"seq": session.next_seq, "session": session.id, "type": type_, "turn": turn,
                  "ts": time.time(), "data": data}
         session.next_seq += 1
+        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
         self.events.append(event)
         if self.runner.on_event is not None:
             self.runner.on_event(event)
@@ -211,29 +246,34 @@ class _LocalIO(Generic[Deps]):
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 
-    async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
-    ) -> Message:
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int, progress: Progress, route: bool = False) -> Message:
+        # The router's call is the loop's business (its ROUTE says it all): neither its
+        # text nor its retries are events, as over the bus.
         def on_delta(channel: str, text: str) -> None:
-            if channel == "text":
-                session.partial.append(text)
-            emit(session, self, "THINKING" if channel == "thinking" else "TOKEN", turn,
-                 {"text": text})
+            if not route:
+                progress(Delta(text, channel))
 
         def on_retry(attempt: int, error: str, wait_s: float) -> None:
-            session.partial.clear()
-            emit(session, self, "RETRY", turn, {"attempt": attempt, "error": error,
-                                                "wait_s": wait_s})
+            if not route:
+                progress(Retry(attempt, error, wait_s))
 
         runner = self.runner
+        policy, total_s = runner.policy, None
+        if route:  # the intent router fails fast (`[router] attempts`, `timeout_s`)
+            router = self.config.router
+            policy = dataclasses.replace(policy, attempts=router.attempts)
+            total_s = router.timeout_s
         try:
-            return await call_with_retries(
-                runner.backend, runner.policy, request, stream=stream,
+            reply = await call_with_retries(
+                runner.backend, policy, request, stream=stream,
                 deadline=session.deadline or None, on_delta=on_delta, on_retry=on_retry,
+                total_s=total_s,
             )
+            return priced(reply, self.config.prices)
         except CallFailed as exc:
             f = exc.failure
-            raise ModelError(f.error, f.message, f.status) from exc
+            raise ModelError(f.error, exc.message, f.status) from exc
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         deadline = time.time() + timeout_s

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.storage import SESSIONS_FILE, open_private_db
+from actors.storage import SESSIONS_FILE, bounded_cache, open_private_db
 from actors.supervisor.retention import SessionOverview
 
 log = logging.getLogger("oploop.sessionlog")
@@ -367,7 +367,7 @@ class SessionLog:
         try:
             with contextlib.closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
                                                     check_same_thread=False)) as db:
-                rows = list(db.execute(
+                rows = list(bounded_cache(db).execute(
             "SELECT s.sid, s.created, s.updated, s.running, "
             "coalesce((SELECT sum(length(frame) + coalesce(length(delta), 0)) "
             "          FROM records r WHERE r.sid = s.sid), 0) + "

@@ -15,20 +15,26 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
 | `OPLOOP_RETRY_BASE_S` | 0.5 | first backoff, doubling ... |
 | `OPLOOP_RETRY_MAX_S` | 32 | ... up to this |
-| `OPLOOP_STREAM_IDLE_S` | 2 | a stream silent this long is retried |
+| `OPLOOP_RETRY_AFTER_MAX_S` | 120 | a server's `retry-after` honoured up to this; beyond, the call fails |
+| `OPLOOP_STREAM_IDLE_S` | 2 | a stream that sends nothing (not even a ping) this long is retried |
+| `OPLOOP_STREAM_FIRST_S` | 60 | a stream with no content this long after the request is retried |
+| `OPLOOP_STREAM_PAUSE_S` | 30 | a stream with no content this long since the last (pings only) is retried |
 | `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text batched this long (0..10000; 0: none) |
 | `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
 | `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
 | `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
-| `OPLOOP_EXECUTORS` | 2 | executor processes of a host (at least 1) |
+| `OPLOOP_EXECUTORS` | 1 | executor processes of a host (at least 1; each runs 32 calls at once) |
+| `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs the lines its memory grew by most (tracemalloc: slow, for finding leaks; 0: off) |
 | `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
 | `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
 
-Two more are the host's handshake with the actors it starts, not settings a user
-sets: `OPLOOP_READY_FD` (the pipe to say "ready" on) and `OPLOOP_PARENT_PID`.
+A few more are the host's handshake with the actors it starts, not settings a user
+sets: `OPLOOP_READY_FD` (the pipe to say "ready" on), `OPLOOP_PARENT_PID`,
+`OPLOOP_EMBEDDED=1` (a host `oploop run` started: its runs end with it, none is
+resumed at its start) and `OPLOOP_RESTARTED=1` (this actor is a restart).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from bus.endpoints import Endpoints, oploop_home
 
 READY_FD_ENV = "OPLOOP_READY_FD"
 PARENT_PID_ENV = "OPLOOP_PARENT_PID"
+EMBEDDED_ENV = "OPLOOP_EMBEDDED"
+RESTARTED_ENV = "OPLOOP_RESTARTED"
 CONFIG_ENV = "OPLOOP_CONFIG"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -70,6 +78,9 @@ class RetrySettings:
     base_s: float = 0.5
     cap_s: float = 32.0
     idle_s: float = 2.0
+    first_s: float = 60.0
+    pause_s: float = 30.0
+    retry_after_cap_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +96,19 @@ class Settings:
     llm_script: str = ""
     offline_scenario: str = ""
     llm_callers: int = 1
-    executors: int = 2
+    executors: int = 1
     viewer_queue: int = 100_000
+    #: `OPLOOP_MEMTRACE`: seconds between growth reports (`actors.memtrace`); 0: off.
+    memtrace_s: float = 0.0
     #: `OPLOOP_CONNECT` / `OPLOOP_KEYS`: a host elsewhere ("" : this home's).
     connect: str = ""
     keys: str = ""
     ready_fd: int | None = None
     parent_pid: int | None = None
+    #: Part of an embedded host (`oploop run` with no host up): runs end with the host.
+    embedded: bool = False
+    #: This actor is a restart by its host (not the host's first start of it).
+    restarted: bool = False
 
     def endpoints(self) -> Endpoints:
         """The host to talk to: `connect` when set, else the one of `home`."""
@@ -117,6 +134,9 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         base_s=reader.get("OPLOOP_RETRY_BASE_S", float, 0.5, at_least=0),
         cap_s=reader.get("OPLOOP_RETRY_MAX_S", float, 32.0, at_least=0),
         idle_s=reader.get("OPLOOP_STREAM_IDLE_S", float, 2.0, at_least=0),
+        first_s=reader.get("OPLOOP_STREAM_FIRST_S", float, 60.0, at_least=0),
+        pause_s=reader.get("OPLOOP_STREAM_PAUSE_S", float, 30.0, at_least=0),
+        retry_after_cap_s=reader.get("OPLOOP_RETRY_AFTER_MAX_S", float, 120.0, at_least=0),
     )
     batch_ms = reader.get("OPLOOP_TOKEN_BATCH_MS", float, 20.0, at_least=0)
     if batch_ms > MAX_TOKEN_BATCH_MS:
@@ -131,12 +151,15 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         llm_script=env.get("OPLOOP_LLM_SCRIPT", ""),
         offline_scenario=env.get("OPLOOP_OFFLINE_SCENARIO", ""),
         llm_callers=reader.get("OPLOOP_LLM_CALLERS", int, 1, at_least=1),
-        executors=reader.get("OPLOOP_EXECUTORS", int, 2, at_least=1),
+        executors=reader.get("OPLOOP_EXECUTORS", int, 1, at_least=1),
         viewer_queue=reader.get("OPLOOP_VIEWER_QUEUE", int, 100_000, at_least=1),
+        memtrace_s=reader.get("OPLOOP_MEMTRACE", float, 0.0, at_least=0),
         connect=env.get("OPLOOP_CONNECT", ""),
         keys=env.get("OPLOOP_KEYS", ""),
         ready_fd=reader.optional(READY_FD_ENV, int),
         parent_pid=reader.optional(PARENT_PID_ENV, int),
+        embedded=env.get(EMBEDDED_ENV, "") == "1",
+        restarted=env.get(RESTARTED_ENV, "") == "1",
     )
 
 

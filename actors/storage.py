@@ -8,6 +8,7 @@ the process being killed without an fsync per commit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -57,16 +58,36 @@ def private_files(home: Path) -> list[Path]:
             for suffix in ("", "-wal", "-shm", ".reserve")]
 
 
+#: SQLite's page cache per connection, in KiB (`PRAGMA cache_size` takes it negative).
+#: SQLite's default is 2,000 KiB per connection, filled by one pass of retention over the
+#: whole store and then kept for good; the reads that matter (a session's last records)
+#: are few pages, and the OS page cache holds the file anyway.
+PAGE_CACHE_KIB = 512
+
+
+def bounded_cache(db: sqlite3.Connection) -> sqlite3.Connection:
+    """Cap `db`'s page cache at `PAGE_CACHE_KIB` (every connection oploop opens)."""
+    db.execute(f"PRAGMA cache_size=-{PAGE_CACHE_KIB}")
+    return db
+
+
 def open_private_db(path: Path, schema: str) -> sqlite3.Connection:
     """Open (creating 0600, whatever the umask) the database at `path` and apply `schema`."""
     import sqlite3
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Created before SQLite opens it: its -wal and -shm files follow the mode.
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    # Created before SQLite opens it: its -wal and -shm files follow the mode. Only
+    # when missing: closing a descriptor of a database this process already has open
+    # (the supervisor opens sessions.db twice: the log, the tombstones) would drop
+    # every POSIX lock SQLite holds on it (they are per process), and another process
+    # closing its connection would then delete the WAL under us (a lost commit).
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):  # (made meanwhile by another process)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     os.chmod(path, 0o600)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    bounded_cache(db)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(schema)

@@ -49,21 +49,26 @@ class BenchHost:
     offline model). `target_bytes` sizes the file every turn reads.
     """
 
-    def __init__(self, *, llm_callers: int = 1, executors: int = 2,
+    def __init__(self, *, llm_callers: int = 1, executors: int | None = None,
                  backend: str = "scripted", listen: str = "", base_url: str = "",
-                 target_bytes: int = 0) -> None:
+                 target_bytes: int = 0, config: str = "") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="oploop-bench-"))
         self.home = self.dir / "home"
         if listen:  # TCP with CURVE: every public socket of the host speaks CURVE
+            config += f'[network]\nlisten = "{listen}"\n'
+        if config:  # `config`: more of oploop.toml
             self.home.mkdir()
-            (self.home / "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
+            (self.home / "oploop.toml").write_text(config)
         self.target, self.script = write_workload(self.dir, target_bytes)
         self.env = {
             **os.environ,
             "OPLOOP_HOME": str(self.home),
             "OPLOOP_LLM_CALLERS": str(llm_callers),
-            "OPLOOP_EXECUTORS": str(executors),
         }
+        if executors is not None:  # (None: the host's default)
+            self.env["OPLOOP_EXECUTORS"] = str(executors)
+        else:
+            self.env.pop("OPLOOP_EXECUTORS", None)
         if backend == "scripted":
             self.env["OPLOOP_LLM_BACKEND"] = "scripted"
             self.env["OPLOOP_LLM_SCRIPT"] = str(self.script)
@@ -116,6 +121,28 @@ class BenchHost:
             return []
         host = psutil.Process(int(state["pid"]))
         return [host, *host.children(recursive=True)]
+
+    def process_names(self) -> dict[int, str]:
+        """A name for each host process: the actors by their host names (executor-1,
+        llm-1, ...), the host "host", an executor's sandbox fork server "NAME fork
+        server", and what the sandbox forks per session or call (persistent readers,
+        running tools) "sandbox: pid N" — those come and go."""
+        state = self.state() or {}
+        names = {a["pid"]: a["name"] for a in state.get("actors", [])}
+        names[state.get("pid")] = "host"
+        out: dict[int, str] = {}
+        for proc in self.processes():
+            try:
+                parent = proc.ppid()
+            except psutil.Error:
+                continue
+            if proc.pid in names:
+                out[proc.pid] = names[proc.pid]
+            elif parent in names:
+                out[proc.pid] = f"{names[parent]} fork server"
+            else:
+                out[proc.pid] = f"sandbox: pid {proc.pid}"
+        return out
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds used so far by each host process (keyed by pid): on a shared

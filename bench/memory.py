@@ -25,17 +25,14 @@ MB = 1024 * 1024
 
 
 def _usage(host: BenchHost) -> dict[str, Any]:
-    state = host.state() or {}
-    names = {a["pid"]: a["name"] for a in state.get("actors", [])}
-    names[state.get("pid")] = "host"
+    names = host.process_names()
     per: dict[str, dict[str, float]] = {}
     for proc in host.processes():
         try:
             info = proc.memory_full_info()
         except psutil.Error:
             continue
-        # actors by their host names (executor-1, llm-1, ...); anything else by pid
-        key = names.get(proc.pid) or f"pid-{proc.pid}"
+        key = names.get(proc.pid) or f"pid {proc.pid}"
         per[key] = {"rss": info.rss, "pss": getattr(info, "pss", info.rss)}
     return {
         "rss": sum(p["rss"] for p in per.values()),

@@ -41,6 +41,8 @@ from bus.messages import (
     ReplayBatch,
     ReplayRequest,
     RunStarted,
+    Say,
+    SayAck,
     SessionInfo,
     SessionList,
     SessionsRemoved,
@@ -218,6 +220,19 @@ class Client:
         requester = self._control if via == "control" else self._api
         reply = await requester.request(Cancel(session, mode, reason), timeout=timeout)
         assert isinstance(reply.body, CancelAck)
+        return reply.body
+
+    async def say(self, session: str, text: str, timeout: float = 5.0) -> SayAck:
+        """Send a user message into `session`: a running one takes it at its next
+        boundary (after the current tool results, before the next model call) as a
+        `USER_MESSAGE` event; an idle one starts a run on it (`SayAck.state` says which).
+
+        Sent once, not resent: the reply comes once the message is journaled, and a
+        resend could deliver it twice. Refused (`RemoteError`): an unknown session, an
+        empty text, one over `limits.max_prompt_chars`; a viewer key cannot connect.
+        """
+        reply = await self._control.request(Say(session, text), timeout=timeout)
+        assert isinstance(reply.body, SayAck)
         return reply.body
 
     # -- events ------------------------------------------------------------------------

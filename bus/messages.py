@@ -248,6 +248,35 @@ class CancelAck(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class Say(Body):
+    """Client -> supervisor `control`: a user message into `session`.
+
+    A running session takes it at its next boundary (after the current tool
+    results, before the next model call) as a `USER_MESSAGE` event; an idle one
+    starts a run on it, as a follow-up `StartRun` does. Who may: the local user
+    and `control` keys. Reply: `SayAck` (sent once the message is journaled: a
+    supervisor restart still delivers it) or `ErrorReply`.
+    """
+
+    KIND: ClassVar[str] = "say"
+    session: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SayAck(Body):
+    """Supervisor -> client: the message was accepted. `state`: "queued" (the running
+    run takes it at its next boundary) or "started" (run `run` began on it, its events
+    from `from_seq`)."""
+
+    KIND: ClassVar[str] = "say_ack"
+    session: str
+    state: str
+    run: int
+    from_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ControlHello(Body):
     """Worker control DEALER -> supervisor `control`: announces the worker's control pipe.
 
@@ -332,6 +361,10 @@ class LlmJob(Body):
     base_rev: int = 0
     keep: int = 0
     rev: int = 0
+    #: Attempts at most (0: the caller's policy), and the whole call's time limit in
+    #: seconds, retries included (0: none but the deadline): the intent router's.
+    attempts: int = 0
+    timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,6 +512,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     StatsReply,
     Cancel,
     CancelAck,
+    Say,
+    SayAck,
     ControlHello,
     Abort,
     Ready,

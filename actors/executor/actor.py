@@ -4,7 +4,8 @@ Every built-in tool runs sandboxed (actors.sandbox): `shell` and `write_file`
 go through the launcher under their policy, in the session's own workspace;
 `read_file` and `list_dir` read from a launcher locked down the same way (the
 tool uid, Landlock read-only, no other process's /proc, homes and oploop's
-files hidden). A risky tool this executor has no sandboxed runner for is
+files hidden), kept per session as a persistent reader (actors/sandbox/readers.py).
+A risky tool this executor has no sandboxed runner for is
 refused, never run bare.
 """
 
@@ -37,6 +38,11 @@ from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
 
 log = logging.getLogger("oploop.executor")
 
+#: Tool calls one executor runs at once. One executor with many slots is the default
+#: (`OPLOOP_EXECUTORS`=1): an idle executor costs ~30 MB whatever its slots, a slot
+#: costs nothing until used, and every call is bounded by its own cgroup anyway.
+SLOTS = 32
+
 
 def sandboxed_catalogue(sandbox: Sandbox) -> Catalogue:
     """The built-in tools, every one running inside `sandbox`."""
@@ -65,7 +71,7 @@ class Executor(Worker):
     """Runs tool calls, each as its own task; `Abort` cancels one (killing its processes)."""
 
     role = "tool"
-    capacity = 16
+    capacity = SLOTS
 
     def __init__(
         self,
@@ -159,4 +165,6 @@ async def _main(settings: Settings) -> None:
 
 def main() -> None:
     """Entry point of `python -m actors.executor`."""
-    run_actor("executor", _main)
+    # asyncio's own loop (uvloop needs `ssl`, which `__main__` keeps out): a call's
+    # cost is its sandboxed launch, ~1 ms, not the loop's few microseconds.
+    run_actor("executor", _main, fast_loop=False)

@@ -20,9 +20,17 @@ from typing import Any
 import psutil
 
 from actors.config import ConfigError
+from actors.host import lease
 from actors.host.policy import RestartPolicy
 from actors.runtime import notify_ready, run_actor
-from actors.settings import PARENT_PID_ENV, READY_FD_ENV, Settings, load_settings
+from actors.settings import (
+    EMBEDDED_ENV,
+    PARENT_PID_ENV,
+    READY_FD_ENV,
+    RESTARTED_ENV,
+    Settings,
+    load_settings,
+)
 from actors.storage import make_room_to_start
 from bus.endpoints import NETWORK_FILE, REMOTE_ENV, Endpoints, Network, oploop_home, write_network
 from bus.security import CredentialError, Keyring
@@ -98,9 +106,10 @@ def model_settings(llm_backend: str, env: dict[str, str]) -> dict[str, str] | No
 class Host:
     """Starts, watches, restarts and stops the actors of one `$OPLOOP_HOME`."""
 
-    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 2,
+    def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
-                 llm_backend: str = "anthropic", gateway: bool = False) -> None:
+                 llm_backend: str = "anthropic", embedded: bool = False,
+                 gateway: bool = False) -> None:
         self.home = (home or oploop_home()).absolute()
         self.network = network
         self.endpoints = Endpoints.for_home(self.home)
@@ -109,8 +118,11 @@ class Host:
         self.executors = executors
         self.scenario = scenario
         self.llm_backend = llm_backend
+        #: Started by `oploop run` for its users (`actors.host.lease`): stops when the
+        #: last one is gone, and its runs end with it rather than wait for a resume.
+        self.embedded = embedded
         #: Whether to run the gateway (web view, HTTP API, metrics): `oploop up` does
-        #: unless `[http] enabled = false`; the embedded host of one `oploop run` does not.
+        #: unless `[http] enabled = false`; an embedded host does not.
         self.gateway = gateway
         self.children: list[Child] = []
         self.offline = False
@@ -118,11 +130,13 @@ class Host:
         self._offline_sock: socket.socket | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._stopped = False
 
     # -- start -------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Take the runtime dir, start every actor, and return once all are ready."""
+        self._stopped = False
         make_room_to_start(self.home)  # a full disk must not stop `oploop up`
         self.endpoints.prepare()
         self._take_lock()
@@ -135,6 +149,8 @@ class Host:
                 Keyring.for_home(self.home).ensure()
             write_network(self.run_dir, self.network)
             base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}
+            if self.embedded:
+                base[EMBEDDED_ENV] = "1"
             model = model_settings(self.llm_backend, dict(os.environ))
             # Every actor starts at once: zmq queues what a DEALER/PUSH sends before the
             # peer binds, so no actor needs another up first, and on 2 cores the imports
@@ -200,9 +216,13 @@ class Host:
                and (child.model_env or not k.startswith(MODEL_ENV_PREFIX))}
         env.update(child.env, **{READY_FD_ENV: str(wfd)})
         try:
+            # A session of its own: a terminal's Ctrl-C (sent to its foreground process
+            # group) reaches the host alone, which stops its actors in order, instead of
+            # every actor at once, each printing its own KeyboardInterrupt.
             child.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", child.module, *child.args,
                 env=env, pass_fds=(wfd, *child.fds), stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
             )
         finally:
             os.close(wfd)
@@ -250,6 +270,7 @@ class Host:
             child.state = "restarting"
             self._write_state("ready")
             await asyncio.sleep(delay)
+            child.env = {**child.env, RESTARTED_ENV: "1"}
             try:
                 await self._spawn(child)
             except HostError as exc:
@@ -262,7 +283,7 @@ class Host:
         if state == "ready" and any(c.state == "failed" for c in self.children):
             state = "degraded"  # until the host stops: a failed actor stays failed
         data = {"pid": os.getpid(), "state": state, "home": str(self.home),
-                "offline": self.offline, "actors": [c.describe() for c in self.children],
+                "offline": self.offline, "embedded": self.embedded, "actors": [c.describe() for c in self.children],
                 "listen": self.network.listen if self.network else None,
                 "curve": bool(self.network and self.network.curve)}
         tmp = self.run_dir / (STATE_FILE + ".tmp")
@@ -274,7 +295,11 @@ class Host:
 
     async def stop(self) -> None:
         """Stop every child (SIGTERM, bounded wait, SIGKILL of what is left, tree and
-        all), then remove sockets, state and lock."""
+        all), then remove sockets, state and lock. Once: a second call returns at once
+        (the files are by then maybe a newer host's)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._stopping = True
         for task in self._watchers:
             task.cancel()
@@ -315,9 +340,17 @@ class Host:
         """Start, then run until cancelled; always stop."""
         try:
             await self.start()
-            log.info("host ready in %s", self.home)
+            print(f"oploop: host {os.getpid()} ready in {self.home}"
+                  + (" (embedded)" if self.embedded else ""), file=sys.stderr, flush=True)
             notify_ready()
-            await asyncio.Event().wait()
+            if not self.embedded:
+                await asyncio.Event().wait()
+            held = await lease.until_unused(self.run_dir)
+            log.info("embedded host: no user left, stopping")
+            try:
+                await asyncio.shield(self.stop())
+            finally:
+                os.close(held)
         finally:
             await asyncio.shield(self.stop())
 
@@ -364,7 +397,10 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
         data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not psutil.pid_exists(int(data.get("pid", 0))):
+    try:  # a killed host no one has reaped yet is a zombie: not a host
+        if psutil.Process(int(data.get("pid", 0))).status() == psutil.STATUS_ZOMBIE:
+            return None
+    except (psutil.Error, ValueError, TypeError):
         return None
     return data
 
@@ -375,8 +411,8 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
     when `[http]` enables it."""
     return Host(settings.home, llm_callers=settings.llm_callers, executors=settings.executors,
                 scenario=settings.offline_scenario, network=settings.config.network,
-                llm_backend=settings.llm_backend,
-                gateway=gateway and settings.config.http.enabled)
+                llm_backend=settings.llm_backend, embedded=settings.embedded,
+                gateway=gateway and settings.config.http.enabled and not settings.embedded)
 
 
 def main() -> None:
@@ -384,7 +420,9 @@ def main() -> None:
     try:
         settings = load_settings()
         host = host_for(settings, gateway=True)
-        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings)
+        # asyncio's own loop: the host only starts its actors and waits on them.
+        run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings,
+                  fast_loop=False)
     except (HostError, ConfigError) as exc:
         print(f"oploop: {exc}", file=sys.stderr)
         sys.exit(1)

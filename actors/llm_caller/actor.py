@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 from typing import Any
@@ -60,25 +61,30 @@ class LlmCaller(Worker):
             return JobFailed("bad_job", str(exc))
         batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)),
                                self.batch_s)
+        policy = self.policy
+        if job.attempts > 0:  # the intent router's call: fewer attempts than a turn's
+            policy = dataclasses.replace(policy, attempts=job.attempts)
         try:
-            message = await self._call_with_retries(env, job, request, batcher)
+            message = await self._call_with_retries(env, job, request, batcher, policy)
         except CallFailed as exc:
             f = exc.failure
-            return JobFailed(f.error, f.message, retryable=False, status=f.status)
+            return JobFailed(f.error, exc.message, retryable=False, status=f.status)
         finally:
             batcher.flush()
         return LlmResult(message)
 
     async def _call_with_retries(
-        self, env: Envelope, job: LlmJob, request: dict[str, Any], batcher: DeltaBatcher
+        self, env: Envelope, job: LlmJob, request: dict[str, Any], batcher: DeltaBatcher,
+        policy: RetryPolicy,
     ) -> dict[str, object]:
         def on_retry(attempt: int, error: str, wait_s: float) -> None:
             batcher.discard()  # the failed attempt's text is void; viewers get RETRY
             self.progress(env, Retrying(attempt, error, wait_s))
 
         return await call_with_retries(
-            self.backend, self.policy, request, stream=job.stream,
+            self.backend, policy, request, stream=job.stream,
             deadline=env.deadline or None, on_delta=batcher.add, on_retry=on_retry,
+            total_s=job.timeout_s or None,
         )
 
     async def aclose(self) -> None:

@@ -15,24 +15,30 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from actors.llm_caller.failures import StreamIncomplete, StreamStalled
+from actors.llm_caller import stalls
+from actors.llm_caller.failures import StreamIncomplete, StreamMalformed
+from actors.llm_caller.stalls import StallWatch, StreamBounds
+from actors.usage import API_FIELDS
 
 if TYPE_CHECKING:
     import anthropic
 
 OnDelta = Callable[[str, str], None]
 
-# Stream events that are progress; `ping` (and message bookkeeping) are not.
-_PROGRESS = frozenset({"text", "thinking", "signature", "input_json", "content_block_start"})
+# What the SDK raises on a stream the API never sends: `json.JSONDecodeError`
+# (a ValueError) for bad JSON, IndexError for a delta of a block never started,
+# RuntimeError for an event before `message_start`, pydantic's errors (ValueErrors).
+_MALFORMED = (ValueError, IndexError, KeyError, TypeError, RuntimeError)
 
 
 class ModelBackend(Protocol):
     """What the llm caller needs of a model."""
 
     async def stream(
-        self, request: dict[str, Any], on_delta: OnDelta, *, idle_s: float, timeout_s: float
+        self, request: dict[str, Any], on_delta: OnDelta, *, bounds: StreamBounds,
+        timeout_s: float,
     ) -> dict[str, Any]:
-        """One streaming call; raises on failure, `StreamStalled` when idle too long."""
+        """One streaming call; raises on failure, `StreamStalled` when a bound passes."""
         ...
 
     async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
@@ -81,19 +87,38 @@ def block_to_param(block: Any) -> dict[str, Any]:
     return dumped
 
 
+def usage_to_dict(usage: Any) -> dict[str, int]:
+    """The SDK's `Usage` as the four token counts (a field the server left out or
+    sent as null counts 0). When streaming, the SDK has already folded
+    `message_delta`'s cumulative counts into the snapshot's usage."""
+    return {name: getattr(usage, name, 0) or 0 for name in API_FIELDS}
+
+
 def message_to_dict(message: Any) -> dict[str, Any]:
     """An SDK `Message` as the plain dict carried in `LlmResult`."""
-    usage = message.usage
     return {
         "role": "assistant",
         "content": [block_to_param(b) for b in message.content],
         "stop_reason": message.stop_reason,
         "model": message.model,
-        "usage": {
-            "input_tokens": getattr(usage, "input_tokens", 0) or 0,
-            "output_tokens": getattr(usage, "output_tokens", 0) or 0,
-        },
+        "usage": usage_to_dict(message.usage),
     }
+
+
+def checked(message: dict[str, Any]) -> dict[str, Any]:
+    """`message`, or `StreamMalformed` if it is not what the API sends: a `tool_use`
+    whose input is not an object would enter the history and fail every later call."""
+    for block in message["content"]:
+        if block.get("type") == "tool_use" and not isinstance(block.get("input"), dict):
+            kind = type(block.get("input")).__name__
+            raise StreamMalformed(f"tool_use {block.get('name')!r} input is a {kind}, "
+                                  "not an object")
+    return message
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class AnthropicBackend:
@@ -119,45 +144,56 @@ class AnthropicBackend:
         if self._client is None:
             sdk = await asyncio.to_thread(importlib.import_module, "anthropic")
             if self._client is None:  # another call may have built it meanwhile
+                http = sdk.DefaultAsyncHttpxClient(event_hooks=stalls.watched_client_hooks())
                 self._client = sdk.AsyncAnthropic(
-                    api_key=self.api_key, base_url=self.base_url, max_retries=0
+                    api_key=self.api_key, base_url=self.base_url, max_retries=0,
+                    http_client=http,
                 )
         return self._client
 
     async def stream(
-        self, request: dict[str, Any], on_delta: OnDelta, *, idle_s: float, timeout_s: float
+        self, request: dict[str, Any], on_delta: OnDelta, *, bounds: StreamBounds,
+        timeout_s: float,
     ) -> dict[str, Any]:
-        """Stream one reply; the watchdog fires after `idle_s` without content."""
-        loop = asyncio.get_running_loop()
+        """Stream one reply; `StreamStalled` when a bound of `bounds` passes without
+        progress (`actors.llm_caller.stalls`), `StreamMalformed` on a stream the API
+        never sends."""
         client = await self.sdk_client()
         kwargs = split_known(request, client.messages.stream)
-        async with client.messages.stream(**kwargs, timeout=timeout_s) as stream:
-            watchdog = asyncio.timeout(loop.time() + idle_s)
-            try:
-                async with watchdog:
-                    async for event in stream:
-                        kind = event.type
-                        if kind in _PROGRESS:
-                            watchdog.reschedule(loop.time() + idle_s)
-                        if kind == "text":
-                            on_delta("text", event.text)
-                        elif kind == "thinking":
-                            on_delta("thinking", event.thinking)
-            except TimeoutError:
-                if watchdog.expired():
-                    raise StreamStalled(idle_s) from None
-                raise
-            final = stream.current_message_snapshot
+        watch = StallWatch(bounds)
+        token = stalls.CURRENT.set(watch)  # the client's response hook feeds `watch`
+        try:
+            async with watch.timeout, client.messages.stream(**kwargs, timeout=timeout_s) as stream:
+                async for event in stream:
+                    kind = event.type
+                    watch.on_event(kind)
+                    if kind == "text":
+                        on_delta("text", event.text)
+                    elif kind == "thinking":
+                        on_delta("thinking", event.thinking)
+                final = stream.current_message_snapshot
+        except TimeoutError:
+            if watch.timeout.expired():
+                raise watch.stalled() from None
+            raise
+        except _MALFORMED as exc:
+            # The SDK parsing what the server sent: bad JSON, an event out of order,
+            # a delta for a block never started. Not a bug of ours: the attempt is void.
+            what = ("an event for a content block never started"
+                    if isinstance(exc, IndexError) else type(exc).__name__)
+            raise StreamMalformed(f"{what}: {_short(exc)}") from exc
+        finally:
+            stalls.CURRENT.reset(token)
         if final.stop_reason is None:
             raise StreamIncomplete()
-        return message_to_dict(final)
+        return checked(message_to_dict(final))
 
     async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         """One non-streaming call (the fallback when a stream dies near the deadline)."""
         client = await self.sdk_client()
         kwargs = split_known(request, client.messages.create)
         message = await client.messages.create(**kwargs, timeout=timeout_s)
-        return message_to_dict(message)
+        return checked(message_to_dict(message))
 
     async def aclose(self) -> None:
         """Close the SDK's HTTP client (if one was ever built)."""

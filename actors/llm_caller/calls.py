@@ -15,7 +15,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from actors.llm_caller.backend import ModelBackend, OnDelta
-from actors.llm_caller.failures import CallFailed, classify
+from actors.llm_caller.failures import CallFailed, CallFailure, RetryAfterTooLong, classify
 from actors.llm_caller.policy import RetryPolicy
 
 log = logging.getLogger("oploop.llm")
@@ -33,19 +33,59 @@ async def call_with_retries(
     deadline: float | None,
     on_delta: OnDelta,
     on_retry: OnRetry,
+    total_s: float | None = None,
 ) -> dict[str, Any]:
     """The model's reply to `request`; `CallFailed` once retries are spent or the
     failure is final. A stream that dies close to `deadline` is retried once
-    without streaming, which cannot stall mid-way."""
-    deadline = deadline or time.time() + policy.request_timeout_s
-    use_stream = stream
+    without streaming, which cannot stall mid-way. A reply that was not streamed
+    is passed to `on_delta` whole (text and thinking), so it is seen like a
+    streamed one. A `retry-after` beyond `policy.retry_after_cap_s` fails the call.
+    `total_s` bounds the whole call, retries included (the intent router's)."""
+    if total_s is None:
+        return await _call(backend, policy, request, stream, deadline, on_delta, on_retry,
+                           [])
+    preload = getattr(backend, "preload", None)
+    if preload is not None:  # the SDK's import (seconds, once) is not the call's time
+        await preload()
+    errors: list[str] = []
+    started = time.time()
+    try:
+        async with asyncio.timeout(total_s):
+            return await _call(backend, policy, request, stream, deadline, on_delta, on_retry,
+                               errors)
+    except TimeoutError:
+        failure = CallFailure("timeout", f"no reply within {total_s:g} s", False)
+        raise CallFailed(failure, len(errors) + 1, [*errors, "timeout"],
+                         time.time() - started) from None
+
+
+async def _call(
+    backend: ModelBackend, policy: RetryPolicy, request: dict[str, Any], stream: bool,
+    deadline: float | None, on_delta: OnDelta, on_retry: OnRetry, errors: list[str],
+) -> dict[str, Any]:
+    started = time.time()
+    deadline = deadline or started + policy.request_timeout_s
+    use_stream = stream  # `errors`: each failed attempt's error class, in order
 
     async def attempt_once() -> dict[str, Any]:
         timeout_s = max(1.0, deadline - time.time())
-        if use_stream:
-            return await backend.stream(request, on_delta, idle_s=policy.idle_s,
-                                        timeout_s=timeout_s)
-        return await backend.create(request, timeout_s=timeout_s)
+        try:
+            if use_stream:
+                return await backend.stream(request, on_delta, bounds=policy.bounds,
+                                            timeout_s=timeout_s)
+            reply = await backend.create(request, timeout_s=timeout_s)
+        except Exception as exc:
+            failure = classify(exc)
+            errors.append(failure.error)
+            hint = failure.retry_after_s
+            if failure.retryable and hint is not None and hint > policy.retry_after_cap_s:
+                raise RetryAfterTooLong(failure, policy.retry_after_cap_s) from exc
+            raise
+        replay(reply, on_delta)
+        return reply
+
+    def gave_up(exc: BaseException, attempts: int) -> CallFailed:
+        return CallFailed(classify(exc), attempts, errors, time.time() - started)
 
     def before_retry(failed: int, exc: BaseException | None, wait_s: float) -> None:
         nonlocal use_stream
@@ -63,7 +103,7 @@ async def call_with_retries(
     except Exception as exc:
         first = classify(exc)
         if not first.retryable or policy.attempts <= 1:
-            raise CallFailed(first, 1) from exc
+            raise gave_up(exc, 1) from exc
         first_wait = policy.backoff_s(1, first.retry_after_s)
         before_retry(1, exc, first_wait)
     await asyncio.sleep(first_wait)
@@ -92,5 +132,16 @@ async def call_with_retries(
                 attempts += 1
                 return await attempt_once()
     except Exception as exc:
-        raise CallFailed(classify(exc), attempts) from exc
+        raise gave_up(exc, attempts) from exc
     raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+def replay(reply: dict[str, Any], on_delta: OnDelta) -> None:
+    """A reply that was not streamed, told to `on_delta` block by block."""
+    for block in reply.get("content") or ():
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            on_delta("text", block["text"])
+        elif kind == "thinking" and block.get("thinking"):
+            on_delta("thinking", block["thinking"])
+

@@ -16,11 +16,28 @@ RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
 class StreamStalled(Exception):
-    """No content delta for `idle_s` seconds (pings do not count)."""
+    """A stream made no progress within one of its bounds (`actors.llm_caller.stalls`):
+    `bound` is "idle", "first" or "pause", `setting` the variable that sets it."""
 
-    def __init__(self, idle_s: float) -> None:
-        super().__init__(f"stream stalled: no content for {idle_s:g} s")
-        self.idle_s = idle_s
+    def __init__(self, seconds: float, bound: str = "idle",
+                 setting: str = "OPLOOP_STREAM_IDLE_S", phase: str = "") -> None:
+        what = {
+            "idle": f"nothing received for {seconds:g} s",
+            "first": f"no content {seconds:g} s after the request",
+            "pause": f"no content for {seconds:g} s (pings only)",
+        }.get(bound, f"no progress for {seconds:g} s")
+        where = f" {phase}" if phase else ""
+        super().__init__(f"stream stalled{where}: {what} ({setting})")
+        self.seconds, self.bound, self.setting, self.phase = seconds, bound, setting, phase
+
+
+class StreamMalformed(Exception):
+    """The server sent a stream the API never sends (bad JSON, a delta for a block
+    never started, a tool input that is not an object): this attempt is void."""
+
+    def __init__(self, fault: str) -> None:
+        super().__init__(f"malformed stream: {fault}")
+        self.fault = fault
 
 
 class StreamIncomplete(Exception):
@@ -73,6 +90,10 @@ def classify(exc: BaseException) -> CallFailure:
         return CallFailure("stream_stalled", str(exc), True)
     if isinstance(exc, StreamIncomplete):
         return CallFailure("stream_incomplete", str(exc), True)
+    if isinstance(exc, StreamMalformed):
+        return CallFailure("stream_malformed", str(exc), True)
+    if isinstance(exc, RetryAfterTooLong):
+        return CallFailure(exc.failure.error, str(exc), False, exc.failure.status)
     return CallFailure("internal", f"{type(exc).__name__}: {exc}", False)
 
 
@@ -97,10 +118,33 @@ def _classify_sdk(exc: BaseException, anthropic: Any, httpx2: Any) -> CallFailur
     return None
 
 
+class RetryAfterTooLong(Exception):
+    """The server asked to wait longer than the llm caller's cap: the call fails now."""
+
+    def __init__(self, failure: CallFailure, cap_s: float) -> None:
+        super().__init__(
+            f"{failure.message}; the server asks to retry after {failure.retry_after_s:g} s, "
+            f"beyond the cap of {cap_s:g} s (OPLOOP_RETRY_AFTER_MAX_S)")
+        self.failure, self.cap_s = failure, cap_s
+
+
 class CallFailed(Exception):
     """Raised by the retry loop when the last attempt failed or the failure is final."""
 
-    def __init__(self, failure: CallFailure, attempts: int) -> None:
-        super().__init__(f"{failure.error}: {failure.message} (after {attempts} attempt(s))")
+    def __init__(self, failure: CallFailure, attempts: int, errors: list[str] | None = None,
+                 elapsed_s: float = 0.0) -> None:
         self.failure = failure
         self.attempts = attempts
+        #: Each attempt's error class, in order.
+        self.errors = list(errors or [failure.error])
+        self.elapsed_s = elapsed_s
+        super().__init__(f"{failure.error}: {self.message}")
+
+    @property
+    def message(self) -> str:
+        """The last failure's message and, after more than one attempt, how many
+        over how long with each one's error class (the run's ERROR says it)."""
+        if self.attempts <= 1:
+            return self.failure.message
+        return (f"{self.failure.message} (gave up after {self.attempts} attempts in "
+                f"{self.elapsed_s:.1f} s: {', '.join(self.errors)})")

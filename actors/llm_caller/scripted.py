@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.llm_caller.backend import OnDelta
+from actors.llm_caller.stalls import StreamBounds
 from actors.offline_model.plan import scripted_reply
 from actors.offline_model.scenario import (
     Scenario,
@@ -76,7 +77,7 @@ class ScriptedBackend:
         }
 
     async def stream(
-        self, request: dict[str, Any], on_delta: OnDelta, *, idle_s: float, timeout_s: float
+        self, request: dict[str, Any], on_delta: OnDelta, *, bounds: StreamBounds, timeout_s: float
     ) -> dict[str, Any]:
         """The reply, its text and thinking passed to `on_delta` in word-sized deltas."""
         message = self.reply(request)

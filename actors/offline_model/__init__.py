@@ -52,7 +52,20 @@ its turns run out, the rules answer. A turn is one of:
 ``{"fault": "stall", "seconds": 2, "after_events": 3, "ping_every_s": 0.5, "then": "continue"}``
     After ``after_events`` events send no content for ``seconds`` (only pings
     every ``ping_every_s`` if given), then ``continue`` the stream or ``drop``
-    it. Not streaming: the response is delayed (or dropped).
+    it. Not streaming: the response is delayed (or dropped). ``after_events: 0``
+    stalls right after the headers, ``1`` after ``message_start``; a large
+    ``seconds`` with pings is "pings forever"; ``"before_headers": true`` sends
+    nothing at all, not even headers (no pings then). A short stall inside a
+    block that then continues is a pause.
+
+``{"fault": "malformed", "what": "bad_json", "after_events": 3}``
+    Bad input a client must survive, spliced in after ``after_events`` events:
+    ``bad_json`` (an event whose data is not JSON), ``unknown_event`` (an event
+    type the API does not define; the stream goes on and a client ignores it),
+    ``orphan_delta`` (a ``content_block_delta`` for index 99, never started),
+    ``tool_input_not_object`` (every ``tool_use`` block's input is ``[1, 2]``).
+    Not streaming: a body cut mid-JSON (``bad_json``, ``orphan_delta``), the
+    list input, or a plain reply.
 
 ``{"fault": "truncate", "after_events": 5}``
     End the chunked body cleanly but early: always before ``message_stop``;
@@ -66,7 +79,7 @@ its turns run out, the rules answer. A turn is one of:
     ``after_events`` events, then ends. Not streaming: the matching HTTP status
     (529 overloaded, 429 rate limit, else 500).
 
-Mid-stream faults (``drop``, ``stall``, ``truncate``, ``error_event``) stream
+Mid-stream faults (``drop``, ``stall``, ``truncate``, ``error_event``, ``malformed``) stream
 the rules' answer unless they carry their own ``reply``/``stop_reason``/
 ``delay_s``. ``after_events`` defaults to 3 (after the first
 ``content_block_start``). Unknown keys and wrong types are errors: loading

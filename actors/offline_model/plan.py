@@ -134,16 +134,23 @@ def plan_response(
     message_id: str,
     request_id: str,
     delta_delay_s: float = 0.0,
+    prompt: tuple[int, int, int] | None = None,
 ) -> list[Action]:
-    """Everything to send for a valid request, given its scripted turn (None = rules)."""
+    """Everything to send for a valid request, given its scripted turn (None = rules);
+    `prompt`: its (input, cache write, cache read) tokens (`cache.PromptCache`), else
+    all input, none cached."""
     turn = turn or Turn()
     if isinstance(turn.fault, StatusFault):
         fault = turn.fault
         return plan_error(fault.status, fault.error, request_id, fault.headers)
     reply = scripted_reply(turn, request)
-    message = message_json(
-        reply, model=str(request["model"]), message_id=message_id, in_tokens=input_tokens(request)
-    )
+    fresh, written, read = prompt or (input_tokens(request), 0, 0)
+    message = message_json(reply, model=str(request["model"]), message_id=message_id,
+                           in_tokens=fresh, cache_write=written, cache_read=read)
+    if isinstance(turn.fault, StreamFault) and turn.fault.what == "tool_input_not_object":
+        message = {**message, "content": [
+            {**b, "input": [1, 2]} if b.get("type") == "tool_use" else b
+            for b in message["content"]]}
     if request.get("stream"):
         delay = delta_delay_s if turn.delay_s is None else turn.delay_s
         return plan_stream(message, turn.fault, request_id, delay)
@@ -160,6 +167,12 @@ def plan_json(message: dict[str, Any], fault: StreamFault | None, request_id: st
             before = [Sleep(fault.seconds)]
             if fault.then == "drop":
                 return [*before, Drop()]
+        elif fault.kind == "malformed" and fault.what in ("bad_json", "orphan_delta"):
+            # not streaming: a body that is not the JSON it claims to be
+            data = b'{"id": "msg_bad", "type": "message", "content": [{'
+            head = (("content-type", "application/json"), ("request-id", request_id),
+                    ("content-length", str(len(data))))
+            return [Head(200, head), Body(data), End()]
         elif fault.kind == "truncate":
             message = {**message, "stop_reason": None}
         elif fault.kind == "error_event":
@@ -185,6 +198,20 @@ def _fault_index(fault: StreamFault, events: list[tuple[str, dict[str, Any]]]) -
     return min(fault.after_events, len(events))
 
 
+# What a `malformed` fault splices into a stream (the stream goes on after it):
+# a client must fail the attempt on each, except the unknown event, which it ignores.
+_MALFORMED_ACTIONS: dict[str, list[Action]] = {
+    "bad_json": [Body(b'event: content_block_delta\ndata: {"type": "content_block_delta", '
+                      b'"index": 0, "delta": {\n\n')],
+    "unknown_event": [Event("mystery_event", {"type": "mystery_event", "detail": "new"})],
+    "orphan_delta": [Event("content_block_delta", {
+        "type": "content_block_delta", "index": 99,
+        "delta": {"type": "text_delta", "text": "for a block never started"}})],
+    # the message itself carries the fault (`plan_response`): nothing to splice
+    "tool_input_not_object": [],
+}
+
+
 def _fault_actions(fault: StreamFault) -> tuple[list[Action], bool]:
     """What a fault sends, and whether the stream goes on after it."""
     if fault.kind == "drop":
@@ -194,6 +221,8 @@ def _fault_actions(fault: StreamFault) -> tuple[list[Action], bool]:
         return (stall + [Drop()], False) if fault.then == "drop" else (stall, True)
     if fault.kind == "truncate":
         return [End()], False
+    if fault.kind == "malformed":
+        return _MALFORMED_ACTIONS.get(fault.what, []), True
     error = fault.error or {"type": "overloaded_error", "message": "Overloaded"}
     return [Event("error", {"type": "error", "error": error}), End()], False
 
@@ -205,6 +234,11 @@ def plan_stream(
     events = stream_events(message)
     strike = _fault_index(fault, events) if fault else -1
     actions: list[Action] = [Head(200, (*_SSE_HEADERS, ("request-id", request_id)))]
+    if fault is not None and fault.before_headers:  # nothing at all, not even headers
+        strike = -1
+        actions.insert(0, Stall(fault.seconds, None))
+        if fault.then == "drop":
+            return [actions[0], Drop()]
     for i, (name, data) in enumerate(events):
         if i == strike and fault is not None:
             extra, goes_on = _fault_actions(fault)

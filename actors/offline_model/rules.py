@@ -3,7 +3,8 @@
 `respond(request)` looks at the request's last user message:
 
 - tool results answering the previous assistant's tool calls → a short text
-  reporting them (first lines, truncated), `end_turn`;
+  reporting them (first lines, truncated), `end_turn`; text sent in with them
+  (a message said into the run) is read as below, its tool calls added;
 - otherwise its text is read as tool calls (`intents.parse_tool_calls`), kept
   only for tools the request offers → `tool_use` blocks, `tool_use`; a tool it
   would need but was not given is named honestly in text;
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.offline_model.intents import SHELL, ToolCall, parse_tool_calls
+from actors.offline_model.typed import example_value, requested_schema
 from actors.offline_model.wire import Reply, count_tokens, text_chunks
 
 HELP_TEXT = (
@@ -60,8 +62,19 @@ def respond(request: Mapping[str, Any]) -> Reply:
         blocks = [text_block(summarise_results(results, calls))]
         stop = "end_turn"
         plan = "report the tool results"
+        said = user_text(user)  # words sent in with the results (`oploop say`): heeded
+        if said:
+            more, more_stop, _ = plan_tool_calls(
+                said, offered_tools(request), f"{said}|{results[0].get('tool_use_id')}")
+            if more_stop == "tool_use":  # one text (the report, then the plan), the calls
+                blocks = [text_block(f"{blocks[0]['text']}\n\n{more[0]['text']}"), *more[1:]]
+                stop, plan = "tool_use", "report the tool results, then do what was said"
     else:
         blocks, stop, plan = plan_tool_calls(user_text(user), offered_tools(request))
+    schema = requested_schema(_system_text(request)) if stop == "end_turn" else None
+    if schema is not None:  # a typed run's final answer: a value of its schema
+        said = blocks[0].get("text", "") if results else ""
+        blocks = [text_block(json.dumps(example_value(schema, said)))]
     if thinking_enabled(request):
         blocks.insert(0, thinking_block(user_text(user), plan))
     return limit_tokens(blocks, stop, int(request.get("max_tokens") or 1))
@@ -163,8 +176,10 @@ def _join(phrases: Sequence[str]) -> str:
     return phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
 
 
-def plan_tool_calls(prompt: str, offered: frozenset[str]) -> tuple[list[dict[str, Any]], str, str]:
-    """Blocks, stop reason and a one-line plan for a prompt that is not tool results."""
+def plan_tool_calls(prompt: str, offered: frozenset[str],
+                    context: str = "") -> tuple[list[dict[str, Any]], str, str]:
+    """Blocks, stop reason and a one-line plan for a prompt that is not tool results
+    (`context` seeds the tool_use ids: the prompt itself unless given)."""
     calls = parse_tool_calls(prompt)
     if not calls:
         return [text_block(HELP_TEXT)], "end_turn", "nothing I recognise, so explain what I can do"
@@ -182,7 +197,8 @@ def plan_tool_calls(prompt: str, offered: frozenset[str]) -> tuple[list[dict[str
         )
     blocks = [text_block(" ".join(sentences))]
     blocks += [
-        {"type": "tool_use", "id": tool_use_id(c, i, prompt), "name": c.name, "input": c.input}
+        {"type": "tool_use", "id": tool_use_id(c, i, context or prompt), "name": c.name,
+         "input": c.input}
         for i, c in enumerate(usable)
     ]
     plan = f"call {_join([c.name for c in usable])}" if usable else "say the tools are missing"

@@ -22,14 +22,18 @@ from actors.offline_model.wire import STOP_REASONS, error_type_for
 #: The key used when a request carries no `metadata.user_id`.
 DEFAULT_SESSION = ""
 
-STREAM_FAULTS = ("drop", "stall", "truncate", "error_event")
+STREAM_FAULTS = ("drop", "stall", "truncate", "error_event", "malformed")
+#: What a `malformed` fault sends (the bad input a client must survive).
+MALFORMED = ("bad_json", "unknown_event", "orphan_delta", "tool_input_not_object")
 FAULTS = ("status", *STREAM_FAULTS)
 
 _REPLY_KEYS = {"reply", "stop_reason", "delay_s"}
 _FAULT_KEYS = {
     "status": {"fault", "status", "headers", "error"},
     "drop": {"fault", "after_events"} | _REPLY_KEYS,
-    "stall": {"fault", "after_events", "seconds", "ping_every_s", "then"} | _REPLY_KEYS,
+    "stall": {"fault", "after_events", "seconds", "ping_every_s", "then", "before_headers"}
+    | _REPLY_KEYS,
+    "malformed": {"fault", "after_events", "what"} | _REPLY_KEYS,
     "truncate": {"fault", "after_events"} | _REPLY_KEYS,
     "error_event": {"fault", "after_events", "error"} | _REPLY_KEYS,
 }
@@ -74,6 +78,10 @@ class StreamFault:
     ping_every_s: float | None = None
     then: str = "continue"
     error: dict[str, Any] | None = None
+    #: stall: before the response's headers (no pings possible), not after an event.
+    before_headers: bool = False
+    #: malformed: which bad input (one of `MALFORMED`).
+    what: str = ""
 
 
 @dataclass(frozen=True)
@@ -293,7 +301,17 @@ def _parse_stream_fault(kind: str, raw: Mapping[str, Any], src: str, where: str)
         then = raw.get("then", "continue")
         if then not in ("continue", "drop"):
             raise ScenarioError(src, f"{where}.then", f'must be "continue" or "drop", got {then!r}')
-        return StreamFault(kind, after, seconds, None if ping is None else float(ping), then)
+        before = raw.get("before_headers", False)
+        if not isinstance(before, bool) or (before and ping is not None):
+            raise ScenarioError(src, f"{where}.before_headers",
+                                "must be true or false, and true takes no ping_every_s")
+        return StreamFault(kind, after, seconds, None if ping is None else float(ping), then,
+                           before_headers=before)
+    if kind == "malformed":
+        what = raw.get("what")
+        if what not in MALFORMED:
+            raise ScenarioError(src, f"{where}.what", f"must be one of {MALFORMED}, got {what!r}")
+        return StreamFault(kind, after, what=what)
     if kind == "error_event":
         error = _parse_error(raw, src, where, default_type="overloaded_error")
         return StreamFault(kind, after, error=error)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -23,6 +24,7 @@ from typing import Any
 
 import h11
 
+from actors.offline_model.cache import PromptCache
 from actors.offline_model.plan import (
     Action,
     Body,
@@ -91,6 +93,8 @@ class OfflineServer:
     def __init__(self, scenario: Scenario | None = None, *, delta_delay_s: float = 0.0) -> None:
         self.scenario = scenario
         self.delta_delay_s = delta_delay_s
+        #: What the prompt cache holds, so that usage counts cache writes and reads.
+        self.prompt_cache = PromptCache()
         self.host = ""
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -100,6 +104,9 @@ class OfflineServer:
         self._requests = 0
         self._errors = 0
         self._abandoned = 0
+        #: When (`time.time()`) the latest scripted stall began: the stalls bench
+        #: measures from it to the client's retry.
+        self.last_stall_at = 0.0
 
     async def listen(self, host: str, port: int, sock: socket.socket | None = None) -> None:
         """Bind and start accepting; `port` 0 picks a free one (see `.port`). With
@@ -243,6 +250,7 @@ class OfflineServer:
                 message_id=new_message_id(),
                 request_id=request_id,
                 delta_delay_s=self.delta_delay_s,
+                prompt=self.prompt_cache.usage(request),
             )
         except Exception as exc:  # a bug in the rules must not take the server down
             log.exception("offline model: could not answer request %s", request_id)
@@ -275,6 +283,7 @@ class OfflineServer:
             elif isinstance(action, Sleep):
                 await asyncio.sleep(action.seconds)
             elif isinstance(action, Stall):
+                self.last_stall_at = time.time()
                 await self._stall(conn, writer, action)
             elif isinstance(action, Drop):
                 return False

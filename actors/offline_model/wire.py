@@ -121,8 +121,10 @@ def validate_request(body: Any) -> dict[str, Any]:
     return body
 
 
-def message_json(reply: Reply, *, model: str, message_id: str, in_tokens: int) -> dict[str, Any]:
-    """The non-streaming response: a complete Message object."""
+def message_json(reply: Reply, *, model: str, message_id: str, in_tokens: int,
+                 cache_write: int = 0, cache_read: int = 0) -> dict[str, Any]:
+    """The non-streaming response: a complete Message object (`in_tokens`: input not
+    written to nor read from the prompt cache, as the API counts it)."""
     return {
         "id": message_id,
         "type": "message",
@@ -131,7 +133,9 @@ def message_json(reply: Reply, *, model: str, message_id: str, in_tokens: int) -
         "content": [dict(block) for block in reply.content],
         "stop_reason": reply.stop_reason,
         "stop_sequence": None,
-        "usage": {"input_tokens": in_tokens, "output_tokens": reply.output_tokens},
+        "usage": {"input_tokens": in_tokens, "output_tokens": reply.output_tokens,
+                  "cache_creation_input_tokens": cache_write,
+                  "cache_read_input_tokens": cache_read},
     }
 
 
@@ -178,7 +182,9 @@ def _block_deltas(block: Mapping[str, Any]) -> list[dict[str, Any]]:
 def stream_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The complete SSE event sequence for a Message, as (event name, data) pairs."""
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
-    start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 1}
+    # As the API: message_start has the input counts (and 1 output token so far),
+    # message_delta the final output count.
+    start["usage"] = {**message["usage"], "output_tokens": 1}
     events: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"type": "message_start", "message": start}),
         ("ping", {"type": "ping"}),

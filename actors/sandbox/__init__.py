@@ -17,7 +17,9 @@ either); then it execs the tool (`shell`), or does the file operation itself
 (`fileops`: `write_file` in the workspace; `read_file`, `list_dir` read-only
 on the system's paths, the session's cwd and workspace and the agent's
 `read_paths`, with only the mount and pid namespaces, no cgroup, and no
-socket at all).
+socket at all). A read or a listing goes to its session's persistent reader
+(`readers.py`): a launcher locked down once the same way that answers many
+calls on a socketpair, killed when a call fails, when idle, or with its session.
 
 `Policy` says what each tool may use, fail-closed: a required layer that is
 missing refuses the call (`SandboxRefused`) unless `sandbox.toml` lowers it.

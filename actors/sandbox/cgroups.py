@@ -6,7 +6,7 @@ call gets `<own cgroup>/oploop-sandbox/ex-<pid>-<start>/c<n>` in each hierarchy,
 nested under the executor's own cgroup so every limit above still applies.
 The executor-level directory names its owner, so a new executor can tell
 leftovers of a dead one from the live calls of a sibling, and carries the
-executor's own caps (`executor_limits`), above the per-call ones: 16 slots of
+executor's own caps (`executor_limits`), above the per-call ones: 32 slots of
 512 MB each cannot take the machine.
 """
 

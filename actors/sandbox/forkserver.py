@@ -143,25 +143,35 @@ class ForkServer:
         ours.settimeout(_REPLY_S)
         self._sock = ours
 
-    async def launch(self, spec_fd: int, *, pid_ns: bool = False) -> tuple[ServedProcess, int]:
+    async def launch(self, spec_fd: int, *, pid_ns: bool = False,
+                     duplex: int = -1) -> tuple[ServedProcess, int]:
         """Fork a launcher for the spec in `spec_fd`; the process and its error-pipe fd.
 
         `pid_ns`: fork it as pid 1 of a new pid namespace (a file operation: the
         launcher is then its own init, one fork fewer; see `zygote`).
+        `duplex`: a socket fd that is both the launcher's stdin and stdout (a
+        persistent reader: the caller keeps the other end; no stdout stream here).
         """
-        out_r, out_w = os.pipe()
+        if duplex >= 0:
+            out_r, out_w = -1, os.dup(duplex)
+        else:
+            out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
+        kind = (b"P" if pid_ns else b"L") + (b"D" if duplex >= 0 else b"")
         try:
-            pid = self._request([spec_fd, out_w, err_w, st_w], b"P" if pid_ns else b"L")
+            pid = self._request([spec_fd, out_w, err_w, st_w], kind)
         except BaseException:
             for fd in (out_r, err_r, st_r):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             raise
         finally:
             for fd in (out_w, err_w, st_w):
                 os.close(fd)
         served = ServedProcess(pid, st_r)
+        if out_r < 0:
+            return served, err_r
         try:
             await served.connect_stdout(out_r)
         except BaseException:

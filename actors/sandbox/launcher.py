@@ -11,8 +11,10 @@ SPEC_FD and applies, in order, every layer the spec asks for:
     fork the pid namespace's init: mounts (private /tmp and /run, hidden
     homes and host paths, kept paths bound back, /sys and /proc/sys reduced,
     new /proc) → fork the tool: unprivileged uid · no_new_privs · Landlock ·
-    seccomp → exec; or, for a file operation (`fileops`: write, read, list),
-    the init locks itself down the same way and does it: no second fork.
+    seccomp → exec; or, for a file operation (`fileops`: write, read, list, or
+    `serve`: a persistent reader answering many reads and listings on its
+    stdin/stdout socket), the init locks itself down the same way and does it:
+    no second fork.
 
 A layer listed in the spec's `required` that fails stops the launch: the
 reason goes to ERR_FD and the tool never runs (fail closed). The executor reads
@@ -323,7 +325,7 @@ class Launch:
 
 
 _FILE_OPS = (("write", fileops.run_writer), ("read", fileops.run_reader),
-             ("list", fileops.run_lister))
+             ("list", fileops.run_lister), ("serve", fileops.run_server))
 
 
 def _file_op(spec: dict[str, Any]):  # type: ignore[no-untyped-def]

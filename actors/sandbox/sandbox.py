@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.tools.process import Spawner, ToolRefused, release, run_to_end
-
 from actors import fileops
+from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
 from . import bwrap, hostview, seccomp, uids
 from . import launcher as launcher_mod
@@ -51,6 +50,7 @@ from .launchspec import (
 )
 from .layers import machine_layers
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
+from .readers import ReaderPool, identity
 from .workspaces import Workspaces, commands_paused, safe_name
 
 log = logging.getLogger("oploop.sandbox")
@@ -142,10 +142,12 @@ def _read_all(fd: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SandboxStatistics:
-    """What a sandbox holds now; between calls, a long-running executor holds nothing."""
+    """What a sandbox holds now; between calls, a long-running executor holds nothing
+    but its idle persistent readers (retired after `ReaderPool.idle_s`)."""
 
-    launchers: int  # launchers started and not yet closed
+    launchers: int  # launchers started and not yet closed (persistent readers included)
     call_cgroups: int  # call cgroup directories present (one per hierarchy per call)
+    readers: int = 0  # persistent readers held (idle ones are retired after a while)
 
 
 class Sandbox:
@@ -177,6 +179,8 @@ class Sandbox:
         self._fork = ForkServer() if fork_server else None
         self._subreaper = False
         self._launchers: set[int] = set()
+        #: Persistent readers of read_file and list_dir, per session (`readers.py`).
+        self.readers = ReaderPool()
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -204,8 +208,9 @@ class Sandbox:
         return killed
 
     def close(self) -> None:
-        """Stop the fork server; remove this executor's cgroup directories (and any
-        call's left in them)."""
+        """Retire the readers; stop the fork server; remove this executor's cgroup
+        directories (and any call's left in them)."""
+        self.readers.close()
         if self._fork is not None:
             self._fork.close()
         if self._cgroups is not None:
@@ -214,7 +219,7 @@ class Sandbox:
     def statistics(self) -> SandboxStatistics:
         """Launchers and call cgroups held now (a leak shows as a count that stays up)."""
         cgroups = len(self._cgroups.calls()) if self._cgroups is not None else 0
-        return SandboxStatistics(len(self._launchers), cgroups)
+        return SandboxStatistics(len(self._launchers), cgroups, len(self.readers.readers()))
 
     # -- workspaces and policies ---------------------------------------------------------
 
@@ -250,7 +255,9 @@ class Sandbox:
         return owner if first <= owner <= last else first
 
     def remove_workspace(self, session: str) -> None:
-        """Delete the session's workspace and its quota image (the session is removed)."""
+        """Delete the session's workspace and its quota image (the session is removed);
+        its readers are retired first."""
+        self.readers.drop(str(self.workspace_path(session)))
         self.spaces.remove(session)
 
     def _applies_uid(self, policy: Policy) -> bool:
@@ -301,8 +308,7 @@ class Sandbox:
 
         async def read(target: Path, cwd: Path, readable: tuple[str, ...]) -> ReadResult:
             pol = policy or self.config.policy(tool)
-            job = {"path": str(target), "cap": cap}
-            reply = await self._file_op(tool, pol, cwd, ("read", job), readable,
+            reply = await self._read_op(tool, pol, cwd, ("read", str(target), cap), readable,
                                         cap + _READ_REPLY_SLACK)
             return _parsed(fileops.parse_read, reply)
 
@@ -315,8 +321,7 @@ class Sandbox:
 
         async def listing(target: Path, cwd: Path, readable: tuple[str, ...]) -> ListResult:
             pol = policy or self.config.policy(tool)
-            job = {"path": str(target), "cap": cap}
-            reply = await self._file_op(tool, pol, cwd, ("list", job), readable,
+            reply = await self._read_op(tool, pol, cwd, ("list", str(target), cap), readable,
                                         cap * _LIST_ENTRY_BYTES + _READ_REPLY_SLACK)
             return _parsed(fileops.parse_list, reply)
 
@@ -340,6 +345,28 @@ class Sandbox:
         if err in _DENIED:
             reason += f" (the sandbox allows writes only inside the session workspace {cwd})"
         raise OSError(err, reason or f"sandboxed writer exited with status {returncode}")
+
+    async def _read_op(self, tool: str, policy: Policy, cwd: Path, what: tuple[str, str, int],
+                       readable: tuple[str, ...], reply_cap: int) -> bytes:
+        """A read or a listing (`what`: kind, path, cap): on a persistent reader of the
+        session (`readers.py`), or in a launcher of its own where a reader cannot be
+        kept (a policy with a cgroup of its own, no fork server).
+        The whole call, a reader's start included, is bounded by the policy's timeout."""
+        kind, path, cap = what
+        if self._fork is None or self._use_cgroup(policy):
+            return await self._file_op(tool, policy, cwd, (kind, {"path": path, "cap": cap}),
+                                       readable, reply_cap)
+        paths = (str(cwd), *readable)
+        # Everything the reader's lockdown is made of (not the tool's name: read_file and
+        # list_dir of one policy share a reader): a reader serves only its own key.
+        key = (policy, self.call_uid(policy, cwd), self.hide, paths, identity(paths))
+        request = fileops.request(b"R" if kind == "read" else b"L", path, cap)
+
+        async def launch(duplex: int) -> SandboxedChild:
+            return await self.launch(tool, policy, cwd, op=("serve", {}), readable=readable,
+                                     duplex=duplex)
+
+        return await self.readers.read(key, paths, launch, request, reply_cap, policy.timeout_s)
 
     async def _file_op(self, tool: str, policy: Policy, cwd: Path, op: tuple[str, dict[str, Any]],
                        readable: tuple[str, ...], cap: int) -> bytes:
@@ -385,9 +412,11 @@ class Sandbox:
         argv: list[str] | None = None,
         op: tuple[str, dict[str, Any]] | None = None,
         readable: tuple[str, ...] = (),
+        duplex: int = -1,
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or a file operation `op`
-        ("write", "read" or "list", and its job), which may also see `readable`.
+        ("write", "read" or "list", and its job; or "serve", a persistent reader
+        whose stdin and stdout are the socket `duplex`), which may also see `readable`.
 
         Refused (`ToolRefused`) when a layer is missing, or the disk is below its
         reserve, or the workspaces are at the host's cap."""
@@ -404,7 +433,7 @@ class Sandbox:
             call = self._cgroups.new_call()
         spec = self._spec(policy, cwd, call, uid, argv=argv, op=op, readable=readable)
         try:
-            return await self._start(spec, call)
+            return await self._start(spec, call, duplex)
         except BaseException:
             if call is not None:
                 # Cancelled (or failed) after the launcher was started: it is killed and
@@ -412,14 +441,15 @@ class Sandbox:
                 await run_to_end(_remove_when_empty(call))
             raise
 
-    async def _start(self, spec: dict[str, object], call: CallCgroup | None) -> SandboxedChild:
+    async def _start(self, spec: dict[str, object], call: CallCgroup | None,
+                     duplex: int = -1) -> SandboxedChild:
         """Start the launcher: forked by the fork server, or exec'd if that is gone.
 
         A cancellation meanwhile kills and reaps a launcher already started.
         """
         if self._fork is not None:
             try:
-                return await self._launch_forked(spec, call)
+                return await self._launch_forked(spec, call, duplex)
             except ForkServerGone as exc:
                 log.warning("%s; starting this launcher by exec", exc)
         spec_fd = os.memfd_create("oploop-launch")
@@ -429,8 +459,8 @@ class Sandbox:
             os.lseek(spec_fd, 0, os.SEEK_SET)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(spec_fd), str(err_w),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
+                stdin=duplex if duplex >= 0 else asyncio.subprocess.DEVNULL,
+                stdout=duplex if duplex >= 0 else asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 pass_fds=(spec_fd, err_w),
                 env={},  # nothing of the executor's environment (API keys) reaches the tool
@@ -446,7 +476,7 @@ class Sandbox:
         return SandboxedChild(proc, call, err_r, self._closed)
 
     async def _launch_forked(
-        self, spec: dict[str, object], call: CallCgroup | None
+        self, spec: dict[str, object], call: CallCgroup | None, duplex: int = -1
     ) -> SandboxedChild:
         assert self._fork is not None
         # The launcher's parent is the server: that is whom its parent-death signal watches.
@@ -456,9 +486,9 @@ class Sandbox:
             os.write(spec_fd, marshal.dumps(spec))
             os.lseek(spec_fd, 0, os.SEEK_SET)
             unshare = int(spec["unshare"])  # type: ignore[call-overload]
-            file_op = any(key in spec for key in ("write", "read", "list"))
+            file_op = any(key in spec for key in ("write", "read", "list", "serve"))
             pid_ns = file_op and bool(unshare & launcher_mod.CLONE_NEWPID)
-            proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns)
+            proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns, duplex=duplex)
         finally:
             os.close(spec_fd)
         self._launchers.add(proc.pid)

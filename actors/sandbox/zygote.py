@@ -9,6 +9,8 @@ fds (spec memfd, stdout write end, error pipe write end, status pipe write
 end), or b"P" for a launcher forked as pid 1 of a new pid namespace (a file
 operation: the launcher is its own init, which saves a fork, ~1 ms here; as
 root only, else it is forked as for b"L" and makes the namespace itself);
+either followed by b"D" (duplex: the stdout fd is a socket, also the child's
+stdin: a persistent reader takes its requests there);
 the server forks a child that runs exactly what a freshly exec'd launcher
 runs (`launcher.Launch`), answers with the child's pid, and when the child
 exits writes its wait status to the status pipe and closes it. EOF on the
@@ -54,7 +56,8 @@ def serve(sock_fd: int, executor: int) -> None:
                         os.close(extra)
                     sock.send(b"E bad request")
                     continue
-                pid = _fork_launch(fds, sock_fd, children, msg == b"P" and own_ns >= 0, own_ns)
+                pid = _fork_launch(fds, sock_fd, children, msg[:1] == b"P" and own_ns >= 0,
+                                   own_ns, duplex=msg[1:2] == b"D")
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = (pid, fds[3])
                 poller.register(pidfd, select.POLLIN)
@@ -78,7 +81,7 @@ def _own_pid_ns(own_ns: int) -> None:
 
 
 def _fork_launch(fds: list[int], sock_fd: int, children: dict[int, tuple[int, int]],
-                 pid_ns: bool = False, own_ns: int = -1) -> int:
+                 pid_ns: bool = False, own_ns: int = -1, *, duplex: bool = False) -> int:
     # unshare(CLONE_NEWPID) places our next child, not us, in a new namespace; setns
     # back to our own is then needed before the next call (only once per namespace).
     new_ns = pid_ns and launcher._libc.unshare(launcher.CLONE_NEWPID) == 0
@@ -103,7 +106,7 @@ def _fork_launch(fds: list[int], sock_fd: int, children: dict[int, tuple[int, in
         if own_ns >= 0:
             os.close(own_ns)
         null = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(null, 0)
+        os.dup2(out_w if duplex else null, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
         os.close(null)

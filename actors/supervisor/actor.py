@@ -20,9 +20,9 @@ from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.pruned import Tombstones
-from actors.supervisor.pruning import Pruner, remove_workspaces
+from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.runs import Runs
-from actors.supervisor.session import Session, emit
+from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
@@ -93,6 +93,9 @@ class Supervisor:
         self.sessions: dict[str, Session] = {}
         #: Starting, resuming, cancelling and ending runs (and the control verbs).
         self.runs = Runs(self)
+        #: Whether runs the log has open go on at start (not at an embedded host's first
+        #: start: those are resumed by the next `oploop up`, never by some `oploop run`).
+        self.resume_at_start = True
         self.reactor = Reactor()
         self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.control = self.reactor.add(
@@ -127,6 +130,7 @@ class Supervisor:
         iteration, with every other event of it: one commit per iteration)."""
         seq = session.next_seq
         session.next_seq += 1
+        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
         env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
         frame = encode(env)
         if self.journal is None:
@@ -189,11 +193,9 @@ class Supervisor:
     def _end_runs(self, error: str, message: str) -> None:
         """End every run under way with `ERROR` (the journal cannot keep them going)."""
         for session in list(self.sessions.values()):
-            if not session.run_over:
+            if not session.run_over and session.driver is not None:
                 self.dispatcher.abort_session(session.id)
-                emit(session, self.io, "ERROR", session.turns, {"error": error, "message": message})
-                if session.task is not None:
-                    session.task.cancel()
+                session.driver.fail(error, message)  # `ERROR` now, its task aborted
 
     def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
         """Send `env` (on `port`, default the api) once what this iteration emitted is
@@ -440,7 +442,8 @@ class Supervisor:
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                self.runs.resume_journaled()
+                if self.resume_at_start:
+                    self.runs.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
                 notify_ready()
@@ -463,13 +466,16 @@ class Supervisor:
 
 async def _main(settings: Settings) -> None:
     endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
-    journal = Journal.for_home(settings.home, settings.config.limits.journal_reserve_mb)
+    limits = settings.config.limits
+    journal = Journal.for_home(settings.home, limits.journal_reserve_mb, limits.compact_every_kb)
     supervisor = Supervisor(endpoints, settings.config, journal)
+    supervisor.resume_at_start = settings.restarted or not settings.embedded
+    supervisor.runs.end_at_stop = settings.embedded
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,
                                supervisor.forget_sessions,
-                               functools.partial(remove_workspaces, settings.home))
+                               functools.partial(remove_workspaces_apart, settings.home))
     await supervisor.serve()
 
 

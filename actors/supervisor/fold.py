@@ -24,8 +24,10 @@ import msgpack
 from actors.config import Agent
 from actors.sessionlog import Compaction, Record, SessionLog, SessionRow
 from actors.supervisor.history import Message, append_blocks, blocks
-from actors.supervisor.session import TERMINAL, Session
+from actors.supervisor.machine import TERMINAL
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolOutcome
+from actors.usage import Meter
 from bus.codec import decode
 from bus.errors import BadFrame
 from bus.messages import Event
@@ -122,8 +124,11 @@ def session_row(session: Session) -> SessionRow:
                                     "state": "running" if not session.run_over else "idle"},
                                    use_bin_type=True)
     stop: bytes | None = None
-    if session.stop_request and not session.run_over:
-        stop = msgpack.packb([session.runs, session.stop_request], use_bin_type=True)
+    if (session.stop_request or session.said) and not session.run_over:
+        # What the open run was asked and has not yet taken: an operation cancel, and
+        # messages said into it (`[run, stop_request, [[text, by], ...]]`).
+        stop = msgpack.packb([session.runs, session.stop_request,
+                              [list(m) for m in session.said]], use_bin_type=True)
     return SessionRow(session.id, session.created, meta, summary, time.time(),
                       not session.run_over, stop)
 
@@ -141,6 +146,7 @@ def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
     data["agent"] = dataclasses.asdict(session.agent)
     data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms]
                         for k, o in session.outcomes.items()}
+    data["meter"] = session.meter.to_state()
     packed: bytes = msgpack.packb(data, use_bin_type=True)
     return packed
 
@@ -160,9 +166,11 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
     data = msgpack.unpackb(blob, raw=False)
     agent = _agent(data.pop("agent"), agents)
     outcomes = {k: ToolOutcome(v[0], v[1], v[2]) for k, v in data.pop("outcomes").items()}
+    meter = Meter.from_state(data.pop("meter", None))  # (none in older snapshots)
     # A field added since the snapshot was written keeps its default.
     session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
     session.outcomes = outcomes
+    session.meter = meter
     return session
 
 
@@ -212,6 +220,7 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.started_calls.clear()
     elif kind in TERMINAL:
         session.run_over, session.last_end, session.state = True, kind, "idle"
+    session.meter.apply(kind, data)  # tokens: the same fold `Supervisor.emit` does live
     for op in delta.get("h") or ():
         role, added = op
         if role == RESET:
@@ -240,11 +249,13 @@ def load_session(journal: SessionLog, sid: str, agents: dict[str, Agent]) -> Ses
             session.next_seq = max(session.next_seq, record.seq + 1)
     if row.stop is not None and not session.run_over:
         try:
-            run, mode = msgpack.unpackb(row.stop, raw=False)
+            run, mode, *more = msgpack.unpackb(row.stop, raw=False)
+            said = [(str(t), str(b)) for t, b in (more[0] if more else ())]
         except (ValueError, TypeError, msgpack.UnpackException):
-            run, mode = 0, ""
+            run, mode, said = 0, "", []
         if run == session.runs:
             session.stop_request = str(mode)
+            session.said = said
     session.state = "idle" if session.run_over else "running"
     mark_logged(session)
     return session

@@ -2,7 +2,12 @@
 
 Every event the supervisor emits becomes a `Record` here (its frame and the
 history delta since the session's previous event); a run's start and end also
-rewrite the session's small row, and a run's end writes a compaction. The
+rewrite the session's small row, and a run's end writes a compaction, as does a
+long run each time `compact_every_kb` of records were logged since its last one
+and at least as many as the last compaction's own size (so that a huge history
+is not rewritten every few KB: the bytes written stay within twice the log's).
+It is written with the commit, when the session is exactly the fold of its
+records (the driver changes a session and emits its events in one synchronous step). The
 supervisor commits the batch at the end of the loop iteration and only then
 publishes its events: whatever a viewer has seen, a restarted supervisor knows.
 With `synchronous=NORMAL` a commit survives the process being killed without
@@ -35,7 +40,8 @@ from actors.supervisor.fold import (
     run_extras,
     session_row,
 )
-from actors.supervisor.session import TERMINAL, Session
+from actors.supervisor.machine import TERMINAL
+from actors.supervisor.session import Session
 
 log = logging.getLogger("oploop.journal")
 
@@ -55,18 +61,32 @@ class Batch:
         return bool(self.records or self.rows or self.compactions or self.starts)
 
 
+#: Default of `[limits] compact_every_kb`.
+DEFAULT_COMPACT_EVERY_KB = 4096
+
+
 class Journal:
     """Collects a loop iteration's records and commits them to the `SessionLog`."""
 
-    def __init__(self, path: Path, reserve_mb: float = DEFAULT_RESERVE_MB) -> None:
+    def __init__(self, path: Path, reserve_mb: float = DEFAULT_RESERVE_MB,
+                 compact_every_kb: int = DEFAULT_COMPACT_EVERY_KB) -> None:
         self.log = SessionLog(path, reserve_mb=reserve_mb)
         self.path = path
         self.batch = Batch()
+        self.compact_every = compact_every_kb * 1024
+        #: Per session: bytes of records logged since its last compaction, and that
+        #: compaction's size (bound: sessions with a run open; an end compacts and
+        #: drops them).
+        self._since: dict[str, int] = {}
+        self._size: dict[str, int] = {}
+        #: Sessions whose compaction the next commit writes.
+        self._due: dict[str, Session] = {}
 
     @classmethod
-    def for_home(cls, home: Path, reserve_mb: float = DEFAULT_RESERVE_MB) -> Journal:
+    def for_home(cls, home: Path, reserve_mb: float = DEFAULT_RESERVE_MB,
+                 compact_every_kb: int = DEFAULT_COMPACT_EVERY_KB) -> Journal:
         """The journal of the host in `home`."""
-        return cls(home / SESSIONS_FILE, reserve_mb)
+        return cls(home / SESSIONS_FILE, reserve_mb, compact_every_kb)
 
     @property
     def commits(self) -> int:
@@ -79,13 +99,24 @@ class Journal:
         record = Record(session.id, seq, frame, record_delta(history_delta(session), extras))
         batch = self.batch
         batch.records.append(record)
+        if type_ == "USER_MESSAGE":  # a message taken leaves the row's queue
+            batch.rows[session.id] = session_row(session)
         if type_ == "SESSION_START":
             batch.rows[session.id] = session_row(session)
             if session.start_key:
                 batch.starts.append(StartKey(session.start_key, session.id, session.runs, seq))
-        elif type_ in TERMINAL:
+        if type_ in TERMINAL:
             batch.rows[session.id] = session_row(session)
             batch.compactions[session.id] = compaction(session)
+            self._since.pop(session.id, None)
+            self._size.pop(session.id, None)
+            self._due.pop(session.id, None)
+        elif self.compact_every:
+            since = self._since.get(session.id, 0) + len(frame) + len(record.delta or b"")
+            if since >= max(self.compact_every, self._size.get(session.id, 0)):
+                self._due[session.id] = session
+                since = 0
+            self._since[session.id] = since
         return record
 
     def touch(self, session: Session) -> None:
@@ -96,6 +127,10 @@ class Journal:
         """Write the batch; returns it. Raises `JournalError` (`JournalFull`), and then
         the batch stays pending: the next commit tries it again."""
         batch = self.batch
+        for sid, session in self._due.items():  # (a long run: its state as of now)
+            batch.compactions[sid] = comp = compaction(session)
+            self._size[sid] = len(comp.state)
+        self._due.clear()
         if batch:
             self.log.commit(batch.records, batch.rows.values(), batch.compactions.values(),
                             batch.starts)

@@ -1,19 +1,25 @@
 """The run as a pure state machine: `step(state, input) -> (state, actions)`.
 
-No asyncio, no sockets, no clock: a driver feeds it what happened (a model
-reply, a tool outcome, a cancel, a supervisor restart) and carries out the
-actions it returns (publish an event, call the model, run tools, abort jobs).
-It decides what `actors/supervisor/session.py`'s async loop decides today, and
-it owns the run's invariants, so that they hold for any order of inputs:
+No asyncio, no sockets, no clock: the driver (`actors/supervisor/driver.py`,
+in the supervisor and in the in-process `Runner`) feeds it what happened (a
+model reply, streamed text, a tool outcome, a cancel, a supervisor restart)
+and carries out the actions it returns (publish an event, call the model, run
+tools, abort jobs). It makes every decision of a run, and it owns the run's
+invariants, so that they hold for any order of inputs:
 
 - exactly one terminal event (`DONE`, `ERROR`, `CANCELLED`) per run, and no
   event of the run after it;
 - every `tool_use` the history holds is answered when the run ends (results
   synthesised for cancelled or interrupted calls);
+- every `TOOL_START` has its `TOOL_END` (a cancelled tool's says so, `is_error`);
 - the cancel modes: "ui" and "deadline" end the run now, "operation" at the
   next boundary (a turn's start, before a reply's tools run, after the last turn);
 - resume after a supervisor restart: a model call in flight is made again, a
-  tool in flight is never run again (its `TOOL_END` says "interrupted").
+  tool in flight is never run again (its `TOOL_END` says "interrupted");
+- messages said into a running run (`Say`) wait in the state and join the
+  history at the next boundary, each a `USER_MESSAGE` event, in order, after
+  the tool results and before the next model call (so no user text ever
+  comes between a `tool_use` and its result).
 
 The state keeps only the history's last message (what every decision looks
 at); the history itself grows by the additions each `Emit` carries, applied
@@ -23,8 +29,8 @@ before the event is published (the session log journals them with it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from actors.supervisor.catalogue import unavailable_message
 from actors.supervisor.history import Message, blocks
@@ -39,6 +45,7 @@ from actors.supervisor.turn import (
     stored_reply,
     tool_calls,
 )
+from actors.usage import ZERO, Usage, after_event, of_reply, with_usage
 
 #: The events that end a run; exactly one per run.
 TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
@@ -82,22 +89,39 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
+class Begin:
+    """The driver is ready to do the run's work (its task runs, the tools are known):
+    the turns of a started or resumed run begin (or the intent router's call)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Routed:
-    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed."""
+    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed;
+    `usage`: what its call used (`actors.usage.of_reply`); `reason` says why a failed
+    or unclear call fell back to AGENT (in the ROUTE event)."""
 
     route: str | None
+    usage: Usage = ZERO
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """Text the model call in flight streamed (kept, marked, if the run is cancelled)."""
+    """Text (or thinking) the model call in flight streamed: a `TOKEN` (`THINKING`)
+    event; text is kept, marked, if the run is cancelled."""
 
     text: str
+    channel: str = "text"
 
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """The model call in flight is being retried: the text it streamed is void."""
+    """The model call in flight is being retried (a `RETRY` event): the text it
+    streamed is void."""
+
+    attempt: int = 0
+    error: str = ""
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +129,9 @@ class ModelReplied:
     """The model's reply (an assistant message with `stop_reason`)."""
 
     message: Message
+    #: The tool names the request offered (a call of any other is refused, never
+    #: run); None: those the run started with.
+    offered: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +166,15 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Failed:
+    """The run cannot go on (a driver's bug, the session log failing): it ends `ERROR`
+    at once, its work aborted, its open calls answered with `message`."""
+
+    error: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLost:
     """The worker serving the run went away: a model call is made again; started
     tools that had not finished end as errors (a tool is never run twice)."""
@@ -154,8 +190,18 @@ class Resume:
     check: Callable[[str], str | None] | None = None
 
 
-Input = (Start | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | WorkerLost | Resume)
+@dataclass(frozen=True, slots=True)
+class Say:
+    """A user message into the open run, said by `by` (a key's name, or "local"):
+    queued, it joins the history at the next boundary as a `USER_MESSAGE`. (An idle
+    session has no run to take it: the caller starts one on it instead.)"""
+
+    text: str
+    by: str = "local"
+
+
+Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
+         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say)
 
 
 # --- actions --------------------------------------------------------------------------
@@ -213,11 +259,17 @@ Action = Emit | CallModel | RunToolCalls | AbortJobs | End
 
 # --- state ----------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class RunState:
-    """A session's run as the machine sees it (all values, nothing mutable shared)."""
+class RunState(NamedTuple):
+    """A session's run as the machine sees it (all values, nothing mutable shared).
 
-    #: "idle" (no run open), "route", "model", "tools".
+    A named tuple rather than a frozen dataclass: a step makes a new state or
+    two, and `_replace` costs a fifth of `dataclasses.replace` (measured: 1.0 vs
+    4.7 µs), which is most of a step. Only small values and persistent lists
+    (`partial`) are copied; the history is never held here, only its last message.
+    """
+
+    #: "idle" (no run open), "ready" (opened, waiting for `Begin`), "route", "model",
+    #: "tools".
     phase: str = "idle"
     runs: int = 0
     #: Turns over all runs (`ERROR` and `CANCELLED` report it).
@@ -227,17 +279,28 @@ class RunState:
     last: Message | None = None
     last_end: str = ""
     stop_request: str = ""
-    partial: tuple[str, ...] = ()
+    #: Text streamed by the model call in flight, newest last, as a persistent list
+    #: `(older, text)` (`()` when empty): a delta adds one pair, nothing is copied.
+    partial: tuple[Any, ...] = ()
     direct: bool = False
     repaired: bool = False
     offered: frozenset[str] = frozenset()
-    check: Callable[[str], str | None] | None = field(default=None, compare=False)
+    check: Callable[[str], str | None] | None = None
     #: The current reply's calls, the ids started, and the outcomes finished.
     calls: tuple[ToolCall, ...] = ()
     started: tuple[str, ...] = ()
     outcomes: tuple[tuple[str, ToolOutcome], ...] = ()
     #: History additions not yet carried by an `Emit`.
     pending: tuple[Addition, ...] = ()
+    #: In phase "ready": the turn `Begin` starts, and whether the router goes first.
+    first: int = 1
+    router: bool = False
+    #: The run's tokens as its events so far report them, and those of calls
+    #: answered whose `TURN_END` (or `ROUTE`) is still to come (`actors.usage`).
+    usage: Usage = ZERO
+    unreported: Usage = ZERO
+    #: Messages said (`Say`) and not yet taken, oldest first: `(text, by)` pairs.
+    said: tuple[tuple[str, str], ...] = ()
 
     @property
     def running(self) -> bool:
@@ -245,28 +308,46 @@ class RunState:
         return self.phase != "idle"
 
 
+def replace(state: RunState, **changes: Any) -> RunState:
+    """`state` with `changes` (a new value: states are never edited)."""
+    return state._replace(**changes)
+
+
 class _Out:
     """The actions of one step, and the state as it goes (a local builder)."""
+
+    __slots__ = ("s", "actions", "last", "pending")
 
     def __init__(self, state: RunState) -> None:
         self.s = state
         self.actions: list[Action] = []
+        #: The history's last message and the additions not yet emitted, as they go
+        #: (kept here, not in `s`, during a step: one state copy fewer per addition).
+        self.last = state.last
+        self.pending = state.pending
 
     def add(self, role: str, added: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
         """Append blocks to the history (the `append_blocks` rule)."""
-        last = self.s.last
+        last = self.last
         if last is not None and last.get("role") == role:
-            new = {"role": role, "content": blocks(last) + list(added)}
+            self.last = {"role": role, "content": blocks(last) + list(added)}
         else:
-            new = {"role": role, "content": list(added)}
-        self.s = replace(self.s, last=new, pending=self.s.pending + ((role, tuple(added)),))
+            self.last = {"role": role, "content": list(added)}
+        self.pending = (*self.pending, (role, tuple(added)))
 
     def emit(self, type_: str, turn: int, data: dict[str, Any]) -> None:
         """Publish an event of the open run; a terminal one closes it."""
         if not self.s.running:
             return
-        self.actions.append(Emit(type_, turn, data, self.s.pending))
-        self.s = replace(self.s, pending=())
+        if type_ in TERMINAL and self.s.said:
+            _take_said(self, turn)  # the run ends: what was said still joins the history
+        s = self.s
+        data = with_usage(type_, data, s.usage, s.unreported)  # TURN_END, ROUTE, the end
+        self.actions.append(Emit(type_, turn, data, self.pending))
+        self.pending = ()
+        usage, unreported = after_event(type_, data, s.usage, s.unreported)
+        if usage is not s.usage or unreported is not s.unreported:
+            self.s = replace(s, usage=usage, unreported=unreported)
         if type_ in TERMINAL:
             self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
                              started=(), outcomes=(), stop_request="")
@@ -275,6 +356,9 @@ class _Out:
 
 def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
     """The run's next state and the actions to carry out, given what happened."""
+    kind = type(event)
+    if kind is Delta:  # the most frequent input (a streamed batch): its own short path
+        return _delta(state, event)  # type: ignore[arg-type]
     out = _Out(state)
     if isinstance(event, Start):
         _start(out, event)
@@ -284,21 +368,35 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         return state, []  # nothing of an ended run happens after its terminal event
     elif isinstance(event, Cancel):
         _cancel(out, event)
+    elif isinstance(event, Say):
+        out.s = replace(state, said=(*state.said, (event.text, event.by)))
+    elif isinstance(event, Begin) and state.phase == "ready":
+        if state.router and state.first == 1:
+            out.s = replace(state, phase="route")
+            out.actions.append(CallModel(0, route=True))
+        else:
+            _turn(out, state.first)
     elif isinstance(event, Routed) and state.phase == "route":
         direct = event.route == "DIRECT"
-        if event.route is not None:
-            out.emit("ROUTE", 0, {"route": event.route})
+        out.s = replace(out.s, unreported=out.s.unreported + event.usage)
+        route: dict[str, str] = {"route": "DIRECT" if direct else "AGENT"}
+        if not direct and (event.reason or event.route is None):
+            route["reason"] = event.reason or "the intent router's call failed"
+        out.emit("ROUTE", 0, route)  # every decision, the fallback's reason with it
         out.s = replace(out.s, direct=direct)
         _turn(out, 1)
-    elif isinstance(event, Delta) and state.phase == "model":
-        out.s = replace(state, partial=state.partial + (event.text,))
-    elif isinstance(event, Retry) and state.phase == "model":
+    elif isinstance(event, Retry) and state.phase in ("model", "route"):
         out.s = replace(state, partial=())
+        out.emit("RETRY", state.turn if state.phase == "model" else 0, {
+            "attempt": event.attempt, "error": event.error, "wait_s": event.wait_s})
     elif isinstance(event, ModelReplied) and state.phase == "model":
+        if event.offered is not None:
+            out.s = replace(state, offered=event.offered)
         _replied(out, event.message)
     elif isinstance(event, ModelFailed) and state.phase in ("model", "route"):
         if state.phase == "route":  # the router may only save work: go on with tools
-            out.s = replace(state, direct=False)
+            out.emit("ROUTE", 0, {"route": "AGENT", "reason": f"{event.error}: {event.message}"})
+            out.s = replace(out.s, direct=False)
             _turn(out, 1)
         else:
             out.emit("ERROR", state.turns, {"error": event.error, "message": event.message})
@@ -306,15 +404,48 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _tool_started(out, event.call_id)
     elif isinstance(event, ToolFinished) and state.phase == "tools":
         _tool_finished(out, event.call_id, event.outcome)
+    elif isinstance(event, Failed):
+        out.actions.append(AbortJobs())
+        why = f"failed: {event.message}"
+        out.s = replace(out.s, partial=())
+        _end_started_tools(out, why)
+        _close_open_calls(out, why)
+        out.emit("ERROR", out.s.turns, {"error": event.error, "message": event.message})
     elif isinstance(event, WorkerLost):
         _worker_lost(out)
-    return out.s, out.actions
+    state = out.s
+    if out.last is not state.last or out.pending is not state.pending:
+        state = replace(state, last=out.last, pending=out.pending)
+    return state, out.actions
+
+
+def _delta(state: RunState, ev: Delta) -> tuple[RunState, list[Action]]:
+    """A streamed batch: a `TOKEN` or `THINKING` event of the call in flight (the router's
+    too, at turn 0); model text is kept for a cancel."""
+    if state.phase == "model":
+        kind = "THINKING" if ev.channel == "thinking" else "TOKEN"
+        if kind == "TOKEN":
+            state = replace(state, partial=(state.partial, ev.text))
+        return state, [Emit(kind, state.turn, {"text": ev.text})]
+    if state.phase == "route":
+        kind = "THINKING" if ev.channel == "thinking" else "TOKEN"
+        return state, [Emit(kind, 0, {"text": ev.text})]
+    return state, []
+
+
+def partial_text(partial: tuple[Any, ...]) -> str:
+    """The text a `RunState.partial` list holds, oldest first."""
+    parts: list[str] = []
+    while partial:
+        partial, text = partial
+        parts.append(text)
+    return "".join(reversed(parts))
 
 
 def _start(out: _Out, ev: Start) -> None:
     if out.s.running:
         return  # one run at a time: the caller refuses a second start
-    out.s = replace(out.s, phase="route" if ev.router else "model", runs=out.s.runs + 1,
+    out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
                     started=(), outcomes=())
@@ -323,14 +454,12 @@ def _start(out: _Out, ev: Start) -> None:
         "prompt": ev.prompt, "agent": ev.agent, "model": ev.model, "run": out.s.runs,
         "max_turns": ev.limit, "deadline_s": ev.deadline_s,
     })
-    if ev.router:
-        out.actions.append(CallModel(0, route=True))
-    else:
-        _turn(out, 1)
 
 
 def _turn(out: _Out, turn: int) -> None:
-    """A turn boundary: stop if asked, end at the limit, else start `turn`."""
+    """A turn boundary: messages said join the history; then stop if asked, end at
+    the limit, else start `turn`."""
+    _take_said(out, turn)
     s = out.s
     if s.stop_request:
         _finish_cancelled(out, s.stop_request, "")
@@ -347,7 +476,7 @@ def _turn(out: _Out, turn: int) -> None:
 
 def _replied(out: _Out, reply: Message) -> None:
     s = out.s
-    out.s = replace(s, partial=())
+    out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
     out.add("assistant", blocks(stored_reply(reply)))
     nxt = next_step(reply)
     turn = s.turn
@@ -360,6 +489,9 @@ def _replied(out: _Out, reply: Message) -> None:
             _turn(out, turn + 1)
         elif problem is not None:
             out.emit("ERROR", out.s.turns, {"error": "output_invalid", "message": problem})
+        elif out.s.said and turn < s.limit:  # said while it answered: the model hears it
+            out.emit("TURN_END", turn, {"stop": nxt.stop})
+            _turn(out, turn + 1)
         else:
             out.emit("TURN_END", turn, {"stop": nxt.stop})
             out.emit("DONE", turn, {"text": nxt.text, "turns": turn, "stop": nxt.stop})
@@ -378,6 +510,18 @@ def _replied(out: _Out, reply: Message) -> None:
         _turn(out, turn + 1)
 
 
+def _take_said(out: _Out, turn: int) -> None:
+    """The messages said so far join the history, one `USER_MESSAGE` each, in order
+    (at a boundary: the last message is the user's, or an answered assistant's)."""
+    said = out.s.said
+    if not said:
+        return
+    out.s = replace(out.s, said=())
+    for text, by in said:
+        out.add("user", [{"type": "text", "text": text}])
+        out.emit("USER_MESSAGE", turn, {"text": text, "by": by})
+
+
 def _tool_started(out: _Out, call_id: str) -> None:
     s = out.s
     call = next((c for c in s.calls if c.id == call_id), None)
@@ -393,16 +537,17 @@ def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
     call = next((c for c in s.calls if c.id == call_id), None)
     if call is None or call_id not in s.started or call_id in dict(s.outcomes):
         return
-    out.s = replace(s, outcomes=s.outcomes + ((call_id, outcome),))
+    outcomes = (*s.outcomes, (call_id, outcome))
     out.emit("TOOL_END", s.turn, {
         "tool_use_id": call.id, "name": call.name, "is_error": outcome.is_error,
         "output": outcome.output, "duration_ms": outcome.duration_ms,
     })
-    known = dict(out.s.outcomes)
-    if len(known) < len(s.calls):
+    if len(outcomes) < len(s.calls):
+        out.s = replace(s, outcomes=outcomes)
         return
+    known = dict(outcomes)
     out.add("user", results_message(s.calls, [known[c.id] for c in s.calls])["content"])
-    out.s = replace(out.s, calls=(), started=(), outcomes=())
+    out.s = replace(s, calls=(), started=(), outcomes=())
     out.emit("TURN_END", s.turn, {"stop": "tool_use"})
     _turn(out, s.turn + 1)
 
@@ -433,20 +578,38 @@ def _finish_cancelled(out: _Out, mode: str, reason: str) -> None:
     """History made valid (partial text kept, open calls answered), then `CANCELLED`."""
     why = CANCEL_WHY[mode]
     _keep_partial(out, why)
+    _end_started_tools(out, why)
     _close_open_calls(out, why)
     out.emit("CANCELLED", out.s.turns, {"mode": mode, "reason": reason or why})
 
 
+def _end_started_tools(out: _Out, why: str) -> None:
+    """A `TOOL_END` (an error saying `why`) for each started call without one: every
+    `TOOL_START` a viewer saw gets its end, whatever ends the run."""
+    s = out.s
+    if not s.started:
+        return
+    known = dict(s.outcomes)
+    calls = {c.id: c for c in s.calls}
+    for call_id in s.started:
+        if call_id not in known:
+            call = calls.get(call_id)
+            out.emit("TOOL_END", s.turn, {
+                "tool_use_id": call_id, "name": call.name if call else "", "is_error": True,
+                "output": why, "duration_ms": 0.0,
+            })
+
+
 def _keep_partial(out: _Out, why: str) -> None:
-    text = "".join(out.s.partial)
+    text = partial_text(out.s.partial)
     out.s = replace(out.s, partial=())
-    last = out.s.last
+    last = out.last
     if text.strip() and (last is None or last.get("role") == "user"):
         out.add("assistant", [{"type": "text", "text": f"{text}\n\n[reply interrupted: {why}]"}])
 
 
 def _close_open_calls(out: _Out, why: str) -> None:
-    last = out.s.last
+    last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
     if calls:
         known = dict(out.s.outcomes)
@@ -461,7 +624,7 @@ def _resume(out: _Out, ev: Resume) -> None:
         return
     out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False)
     out.emit("RESUMED", s.turn, {"reason": ev.reason})
-    last = out.s.last
+    last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
     if calls:
         known = dict(s.outcomes)
@@ -474,14 +637,9 @@ def _resume(out: _Out, ev: Resume) -> None:
         _close_open_calls(out, INTERRUPTED)
         out.s = replace(out.s, calls=(), started=(), outcomes=())
         out.emit("TURN_END", s.turn, {"stop": "tool_use"})
-        _turn(out, s.turn + 1)
+        out.s = replace(out.s, phase="ready", first=s.turn + 1, router=False)
         return
-    first = max(1, s.turn)
-    if first == 1 and ev.router:
-        out.s = replace(out.s, phase="route")
-        out.actions.append(CallModel(0, route=True))
-        return
-    _turn(out, first)
+    out.s = replace(out.s, phase="ready", first=max(1, s.turn), router=ev.router)
 
 
 def repair_prompt(problem: str) -> str:

@@ -57,7 +57,8 @@ def reminders(agent: Agent, tools: list[dict[str, Any]], cwd: str) -> list[str]:
             "files, and say so if the request needs them."
         )
     hint = PLATFORM_HINTS.get(agent.platform)
-    if hint:
+    # "tools act on it directly" would contradict the target-machine reminder above
+    if hint and not (agent.target_machine and agent.platform == "local"):
         out.append(hint)
     return out
 

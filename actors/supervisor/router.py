@@ -53,6 +53,15 @@ def router_request(history: list[Message], router: RouterConfig, session: str,
 
 def parse_route(reply: Message) -> str:
     """DIRECT or AGENT from the classifier's reply; anything else is AGENT."""
+    return route_of(reply)[0]
+
+
+def route_of(reply: Message) -> tuple[str, str]:
+    """The route the classifier's reply decides, and why it is AGENT when the reply
+    said neither ("" when it answered plainly)."""
     text = "".join(b.get("text", "") for b in blocks(reply) if b.get("type") == "text")
     words = text.strip().upper().split()
-    return "DIRECT" if words and words[0].strip(".:,") == "DIRECT" else "AGENT"
+    word = words[0].strip(".:,") if words else ""
+    if word in ROUTES:
+        return word, ""
+    return "AGENT", f"the intent router answered neither DIRECT nor AGENT: {text.strip()[:80]!r}"

@@ -10,14 +10,18 @@ import secrets
 from typing import TYPE_CHECKING
 
 from actors.sessionlog import JournalError
-from actors.supervisor.session import (
-    Session,
-    begin_run,
-    drive_run,
-    finish_cancelled,
-    resume_run,
+from actors.supervisor.driver import RunDriver
+from actors.supervisor.session import Session
+from bus.messages import (
+    Cancel,
+    CancelAck,
+    ControlHello,
+    Envelope,
+    RunStarted,
+    Say,
+    SayAck,
+    StartRun,
 )
-from bus.messages import Cancel, CancelAck, ControlHello, Envelope, RunStarted, StartRun
 from bus.sockets import Port
 
 if TYPE_CHECKING:
@@ -25,8 +29,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oploop.supervisor")
 
-#: Who may cancel on the control socket, by ZAP User-Id (None: ipc without CURVE).
+#: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
 CONTROLLERS = frozenset({None, "local", "control"})
+
+
+def who(user_id: str | None) -> str:
+    """Who sent a request on the control socket, as events name them: the key's role
+    as ZAP reports it ("control"), or "local" (the host's own key, or ipc)."""
+    return user_id if user_id and user_id != "local" else "local"
+
+
+#: Messages said into one run that may wait for its next boundary (each rewrites the
+#: session's row with all of them: a bound on that too).
+MAX_SAID = 100
+
 #: How long a run waits for an executor to announce its tools before going without.
 CATALOGUE_WAIT_S = 5.0
 
@@ -36,6 +52,9 @@ class Runs:
 
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
+        #: An embedded host's (`oploop run` with no host up): at a stop, runs are ended
+        #: `CANCELLED` rather than left to be resumed by some later, unrelated command.
+        self.end_at_stop = False
 
     def _refusal(self, req: StartRun) -> tuple[str, str] | None:
         """Why a `StartRun` cannot be served, as (error, message), or None."""
@@ -91,6 +110,14 @@ class Runs:
         if refusal is not None:
             self.sup.api.reply_error(peer, env.id, *refusal)
             return
+        started = self._begin(req)
+        # Replied last (once journaled), and a client gone by now changes nothing: the
+        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
+        self.sup._remember_start(req.key, started)
+        self.sup._reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
+
+    def _begin(self, req: StartRun) -> RunStarted:
+        """Begin the run `req` asks for (refusals already checked)."""
         session = self.sup.session(req.session) if req.session else None
         if session is None:
             agent = self.sup.config.agent(req.agent)
@@ -101,26 +128,23 @@ class Runs:
         previous = session.task if session.task and not session.task.done() else None
         from_seq = session.next_seq
         session.run_from_seq, session.start_key = from_seq, req.key
-        limit = begin_run(session, self.sup.io, req.prompt, req.max_turns, req.deadline_s)
+        driver = RunDriver(session, self.sup.io)
+        driver.start(req.prompt, req.max_turns, req.deadline_s)
         assert self.sup._group is not None
         task = self.sup._group.create_task(
-            self._run(session, limit, previous), name=f"session-{session.id}-{session.runs}"
+            self._run(session, driver, previous), name=f"session-{session.id}-{session.runs}"
         )
-        session.task = task
+        session.task = driver.task = task  # (an abort before `run` begins cancels it too)
         task.add_done_callback(lambda t: self._run_ended(session, t))
-        # Replied last (once journaled), and a client gone by now changes nothing: the
-        # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
-        started = RunStarted(session.id, session.runs, from_seq)
-        self.sup._remember_start(req.key, started)
-        self.sup._reply_committed(Envelope(started, id=env.id, sid=session.id), peer)
+        return RunStarted(session.id, session.runs, from_seq)
 
     def _run_ended(self, session: Session, task: asyncio.Task[None]) -> None:
         if session.task is not task or session.suspended:
             return  # a newer run owns the session now, or the next supervisor will
         session.task = None
         session.state = "idle"
-        if not session.run_over:  # cancelled before it ever ran, or a bug: still one end
-            finish_cancelled(session, self.sup.io, "ui")
+        if not session.run_over and session.driver is not None:
+            session.driver.cancel("ui")  # cancelled before it ever ran: still one end
         if self.sup.journal is not None:
             self.sup._ended.append(session)  # leaves memory once its end is committed
             self.sup._schedule_flush()
@@ -140,22 +164,22 @@ class Runs:
             session = self.sup.session(sid)
             if session is None or session.run_over:
                 continue
-            session.state = "running"
+            driver = RunDriver(session, self.sup.io)
+            driver.resume("supervisor restarted")
             assert self.sup._group is not None
             task = self.sup._group.create_task(
-                self._run(session, session.run_limit, None, resume=True),
+                self._run(session, driver, None),
                 name=f"session-{session.id}-{session.runs}",
             )
-            session.task = task
+            session.task = driver.task = task
             task.add_done_callback(functools.partial(self._run_ended, session))
             resumed += 1
         if resumed:
             log.warning("resumed %d session(s) from the journal", resumed)
         return resumed
 
-    async def _run(self, session: Session, limit: int,
-                   previous: asyncio.Task[None] | None, resume: bool = False) -> None:
-        first_turn = resume_run(session, self.sup.io, "supervisor restarted") if resume else 1
+    async def _run(self, session: Session, driver: RunDriver,
+                   previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])
         if not self.sup.dispatcher.tool_specs():
@@ -166,7 +190,7 @@ class Runs:
                         await self.sup.dispatcher.catalogue_changed.wait()
             except TimeoutError:
                 log.warning("no executor announced tools; session %s runs without", session.id)
-        await drive_run(session, self.sup.io, limit, first_turn)
+        await driver.run()
 
     # -- control -----------------------------------------------------------------------
 
@@ -181,6 +205,12 @@ class Runs:
                                          "only a control key can cancel sessions")
                 return
             self.cancel(peer, env, body)
+        elif isinstance(body, Say):
+            if self.sup.control.user_id not in CONTROLLERS:
+                self.sup.control.reply_error(peer, env.id, "forbidden",
+                                             "only a control key can send messages to sessions")
+                return
+            self.say(peer, env, body, who(self.sup.control.user_id))
         else:
             self.sup.control.reply_error(peer, env.id, "bad_request",
                                      f"control does not serve {env.kind}")
@@ -203,7 +233,10 @@ class Runs:
                              f"{session.last_end or 'never'}): nothing to cancel")
             return
         if req.mode == "operation":
-            session.stop_request = "operation"
+            if session.driver is not None:
+                session.driver.cancel("operation")
+            else:  # (an open run not resumed here: the next one honours it)
+                session.stop_request = "operation"
             self.sup._journal_later(session)  # a restart keeps the request: ack after commit
             self.sup._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
                                   port)
@@ -211,16 +244,75 @@ class Runs:
         # The workers are told first (their control sockets are served before data),
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
         self.sup.dispatcher.abort_session(session.id)
-        finish_cancelled(session, self.sup.io, "ui", req.reason)
-        if session.task is not None:
+        if session.driver is not None:  # the run ends now; its task is aborted
+            session.driver.cancel("ui", req.reason)
+        elif session.task is not None:
             session.task.cancel()
         ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
         self.sup._reply_committed(ack, peer, port)
+
+    def say(self, peer: bytes | None, env: Envelope, req: Say, by: str) -> None:
+        """A user message: the running run takes it at its next boundary (acknowledged
+        once journaled); an idle session starts a run on it. Refused, with nothing
+        changed: an unknown session, an empty text, one over `max_prompt_chars`."""
+        port = self.sup.control
+        limits = self.sup.config.limits
+        session = self.sup.session(req.session)
+        if session is None:
+            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            return
+        if not req.text.strip():
+            port.reply_error(peer, env.id, "bad_request", "the message is empty: nothing to say")
+            return
+        if len(req.text) > limits.max_prompt_chars:
+            port.reply_error(peer, env.id, "too_large",
+                             f"message of {len(req.text)} chars exceeds the limit of "
+                             f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
+            return
+        if session.run_over:  # idle (or its run just ended): the message starts the next
+            start = StartRun(req.text, session.id, cwd=session.cwd)
+            refusal = self._refusal(start)
+            if refusal is not None:
+                port.reply_error(peer, env.id, *refusal)
+                return
+            started = self._begin(start)
+            self.sup._reply_committed(Envelope(SayAck(session.id, "started", started.run,
+                                                      started.from_seq), id=env.id), peer, port)
+            return
+        low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
+        if low or self.sup._journal_failing:
+            port.reply_error(peer, env.id, "disk_full",
+                             low or "the session log cannot be written: try again later")
+            return
+        waiting = session.said
+        if len(waiting) >= MAX_SAID or \
+                sum(len(t) for t, _ in waiting) + len(req.text) > limits.max_prompt_chars:
+            port.reply_error(peer, env.id, "busy",
+                             f"{len(waiting)} message(s) already wait for session "
+                             f"{req.session}'s next boundary (at most {MAX_SAID}, and "
+                             f"{limits.max_prompt_chars} chars in all: "
+                             f"limits.max_prompt_chars): try again when they are taken")
+            return
+        driver = session.driver
+        if driver is not None and driver.state.running:
+            driver.say(req.text, by)
+        else:  # (an open run not resumed here: the next one takes it)
+            session.said.append((req.text, by))
+        self.sup._journal_later(session)  # a restart keeps the message: ack after commit
+        self.sup._reply_committed(Envelope(SayAck(session.id, "queued", session.runs),
+                                           id=env.id), peer, port)
 
     def suspend(self) -> None:
         """We are stopping (SIGTERM: `oploop down`, or the host died): leave every run
         open as journaled, to be resumed by the next supervisor, rather than end it.
         Its jobs are still aborted as its tasks unwind, so no tool outlives it."""
+        if self.end_at_stop:
+            for session in self.sup.sessions.values():
+                if session.task is not None and not session.task.done():
+                    self.sup.dispatcher.abort_session(session.id)
+                    if session.driver is not None:  # the run ends now, CANCELLED
+                        session.driver.cancel("ui", "the embedded host stopped")
+            return
         suspended = 0
         for session in self.sup.sessions.values():
             if session.task is not None and not session.task.done():

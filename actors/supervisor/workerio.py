@@ -6,15 +6,19 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
+from actors.supervisor.driver import ModelError, Progress
 from actors.supervisor.history import Message
-from actors.supervisor.session import ModelError, Session, emit
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.usage import priced
 from bus.messages import (
     HISTORY_MISS,
     Delta,
     Envelope,
     JobFailed,
+    LlmJob,
     LlmResult,
     Retrying,
     ToolJob,
@@ -26,6 +30,16 @@ if TYPE_CHECKING:
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
+
+
+def _model_reply(reply: Envelope) -> Message:
+    """The message of an llm caller's answer; `ModelError` if the call failed."""
+    body = reply.body
+    if isinstance(body, LlmResult):
+        return body.message
+    if isinstance(body, JobFailed):
+        raise ModelError(body.error, body.message, body.status)
+    raise ModelError("internal", f"unexpected reply {reply.kind}")
 
 
 class WorkerIO:
@@ -41,36 +55,31 @@ class WorkerIO:
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return self.sup.dispatcher.tool_specs()
 
-    async def call_model(
-        self, session: Session, request: dict[str, Any], *, stream: bool, turn: int
-    ) -> Message:
-        def progress(env: Envelope) -> None:
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int, progress: Progress, route: bool = False) -> Message:
+        def on_progress(env: Envelope) -> None:
             body = env.body
             if isinstance(body, Delta):
-                kind = "THINKING" if body.channel == "thinking" else "TOKEN"
-                if kind == "TOKEN":
-                    session.partial.append(body.text)
-                emit(session, self, kind, turn, {"text": body.text})
-            elif isinstance(body, Retrying):
-                session.partial.clear()  # that attempt's text is void (see RETRY)
-                emit(session, self, "RETRY", turn, {
-                    "attempt": body.attempt, "error": body.error, "wait_s": body.wait_s,
-                })
+                progress(machine.Delta(body.text, body.channel))
+            elif isinstance(body, Retrying):  # that attempt's text is void (see RETRY)
+                progress(machine.Retry(body.attempt, body.error, body.wait_s))
 
+        if route:  # the router's small request, not the session's history: no delta
+            router = self.config.router
+            routed = LlmJob(request, stream, attempts=router.attempts, timeout_s=router.timeout_s)
+            # Its reply is a word for the loop, not text for the user: no TOKEN events.
+            reply = await self._job("llm", routed, session, router.timeout_s + 10.0,
+                                    lambda env: None)
+            return priced(_model_reply(reply), self.config.prices)  # its cost, by `[prices]`
         job = session.turn_cache.llm_job(session.id, request, stream)
-        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+        reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, on_progress,
                                 for_worker=job.for_caller)
         body = reply.body
         if isinstance(body, JobFailed) and body.error == HISTORY_MISS:
             session.turn_cache.forget_callers()  # that caller lost its copy: send in full
-            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, progress,
+            reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, on_progress,
                                     for_worker=job.for_caller)
-            body = reply.body
-        if isinstance(body, LlmResult):
-            return body.message
-        if isinstance(body, JobFailed):
-            raise ModelError(body.error, body.message, body.status)
-        raise ModelError("internal", f"unexpected reply {reply.kind}")
+        return priced(_model_reply(reply), self.config.prices)  # its cost, by `[prices]`
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,

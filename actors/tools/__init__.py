@@ -5,7 +5,9 @@ plus the async function behind it, built with `@tool`; `invoke` turns one call
 into a `ToolOutcome`. `BUILTIN` holds read_file, list_dir, write_file and shell.
 
 The names are loaded on first use: a process that only checks specs (the
-supervisor) does not pay for pydantic and the built-ins.
+supervisor) does not pay for the built-ins. pydantic is loaded only by `@tool`
+on a function without a hand-written schema (the built-ins have theirs: an
+executor never imports it).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run
     from .registry import ToolOutcome as ToolOutcome
     from .registry import invoke as invoke
     from .registry import tool as tool
-    from .schema import ToolInputError as ToolInputError
+    from .plain import ToolInputError as ToolInputError
     from .spec import ToolSpec as ToolSpec
 
 _HOMES = {
@@ -44,7 +46,7 @@ _HOMES = {
     "ToolRefused": "process", "run_command": "process", "spawn_local": "process",
     "Catalogue": "registry", "Tool": "registry", "ToolContext": "registry",
     "ToolOutcome": "registry", "invoke": "registry", "tool": "registry",
-    "ToolInputError": "schema",
+    "ToolInputError": "plain",
     "ToolSpec": "spec",
 }
 

@@ -18,9 +18,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import Field
+from typing import Any
 
 # The file operations, shared with the sandbox launcher (which runs them after its lockdown).
 from actors.fileops import list_capped, read_capped, write_atomic
@@ -37,9 +35,31 @@ SHELL_OUTPUT_CAP = 64 * 1024
 SHELL_DEFAULT_TIMEOUT_S = 30.0
 SHELL_MAX_TIMEOUT_S = 600.0
 
-PathArg = Annotated[
-    str, Field(description="Path; a relative path is taken from the working directory.")
-]
+# The input schemas, written by hand (no pydantic in an executor: `plain.PlainInput`);
+# identical to what pydantic derived from the signatures before (test_tool_schemas.py).
+_PATH = {"description": "Path; a relative path is taken from the working directory.",
+         "type": "string"}
+
+
+def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"additionalProperties": False, "properties": properties, "required": required,
+            "type": "object"}
+
+
+PATH_SCHEMA = _object({"path": _PATH}, ["path"])
+"""The input of `read_file` and `list_dir`."""
+WRITE_FILE_SCHEMA = _object({
+    "path": _PATH,
+    "content": {"description": "The complete new contents of the file.", "type": "string"},
+}, ["path", "content"])
+"""The input of `write_file`."""
+SHELL_SCHEMA = _object({
+    "command": {"description": "The command line, run by /bin/sh -c.", "type": "string"},
+    "timeout_s": {"default": SHELL_DEFAULT_TIMEOUT_S,
+                  "description": "Seconds before the command and all its children are killed.",
+                  "exclusiveMinimum": 0, "maximum": SHELL_MAX_TIMEOUT_S, "type": "number"},
+}, ["command"])
+"""The input of `shell`."""
 
 
 def resolve_path(ctx: ToolContext[Any], path: str) -> Path:
@@ -74,8 +94,8 @@ async def read_local(target: Path, cwd: Path, readable: tuple[str, ...]) -> tupl
 def make_read_file(reader: FileReader = read_local) -> Tool:
     """Build the `read_file` tool around `reader`, so the sandbox can supply its own."""
 
-    @tool(tags=("fs", "core"), risky=False, core=True, name="read_file")
-    async def read_file(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
+    @tool(tags=("fs", "core"), risky=False, core=True, name="read_file", schema=PATH_SCHEMA)
+    async def read_file(ctx: ToolContext[Any], path: str) -> str | ToolOutcome:
         """Read a text file and return its contents (UTF-8, undecodable bytes replaced;
         at most 256 KiB, with a note saying how much was cut)."""
         target = resolve_path(ctx, path)
@@ -119,8 +139,8 @@ async def list_local(target: Path, cwd: Path, readable: tuple[str, ...]) -> tupl
 def make_list_dir(lister: DirLister = list_local) -> Tool:
     """Build the `list_dir` tool around `lister`, so the sandbox can supply its own."""
 
-    @tool(tags=("fs", "core"), risky=False, core=True, name="list_dir")
-    async def list_dir(ctx: ToolContext[Any], path: PathArg) -> str | ToolOutcome:
+    @tool(tags=("fs", "core"), risky=False, core=True, name="list_dir", schema=PATH_SCHEMA)
+    async def list_dir(ctx: ToolContext[Any], path: str) -> str | ToolOutcome:
         """List a directory's entries, sorted, one per line: directories end in "/",
         symbolic links in "@" (at most 1000 entries)."""
         target = resolve_path(ctx, path)
@@ -197,12 +217,8 @@ async def write_local(target: Path, data: bytes, cwd: Path) -> str:
 def make_write_file(writer: FileWriter = write_local) -> Tool:
     """Build the `write_file` tool around `writer`, so the sandbox can supply its own."""
 
-    @tool(tags=("fs",), risky=True, name="write_file")
-    async def write_file(
-        ctx: ToolContext[Any],
-        path: PathArg,
-        content: Annotated[str, Field(description="The complete new contents of the file.")],
-    ) -> str | ToolOutcome:
+    @tool(tags=("fs",), risky=True, name="write_file", schema=WRITE_FILE_SCHEMA)
+    async def write_file(ctx: ToolContext[Any], path: str, content: str) -> str | ToolOutcome:
         """Write text (UTF-8) to a file, replacing it whole if it exists and creating
         missing parent directories."""
         target = resolve_path(ctx, path)
@@ -229,19 +245,9 @@ def make_write_file(writer: FileWriter = write_local) -> Tool:
 def make_shell(spawn: Spawner = spawn_local, *, cap: int = SHELL_OUTPUT_CAP) -> Tool:
     """Build the `shell` tool around `spawn`, so a sandboxing launcher can supply its own."""
 
-    @tool(tags=("exec",), risky=True, name="shell")
-    async def shell(
-        ctx: ToolContext[Any],
-        command: Annotated[str, Field(description="The command line, run by /bin/sh -c.")],
-        timeout_s: Annotated[
-            float,
-            Field(
-                gt=0,
-                le=SHELL_MAX_TIMEOUT_S,
-                description="Seconds before the command and all its children are killed.",
-            ),
-        ] = SHELL_DEFAULT_TIMEOUT_S,
-    ) -> ToolOutcome:
+    @tool(tags=("exec",), risky=True, name="shell", schema=SHELL_SCHEMA)
+    async def shell(ctx: ToolContext[Any], command: str,
+                    timeout_s: float = SHELL_DEFAULT_TIMEOUT_S) -> ToolOutcome:
         """Run a shell command in the working directory and return its stdout and
         stderr interleaved (stdin is empty; at most 64 KiB of output, start and end
         kept). A non-zero exit status is reported as an error. Default timeout 30 s,

@@ -14,9 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar, get_origin, get_type_hints
+from typing import Any, Generic, Protocol, TypeVar, get_origin, get_type_hints
 
-from .schema import InputModel, ToolInputError
+from .plain import PlainInput, ToolInputError
 from .spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -72,13 +72,26 @@ ToolFn = Callable[..., Awaitable[str | ToolOutcome]]
 """A tool implementation: returns its output text (success) or a full outcome."""
 
 
+class InputContract(Protocol):
+    """What a tool's input goes through: `schema.InputModel` (pydantic, from the
+    signature) or `plain.PlainInput` (a hand-written schema: the built-ins)."""
+
+    tool: str
+    fields: tuple[str, ...]
+    json_schema: dict[str, Any]
+
+    def validate(self, data: object) -> dict[str, Any]:
+        """The validated keyword arguments for `data`; raise ToolInputError."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Tool:
     """A `ToolSpec` with the code behind it: an async implementation and its validator."""
 
     spec: ToolSpec
     fn: ToolFn
-    input_model: InputModel
+    input_model: InputContract
     wants_ctx: bool
 
     @property
@@ -106,6 +119,7 @@ def tool(
     tags: Iterable[str] = (),
     core: bool = False,
     name: str | None = None,
+    schema: dict[str, Any] | None = None,
 ) -> Callable[[ToolFn], Tool]:
     """Decorator: build a `Tool` from an async function with type-hinted parameters.
 
@@ -113,7 +127,9 @@ def tool(
     Field(description=...)]` documents one), the description from the docstring's
     first paragraph. A first parameter `ctx: ToolContext` receives the call's
     context and is not part of the schema. `risky` has no default on purpose: a
-    tool must say whether it needs the sandbox.
+    tool must say whether it needs the sandbox. A hand-written `schema` (string and
+    number properties: `plain.PlainInput`) is used instead of the signature's, and
+    pydantic is not imported for it.
     """
 
     def build(fn: ToolFn) -> Tool:
@@ -121,9 +137,14 @@ def tool(
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {tool_name}: implementation must be an async function")
         wants_ctx = _wants_ctx(tool_name, fn)
-        input_model = InputModel(
-            tool_name, fn, frozenset({_CTX_PARAM}) if wants_ctx else frozenset()
-        )
+        exclude = frozenset({_CTX_PARAM}) if wants_ctx else frozenset()
+        input_model: InputContract
+        if schema is not None:
+            input_model = PlainInput(tool_name, schema, fn, exclude)
+        else:
+            from .schema import InputModel  # pydantic: only for tools without a schema
+
+            input_model = InputModel(tool_name, fn, exclude)
         spec = ToolSpec(
             name=tool_name,
             description=_first_paragraph(tool_name, fn),

@@ -2,7 +2,8 @@
 
 A tool is written as a plain async function with type hints; pydantic turns the
 signature into both the JSON schema the model sees and the validator its input
-goes through, so the two can never disagree.
+goes through, so the two can never disagree. (The built-in tools, which an
+executor runs, state theirs by hand instead: `plain.PlainInput`, no pydantic.)
 """
 
 from __future__ import annotations
@@ -13,16 +14,9 @@ from typing import Any, get_type_hints
 
 import pydantic
 
+from .plain import ToolInputError
 
-class ToolInputError(Exception):
-    """A tool's input failed validation; `field` names the offending key (None: the whole input)."""
-
-    def __init__(self, tool: str, field: str | None, message: str) -> None:
-        self.tool = tool
-        self.field = field
-        self.message = message
-        where = f"'{field}': " if field is not None else ""
-        super().__init__(f"{tool}: {where}{message}")
+__all__ = ["InputModel", "ToolInputError"]
 
 
 class InputModel:

@@ -71,10 +71,14 @@ def events_of(stdout: str) -> list[dict[str, Any]]:
 
 
 def assert_one_run(events: list[dict[str, Any]], first_seq: int = 1) -> None:
-    """Contiguous seqs from `first_seq`, and exactly one terminal event, the last."""
+    """Contiguous seqs from `first_seq`, exactly one terminal event, the last, and a
+    `TOOL_END` for every `TOOL_START` (cancelled tools included)."""
     assert [e["seq"] for e in events] == list(range(first_seq, first_seq + len(events)))
     terminal = [e for e in events if e["type"] in TERMINAL]
     assert len(terminal) == 1 and events[-1] is terminal[0], [e["type"] for e in events]
+    started = [e["data"]["tool_use_id"] for e in events if e["type"] == "TOOL_START"]
+    ended = [e["data"]["tool_use_id"] for e in events if e["type"] == "TOOL_END"]
+    assert sorted(started) == sorted(ended), (started, ended)
 
 
 async def run_events(home: str, prompt: str, **start: Any) -> list[dict[str, Any]]:

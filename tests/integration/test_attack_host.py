@@ -54,7 +54,10 @@ def test_a_hostile_session_reaches_nothing_of_the_host_or_another_session(
         assert victim[-1]["type"] == "DONE", victim[-1]
         events = asyncio.run(run_events(h, "#attacker", cwd=str(tmp_path)))
         assert events[-1]["type"] == "DONE", events[-1]
-        results = of_type(events, "TOOL_END")
+        # Parallel calls end in the order they finish: put the ends in call order.
+        order = [e["data"]["tool_use_id"] for e in of_type(events, "TOOL_START")]
+        results = sorted(of_type(events, "TOOL_END"),
+                         key=lambda e: order.index(e["data"]["tool_use_id"]))
         assert len(results) == 1 + len(reads) + len(lists) + 3, len(results)
         outputs = [r["data"]["output"] for r in results]
         assert outputs[0].rstrip().endswith("planted"), outputs[0]

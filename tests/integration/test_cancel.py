@@ -159,7 +159,12 @@ def test_ui_cancel_mid_tool_kills_the_whole_tree(host, tmp_path):
 
     events, info, after = asyncio.run(scenario())
     assert_one_run(events)
-    assert events[-1]["type"] == "CANCELLED" and not of_type(events, "TOOL_END")
+    assert events[-1]["type"] == "CANCELLED"
+    # The viewer sees the tool it saw start end, as cancelled (issue 14 item 4).
+    (end,) = of_type(events, "TOOL_END")
+    assert events[-2] is end and end["data"]["is_error"]
+    assert end["data"]["output"] == "cancelled by the user"
+    assert end["data"]["tool_use_id"] == of_type(events, "TOOL_START")[0]["data"]["tool_use_id"]
     assert is_valid(info.history)
     result = info.history[-1]["content"][0]
     assert result["type"] == "tool_result" and result["content"] == "cancelled by the user"
@@ -204,6 +209,30 @@ def test_deadline_cancels(host):
     assert_one_run(events)
     assert events[-1]["type"] == "CANCELLED" and events[-1]["data"]["mode"] == "deadline"
     assert events[0]["data"]["deadline_s"] == 0.5
+    assert is_valid(info.history)
+
+
+def test_deadline_mid_tool_ends_the_tool_as_cancelled(host, tmp_path):
+    """The deadline passes while a tool runs: the viewer sees that tool end (is_error,
+    "cancelled: deadline") before `CANCELLED`, and the tool's processes are stopped."""
+
+    async def scenario():
+        async with Client.connect(Path(host)) as client:
+            # Long enough for the (offline, instant) model's reply to start the tool.
+            started = await client.start("#slowtool go", cwd=str(tmp_path), deadline_s=4)
+            events = await collect(client, started)
+            await until(lambda: _async(not marked_processes()), timeout=10,
+                        what="every process of the tool to die")
+            await until(lambda: no_jobs_left(client), what="the executor's acknowledgement")
+            return events, await client.inspect(started.session)
+
+    events, info = asyncio.run(scenario())
+    assert_one_run(events)
+    assert events[-1]["type"] == "CANCELLED" and events[-1]["data"]["mode"] == "deadline"
+    (start,) = of_type(events, "TOOL_START")
+    (end,) = of_type(events, "TOOL_END")
+    assert events[-2] is end and end["data"]["tool_use_id"] == start["data"]["tool_use_id"]
+    assert end["data"]["is_error"] and end["data"]["output"] == "cancelled: deadline"
     assert is_valid(info.history)
 
 

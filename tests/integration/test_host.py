@@ -52,6 +52,16 @@ def test_session_through_every_actor(host, tmp_path):
     assert all(a["rss_mb"] for a in data["actors"])
     assert len(data["sessions"]) == 1
 
+    # Issue 13, idle RSS: the host and the executors speak no TLS and load no libssl
+    # (~4 MB each); the actors on uvloop (which needs it) and the llm callers do.
+    pids = {a["name"]: a["pid"] for a in data["actors"]}
+    assert not _maps_libssl(pids["host"]) and not _maps_libssl(pids["executor-1"])
+    assert _maps_libssl(pids["supervisor"])
+
+
+def _maps_libssl(pid: int) -> bool:
+    return "libssl" in Path(f"/proc/{pid}/maps").read_text()
+
 
 def test_follow_up_in_the_same_session(host):
     first = oploop(host, "run", "--json", "run `echo one`")

@@ -140,7 +140,8 @@ def test_a_silent_llm_caller_is_dead_and_its_call_made_again(host, tmp_path):
 
 
 def test_a_restart_storm_marks_the_actor_failed_and_the_host_goes_on(short_home):
-    with running_host(short_home) as home:
+    # Two executors: one fails, the other is killed once and comes back.
+    with running_host(short_home, {"OPLOOP_EXECUTORS": "2"}) as home:
         kills = 0
         while actor(home, "executor-1")["state"] != "failed":
             assert kills < 12, "never marked failed"

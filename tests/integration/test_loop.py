@@ -94,6 +94,8 @@ def host(tmp_path_factory):
         "OPLOOP_RETRY_BASE_S": "0.01",
         "OPLOOP_RETRY_MAX_S": "2",
         "OPLOOP_STREAM_IDLE_S": "0.3",
+        # the stall below pings: the pause bound is what ends it
+        "OPLOOP_STREAM_PAUSE_S": "1",
     }
     try:
         with running_host(home, env) as running:
@@ -150,7 +152,8 @@ def test_bad_request_is_an_immediate_error(host):
 def test_pause_turn_sends_the_turn_back(host):
     events = run(host, "#pause go")
     assert [e["data"]["stop"] for e in of_type(events, "TURN_END")] == ["pause_turn", "end_turn"]
-    assert events[-1]["data"] == {"text": "all good", "turns": 2, "stop": "end_turn"}
+    done = events[-1]["data"]
+    assert (done["text"], done["turns"], done["stop"]) == ("all good", 2, "end_turn")
 
 
 @pytest.mark.parametrize("script, stop", [("maxtokens", "max_tokens"), ("refusal", "refusal")])
@@ -169,7 +172,10 @@ def test_turn_limit_ends_with_a_valid_history(host):
 
 def test_non_streaming_agent(host):
     events = run(host, "run `echo plain`", agent="plain")
-    assert not of_type(events, "TOKEN")
+    # every turn's text arrives whole, one TOKEN event per reply
+    tokens = of_type(events, "TOKEN")
+    assert [e["turn"] for e in tokens] == [1, 2]
+    assert tokens[-1]["data"]["text"] == events[-1]["data"]["text"]
     assert "plain" in events[-1]["data"]["text"]
 
 

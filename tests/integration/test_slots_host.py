@@ -1,4 +1,4 @@
-"""No job loses its slot, on a real host (issue 15 item 2): one executor (16 slots),
+"""No job loses its slot, on a real host (issue 15 item 2): one executor (32 slots),
 every slot filled with each failure kind a model can cause, then a normal call runs.
 
 The kinds: `list_dir` of a directory whose names are not UTF-8 (once unencodable:
@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from hostkit import of_type, run_events, scripted_host
 
+from actors.executor.actor import SLOTS  # one executor's capacity
 from actors.llm_caller.actor import MAX_MODEL_REPLY_BYTES
 from bus.client import Client
 from bus.codec import MAX_FRAME_BYTES
 
-SLOTS = 16  # one executor's capacity
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 
 

@@ -65,3 +65,43 @@ def test_an_unknown_name_of_the_offline_model_package_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         package.nope  # noqa: B018 - the access is the test
+
+
+#: What no actor but those that need it should load: pydantic (~11 MB resident in a
+#: process that builds a model), the `anthropic` SDK (the llm callers' only), the sandbox
+#: and the built-in tools (the executors' only), SQLite (the journal and event store).
+HEAVY = {"pydantic", "anthropic", "httpx", "actors.sandbox", "actors.tools.builtin", "sqlite3"}
+#: What each actor's role does use of them.
+USES = {
+    "actors.host.actor": set(),
+    "actors.broadcaster.actor": {"sqlite3"},
+    "actors.supervisor.actor": {"sqlite3"},
+    "actors.executor.actor": {"actors.sandbox", "actors.tools.builtin"},
+    "actors.llm_caller.actor": set(),  # the SDK is imported once the caller serves
+}
+
+
+def test_the_host_runs_on_asyncios_own_loop():
+    # it only starts its actors and waits: uvloop (~2 MB resident) buys it nothing
+    assert "uvloop" not in loaded_after("import actors.host.actor")
+
+
+@pytest.mark.parametrize("entry", sorted(USES))
+def test_an_actor_loads_none_of_the_heavy_modules_its_role_does_not_use(entry):
+    loaded = loaded_after(f"import {entry}")
+    assert entry in loaded
+    assert not loaded & (HEAVY - USES[entry]), sorted(loaded & (HEAVY - USES[entry]))
+
+
+def test_an_executor_with_its_sandboxed_catalogue_never_loads_pydantic(tmp_path):
+    # Built as the executor builds it (the tools' validators and schemas included),
+    # and one call validated: the built-ins state their contracts by hand.
+    loaded = loaded_after(
+        "from actors.executor.actor import sandboxed_catalogue, default_sandbox\n"
+        "from pathlib import Path\n"
+        f"cat = sandboxed_catalogue(default_sandbox(Path({str(tmp_path)!r})))\n"
+        "assert sorted(cat) == ['list_dir', 'read_file', 'shell', 'write_file']\n"
+        "cat['shell'].validate({'command': 'true', 'timeout_s': 5})\n"
+        "[s.to_wire() for s in cat.specs()]")
+    assert "actors.tools.builtin" in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "pydantic"}

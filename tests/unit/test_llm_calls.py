@@ -22,11 +22,11 @@ class FlakyBackend:
         self.failures = failures
         self.calls: list[str] = []
 
-    async def stream(self, request, on_delta, *, idle_s, timeout_s):
+    async def stream(self, request, on_delta, *, bounds, timeout_s):
         self.calls.append("stream")
         on_delta("text", "partial")
         if len(self.calls) <= self.failures:
-            raise StreamStalled(idle_s)
+            raise StreamStalled(bounds.idle_s)
         return MESSAGE
 
     async def create(self, request, *, timeout_s):
@@ -65,11 +65,36 @@ def test_attempts_are_bounded():
     with pytest.raises(CallFailed) as failed:
         call(backend, deadline=time.time() + 600, attempts=3)
     assert failed.value.attempts == 3 and len(backend.calls) == 3
+    assert failed.value.errors == ["stream_stalled"] * 3
+    assert "gave up after 3 attempts in" in failed.value.message
 
 
-def test_retry_after_is_capped_and_the_schedule_doubles():
+def test_a_reply_not_streamed_is_told_to_on_delta_whole():
+    backend = FlakyBackend(failures=1)
+    told = []
+    policy = RetryPolicy(attempts=2, base_s=0.001, cap_s=0.01)
+    asyncio.run(call_with_retries(
+        backend, policy, {"model": "m"}, stream=True, deadline=time.time() + 5,
+        on_delta=lambda channel, text: told.append((channel, text)), on_retry=lambda *a: None))
+    assert told == [("text", "partial"), ("text", "ok")]  # the void attempt's, then the reply
+
+
+def test_a_whole_call_bound_ends_it_as_a_timeout():
+    class Hanging(FlakyBackend):
+        async def create(self, request, *, timeout_s):
+            await asyncio.Event().wait()
+
+    with pytest.raises(CallFailed) as failed:
+        asyncio.run(call_with_retries(
+            Hanging(0), RetryPolicy(attempts=2), {"model": "m"}, stream=False, deadline=None,
+            on_delta=lambda *a: None, on_retry=lambda *a: None, total_s=0.05))
+    assert failed.value.failure.error == "timeout" and failed.value.errors == ["timeout"]
+
+
+def test_retry_after_is_honoured_as_sent_and_the_schedule_doubles():
     policy = RetryPolicy(base_s=0.5, cap_s=32.0)
-    assert policy.backoff_s(1, 100.0) == 32.0 and policy.backoff_s(1, 1.0) == 1.0
+    # retry-after is the server's to set, up to its own cap (beyond: the call fails)
+    assert policy.backoff_s(1, 100.0) == 100.0 and policy.backoff_s(1, 1.0) == 1.0
     for n in range(1, 8):
         step = min(32.0, 0.5 * 2 ** (n - 1))
         assert step <= policy.backoff_s(n, None) <= min(32.0, step * 1.5)

@@ -24,7 +24,7 @@ class FlakyBackend:
     def __init__(self, failures: int, error: Exception) -> None:
         self.failures, self.error, self.calls = failures, error, []
 
-    async def stream(self, request, on_delta, *, idle_s, timeout_s):
+    async def stream(self, request, on_delta, *, bounds, timeout_s):
         return await self.create(request, timeout_s=timeout_s)
 
     async def create(self, request, *, timeout_s):

@@ -1,9 +1,8 @@
 """The run's pure state machine: random input sequences keep its invariants after every
-step, and a scripted run gives the same events and history as today's async loop."""
+step (the driver that carries out its actions is tested in test_driver.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,18 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.config import Agent, Config
 from actors.supervisor.history import Message, append_blocks, is_valid
 from actors.supervisor.machine import (
     INTERRUPTED,
     TERMINAL,
     AbortJobs,
     Action,
+    Begin,
     CallModel,
     Cancel,
     Delta,
     Emit,
     End,
+    Failed,
     Input,
     ModelFailed,
     ModelReplied,
@@ -31,14 +31,15 @@ from actors.supervisor.machine import (
     Routed,
     RunState,
     RunToolCalls,
+    Say,
     Start,
     ToolFinished,
     ToolStarted,
     WorkerLost,
     step,
 )
-from actors.supervisor.session import Session, run_session
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.supervisor.turn import ToolOutcome
+from actors.usage import ZERO
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
          "tags": ["exec"], "core": False, "risky": True}
@@ -67,14 +68,24 @@ class World:
     started: list[str] = field(default_factory=list)
     open_tools: set[str] = field(default_factory=set)
     terminals_this_run: int = 0
+    #: Texts said while a run was open (each must arrive once, in order).
+    said: list[str] = field(default_factory=list)
 
     def feed(self, event: Input) -> list[Action]:
         was_running = self.state.running
+        if isinstance(event, Say) and was_running:
+            self.said.append(event.text)
         self.state, actions = step(self.state, event)
         for action in actions:
             self.carry_out(action, was_running or isinstance(event, Start))
+        if any(isinstance(a, Emit) and a.type == "TURN_START" for a in actions):
+            assert not self.state.said, "a model call began with a message still queued"
         self.check()
         return actions
+
+    def begin(self, event: Input) -> list[Action]:
+        """Feed a `Start` or `Resume`, then the driver's `Begin`: both steps' actions."""
+        return self.feed(event) + self.feed(Begin())
 
     def carry_out(self, action: Action, may_emit: bool) -> None:
         if isinstance(action, Emit):
@@ -92,9 +103,8 @@ class World:
                 self.open_tools.discard(action.data["tool_use_id"])
             elif action.type in TERMINAL:
                 self.terminals_this_run += 1
-                # A cancel ends the run at once: its tools are aborted, not reported.
-                assert not self.open_tools or action.type == "CANCELLED", self.open_tools
-                self.open_tools.clear()
+                # Every TOOL_START has its TOOL_END, whatever ends the run.
+                assert not self.open_tools, self.open_tools
         elif isinstance(action, CallModel):
             self.calling, self.jobs, self.started = action, [], []
         elif isinstance(action, RunToolCalls):
@@ -122,16 +132,21 @@ REPLIES = st.sampled_from(["text", "tools1", "tools2", "pause", "hidden", "max_t
 
 
 def reply_for(kind: str, turn: int) -> Message:
-    return {"text": text_reply("done"), "tools1": tool_reply(1, turn),
-            "tools2": tool_reply(2, turn), "pause": text_reply("hm", "pause_turn"),
-            "hidden": tool_reply(1, turn, "secret"),
-            "max_tokens": text_reply("cut", "max_tokens")}[kind]
+    reply = {"text": text_reply("done"), "tools1": tool_reply(1, turn),
+             "tools2": tool_reply(2, turn), "pause": text_reply("hm", "pause_turn"),
+             "hidden": tool_reply(1, turn, "secret"),
+             "max_tokens": text_reply("cut", "max_tokens")}[kind]
+    # Usage as a priced reply carries it: both loops must count it alike.
+    return {**reply, "usage": {"input_tokens": 100 * turn, "output_tokens": 7,
+                               "cache_read_input_tokens": 50, "cost_usd": 0.001}}
 
 
 def plausible(world: World, draw: Any) -> Input:
     """An input that could happen now (and, now and then, one that could not)."""
     s = world.state
-    choices = ["cancel", "resume", "junk", "start"]
+    choices = ["cancel", "resume", "junk", "start", "say", "say"]
+    if s.phase == "ready":
+        choices += ["begin"] * 6
     if world.calling is not None:
         choices += ["reply"] * 6 + ["delta", "retry", "fail", "lost"]
     if world.jobs:
@@ -142,6 +157,10 @@ def plausible(world: World, draw: Any) -> Input:
                      offered=frozenset({"shell"}),
                      check=(lambda t: None if t != "cut" else "not JSON")
                      if draw(st.booleans()) else None)
+    if kind == "begin":
+        return Begin()
+    if kind == "say":
+        return Say(f"m{len(world.said)}", draw(st.sampled_from(["local", "control"])))
     if kind == "cancel":
         return Cancel(draw(st.sampled_from(["ui", "operation", "deadline"])))
     if kind == "resume":
@@ -157,7 +176,8 @@ def plausible(world: World, draw: Any) -> Input:
     if kind == "retry":
         return Retry()
     if kind == "fail":
-        return ModelFailed("overloaded", "try later")
+        return draw(st.sampled_from([ModelFailed("overloaded", "try later"),
+                                     Failed("internal", "a bug")]))
     if kind == "lost":
         return WorkerLost()
     if kind == "reply":
@@ -179,7 +199,7 @@ def plausible(world: World, draw: Any) -> Input:
 @given(data=st.data())
 def test_random_inputs_keep_the_invariants_after_every_step(data):
     world = World()
-    world.feed(Start("go", 4, offered=frozenset({"shell"})))
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
     for _ in range(data.draw(st.integers(1, 60))):
         world.feed(plausible(world, data.draw))
     # However it went, a ui cancel ends an open run with a valid history.
@@ -189,16 +209,23 @@ def test_random_inputs_keep_the_invariants_after_every_step(data):
     kinds = [e[0] for e in world.events]
     assert sum(k in TERMINAL for k in kinds) == kinds.count("SESSION_START")
     assert kinds[-1] in TERMINAL
+    assert kinds.count("TOOL_START") == kinds.count("TOOL_END")
+    # Every message said into an open run arrived once, in order, as its own event,
+    # and is in the history (which stayed valid: never between a call and its result).
+    assert [e[2]["text"] for e in world.events if e[0] == "USER_MESSAGE"] == world.said
+    texts = [b.get("text") for m in world.history if m["role"] == "user"
+             for b in m["content"] if b.get("type") == "text"]
+    assert [t for t in texts if t.startswith("m")] == world.said
 
 
 def test_a_tool_in_flight_at_a_restart_is_never_run_again():
     world = World()
-    world.feed(Start("go", 4, offered=frozenset({"shell"})))
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
     world.feed(ModelReplied(tool_reply(2, 1)))
     world.feed(ToolStarted("t1-0"))
     world.feed(ToolFinished("t1-0", ToolOutcome("ok", False)))
     world.feed(ToolStarted("t1-1"))
-    actions = world.feed(Resume("restart", offered=frozenset({"shell"})))
+    actions = world.begin(Resume("restart", offered=frozenset({"shell"})))
     kinds = [(a.type, a.data.get("tool_use_id")) for a in actions if isinstance(a, Emit)]
     assert kinds == [("RESUMED", None), ("TOOL_END", "t1-1"), ("TURN_END", None),
                      ("TURN_START", None)]
@@ -211,9 +238,9 @@ def test_a_tool_in_flight_at_a_restart_is_never_run_again():
 
 def test_a_model_call_in_flight_at_a_restart_is_made_again():
     world = World()
-    world.feed(Start("go", 4))
+    world.begin(Start("go", 4))
     world.feed(Delta("half"))
-    actions = world.feed(Resume("restart"))
+    actions = world.begin(Resume("restart"))
     assert [a.type for a in actions if isinstance(a, Emit)] == ["RESUMED", "TURN_START"]
     assert CallModel(1) in actions
     assert world.state.turns == 1  # the resumed turn is counted once
@@ -221,18 +248,18 @@ def test_a_model_call_in_flight_at_a_restart_is_made_again():
 
 def test_an_operation_cancel_waits_for_the_boundary_a_ui_cancel_does_not():
     world = World()
-    world.feed(Start("go", 4, offered=frozenset({"shell"})))
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
     assert world.feed(Cancel("operation")) == []
     actions = world.feed(ModelReplied(tool_reply(1, 1)))
     assert [a.type for a in actions if isinstance(a, Emit)] == ["CANCELLED"]
     assert world.events[-1][2]["mode"] == "operation"
     assert is_valid(world.history)
 
-    world.feed(Start("again", 4))
+    world.begin(Start("again", 4))
     world.feed(Delta("streamed"))
     actions = world.feed(Cancel("ui", "stop"))
     assert isinstance(actions[0], AbortJobs)
-    assert world.events[-1][2] == {"mode": "ui", "reason": "stop"}
+    assert world.events[-1][2] == {"mode": "ui", "reason": "stop", "usage": ZERO.to_dict()}
     assert world.history[-1]["content"][-1]["text"].startswith("streamed")
     assert world.feed(ModelReplied(text_reply("late"))) == []  # nothing after the end
 
@@ -243,51 +270,98 @@ def test_an_unknown_cancel_mode_is_a_clear_error():
         step(state, Cancel("later"))
 
 
-class ScriptedIO:
-    """Today's async loop's `LoopIO`, playing the same replies as the machine gets."""
-
-    def __init__(self, script: list[str]) -> None:
-        self.config = Config()
-        self.script = list(script)
-        self.events: list[tuple[str, int, dict[str, Any]]] = []
-
-    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        self.events.append((type_, turn, data))
-
-    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int) -> Message:
-        return reply_for(self.script.pop(0) if self.script else "text", turn)
-
-    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
-        return ToolOutcome(f"ran {call.id}", False, 1.0)
-
-    def tool_catalogue(self) -> list[dict[str, Any]]:
-        return [SHELL]
+def test_a_cancel_mid_tool_ends_every_started_tool():
+    for mode, why in (("ui", "cancelled by the user"), ("deadline", "cancelled: deadline")):
+        world = World()
+        world.begin(Start("go", 4, offered=frozenset({"shell"})))
+        world.feed(ModelReplied(tool_reply(2, 1)))
+        world.feed(ToolStarted("t1-0"))
+        world.feed(ToolFinished("t1-0", ToolOutcome("ok", False)))
+        world.feed(ToolStarted("t1-1"))
+        actions = world.feed(Cancel(mode))
+        emitted = [(a.type, a.data.get("output")) for a in actions if isinstance(a, Emit)]
+        assert emitted == [("TOOL_END", why), ("CANCELLED", None)]
+        assert is_valid(world.history)
 
 
-@settings(max_examples=100, deadline=None)
-@given(script=st.lists(REPLIES, max_size=8), limit=st.integers(1, 6))
-def test_the_machine_gives_the_async_loops_events_and_history(script, limit):
-    agent = Agent(max_turns=limit, parallel_tools=False)
-    session = Session("s", agent, "/tmp")
-    io = ScriptedIO(script)
-    asyncio.run(run_session(session, io, "go"))
-
+def test_streamed_text_is_published_and_kept_on_a_cancel():
     world = World()
-    replies = list(script)
-    actions = world.feed(Start("go", limit, agent=agent.name,
-                               model=agent.model_id(io.config.aliases),
-                               deadline_s=agent.deadline_s, offered=frozenset({"shell"})))
-    while world.state.running:
-        call = next(a for a in actions if isinstance(a, (CallModel, RunToolCalls)))
-        if isinstance(call, CallModel):
-            actions = world.feed(ModelReplied(
-                reply_for(replies.pop(0) if replies else "text", call.turn)))
-            continue
-        for job in call.jobs:
-            actions = world.feed(ToolStarted(job.call.id))
-            outcome = job.refusal or ToolOutcome(f"ran {job.call.id}", False, 1.0)
-            actions = world.feed(ToolFinished(job.call.id, outcome))
-    assert world.events == io.events
-    assert world.history == session.history
-    assert world.state.turns == session.turns
+    world.begin(Start("go", 4))
+    world.feed(Delta("one "))
+    world.feed(Retry(2, "overloaded", 0.5))  # that attempt's text is void
+    world.feed(Delta("two", "thinking"))
+    world.feed(Delta("three"))
+    world.feed(Cancel("ui"))
+    assert [e[0] for e in world.events] == ["SESSION_START", "TURN_START", "TOKEN", "RETRY",
+                                            "THINKING", "TOKEN", "CANCELLED"]
+    assert world.history[-1]["content"][0]["text"] == \
+        "three\n\n[reply interrupted: cancelled by the user]"
+
+
+def test_a_failure_ends_the_run_with_one_error_and_a_valid_history():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(ToolStarted("t1-0"))
+    actions = world.feed(Failed("disk_full", "the disk is full"))
+    assert isinstance(actions[0], AbortJobs)
+    assert [e[0] for e in world.events][-2:] == ["TOOL_END", "ERROR"]
+    assert world.events[-1][2] == {"error": "disk_full", "message": "the disk is full",
+                                   "usage": ZERO.to_dict()}
+    assert is_valid(world.history)
+
+
+def test_messages_said_during_a_tool_call_arrive_together_after_its_result():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(ToolStarted("t1-0"))
+    assert world.feed(Say("first", "local")) == []  # queued: nothing happens yet
+    world.feed(Say("second", "control"))
+    actions = world.feed(ToolFinished("t1-0", ToolOutcome("out", False)))
+    kinds = [a.type if isinstance(a, Emit) else type(a).__name__ for a in actions]
+    assert kinds == ["TOOL_END", "TURN_END", "USER_MESSAGE", "USER_MESSAGE", "TURN_START",
+                     "CallModel"]
+    said = [a.data for a in actions if isinstance(a, Emit) and a.type == "USER_MESSAGE"]
+    assert said == [{"text": "first", "by": "local"}, {"text": "second", "by": "control"}]
+    # One user turn: the tool result, then the texts, before the next model call.
+    last = world.history[-1]
+    assert [b["type"] for b in last["content"]] == ["tool_result", "text", "text"]
+    assert is_valid(world.history)
+
+
+def test_a_message_said_while_the_model_answers_gets_a_turn_of_its_own():
+    world = World()
+    world.begin(Start("go", 4))
+    world.feed(Say("and also this"))
+    actions = world.feed(ModelReplied(text_reply("done")))
+    kinds = [a.type for a in actions if isinstance(a, Emit)]
+    assert kinds == ["TURN_END", "USER_MESSAGE", "TURN_START"]
+    assert world.state.running and world.state.turn == 2
+    world.feed(ModelReplied(text_reply("done too")))
+    assert world.events[-1][0] == "DONE" and is_valid(world.history)
+
+
+def test_a_message_pending_when_the_run_ends_still_joins_the_history():
+    world = World()
+    world.begin(Start("go", 1, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(Say("late"))
+    world.feed(Cancel("ui"))
+    kinds = [e[0] for e in world.events]
+    assert kinds[-2:] == ["USER_MESSAGE", "CANCELLED"]
+    assert is_valid(world.history)
+    assert step(world.state, Say("nobody listens")) == (world.state, [])  # idle: ignored
+
+
+def test_messages_pending_at_a_restart_survive_the_resume():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(ToolStarted("t1-0"))
+    world.feed(Say("still there?"))
+    world.calling, world.jobs = None, []
+    actions = world.begin(Resume("supervisor restarted"))
+    kinds = [a.type for a in actions if isinstance(a, Emit)]
+    assert kinds == ["RESUMED", "TOOL_END", "TURN_END", "USER_MESSAGE", "TURN_START"]
+    assert is_valid(world.history)

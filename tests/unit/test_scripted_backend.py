@@ -10,6 +10,7 @@ from actors.config import ConfigError
 from actors.llm_caller.actor import backend_for
 from actors.settings import load_settings
 from actors.llm_caller.scripted import ScriptedBackend, run_position
+from actors.llm_caller.stalls import StreamBounds
 from actors.offline_model.scenario import ScenarioError, parse_scenario
 
 CALL = {"type": "tool_use", "name": "read_file", "input": {"path": "/etc/hostname"}}
@@ -27,7 +28,7 @@ def play(backend, messages, session="s1"):
     for _ in range(10):
         got = []
         reply = asyncio.run(backend.stream(request(messages, session), lambda c, t: got.append(t),
-                                           idle_s=1, timeout_s=1))
+                                           bounds=StreamBounds(), timeout_s=1))
         replies.append((reply, "".join(got)))
         messages.append({"role": "assistant", "content": reply["content"]})
         uses = [b for b in reply["content"] if b["type"] == "tool_use"]

@@ -17,18 +17,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_machine import World
 
 from actors.config import Agent, Config
-from actors.sessionlog import JournalFull, Record, SessionLog
+from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
+from actors.supervisor.driver import ModelError, RunDriver
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
 from actors.supervisor.journal import Journal
 from actors.supervisor.machine import (
+    TERMINAL,
     CallModel,
+    Cancel,
+    Delta,
     ModelReplied,
     Resume,
     RunToolCalls,
@@ -36,16 +41,7 @@ from actors.supervisor.machine import (
     ToolFinished,
     ToolStarted,
 )
-from actors.supervisor.session import (
-    TERMINAL,
-    ModelError,
-    Session,
-    begin_run,
-    drive_run,
-    finish_cancelled,
-    resume_run,
-    run_state,
-)
+from actors.supervisor.session import Session, run_state
 from actors.supervisor.turn import ToolCall, ToolOutcome
 from bus.codec import encode
 from bus.messages import Envelope, Event
@@ -80,8 +76,7 @@ class LoggedIO:
         self.events: list[tuple[int, str, str]] = []
         self.cancel_at_tool = False
         #: ("model" | "tool", mode): a cancel arriving while the model streams or a
-        #: tool runs, as the supervisor's `_cancel` does it (end the run, then cancel
-        #: its task).
+        #: tool runs, from outside the run's task (the control socket, the deadline).
         self.interrupt: tuple[str, str] | None = None
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
@@ -93,11 +88,10 @@ class LoggedIO:
         self.events.append((seq, type_, data.get("tool_use_id", "")))
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int) -> dict[str, Any]:
+                         turn: int, progress: Any) -> dict[str, Any]:
         reply = self.replies.pop(0) if self.replies else text_reply("done")
         for word in ("some ", "streamed ", "text"):
-            session.partial.append(word)
-            self.emit(session, "TOKEN", turn, {"text": word})
+            progress(Delta(word))
         await self._maybe_interrupt(session, "model")
         if isinstance(reply, Exception):
             raise reply
@@ -109,7 +103,7 @@ class LoggedIO:
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         if self.cancel_at_tool:
-            session.stop_request = "operation"
+            session.driver.cancel("operation")
             self.journal.touch(session)
         await self._maybe_interrupt(session, "tool")
         return ToolOutcome("out", False, 1.0)
@@ -119,11 +113,8 @@ class LoggedIO:
             return
         mode = self.interrupt[1]
         self.interrupt = None
-        finish_cancelled(session, self, mode)
-        task = asyncio.current_task()
-        assert task is not None
-        task.cancel()
-        await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(session.driver.feed, Cancel(mode))
+        await asyncio.Event().wait()  # (the work in flight, until the cancel aborts it)
 
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [SHELL]
@@ -131,12 +122,12 @@ class LoggedIO:
 
 def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool = False) -> None:
     async def go() -> None:
+        driver = RunDriver(session, io)
         if resume:
-            first = resume_run(session, io, "test")
-            await drive_run(session, io, session.run_limit, first)
+            driver.resume("test")
         else:
-            limit = begin_run(session, io, prompt)
-            await drive_run(session, io, limit)
+            driver.start(prompt)
+        await driver.run()
 
     async def owner() -> None:  # the supervisor's task group: a cancelled run ends here
         with contextlib.suppress(asyncio.CancelledError):
@@ -159,9 +150,7 @@ def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str
         elif kind == "TOOL_END":
             started.discard(call)
         elif kind in TERMINAL:
-            # A cancel ends the run at once: its tools are aborted, not reported one by one.
-            assert not started or kind == "CANCELLED", f"tools started, never ended: {started}"
-            started.clear()
+            assert not started, f"tools started, never ended: {started}"
     assert is_valid(history)
     for i, msg in enumerate(history):
         if tool_use_ids(msg):
@@ -192,7 +181,7 @@ def bytes_per_token_event(tmp: Path, turn: int, n: int = 50) -> float:
     journal = Journal(tmp / f"t{turn}.db", reserve_mb=0)
     session = Session("s1", AGENT, "/tmp")
     io = LoggedIO(journal, [])
-    begin_run(session, io, "read the files")
+    RunDriver(session, io).start("read the files")
     for t in range(1, turn):
         add_reply(session.history, tool_reply(1, t))
         session.history.append({"role": "user", "content": [
@@ -259,7 +248,7 @@ def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factor
         copy.log.commit(records[:k], [row])
         prefix = load_session(copy.log, "s1", {})
         assert prefix is not None and prefix.next_seq == k + 1
-        # The state machine, from the same fold, does what the async loop does.
+        # The bare machine, from the same fold, does what the driver does.
         machine_events, machine_history = machine_resume(prefix)
         # ... resumes the open run, or takes a follow-up, keeping every invariant.
         again = LoggedIO(copy, [])
@@ -278,11 +267,11 @@ def machine_resume(folded: Session) -> tuple[list[tuple[str, str]], list[dict[st
     the machine's invariants after every step; its events and the history it ends with."""
     world = World(state=run_state(folded), history=list(folded.history))
     if folded.run_over:
-        actions = world.feed(Start("go", AGENT.max_turns, offered=frozenset({"shell"})))
+        actions = world.begin(Start("go", AGENT.max_turns, offered=frozenset({"shell"})))
     else:
         world.terminals_this_run = 0
         world.open_tools = set(folded.started_calls) - set(folded.outcomes)
-        actions = world.feed(Resume("test", offered=frozenset({"shell"})))
+        actions = world.begin(Resume("test", offered=frozenset({"shell"})))
     while world.state.running:
         call = next(a for a in actions if isinstance(a, CallModel | RunToolCalls))
         if isinstance(call, CallModel):
@@ -397,3 +386,33 @@ def test_records_are_sqlite_rows_per_event(journal):
     n = journal.log.db.execute("SELECT count(*) FROM records WHERE sid = 's1'").fetchone()[0]
     assert n == journal.log.last_seq("s1")
     assert isinstance(journal.log.db, sqlite3.Connection)
+
+
+def test_messages_waiting_fold_from_the_row_once_and_old_rows_still_load(journal):
+    """Messages said and not yet taken are the row's `stop` column: a fold restores
+    them for the open run, a `USER_MESSAGE` that takes them rewrites it (never twice),
+    and a row written before they existed (`[run, mode]`) still loads."""
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, [])
+    add_user_text(session.history, "go")
+    session.run_over, session.runs = False, 1
+    io.emit(session, "SESSION_START", 0, {"run": 1, "max_turns": 3})
+    session.said = [("first", "local"), ("second", "control")]
+    journal.touch(session)
+    journal.commit()
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None and loaded.said == session.said
+    assert run_state(loaded).said == (("first", "local"), ("second", "control"))
+    session.said = []
+    add_user_text(session.history, "first")
+    add_user_text(session.history, "second")
+    io.emit(session, "USER_MESSAGE", 1, {"text": "first", "by": "local"})
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None and loaded.said == [] and loaded.history == session.history
+    row = journal.log.row("s1")
+    assert row is not None
+    old = SessionRow(row.sid, row.created, row.meta, row.summary, row.updated, row.running,
+                     msgpack.packb([1, "operation"]))
+    journal.log.commit([], [old], [], [])
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None and loaded.stop_request == "operation" and loaded.said == []

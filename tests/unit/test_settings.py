@@ -17,8 +17,9 @@ def test_defaults_match_the_documented_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     s = load_settings(env(tmp_path))
     assert s.home == tmp_path
-    assert s.retry == RetrySettings(attempts=6, base_s=0.5, cap_s=32.0, idle_s=2.0)
-    assert (s.token_batch_s, s.llm_backend, s.llm_callers, s.executors) == (0.02, "anthropic", 1, 2)
+    assert s.retry == RetrySettings(attempts=6, base_s=0.5, cap_s=32.0, idle_s=2.0, first_s=60.0,
+                                   pause_s=30.0, retry_after_cap_s=120.0)
+    assert (s.token_batch_s, s.llm_backend, s.llm_callers, s.executors) == (0.02, "anthropic", 1, 1)
     assert (s.log_level, s.viewer_queue, s.connect) == ("WARNING", 100_000, "")
     r = s.config.retention
     assert (r.max_sessions, r.max_age_s) == (1000, 30 * 86_400)

@@ -7,10 +7,13 @@ import asyncio
 import pytest
 
 from actors.config import MODEL_ALIASES, Agent, Config, RouterConfig
+from actors.supervisor.driver import ModelError, run_session
 from actors.supervisor.history import is_valid
+from actors.supervisor.machine import Delta
 from actors.supervisor.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
-from actors.supervisor.session import ModelError, Session, run_session
+from actors.supervisor.session import Session
 from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.usage import ZERO
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
          "tags": ["exec"], "core": False, "risky": True}
@@ -39,7 +42,7 @@ class ScriptedIO:
         self.events.append((session.next_seq, type_, turn, data))
         session.next_seq += 1
 
-    async def call_model(self, session, request, *, stream, turn):
+    async def call_model(self, session, request, *, stream, turn, progress, route=False):
         self.requests.append(request)
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
@@ -75,7 +78,8 @@ def test_tool_calls_then_final_answer():
     results = session.history[2]["content"]
     assert [r["tool_use_id"] for r in results] == ["a", "b"]  # call order kept
     assert types(io)[0] == "SESSION_START" and types(io)[-1] == "DONE"
-    assert io.events[-1][3] == {"text": "all done", "turns": 2, "stop": "end_turn"}
+    assert io.events[-1][3] == {"text": "all done", "turns": 2, "stop": "end_turn",
+                                "usage": ZERO.to_dict()}  # (these replies report none)
     assert [e[0] for e in io.events] == list(range(1, len(io.events) + 1))
     assert is_valid(session.history)
 
@@ -134,6 +138,9 @@ def test_cancel_mid_tool_leaves_a_valid_history_and_one_terminal_event():
     asyncio.run(main())
     assert types(io)[-1] == "CANCELLED" and types(io).count("CANCELLED") == 1
     assert is_valid(session.history) and session.state == "idle"
+    # The tool a viewer saw start is seen to end, as cancelled.
+    assert types(io)[-3:] == ["TOOL_START", "TOOL_END", "CANCELLED"]
+    assert io.events[-2][3]["is_error"] and io.events[-2][3]["output"] == "cancelled by the user"
 
 
 def test_cache_breakpoints_never_exceed_four_and_sit_on_prefix_and_latest_user_turns():
@@ -162,6 +169,8 @@ def test_target_machine_suppresses_the_environment_reminder():
     reminders = io.requests[0]["system"][-1]["text"]
     assert "Target machine:" in reminders and "db-1" in reminders
     assert "Environment:" not in reminders
+    # nor the local platform's "tools act on it directly", which would contradict it
+    assert "Platform: a local machine" not in reminders
 
 
 def test_no_tools_means_the_honesty_reminder():
@@ -205,45 +214,50 @@ def test_intent_router_direct_sends_no_tools():
     assert ("ROUTE" in types(io)) and io.events[-1][3]["text"] == "Paris"
 
 
-@pytest.mark.parametrize("route", [
-    {"role": "assistant", "stop_reason": "end_turn",
-     "content": [{"type": "text", "text": "AGENT"}]},
-    {"role": "assistant", "stop_reason": "end_turn",
-     "content": [{"type": "text", "text": "no idea"}]},
-    ModelError("overloaded_error", "Overloaded", 529),
+@pytest.mark.parametrize("route, reason", [
+    ({"role": "assistant", "stop_reason": "end_turn",
+      "content": [{"type": "text", "text": "AGENT"}]}, None),
+    ({"role": "assistant", "stop_reason": "end_turn",
+      "content": [{"type": "text", "text": "no idea"}]}, "neither DIRECT nor AGENT"),
+    (ModelError("overloaded_error", "Overloaded", 529), "overloaded_error: Overloaded"),
 ])
-def test_intent_router_falls_back_to_agent(route):
+def test_intent_router_falls_back_to_agent_and_says_why(route, reason):
     config = Config(router=RouterConfig(enabled=True))
     io = ScriptedIO([route, text_reply("done")], config)
     run(io)
     assert io.requests[1]["tools"][0]["name"] == "shell"
     assert types(io)[-1] == "DONE"
+    (routed,) = [e[3] for e in io.events if e[1] == "ROUTE"]
+    assert routed["route"] == "AGENT"
+    assert (reason in routed["reason"]) if reason else "reason" not in routed
 
 
 def test_operation_cancel_stops_at_the_next_boundary():
     class Stopping(ScriptedIO):
         async def run_tool(self, session, call, *, timeout_s):
-            session.stop_request = "operation"  # asked for while the tool runs
+            session.driver.cancel("operation")  # asked for while the tool runs
             return await super().run_tool(session, call, timeout_s=timeout_s)
 
     io = Stopping([tool_reply("a"), text_reply("never asked")])
     session = run(io)
     assert len(io.requests) == 1 and len(io.tool_calls) == 1
     assert io.events[-1][1:] == ("CANCELLED", 1, {
-        "mode": "operation", "reason": "cancelled: the operation ended"})
+        "mode": "operation", "reason": "cancelled: the operation ended",
+        "usage": ZERO.to_dict()})
     assert is_valid(session.history)
 
 
 def test_deadline_cancels_and_keeps_the_streamed_text():
     class Slow(ScriptedIO):
-        async def call_model(self, session, request, *, stream, turn):
-            session.partial.append("half an ans")
+        async def call_model(self, session, request, *, stream, turn, progress, route=False):
+            progress(Delta("half an ans"))
             await asyncio.Event().wait()
 
     io = Slow([])
     session = Session("s1", Agent(), "/tmp")
     asyncio.run(run_session(session, io, "go", deadline_s=0.05))
     assert io.events[-1][1] == "CANCELLED" and io.events[-1][3]["mode"] == "deadline"
+    assert ("TOKEN", {"text": "half an ans"}) in [(e[1], e[3]) for e in io.events]
     text = session.history[-1]["content"][0]["text"]
     assert text == "half an ans\n\n[reply interrupted: cancelled: deadline]"
     assert is_valid(session.history)

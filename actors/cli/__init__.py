@@ -1,0 +1,21 @@
+"""The `oploop` command: the user's side of a host.
+
+Every subcommand talks to the host through `bus.client.Client`, the same client
+a program would embed. `run` (and `tools`) use the running host, or start an
+embedded one in the background, shared by the runs of this home and stopped when
+the last ends (`hosting`).
+
+Modules: `app` (arguments, dispatch), `run` (`oploop run`: prompt, signals),
+`commands` (watch, cancel, sessions, inspect, prune, rm, tools), `hostcmds` (up,
+down, status, keys), `hosting` (which host; the embedded one; a dead host noticed),
+`errors` (exit statuses; one line per error, no traceback).
+"""
+
+from __future__ import annotations
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `oploop` console script."""
+    from actors.cli.app import main as app_main
+
+    app_main(argv)

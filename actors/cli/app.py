@@ -1,0 +1,248 @@
+"""`oploop`'s arguments, and how each command is run: the home checked first, every
+error one line (`errors.guarded`), bus errors named for what the user can do."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from actors.cli import commands, hostcmds
+from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
+from actors.config import ConfigError, parse_duration
+from actors.settings import Settings
+from bus.endpoints import EndpointError, oploop_home
+from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
+from bus.security import ROLES, CredentialError
+
+AsyncCommand = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
+
+
+def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argparse.Namespace], int]:
+    """A command that talks to a host, on uvloop, its errors turned into one line."""
+    def run(args: argparse.Namespace) -> int:
+        import uvloop
+
+        check_home(oploop_home(), create=creates_home)
+        try:
+            settings = hostcmds.check_settings()
+        except ConfigError as exc:
+            raise CliError(f"bad configuration: {exc}") from None
+        try:
+            return int(uvloop.run(fn(args, settings)))
+        except RemoteError as exc:
+            raise CliError(exc.message) from None
+        except AccessDenied as exc:
+            raise CliError(f"{exc} (is OPLOOP_KEYS a folder from `oploop keys add` with the "
+                           "role this needs, and not revoked?)") from None
+        except RequestTimeout:
+            raise CliError(f"no host answering at {settings.connect or settings.home} "
+                           "(is `oploop up` running? see host.log in OPLOOP_HOME)") from None
+        except (EndpointError, BusError, CredentialError) as exc:
+            raise CliError(str(exc)) from None
+    return run
+
+
+def _home_checked(fn: Callable[[argparse.Namespace], int], *, create: bool
+                  ) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        check_home(oploop_home(), create=create)
+        return fn(args)
+    return run
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number), got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def _seq(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an event number >= 1, got {text!r}")
+    return int(text)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("oploop")
+    except PackageNotFoundError:
+        return "0.1.0 (source tree)"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of `oploop`."""
+    p = argparse.ArgumentParser(prog="oploop", description="A local operator host for LLM agents.",
+                                epilog=EXIT_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"oploop {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    up = sub.add_parser("up", help="start a host in $OPLOOP_HOME (resumes runs a stopped "
+                                   "host left open)")
+    up.add_argument("--detach", action="store_true", help="run in the background until "
+                                                          "`oploop down`")
+    up.set_defaults(fn=_home_checked(hostcmds.cmd_up, create=True))
+    sub.add_parser("down", help="stop the host").set_defaults(
+        fn=_home_checked(hostcmds.cmd_down, create=False))
+    st = sub.add_parser("status", help="actors and sessions")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    st.set_defaults(fn=_home_checked(hostcmds.cmd_status, create=False))
+    keys = sub.add_parser("keys", help="CURVE keys of TCP workers, clients and viewers")
+    keys.add_argument("action", choices=("add", "list", "revoke"))
+    keys.add_argument("name", nargs="?")
+    keys.add_argument("--role", choices=ROLES, default="control",
+                      help="control: start, cancel, say, watch; worker: serve jobs; viewer: watch only")
+    keys.set_defaults(fn=_home_checked(hostcmds.cmd_keys, create=True))
+    run = sub.add_parser(
+        "run", help="run a session and stream it (starts an embedded host if none is up)",
+        description="Run PROMPT and stream its events. With no host up, an embedded one is "
+                    "started in the background and stops when the last `oploop run` using "
+                    "it ends. Ctrl-C cancels the run (exit 130), SIGTERM too (143).")
+    run.add_argument("prompt", metavar="PROMPT",
+                     help="the prompt; - reads it from standard input, @FILE from a file")
+    run.add_argument("--agent", help="an agent of oploop.toml (default: the default agent)")
+    run.add_argument("--session", help="continue this session with a follow-up message")
+    run.add_argument("--max-turns", type=_count, default=0, metavar="N",
+                     help="stop after N model turns (0: the agent's limit)")
+    run.add_argument("--deadline", type=_seconds, metavar="SECONDS",
+                     help="cancel the run (mode deadline) if not done in this many seconds")
+    out = run.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="one event object per line")
+    out.add_argument("-q", "--quiet", action="store_true",
+                     help="print only the final answer")
+    run.set_defaults(fn=_async(_run_command, creates_home=True))
+    watch = sub.add_parser("watch", help="attach a viewer: full replay, then live")
+    watch.add_argument("session")
+    wout = watch.add_mutually_exclusive_group()
+    wout.add_argument("--json", action="store_true", help="one event object per line")
+    wout.add_argument("-q", "--quiet", action="store_true", help="only the final answers")
+    watch.add_argument("--from-seq", type=_seq, default=1, metavar="N",
+                       help="start at event N (1: everything)")
+    watch.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
+    watch.set_defaults(fn=_async(commands.watch))
+    cancel = sub.add_parser("cancel", help="cancel a session")
+    cancel.add_argument("session")
+    cancel.add_argument("--mode", choices=("ui", "operation"), default="ui",
+                        help="ui (default): end the run now, killing its tool; operation: "
+                             "let the model call or tool in flight finish, then stop")
+    cancel.set_defaults(fn=_async(commands.cancel))
+    say = sub.add_parser(
+        "say", help="send a message into a session",
+        description="Send TEXT to SESSION as a user message. A running session takes it "
+                    "at its next boundary (after the current tool results, before the next "
+                    "model call); an idle one starts a run on it. `oploop watch` shows it.")
+    say.add_argument("session")
+    say.add_argument("text", metavar="TEXT",
+                     help="the message; - reads it from standard input, @FILE from a file")
+    say.set_defaults(fn=_async(commands.say))
+    ses = sub.add_parser("sessions", help="list sessions (or prune them)")
+    ses.add_argument("--json", action="store_true", help="one object per session")
+    ses.set_defaults(fn=_async(commands.sessions))
+    ses_sub = ses.add_subparsers(dest="action")
+    prune = ses_sub.add_parser(
+        "prune", help="delete finished sessions now by [retention] (running ones never)")
+    prune.add_argument("--older-than", type=_duration, default=-1.0, metavar="DURATION",
+                       help="delete those idle for longer (30d, 12h, 15m, 90s)")
+    prune.add_argument("--keep", type=_count, default=-1, metavar="N",
+                       help="keep only the N most recently active")
+    prune.add_argument("--json", action="store_true", help="one JSON object")
+    prune.set_defaults(fn=_async(commands.prune))
+    ins = sub.add_parser("inspect", help="one session: state, agent, turns, last event, "
+                                         "history size")
+    ins.add_argument("session")
+    ins.add_argument("--json", action="store_true", help="summary and history as JSON")
+    ins.set_defaults(fn=_async(commands.inspect))
+    rm = sub.add_parser("rm", help="delete sessions: history, events, everything")
+    rm.add_argument("sessions", nargs="+", metavar="SESSION")
+    rm.add_argument("--json", action="store_true", help="one JSON object")
+    rm.set_defaults(fn=_async(commands.rm))
+    web = sub.add_parser("web", help="the web view's address (with its token); opens it")
+    web.add_argument("session", nargs="?", default="")
+    web.add_argument("--no-open", action="store_true", help="print it only")
+    web.set_defaults(fn=_home_checked(hostcmds.cmd_web, create=False))
+    tools = sub.add_parser("tools", help="list tools as an agent sees them")
+    tools.add_argument("--agent", help="an agent of oploop.toml (default: the default agent)")
+    tools.add_argument("--json", action="store_true", help="one tool object per line")
+    tools.set_defaults(fn=_async(commands.tools, creates_home=True))
+    comp = sub.add_parser("completion", help="print a shell completion script: "
+                                             "eval \"$(oploop completion bash)\"")
+    comp.add_argument("shell", choices=("bash", "zsh"))
+    comp.set_defaults(fn=lambda args: _completion(args.shell))
+    logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
+    logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
+                                               "executor, llm_caller, broadcaster, host, ...)")
+    logs.add_argument("-f", "--follow", action="store_true", help="go on printing what is added")
+    logs.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines")
+    logs.set_defaults(fn=_home_checked(hostcmds.cmd_logs, create=False))
+    return p
+
+
+def _completion(shell: str) -> int:
+    """Print a completion script for `shell` (commands and each command's options)."""
+    p = parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, cmd in sub.choices.items():
+        opts = sorted(o for a in cmd._actions for o in a.option_strings)
+        nested = [a for a in cmd._actions if isinstance(a, argparse._SubParsersAction)]
+        words = opts + [w for n in nested for w in n.choices]
+        cases.append(f'    {name}) opts="{" ".join(words)}" ;;')
+    script = "\n".join([
+        "_oploop() {",
+        '  local cur="${COMP_WORDS[COMP_CWORD]}" opts',
+        "  if [ \"$COMP_CWORD\" -eq 1 ]; then",
+        f'    COMPREPLY=($(compgen -W "{" ".join(sub.choices)} --help --version" -- "$cur"))',
+        "    return",
+        "  fi",
+        '  case "${COMP_WORDS[1]}" in',
+        *cases,
+        '    *) opts="" ;;',
+        "  esac",
+        '  COMPREPLY=($(compgen -W "$opts" -f -- "$cur"))',
+        "}",
+        "complete -F _oploop oploop",
+    ])
+    if shell == "zsh":
+        script = "autoload -Uz bashcompinit && bashcompinit\n" + script
+    print(script)
+    return 0
+
+
+async def _run_command(args: argparse.Namespace, settings: Settings) -> int:
+    from actors.cli.run import run
+
+    return await run(args, settings)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `oploop` console script."""
+    try:
+        p = parser()
+        args = p.parse_args(argv)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if getattr(args, "fn", None) is None:
+        p.print_help()
+        sys.exit(EXIT_USAGE)
+    fn: Any = args.fn
+    sys.exit(guarded(lambda: fn(args)))

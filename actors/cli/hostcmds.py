@@ -1,0 +1,280 @@
+"""The commands about the host itself: up, down, status, keys."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from actors.cli.errors import EXIT_OK, CliError, fail
+from actors.cli.hosting import offline_notice, spawn_host
+from actors.config import ConfigError
+from actors.host.actor import read_state
+from actors.settings import CONFIG_ENV, Settings, load_settings
+from actors.usage import describe
+from bus.client import Client
+from bus.endpoints import oploop_home
+from bus.errors import BusError
+from bus.security import CredentialError, Keyring
+
+
+def check_settings() -> Settings:
+    """Load and check `oploop.toml` and the environment now (raises `ConfigError`), and
+    pin the file's path in `OPLOOP_CONFIG` so every actor of the host reads the very
+    file checked here."""
+    settings = load_settings()
+    source = settings.config.source
+    if settings.config.hidden:  # a safety setting must not silently do nothing
+        from actors.tools import BUILTIN
+
+        for (platform, mode), names in settings.config.hidden.items():
+            unknown = sorted(set(names) - set(BUILTIN))
+            if unknown:
+                raise ConfigError(f"{source}: hidden.{platform}.{mode}: no tool named "
+                                  f"{', '.join(map(repr, unknown))} (the tools: "
+                                  f"{', '.join(sorted(BUILTIN))})")
+    if source != "<defaults>":
+        os.environ[CONFIG_ENV] = str(Path(source).resolve())
+    return settings
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start a host (in the foreground, or detached until `oploop down`). It resumes
+    the runs a stopped host left open in this home (an embedded host never does)."""
+    state = read_state()
+    if state is not None:
+        how = " (the embedded host of an `oploop run`)" if state.get("embedded") else ""
+        return fail(f"a host is already running in {oploop_home()}{how}")
+    try:
+        check_settings()
+    except ConfigError as exc:
+        raise CliError(f"bad configuration: {exc}") from None
+    if not args.detach:
+        from actors.host.actor import main as host_main
+
+        # The host says "ready" on stderr; Ctrl-C reaches it alone (its actors run in
+        # sessions of their own) and it stops them in order.
+        host_main()
+        return EXIT_OK
+    home = oploop_home()
+    started_at = time.perf_counter()
+    started = asyncio.run(spawn_host(home, embedded=False))
+    elapsed = time.perf_counter() - started_at
+    print(f"oploop: host {started.pid} ready in {home} ({elapsed:.2f} s)")
+    offline_notice(started.state)
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the running host and wait until it is gone."""
+    state = read_state()
+    if state is None:
+        return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
+    try:
+        running = [s["session"] for s in asyncio.run(_sessions(wait_s=2.0))
+                   if s["state"] == "running"]
+    except BusError:  # a supervisor that does not answer is stopped all the same
+        running = []
+    try:
+        proc = psutil.Process(state["pid"])
+        proc.terminate()
+        proc.wait(timeout=15)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return fail(f"host {state['pid']} did not stop within 15 s")
+    print("oploop: host stopped")
+    if running:
+        # Runs are journaled, not ended: say so, since they go on at the next `up`.
+        print(f"oploop: {len(running)} running session(s) will resume at the next "
+              f"`oploop up` in this home ({', '.join(running)}); to end a run instead, "
+              "`oploop cancel` it before `oploop down`")
+    return EXIT_OK
+
+
+def actor_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each actor with pid, restarts, state, CPU and RSS (from psutil)."""
+    rows = [{"name": "host", "pid": state["pid"], "restarts": 0, "state": state["state"]}]
+    rows += [dict(a) for a in state["actors"]]
+    procs = {}
+    for row in rows:
+        if not row["pid"]:
+            continue  # not running (psutil.Process(None) would be this very process)
+        with contextlib.suppress(psutil.Error, TypeError):
+            p = psutil.Process(row["pid"])
+            p.cpu_percent(None)
+            procs[row["name"]] = p
+    time.sleep(0.1)  # cpu_percent needs an interval to measure over
+    for row in rows:
+        p = procs.get(row["name"])
+        try:
+            row["cpu_percent"] = p.cpu_percent(None) if p else None
+            row["cpu_s"] = round(sum(p.cpu_times()[:2]), 2) if p else None
+            row["rss_mb"] = round(p.memory_info().rss / 2**20, 1) if p else None
+        except psutil.Error:
+            row.update(cpu_percent=None, cpu_s=None, rss_mb=None)
+        row.pop("started", None)
+    helpers = _helpers([p.pid for p in procs.values()])
+    if helpers:  # the sandbox's fork servers and tools: memory the host's too
+        rows.append({"name": "helpers", "pid": None, "restarts": 0,
+                     "state": f"{len(helpers)} proc", "cpu_percent": None,
+                     "cpu_s": None, "rss_mb": round(sum(helpers) / 2**20, 1)})
+    return rows
+
+
+def _helpers(actor_pids: list[int]) -> list[int]:
+    """The RSS of every process the actors started (not the actors themselves)."""
+    seen, sizes = set(actor_pids), []
+    for pid in actor_pids:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                if child.pid in seen:
+                    continue
+                seen.add(child.pid)
+                with contextlib.suppress(psutil.Error):
+                    sizes.append(child.memory_info().rss)
+    return sizes
+
+
+async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
+    """The sessions of the host in `$OPLOOP_HOME` (this machine's, whatever
+    OPLOOP_CONNECT says: status and down are about it)."""
+    async with Client.connect(oploop_home()) as client:
+        return await client.sessions(timeout=wait_s)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Actors (name, pid, restarts, CPU, RSS) and sessions."""
+    state = read_state()
+    if state is None:
+        return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
+    rows = actor_rows(state)
+    try:
+        sessions = asyncio.run(_sessions())
+    except BusError as exc:
+        sessions = []
+        print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
+    from actors.sandbox import layers_report  # only status needs it
+
+    layers = layers_report()
+    if args.json:
+        print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
+                          "offline_model": state["offline"], "actors": rows,
+                          "sessions": sessions, "sandbox": layers}))
+        return EXIT_OK
+    print(f"host {state['pid']} {state['state']} in {state['home']}"
+          + (" (offline model)" if state["offline"] else "")
+          + (" (embedded: stops when its last `oploop run` ends)" if state.get("embedded")
+             else ""))
+    if state.get("listen"):
+        print(f"listening on {state['listen']} (+4 ports), "
+              + ("CURVE: authorised keys only" if state.get("curve")
+                 else "plain TCP on loopback: any local user can connect"))
+    print(f"{'actor':<15}{'pid':>8}{'state':>11}{'restarts':>10}{'cpu%':>7}{'cpu s':>8}"
+          f"{'rss MB':>8}")
+    for r in rows:
+        print(f"{r['name']:<15}{r['pid'] or '-':>8}{r['state']:>11}{r['restarts']:>10}"
+              f"{_fmt(r['cpu_percent']):>7}{_fmt(r['cpu_s']):>8}{_fmt(r['rss_mb']):>8}")
+    total = sum(r["rss_mb"] or 0 for r in rows)
+    print(f"{'total':<15}{'':>44}{total:>8.1f}")
+    for r in rows:
+        if r["state"] == "failed":
+            print(f"{r['name']} FAILED: it kept dying, so the host stopped restarting it "
+                  f"(the others go on; see {state['home']}/host.log, then `oploop down` "
+                  f"and `oploop up`)")
+    running = sum(1 for s in sessions if s["state"] == "running")
+    print(f"sessions: {len(sessions)} ({running} running)")
+    for s in sessions:
+        print(f"  {s['session']}  {s['state']:<8} runs {s['runs']}  turns {s['turns']}"
+              f"  events {s['last_seq']}  {describe(s.get('usage'))}".rstrip())
+    print("sandbox layers:")
+    for layer, how in layers.items():
+        print(f"  {layer:<14}{how}")
+    return EXIT_OK
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _reachable_at() -> str:
+    """The address other machines reach this host at, as far as `oploop.toml` says."""
+    try:
+        network = load_settings().config.network
+    except ConfigError:
+        network = None
+    if network is None:
+        return "tcp://THIS-HOST:PORT (set [network] listen in oploop.toml)"
+    host = network.host if network.host not in ("0.0.0.0", "*", "::") else "THIS-HOST"
+    return f"tcp://{host}:{network.port}"
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """CURVE keys for TCP: issue one to a remote worker, client or viewer; list; revoke."""
+    keyring = Keyring.for_home(oploop_home())
+    try:
+        keyring.ensure()
+        if args.action == "add":
+            if not args.name:
+                return fail("keys add: name the key (oploop keys add NAME --role ROLE)")
+            folder = keyring.issue(args.name, args.role)
+            print(f"oploop: key {args.name!r} ({args.role}) authorised; copy {folder} to the "
+                  "other machine (then delete it here) and run there with\n"
+                  f"  OPLOOP_CONNECT={_reachable_at()} OPLOOP_KEYS=<that folder>")
+        elif args.action == "revoke":
+            if not args.name or not keyring.revoke(args.name):
+                return fail(f"keys revoke: no key named {args.name!r}")
+            print(f"oploop: key {args.name!r} revoked (new connections with it are refused)")
+        else:
+            for role, names in keyring.names().items():
+                print(f"{role:<8} {', '.join(names) or '-'}")
+    except (CredentialError, OSError) as exc:
+        return fail(str(exc))
+    return EXIT_OK
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """`oploop web [SESSION] [--no-open]`: the web view's address with its token, opened
+    in a browser when there is a display (`actors.gateway.urls.show`)."""
+    from actors.gateway.urls import show
+
+    return show(oploop_home(), args.session, open_browser=not args.no_open)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print `$OPLOOP_HOME/host.log` (the host's and its actors' log), or only the lines
+    of one actor; `--follow` goes on printing what is added (Ctrl-C ends)."""
+    log = oploop_home() / "host.log"
+    try:
+        f = open(log, encoding="utf-8", errors="replace")  # noqa: SIM115 - followed below
+    except FileNotFoundError:
+        return fail(f"no log yet in {oploop_home()} (a host started by `oploop up --detach` "
+                    "or `oploop run` writes host.log)")
+    mark = f" {args.actor}[" if args.actor else ""
+    with f:
+        if args.lines is not None:
+            tail = f.readlines()[-args.lines:] if args.lines else []
+            lines = iter(tail)
+        else:
+            lines = iter(f.readline, "")
+        for line in lines:
+            if not mark or mark in line or line.startswith(f"{args.actor}["):
+                sys.stdout.write(line)
+        sys.stdout.flush()
+        while args.follow:
+            line = f.readline()
+            if not line:
+                time.sleep(0.2)  # a file has no readiness to wait on
+                continue
+            if not mark or mark in line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    return EXIT_OK

@@ -1,0 +1,186 @@
+"""`oploop run`: start a run and stream it; Ctrl-C and SIGTERM at any moment.
+
+Before the run exists (the embedded host starting), a signal stops what was
+started and exits; while the start request is in flight it waits for the answer
+(a start cannot be taken back, only cancelled); once the run exists, the first
+signal cancels it (UI cancel) and the command exits when `CANCELLED` arrives;
+a second exits at once. Ctrl-C exits 130, SIGTERM 143.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from actors.cli.errors import (
+    EXIT_CANCELLED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    CliError,
+    quiet_pipe,
+)
+from actors.cli.hosting import attach, host_watch
+from actors.render import Renderer
+from actors.settings import Settings
+from bus.client import Client
+from bus.errors import BusError
+
+#: How long a cancelled run may take to say `CANCELLED` before the CLI leaves anyway.
+CANCEL_WAIT_S = 5.0
+
+
+def read_prompt(arg: str) -> str:
+    """The prompt: the argument itself, `-` for standard input, `@FILE` for a file's
+    contents (for prompts beyond the shell's argument limit). Must be UTF-8."""
+    if arg == "-":
+        data = sys.stdin.buffer.read()
+        source = "standard input"
+    elif arg.startswith("@") and len(arg) > 1:
+        path = Path(arg[1:]).expanduser()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read the prompt file {path}: {exc.strerror or exc}",
+                           EXIT_USAGE) from None
+        source = str(path)
+    else:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CliError("the prompt is not valid UTF-8 (check the terminal's or the "
+                           "file's encoding)", EXIT_USAGE) from None
+        return arg
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"the prompt from {source} is not valid UTF-8 (byte {exc.start})",
+                       EXIT_USAGE) from None
+
+
+class Interrupts:
+    """SIGINT/SIGTERM while a run is being started or streamed."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.count = 0
+        self.session: str | None = None
+        self.client: Client | None = None
+        self.starting = False
+        self.cancelled = asyncio.Event()
+        self._cancel: asyncio.Task[None] | None = None  # (held: a task only the loop holds may go)
+        self._main = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+
+    def __enter__(self) -> Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # From here the command only returns: a signal now ends it at once, with the
+        # status asked for, not with a KeyboardInterrupt (or a death by SIGINT); blocked
+        # while the handlers change hands, so that none falls between them.
+        both = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        try:
+            for sig in both:
+                self._loop.remove_signal_handler(sig)
+                signal.signal(sig, self._exit_now)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+
+    def _exit_now(self, sig: int, _frame: object) -> None:
+        self.signal = self.signal or sig
+        os._exit(self.status)
+
+    @property
+    def status(self) -> int:
+        """The exit status the signal asks for."""
+        return EXIT_TERMINATED if self.signal == signal.SIGTERM else EXIT_CANCELLED
+
+    def _on_signal(self, sig: int) -> None:
+        self.signal = self.signal or sig
+        self.count += 1
+        if self.count > 1 or (self.session is None and not self.starting):
+            # Nothing to cancel yet (the host is starting), or asked twice: leave now.
+            if self._main is not None:
+                self._main.cancel()
+            return
+        if self.session is None:
+            return  # the start is in flight: its answer names the session to cancel
+        self.cancel_session()
+
+    def cancel_session(self) -> None:
+        """Ask the host to cancel our session (once), then give it `CANCEL_WAIT_S`."""
+        if self.cancelled.is_set() or self.client is None or self.session is None:
+            return
+        self.cancelled.set()
+        why = "SIGTERM" if self.signal == signal.SIGTERM else "Ctrl-C"
+        if sys.stderr.isatty():
+            print("\noploop: cancelling (Ctrl-C again to quit now)", file=sys.stderr)
+        self._cancel = self._loop.create_task(_cancel_quietly(self.client, self.session, why))
+        self._loop.call_later(CANCEL_WAIT_S, self._give_up)
+
+    def _give_up(self) -> None:
+        if self._main is not None and not self._main.done():
+            self._main.cancel()
+
+
+async def _tick(render: Renderer) -> None:
+    """The progress line of a running tool, on a terminal."""
+    while True:
+        await asyncio.sleep(0.25)
+        render.tick()
+
+
+async def _cancel_quietly(client: Client, session: str, reason: str) -> None:
+    with contextlib.suppress(BusError):
+        await client.cancel(session, mode="ui", reason=reason)
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    """`oploop run PROMPT`: 0 done, 1 error, 130 cancelled (143 on SIGTERM)."""
+    prompt = read_prompt(args.prompt)
+    render = Renderer(json_lines=args.json, quiet=args.quiet)
+    with Interrupts() as stop:
+        try:
+            return await _run(args, settings, prompt, render, stop)
+        except asyncio.CancelledError:
+            if stop.signal is None:
+                raise
+            return stop.status
+
+
+async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render: Renderer,
+               stop: Interrupts) -> int:
+    async with attach(settings, start=True) as host, host_watch(host.host_pid, settings.home):
+        stop.client = host.client
+        stop.starting = True
+        started = await host.client.start(
+            prompt, session=args.session or "", agent=args.agent or "",
+            max_turns=args.max_turns, deadline_s=args.deadline or 0.0)
+        stop.session = started.session
+        if stop.signal is not None:  # a signal came while the start was in flight
+            stop.cancel_session()
+        if not args.json and not args.quiet:
+            print(f"session {started.session} (run {started.run})", file=sys.stderr)
+        ticker = asyncio.create_task(_tick(render)) if render.progress else None
+        try:
+            async for event in host.client.events(started.session, started.from_seq,
+                                                  stop_at="first"):
+                render.event(event)
+        except BrokenPipeError:
+            # Nobody reads the run any more: end it rather than leave it running.
+            await _cancel_quietly(host.client, started.session, "output closed")
+            return quiet_pipe()
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+    if stop.signal is not None:
+        return stop.status
+    return render.exit_status()

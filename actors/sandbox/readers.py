@@ -1,0 +1,367 @@
+"""Persistent readers: one locked-down reader process serves many reads of one session.
+
+A confined `read_file` or `list_dir` used to start a launcher per call (a fork,
+the namespaces, the mount view, Landlock, seccomp: ~3 ms), for a read of ~0.1 ms.
+A `Reader` is the same launcher, locked down the same way (`Sandbox.launch` with
+the op "serve": the session's uid, mount and pid namespaces, Landlock read-only
+on what the agent may read, seccomp without sockets, no_new_privs), that then
+answers requests on a socketpair (`fileops.run_server`) instead of exiting.
+
+The pool keys each reader by everything its lockdown was made of: the tool and
+its policy, the session's workspace (a session's own path: two sessions never
+share one), what else it may read, its uid, and the identity (device, inode) of
+each of those paths: a workspace mounted, removed or remade later gets a new
+reader. A reader is retired (killed) when
+
+- a call on it fails in any way (timeout, cancel, a bad or missing reply): the
+  next call gets a fresh one;
+- it has been idle `idle_s`, served `max_calls` calls, or lived `max_age_s`
+  (its RLIMIT_CPU counts all its calls together);
+- its session's workspace is removed (`drop`) or changes under it (the sweep,
+  every `sweep_s` while readers idle);
+- the sandbox closes.
+
+Readers with a cgroup of their own are never pooled (a cgroup needs an async
+release): their policy's reads start a launcher per call as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from actors import fileops
+from actors.tools.process import ToolRefused, release
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .sandbox import SandboxedChild
+
+Key = tuple[object, ...]
+
+IDLE_S = 2.0
+"""An idle reader is retired after this long. Reuse pays where reads come quickly (a
+turn's several reads, a fast model's turns: ~3 ms saved each); a model that thinks
+for seconds between reads gets a fresh reader, as cheap as a one-off launcher, and
+holds no process meanwhile."""
+MAX_CALLS = 500
+MAX_AGE_S = 120.0
+MAX_IDLE_PER_KEY = 2
+"""Parallel reads of one session each take a reader; this many wait idle afterwards."""
+MAX_IDLE = 8
+"""All sessions together (per executor): the least recently used reader is retired
+beyond this. Each holds ~2 MB of its own (PSS; ~9 MB RSS, most shared with the fork
+server), so idle readers stay under ~20 MB per executor."""
+SWEEP_S = 0.5
+_GONE_S = 2.0  # bound on waiting for retired readers to exit, when the sandbox closes
+
+
+def identity(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
+    """(device, inode) of each path (None: absent): a reader is made for these exact files."""
+    out: list[tuple[int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            out.append(None)
+        else:
+            out.append((st.st_dev, st.st_ino))
+    return tuple(out)
+
+
+@dataclass(eq=False, slots=True)
+class Reader:
+    """One persistent reader: its launcher (a `SandboxedChild`) and our end of its socket."""
+
+    key: Key
+    paths: tuple[str, ...]  # whose identity the key holds (the workspace, the readable paths)
+    child: SandboxedChild
+    sock: socket.socket
+    born: float = field(default_factory=time.monotonic)
+    used: float = field(default_factory=time.monotonic)
+    calls: int = 0
+
+    @property
+    def pid(self) -> int:
+        """The reader's pid (as the executor sees it)."""
+        return self.child.process.pid
+
+    async def ask(self, request: bytes, cap: int) -> bytes:
+        """Send one request; its framed reply (at most `cap` bytes), or b"" if the reader
+        is gone (refused before it served, or died). Raises BadReply on nonsense."""
+        loop = asyncio.get_running_loop()
+        self.calls += 1
+        try:
+            await loop.sock_sendall(self.sock, request)
+            head = await self._exactly(loop, fileops.REPLY_LEN_DIGITS)
+            if len(head) < fileops.REPLY_LEN_DIGITS:
+                return b""
+            if not head.isdigit():
+                raise fileops.BadReply(f"sandboxed reader: unreadable reply {head!r}")
+            size = int(head)
+            if size > cap:
+                raise fileops.BadReply(f"sandboxed reader: a {size}-byte reply (cap {cap})")
+            body = await self._exactly(loop, size)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        return body if len(body) == size else b""
+
+    async def _exactly(self, loop: asyncio.AbstractEventLoop, size: int) -> bytes:
+        chunks: list[bytes] = []
+        while size > 0:
+            chunk = await loop.sock_recv(self.sock, min(size, 256 * 1024))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def retire(self) -> int:
+        """Kill it now (EOF on its socket, SIGKILL through its pidfd) and let go of its fds;
+        its parent, the fork server, reaps it. A pidfd of it (-1: none), to see it gone."""
+        proc = self.child.process
+        pidfd = -1
+        own = getattr(proc, "_pidfd", -1)
+        with contextlib.suppress(OSError):
+            pidfd = os.dup(own) if own >= 0 else os.pidfd_open(proc.pid)
+        self.sock.close()
+        self.child.kill()
+        close_fds = getattr(proc, "_close_fds", None)
+        if close_fds is not None:
+            close_fds()
+        if self.child.errfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.child.errfd)
+            self.child.errfd = -1
+            if self.child.on_close is not None:
+                self.child.on_close(self.child)
+        return pidfd
+
+
+class ReaderPool:
+    """The idle readers of one sandbox, by key; a reader in use is its caller's alone."""
+
+    def __init__(self) -> None:
+        self.idle_s = IDLE_S
+        self.max_calls = MAX_CALLS
+        self.max_age_s = MAX_AGE_S
+        self.sweep_s = SWEEP_S
+        self._idle: dict[Key, list[Reader]] = {}
+        self._busy: set[Reader] = set()
+        self._doomed: set[Reader] = set()  # busy readers to retire when given back
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        self._retired: list[int] = []  # pidfds of retired readers not yet seen gone
+
+    # -- taking and giving back ------------------------------------------------------------
+
+    async def read(self, key: Key, paths: tuple[str, ...],
+                   launch: Callable[[int], Awaitable[SandboxedChild]],
+                   request: bytes, cap: int, timeout_s: float) -> bytes:
+        """One request on a reader of `key` (`launch(socket_fd)` starts a new one); its
+        reply. The whole call, a reader's start included, is bounded by `timeout_s`.
+
+        Raises ToolRefused when a fresh reader was refused by a layer, OSError when
+        it died without a reply, BadReply on nonsense.
+        """
+
+        async def start() -> Reader:
+            ours, theirs = socket.socketpair()
+            try:
+                child = await launch(theirs.fileno())
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            ours.setblocking(False)
+            return Reader(key, paths, child, ours)
+
+        async with asyncio.timeout(timeout_s):
+            reply, failed = await self.call(key, start, request, cap)
+            if failed is None:
+                return reply
+            # A fresh reader that answered nothing: refused by a layer, or it died.
+            failed.sock.close()
+            failed.child.kill()
+            refused = await release(failed.child)
+        if refused:
+            raise ToolRefused(f"refused by the sandbox: {refused}")
+        raise OSError(0, f"the sandboxed reader exited with status "
+                         f"{failed.child.process.returncode}")
+
+    async def call(self, key: Key, start: Callable[[], Awaitable[Reader]],
+                   request: bytes, cap: int) -> tuple[bytes, Reader | None]:
+        """Run one request on an idle reader of `key`, or on a fresh one from `start`.
+
+        (reply, None) when it was answered (the reader goes back to the pool);
+        (b"", reader) when the reader gave no reply: the caller reads its refusal
+        and releases it (it is retired). A reused reader that gives no reply (it
+        died while idle) is retired and the request retried once on a fresh one.
+        Any failure or cancellation meanwhile retires the reader.
+        """
+        reader = self._take(key)
+        if reader is not None:
+            reply = await self._ask(reader, request, cap)
+            if reply:
+                return reply, None
+            self._retire(reader)
+        reader = await start()
+        self._busy.add(reader)
+        reply = await self._ask(reader, request, cap)
+        if reply:
+            return reply, None
+        self._busy.discard(reader)
+        self._doomed.discard(reader)
+        return b"", reader
+
+    async def _ask(self, reader: Reader, request: bytes, cap: int) -> bytes:
+        try:
+            reply = await reader.ask(request, cap)
+        except BaseException:
+            self._retire(reader)
+            raise
+        if reply:
+            self._give(reader)
+        return reply
+
+    def _take(self, key: Key) -> Reader | None:
+        # (The key holds the paths' identity as of now: a changed path finds no reader.)
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        reader = idle.pop()
+        if not idle:
+            del self._idle[key]
+        if self._expired(reader, time.monotonic()):  # no timer ran (another event loop)
+            self._retire(reader)
+            return None
+        self._busy.add(reader)
+        return reader
+
+    def _expired(self, reader: Reader, now: float) -> bool:
+        return now - reader.used >= self.idle_s or now - reader.born >= self.max_age_s
+
+    def _give(self, reader: Reader) -> None:
+        self._busy.discard(reader)
+        now = time.monotonic()
+        reader.used = now
+        if (reader in self._doomed or reader.calls >= self.max_calls
+                or now - reader.born >= self.max_age_s):
+            self._retire(reader)
+            return
+        idle = self._idle.setdefault(reader.key, [])
+        idle.append(reader)
+        if len(idle) > MAX_IDLE_PER_KEY:
+            self._retire(idle.pop(0))
+        while self.idle_count() > MAX_IDLE:
+            oldest = min((r for rs in self._idle.values() for r in rs), key=lambda r: r.used)
+            self._remove_idle(oldest)
+            self._retire(oldest)
+        self._arm()
+
+    # -- retiring --------------------------------------------------------------------------
+
+    def _retire(self, reader: Reader) -> None:
+        self._busy.discard(reader)
+        self._doomed.discard(reader)
+        pidfd = reader.retire()
+        if pidfd >= 0:
+            self._retired.append(pidfd)
+
+    def _remove_idle(self, reader: Reader) -> None:
+        idle = self._idle.get(reader.key, [])
+        if reader in idle:
+            idle.remove(reader)
+        if not idle:
+            self._idle.pop(reader.key, None)
+
+    def drop(self, where: str) -> int:
+        """Retire every reader whose key holds the path `where` (a session's workspace,
+        being removed); a busy one when its call ends. How many."""
+        count = 0
+        for reader in [r for rs in self._idle.values() for r in rs]:
+            if where in reader.paths:
+                self._remove_idle(reader)
+                self._retire(reader)
+                count += 1
+        for reader in self._busy:
+            if where in reader.paths:
+                self._doomed.add(reader)
+                count += 1
+        return count
+
+    def sweep(self) -> int:
+        """Retire idle readers past their time, or whose paths changed; how many."""
+        now = time.monotonic()
+        gone = [r for rs in self._idle.values() for r in rs
+                if self._expired(r, now) or identity(r.paths) != r.key[-1]]
+        for reader in gone:
+            self._remove_idle(reader)
+            self._retire(reader)
+        self._retired = _still_running(self._retired, 0.0)
+        return len(gone)
+
+    def _arm(self) -> None:
+        """Sweep again in `sweep_s` on the running loop while readers idle (a loop closed
+        meanwhile, as in a test's `asyncio.run`, just drops the timer)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._timer is not None:
+            if self._timer_loop is loop and not self._timer.cancelled():
+                return  # armed already on this loop
+            self._timer.cancel()
+        self._timer = loop.call_later(self.sweep_s, self._tick)
+        self._timer_loop = loop
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.sweep()
+        if self._idle:
+            self._arm()
+
+    def close(self) -> None:
+        """Retire every reader, and wait (bounded) until they have exited: their mount
+        namespaces hold the workspaces' file systems until then."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for reader in [r for rs in self._idle.values() for r in rs] + list(self._busy):
+            self._remove_idle(reader)
+            self._retire(reader)
+        left = _still_running(self._retired, _GONE_S)
+        for fd in left:
+            os.close(fd)
+        self._retired = []
+
+    # -- looking -----------------------------------------------------------------------------
+
+    def idle_count(self) -> int:
+        """Idle readers, all keys together."""
+        return sum(len(rs) for rs in self._idle.values())
+
+    def readers(self) -> list[Reader]:
+        """Every reader held now, idle or busy."""
+        return [r for rs in self._idle.values() for r in rs] + list(self._busy)
+
+
+def _still_running(pidfds: list[int], bound_s: float) -> list[int]:
+    """The pidfds whose process has not exited within `bound_s` (the others closed).
+    An exited process's namespaces are gone, even before its parent reaps it."""
+    deadline = time.monotonic() + bound_s
+    left = []
+    for fd in pidfds:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            os.close(fd)
+        else:
+            left.append(fd)
+    return left

@@ -1,0 +1,324 @@
+"""The run's driver: feeds what happens to `machine.step` and carries out its actions.
+
+`machine.step` decides; this module does. A `RunDriver` holds one run's
+`RunState`, turns each happening (a model reply, a streamed batch, a tool's
+outcome, a cancel, a deadline, a bug) into an input, and carries out the
+actions `step` returns: `Emit` (append the history additions, then publish
+through `LoopIO.emit`), `CallModel` (build the request, call the model),
+`RunToolCalls` (run the jobs, up to the agent's parallelism), `AbortJobs`
+(cancel the task doing the run's work) and `End`. The supervisor (over its
+workers, `supervisor/workerio.py`) and the in-process `Runner` (over a
+backend and a tool catalogue, `actors/runner.py`) run every run through it.
+
+The `Session` is the run's durable data: after every step the driver copies
+the machine's counters onto it (`_sync`), so the session log, which reads the
+session when it journals an event, sees exactly the state the events fold to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from actors.config import Config
+from actors.supervisor.catalogue import resolve_tools
+from actors.supervisor.history import Message, append_blocks
+from actors.supervisor.machine import (
+    AbortJobs,
+    Begin,
+    CallModel,
+    Cancel,
+    Delta,
+    Emit,
+    End,
+    Failed,
+    Input,
+    ModelFailed,
+    ModelReplied,
+    Resume,
+    Retry,
+    Routed,
+    RunState,
+    RunToolCalls,
+    Say,
+    Start,
+    ToolFinished,
+    ToolJob,
+    ToolStarted,
+    step,
+)
+from actors.supervisor.request import build_request
+from actors.supervisor.router import route_of, router_request
+from actors.supervisor.session import Session, run_state
+from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.usage import of_reply
+
+log = logging.getLogger("oploop.session")
+
+#: What a model call reports while it runs: `Delta` (a streamed batch) or `Retry`.
+Progress = Callable[[Delta | Retry], None]
+
+
+class ModelError(Exception):
+    """The model call failed for good (retries spent, or a final API error)."""
+
+    def __init__(self, error: str, message: str, status: int = 0) -> None:
+        super().__init__(f"{error}: {message}")
+        self.error = error
+        self.message = message
+        self.status = status
+
+
+class LoopIO(Protocol):
+    """What a run needs from the world."""
+
+    #: Model aliases, hidden tool sets and the router's settings.
+    config: Config
+
+    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
+        """Publish one event of `session` (the implementation stamps `seq`)."""
+        ...
+
+    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
+                         turn: int, progress: Progress, route: bool = False) -> Message:
+        """The model's reply to `request`, reporting streamed text and retries to
+        `progress` as they happen; raises `ModelError`. `route`: the intent router's
+        call, tried at most `[router] attempts` times within `timeout_s`."""
+        ...
+
+    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        """Run one tool call; failures are outcomes with `is_error`."""
+        ...
+
+    def tool_catalogue(self) -> list[dict[str, Any]]:
+        """The tool specs (wire dicts) the executors offer now."""
+        ...
+
+
+class RunDriver:
+    """Drives one run of `session` through the machine (`start` or `resume`, then `run`).
+
+    The driver of a session's open run is `session.driver` (cleared at the run's
+    end); any other (a cancelled run still unwinding, a suspended one) is ignored:
+    whatever it still reports cannot touch the session.
+    """
+
+    def __init__(self, session: Session, io: LoopIO) -> None:
+        self.session = session
+        self.io = io
+        self.state: RunState = run_state(session)
+        #: The work the machine asked for last (`CallModel`, `RunToolCalls`), not yet begun.
+        self.work: CallModel | RunToolCalls | None = None
+        #: The task carrying out the run's work (`run`), which `AbortJobs` cancels.
+        self.task: asyncio.Task[Any] | None = None
+        self._aborted = False
+        self._timer: asyncio.TimerHandle | None = None
+        session.driver = self
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def start(self, prompt: str, max_turns: int = 0, deadline_s: float = 0.0) -> None:
+        """Open a run on `prompt`: `SESSION_START` goes out now, before any await (a run
+        exists, and can be cancelled, from the moment it is accepted); its turns begin
+        when `run` does."""
+        session, config = self.session, self.io.config
+        agent = session.agent
+        deadline_s = deadline_s or agent.deadline_s
+        session.state = "running"
+        # Before the event: the session log journals the absolute deadline with it.
+        session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
+        self.feed(Start(prompt, max_turns or agent.max_turns, agent.name,
+                        agent.model_id(config.aliases), deadline_s,
+                        router=config.router.enabled, check=session.output_check))
+
+    def resume(self, reason: str) -> None:
+        """Go on with the open run a supervisor restart left (the session is its log's fold)."""
+        self.session.state = "running"
+        self.feed(Resume(reason, router=self.io.config.router.enabled,
+                         check=self.session.output_check))
+
+    def cancel(self, mode: str, reason: str = "") -> None:
+        """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
+        self.feed(Cancel(mode, reason))
+
+    def say(self, text: str, by: str) -> None:
+        """A user message into the open run: taken at its next boundary (`USER_MESSAGE`)."""
+        self.feed(Say(text, by))
+
+    def fail(self, error: str, message: str) -> None:
+        """End the run now with `ERROR` (e.g. the session log cannot be written)."""
+        self.feed(Failed(error, message))
+
+    def feed(self, event: Input) -> None:
+        """Step the machine on `event` and carry out its actions, in order."""
+        session = self.session
+        if session.driver is not self:
+            return  # a newer run owns the session
+        state, actions = step(self.state, event)
+        if state is not self.state:
+            _sync(session, self.state, state)
+            self.state = state  # first: the journal reads the session as it emits
+        for action in actions:
+            if isinstance(action, Emit):
+                for role, added in action.added:
+                    append_blocks(session.history, role, list(added))
+                self.io.emit(session, action.type, action.turn, action.data)
+            elif isinstance(action, (CallModel, RunToolCalls)):  # noqa: UP038 (faster)
+                self.work = action
+            elif isinstance(action, AbortJobs):
+                self.work = None
+                self._abort()
+            elif isinstance(action, End):
+                self.work = None
+                self._disarm()
+                self._abort()  # (from outside the run's task: nothing of it may go on)
+                session.driver = None  # done: no cycle left for the collector
+
+    # -- carrying out ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Carry out the run's work until its terminal event.
+
+        Returns once the run has ended (an abort of its work included); a cancel of
+        the calling task from outside ends the run as a "ui" cancel (unless the
+        session is suspended: the next supervisor resumes it) and is re-raised.
+        """
+        self.task = asyncio.current_task()
+        self._arm()
+        try:
+            if self.state.phase == "ready":
+                self.feed(Begin())  # the turns (or the router) begin now
+            while self.state.running and self.session.driver is self:
+                work, self.work = self.work, None
+                if work is None:
+                    raise RuntimeError(f"the run waits for nothing in phase {self.state.phase}")
+                if isinstance(work, CallModel):
+                    await self._call(work)
+                else:
+                    await self._tools(work)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._aborted and task is not None and task.uncancel() == 0:
+                return  # only our own abort: the machine has ended the run
+            if self.session.suspended:  # left open for the next supervisor: this driver
+                self.session.driver = None  # is done (nothing late may add to the run)
+            else:
+                self.feed(Cancel("ui"))
+            raise
+        except Exception as exc:  # the run's edge: a bug ends the run, not the host
+            log.exception("session %s failed", self.session.id)
+            self.feed(Failed("internal", f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._disarm()
+            self.task = None
+
+    async def _call(self, work: CallModel) -> None:
+        session, io = self.session, self.io
+        config = io.config
+        if work.route:  # the intent router: DIRECT (no tools) or AGENT
+            request = router_request(session.history, config.router, session.id, config.aliases)
+            try:
+                reply = await io.call_model(session, request, stream=False, turn=0,
+                                            progress=self.feed, route=True)
+            except ModelError as exc:
+                log.info("intent router failed (%s): AGENT", exc)
+                self.feed(ModelFailed(exc.error, exc.message))
+                return
+            route, reason = route_of(reply)
+            self.feed(Routed(route, of_reply(reply), reason))
+            return
+        agent = session.agent
+        tools = [] if work.direct else resolve_tools(io.tool_catalogue(), agent, work.turn,
+                                                     config.hidden)
+        request = build_request(agent, session.turn_cache.sanitized(session.history), tools,
+                                session=session.id, cwd=session.cwd, aliases=config.aliases)
+        try:
+            reply = await io.call_model(session, request, stream=agent.streaming,
+                                        turn=work.turn, progress=self.feed)
+        except ModelError as exc:
+            self.feed(ModelFailed(exc.error, exc.message))
+            return
+        self.feed(ModelReplied(reply, frozenset([t["name"] for t in tools])))
+
+    async def _tools(self, work: RunToolCalls) -> None:
+        agent = self.session.agent
+        width = agent.max_parallel_tools if agent.parallel_tools else 1
+        if width <= 1 or len(work.jobs) == 1:
+            for job in work.jobs:
+                await self._tool(job)
+            return
+        gate = asyncio.Semaphore(width)
+
+        async def gated(job: ToolJob) -> None:
+            async with gate:
+                await self._tool(job)
+
+        async with asyncio.TaskGroup() as group:
+            for job in work.jobs:
+                group.create_task(gated(job))
+
+    async def _tool(self, job: ToolJob) -> None:
+        call = job.call
+        self.feed(ToolStarted(call.id))
+        if self.state.phase != "tools" or call.id not in self.state.started:
+            return  # the run ended (or moved on): never start a tool for it
+        if job.refusal is not None:  # hidden or unknown: never run
+            outcome = job.refusal
+        else:
+            outcome = await self.io.run_tool(self.session, call,
+                                             timeout_s=self.session.agent.tool_timeout_s)
+        self.feed(ToolFinished(call.id, outcome))
+
+    def _abort(self) -> None:
+        """Stop the run's work in flight: cancel the task doing it (not from inside it:
+        there the run loop sees the run ended and returns)."""
+        task = self.task
+        if task is not None and not self._aborted and task is not asyncio.current_task():
+            self._aborted = True
+            task.cancel()
+
+    def _arm(self) -> None:
+        deadline = self.session.deadline
+        if deadline and self.state.running and self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(loop.time() + (deadline - time.time()), self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        self.feed(Cancel("deadline"))
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _sync(session: Session, old: RunState, state: RunState) -> None:
+    """Copy the machine's counters onto the session (what the log folds and journals)."""
+    session.runs = state.runs
+    session.turns = state.turns
+    session.run_turn = state.turn
+    session.run_limit = state.limit
+    session.run_over = state.phase == "idle"
+    session.last_end = state.last_end
+    session.stop_request = state.stop_request
+    if state.started is not old.started:  # (the machine's tuples are never edited)
+        session.started_calls = list(state.started)
+    if state.outcomes is not old.outcomes:
+        session.outcomes = dict(state.outcomes)
+    if state.said is not old.said:
+        session.said = list(state.said)
+
+
+async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,
+                      deadline_s: float = 0.0) -> None:
+    """One run of `session` on `prompt`: every event from `SESSION_START` to the terminal one."""
+    driver = RunDriver(session, io)
+    driver.start(prompt, max_turns, deadline_s)
+    try:
+        await driver.run()
+    finally:
+        session.state = "idle"

@@ -1,0 +1,403 @@
+"""The CLI at its edges, as a user meets them (issue 16): Ctrl-C and SIGTERM with the
+embedded host (in a real pseudo-terminal), concurrent embedded runs, closed pipes,
+a dead host, no host, a bad OPLOOP_HOME, large prompts, `inspect`.
+
+Every case waits for something observable (a line of output, a process gone), and
+checks the exit status, the output (one line, never a traceback) and the session
+log afterwards (nothing left running, nothing resumed by a later command).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hostkit import OPLOOP, events_of, host_pids, oploop, running_host, wait_until
+
+from actors.sessionlog import SessionLog
+
+
+def _env(home: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env.update(OPLOOP_HOME=home, **extra)
+    return env
+
+
+def _controlling_tty() -> None:  # in the child, after setsid (start_new_session)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class Terminal:
+    """`oploop ARGS` on a pseudo-terminal of its own, as typed in a shell: a Ctrl-C
+    written to it is the terminal's SIGINT to its foreground process group."""
+
+    def __init__(self, home: str, *args: str, **env: str) -> None:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [*OPLOOP, *args], stdin=slave, stdout=slave, stderr=slave, env=_env(home, **env),
+            start_new_session=True, preexec_fn=_controlling_tty)
+        os.close(slave)
+        self.output = b""
+
+    def expect(self, text: str, timeout: float = 60.0) -> None:
+        """Read until `text` has been shown."""
+        end = time.monotonic() + timeout
+        while text.encode() not in self.output:
+            left = end - time.monotonic()
+            assert left > 0, f"no {text!r} in {self.output.decode(errors='replace')!r}"
+            if not self._read(left):
+                raise AssertionError(f"exited before {text!r}: {self.text()!r}")
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.master], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            chunk = os.read(self.master, 65536)
+        except OSError:  # EIO: every slave end closed
+            return False
+        self.output += chunk
+        return bool(chunk)
+
+    def ctrl_c(self) -> None:
+        os.write(self.master, b"\x03")
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Read to the end; the exit status."""
+        end = time.monotonic() + timeout
+        while self._read(max(0.01, end - time.monotonic())) and time.monotonic() < end:
+            if self.proc.poll() is not None and not select.select([self.master], [], [], 0)[0]:
+                break
+        code = self.proc.wait(timeout=max(1.0, end - time.monotonic()))
+        os.close(self.master)
+        return code
+
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+
+def _no_host_left(home: str) -> None:
+    assert not (Path(home) / "run" / "host.json").exists()
+
+
+def _running_sessions(home: str) -> list[str]:
+    log = SessionLog.for_home(Path(home))
+    try:
+        return log.running()
+    finally:
+        log.close()
+
+
+def _no_traceback(text: str) -> None:
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert "CancelledError" not in text, text
+
+
+# -- Ctrl-C and SIGTERM with the embedded host -------------------------------------------
+
+
+def test_ctrl_c_during_a_tool_cancels_the_session_and_stops_the_embedded_host(short_home):
+    term = Terminal(short_home, "run", "run `sleep 30`")
+    term.expect("→ shell")
+    term.ctrl_c()
+    code = term.finish()
+    assert code == 130, term.text()
+    _no_traceback(term.text())
+    assert "cancelled" in term.text()
+    _no_host_left(short_home)
+    assert _running_sessions(short_home) == []
+    # Nothing is resumed later: `oploop up` finds no open run.
+    with running_host(short_home):
+        listed = oploop(short_home, "sessions", "--json")
+        assert listed.returncode == 0, listed.stderr
+        states = [json.loads(line)["state"] for line in listed.stdout.splitlines()]
+        assert states and "running" not in states
+
+
+@pytest.mark.parametrize("moment", ["at once", "host starting", "host ready"])
+def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
+    term = Terminal(short_home, "run", "run `sleep 30`")
+    if moment == "host starting":  # the log is opened just before the host is started
+        wait_until(lambda: (Path(short_home) / "host.log").exists(), "the host starting")
+    if moment == "host ready":
+        term.expect("offline model")
+    term.ctrl_c()
+    code = term.finish()
+    # -2: killed by SIGINT before Python took it over (a shell shows 130 as well)
+    assert code in (130, -signal.SIGINT), term.text()
+    _no_traceback(term.text())
+    _no_host_left(short_home)
+    assert _running_sessions(short_home) == []
+
+
+def test_sigterm_during_a_tool_cancels_the_session_exit_143(short_home):
+    proc = subprocess.Popen([*OPLOOP, "run", "run `sleep 30`"], env=_env(short_home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("→ shell"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    _no_traceback(err)
+    assert "cancelled" in out
+    _no_host_left(short_home)
+    assert _running_sessions(short_home) == []
+
+
+def test_ctrl_c_in_watch_and_a_second_ctrl_c_in_run(short_home):
+    with running_host(short_home):
+        term = Terminal(short_home, "run", "run `sleep 30`")
+        term.expect("→ shell")
+        sid = term.text().split("session ", 1)[1].split()[0]
+        viewer = Terminal(short_home, "watch", sid)
+        viewer.expect("→ shell")
+        viewer.ctrl_c()
+        assert viewer.finish() == 130, viewer.text()
+        _no_traceback(viewer.text())
+        term.ctrl_c()
+        term.ctrl_c()
+        assert term.finish() == 130, term.text()
+        _no_traceback(term.text())
+        wait_until(lambda: sid not in _running_sessions(short_home), "the run cancelled")
+
+
+# -- two embedded runs at once -----------------------------------------------------------
+
+
+def _start(home: str, prompt: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*OPLOOP, "run", "--json", prompt], env=_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _first_event(proc: subprocess.Popen[str], kind: str) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if json.loads(line)["type"] == kind:
+            return
+    raise AssertionError(f"no {kind}")
+
+
+def test_concurrent_embedded_runs_share_one_host_until_the_last_ends(short_home):
+    first = _start(short_home, "run `sleep 2`")
+    _first_event(first, "TOOL_START")
+    host = json.loads((Path(short_home) / "run" / "host.json").read_text())
+    assert host["embedded"]
+    second = _start(short_home, "run `sleep 4`")
+    _first_event(second, "TOOL_START")
+    out1, err1 = first.communicate(timeout=60)
+    assert first.returncode == 0, err1
+    assert psutil.pid_exists(host["pid"])  # the second still uses it
+    out2, err2 = second.communicate(timeout=60)
+    assert second.returncode == 0, err2
+    assert events_of(out2)[-1]["type"] == "DONE"
+    assert _gone(host["pid"])
+    _no_host_left(short_home)
+
+
+def test_runs_started_together_start_one_host(short_home):
+    runs = [_start(short_home, f"run `echo {i}`") for i in range(3)]
+    for proc in runs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert events_of(out)[-1]["type"] == "DONE"
+    _no_host_left(short_home)
+    assert _running_sessions(short_home) == []
+
+
+# -- closed pipes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("tools", "--json"), ("tools",),
+                                  ("run", "--json", "run `echo hi`"), ("run", "run `echo hi`")])
+def test_a_closed_pipe_exits_141_quietly(short_home, args):
+    read, write = os.pipe()
+    os.close(read)  # `| head -1` that has had its line: every write now fails (EPIPE)
+    try:
+        done = subprocess.run([*OPLOOP, *args], env=_env(short_home), stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    _no_host_left(short_home)
+    assert _running_sessions(short_home) == []
+
+
+# -- a dead host, no host ----------------------------------------------------------------
+
+
+def test_a_run_notices_its_host_died_at_once(short_home):
+    with running_host(short_home):
+        proc = subprocess.Popen([*OPLOOP, "run", "run `sleep 30`"], env=_env(short_home),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("→ shell"):
+                break
+        pids = host_pids(short_home)
+        pid = pids[0]
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=10)  # not the client's 30 s of patience
+        assert proc.returncode == 1, err
+        assert "died" in err and "Traceback" not in err
+        wait_until(lambda: all(_gone(p) for p in pids), "the actors gone")
+        # For running_host's `down`: a host again (it resumes the run the kill left open).
+        up = oploop(short_home, "up", "--detach")
+        assert up.returncode == 0, up.stderr
+
+
+@pytest.mark.parametrize("args", [("watch", "S"), ("cancel", "S"), ("sessions",),
+                                  ("inspect", "S")])
+def test_no_host_answers_at_once(short_home, args):
+    started = time.monotonic()
+    done = oploop(short_home, *args, timeout=10)
+    assert done.returncode == 1
+    assert "no host is running" in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 4  # not a 5 s request timeout
+
+
+# -- a bad OPLOOP_HOME -------------------------------------------------------------------
+
+
+def test_a_bad_home_is_one_line_exit_2(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for home, words in ((afile, "not a directory"), (afile / "sub", "cannot create")):
+        for args in (("up", "--detach"), ("run", "hi"), ("status",)):
+            done = oploop(str(home), *args, timeout=30)
+            if args == ("status",) and words == "cannot create":
+                assert done.returncode == 1 and "no host" in done.stderr
+                continue
+            assert done.returncode == 2, (args, done.stderr)
+            assert words in done.stderr and "Traceback" not in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# -- prompts -----------------------------------------------------------------------------
+
+
+def test_prompts_from_stdin_and_from_a_file(short_home, tmp_path):
+    big = "run `echo big` " + "please " * 40_000  # ~280 KB: beyond what argv likes
+    run = subprocess.run([*OPLOOP, "run", "--json", "-"], input=big, env=_env(short_home),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    start = next(e for e in events_of(run.stdout) if e["type"] == "SESSION_START")
+    assert start["data"]["prompt"] == big
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("run `echo from-a-file`")
+    run = oploop(short_home, "run", "-q", f"@{prompt}")
+    assert run.returncode == 0, run.stderr
+    assert "from-a-file" in run.stdout
+    missing = oploop(short_home, "run", "@/nonexistent/prompt")
+    assert missing.returncode == 2 and "cannot read the prompt file" in missing.stderr
+    bad = subprocess.run([*OPLOOP, "run", "-"], input=b"\xff\xfe", env=_env(short_home),
+                         capture_output=True, timeout=30)
+    assert bad.returncode == 2 and b"not valid UTF-8" in bad.stderr
+    argv = subprocess.run([*OPLOOP, "run", b"caf\xe9"], env=_env(short_home),
+                          capture_output=True, timeout=30)
+    assert argv.returncode == 2 and b"not valid UTF-8" in argv.stderr
+
+
+# -- inspect, version --------------------------------------------------------------------
+
+
+def test_inspect_a_session(short_home):
+    with running_host(short_home):
+        run = oploop(short_home, "run", "--json", "run `echo hi`")
+        sid = events_of(run.stdout)[0]["session"]
+        text = oploop(short_home, "inspect", sid)
+        assert text.returncode == 0, text.stderr
+        assert "state" in text.stdout and "history" in text.stdout and "last event" in text.stdout
+        as_json = json.loads(oploop(short_home, "inspect", sid, "--json").stdout)
+        assert as_json["summary"]["session"] == sid and as_json["history_messages"] >= 2
+        unknown = oploop(short_home, "inspect", "nosuch")
+        assert unknown.returncode == 1 and "nosuch" in unknown.stderr
+
+
+def test_version_and_bare_help():
+    version = subprocess.run([*OPLOOP, "--version"], capture_output=True, text=True, timeout=30)
+    assert version.returncode == 0 and version.stdout.startswith("oploop ")
+    bare = subprocess.run(OPLOOP, capture_output=True, text=True, timeout=30)
+    assert bare.returncode == 2 and "exit status" in bare.stdout
+
+
+# -- what a terminal shows ---------------------------------------------------------------
+
+
+def test_a_terminal_shows_a_running_tool_and_no_colour_under_no_color(short_home):
+    term = Terminal(short_home, "run", "run `sleep 1.5` and then `echo fine`")
+    term.expect("… shell")  # the progress line while the tool runs
+    assert term.finish() == 0, term.text()
+    plain = Terminal(short_home, "run", "run `sleep 1.5`", NO_COLOR="1")
+    assert plain.finish() == 0, plain.text()
+    assert "\x1b[" not in plain.text() and "… shell" not in plain.text()
+
+
+def test_watch_quiet_and_logs(short_home):
+    with running_host(short_home):
+        quiet = oploop(short_home, "run", "-q", "run `echo quietly`")
+        assert quiet.returncode == 0, quiet.stderr
+        assert "quietly" in quiet.stdout and "→" not in quiet.stdout and "done" not in quiet.stdout
+        done = oploop(short_home, "run", "--json", "run `echo one`")
+        sid = events_of(done.stdout)[0]["session"]
+        assert oploop(short_home, "watch", sid).returncode == 0
+        beyond = oploop(short_home, "watch", sid, "--from-seq", "999")
+        assert beyond.returncode == 1 and "nothing from --from-seq 999" in beyond.stderr
+        assert oploop(short_home, "watch", sid, "--from-seq", "-5").returncode == 2
+        late = oploop(short_home, "run", "--json", "--deadline", "0.5", "run `sleep 20`")
+        assert late.returncode == 130, late.stderr
+        late_sid = events_of(late.stdout)[0]["session"]
+        replay = oploop(short_home, "watch", late_sid)
+        assert replay.returncode == 130 and "› run 1: run `sleep 20`" in replay.stdout
+        assert oploop(short_home, "run", "--max-turns", "-1", "x").returncode == 2
+        logs = oploop(short_home, "logs", "-n", "5")
+        assert logs.returncode == 0 and "ready" in oploop(short_home, "logs").stdout
+
+
+def test_a_typo_in_a_hidden_tool_name_stops_the_start(short_home):
+    (Path(short_home) / "oploop.toml").write_text('[hidden.local]\nreadonly = ["shel"]\n')
+    for args in (("up", "--detach"), ("run", "hi")):
+        done = oploop(short_home, *args)
+        assert done.returncode == 1, done.stderr
+        assert "hidden.local.readonly: no tool named 'shel'" in done.stderr
+        _no_host_left(short_home)
+
+
+def test_foreground_up_says_ready_and_stops_on_ctrl_c(short_home):
+    term = Terminal(short_home, "up")
+    term.expect("ready in")
+    pids = host_pids(short_home)
+    term.ctrl_c()
+    assert term.finish() in (0, 130), term.text()
+    _no_traceback(term.text())
+    assert "exited" not in term.text()  # no actor reported dying one by one
+    wait_until(lambda: all(_gone(p) for p in pids), "the actors gone")
+    _no_host_left(short_home)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_bash_completion():
+    script = subprocess.run([*OPLOOP, "completion", "bash"], capture_output=True, text=True,
+                            timeout=30, check=True).stdout
+    probe = (f'{script}\nCOMP_WORDS=(oploop ru); COMP_CWORD=1; _oploop; echo "${{COMPREPLY[@]}}"'
+             '\nCOMP_WORDS=(oploop run --dead); COMP_CWORD=2; _oploop; echo "${COMPREPLY[@]}"')
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+    assert out.stdout.split("\n")[:2] == ["run", "--deadline"], out.stdout + out.stderr

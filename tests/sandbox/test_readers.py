@@ -1,0 +1,265 @@
+"""Adversarial: the persistent readers of read_file and list_dir (`actors/sandbox/readers.py`).
+
+A reader serves many calls of one session. These cases check that it is never
+used for another session, that it dies with its session (removed, idle, its
+workspace changed, killed), and that a hostile sequence of reads is refused
+alike by a fresh reader and by one that has served calls before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import select
+import time
+from pathlib import Path
+
+import pytest
+from sbhelp import BOUND_S, Host, need
+from test_escape_read import READ_POLICY, call, still_reads, tools
+
+from actors.sandbox import Sandbox
+from actors.sandbox.readers import Reader
+from actors.sandbox.workspaces import Workspaces
+from actors.tools import ToolContext, invoke
+
+
+@pytest.fixture
+def rhost(host: Host) -> Host:
+    """The sandbox suite's host, once: reads always run in the launcher."""
+    if host.backend != "launcher":
+        pytest.skip("reads always run in the launcher: one backend is enough")
+    # Reuse is what these cases check: no reader may expire between calls on a slow
+    # machine (the idle case sets its own).
+    host.sandbox.readers.idle_s = host.sandbox.readers.max_age_s = 3600.0
+    return host
+
+
+def readers_of(sandbox: Sandbox, workspace: Path) -> list[Reader]:
+    """The readers the sandbox holds for the session whose workspace is `workspace`."""
+    return [r for r in sandbox.readers.readers() if r.paths[0] == str(workspace)]
+
+
+def only_reader(sandbox: Sandbox, workspace: Path) -> Reader:
+    """The one reader of that session (a test that reads one call at a time has one)."""
+    found = readers_of(sandbox, workspace)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def proc_uid(pid: int) -> int:
+    """The real uid of a process, from its /proc status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for {pid}")
+
+
+def gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie counts: its namespaces are released)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0]
+    except OSError:
+        return True
+    return state in (b"Z", b"X")
+
+
+def wait_gone(pid: int) -> None:
+    """Wait (bounded) until `pid` has exited: through a pidfd, no polling by sleep."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        ready, _, _ = select.select([fd], [], [], BOUND_S)
+        assert ready, f"reader {pid} still running after {BOUND_S} s"
+    finally:
+        os.close(fd)
+
+
+def test_a_reader_is_reused_and_never_shared_between_sessions(rhost: Host) -> None:
+    sandbox = rhost.sandbox
+    other = sandbox.workspace("s2")
+    token = secrets.token_hex(8)
+    (rhost.workspace / "mine.txt").write_text(token)
+    os.chmod(rhost.workspace / "mine.txt", 0o644)  # only the sandbox keeps s2 out of it
+    out, is_error = call(rhost, "read_file", "mine.txt")
+    assert not is_error and token in out, out
+    first = only_reader(sandbox, rhost.workspace)
+    call(rhost, "list_dir", ".")
+    assert only_reader(sandbox, rhost.workspace) is first and first.calls == 2  # reused
+    # The other session gets a reader of its own, which never sees the first's files.
+    out, is_error = call(rhost, "read_file", "/etc/hostname", workspace=other)
+    theirs = only_reader(sandbox, other)
+    assert theirs.pid != first.pid
+    for _ in range(2):  # on its fresh reader, then on the same one reused
+        out, is_error = call(rhost, "read_file", str(rhost.workspace / "mine.txt"),
+                             workspace=other)
+        assert is_error and token not in out, out
+        out, is_error = call(rhost, "list_dir", str(rhost.workspace), workspace=other)
+        assert is_error and "mine.txt" not in out, out
+    assert only_reader(sandbox, other) is theirs and theirs.calls == 5
+    if not sandbox.layers.get("uid"):
+        assert proc_uid(first.pid) == rhost.workspace.stat().st_uid
+        assert proc_uid(theirs.pid) == other.stat().st_uid != rhost.workspace.stat().st_uid
+    still_reads(rhost)
+
+
+def test_a_reader_dies_with_its_session(rhost: Host) -> None:
+    sandbox = rhost.sandbox
+    # Removed by this executor: retired at once.
+    other = sandbox.workspace("s2")
+    call(rhost, "read_file", "/etc/hostname", workspace=other)
+    pid = only_reader(sandbox, other).pid
+    sandbox.remove_workspace("s2")
+    wait_gone(pid)
+    assert not readers_of(sandbox, other)
+    # Removed by another process (the supervisor prunes a session): the sweep sees the
+    # workspace gone and retires its reader.
+    third = sandbox.workspace("s3")
+
+    async def pruned() -> None:
+        ctx: ToolContext[None] = ToolContext(cwd=third, workspace=third)
+        out = await invoke(tools(sandbox), "read_file", {"path": "/etc/hostname"}, ctx)
+        assert not out.is_error, out.output
+        reader = only_reader(sandbox, third)
+        Workspaces(sandbox.workspaces, sandbox.config.workspaces).remove("s3")
+        deadline = time.monotonic() + BOUND_S
+        while not gone(reader.pid):  # the pool's own timer sweeps every second
+            assert time.monotonic() < deadline, "the reader outlived its workspace"
+            await asyncio.sleep(0.05)
+        assert not readers_of(sandbox, third)
+
+    asyncio.run(pruned())
+    still_reads(rhost)
+
+
+def test_an_idle_reader_is_retired(rhost: Host) -> None:
+    sandbox = rhost.sandbox
+    sandbox.readers.idle_s = sandbox.readers.sweep_s = 0.05
+
+    async def idle() -> None:
+        ctx: ToolContext[None] = ToolContext(cwd=rhost.workspace, workspace=rhost.workspace)
+        out = await invoke(tools(sandbox), "list_dir", {"path": "."}, ctx)
+        assert not out.is_error, out.output
+        pid = only_reader(sandbox, rhost.workspace).pid
+        deadline = time.monotonic() + BOUND_S
+        while not gone(pid):
+            assert time.monotonic() < deadline, "the idle reader was never retired"
+            await asyncio.sleep(0.05)
+        assert not sandbox.readers.readers()
+
+    asyncio.run(idle())
+    still_reads(rhost)
+
+
+def test_a_killed_reader_is_replaced(rhost: Host) -> None:
+    sandbox = rhost.sandbox
+    call(rhost, "read_file", "/etc/hostname")
+    dead = only_reader(sandbox, rhost.workspace).pid
+    os.kill(dead, 9)
+    wait_gone(dead)
+    out, is_error = call(rhost, "read_file", "/etc/passwd")
+    assert not is_error and "root:" in out, out
+    assert only_reader(sandbox, rhost.workspace).pid != dead
+
+
+def test_a_hostile_sequence_fails_on_a_fresh_and_on_a_reused_reader(rhost: Host) -> None:
+    need("namespaces", "landlock")
+    sandbox = rhost.sandbox
+    token = secrets.token_hex(8)
+    os.environ["OPLOOP_READER_CANARY"] = token  # in the executor's environment only
+    try:
+        # Another session's reader, whose /proc entries the attack aims at.
+        other = sandbox.workspace("s2")
+        call(rhost, "read_file", "/etc/hostname", workspace=other)
+        victim = only_reader(sandbox, other).pid
+        fifo = rhost.workspace / "fifo"
+        os.mkfifo(fifo)
+        os.chmod(fifo, 0o666)
+        attacks = [
+            ("read_file", "/proc/self/environ"),
+            ("read_file", "/proc/1/environ"),
+            ("read_file", "/proc/self/mem"),
+            ("read_file", "/proc/1/mem"),
+            ("read_file", f"/proc/{victim}/environ"),
+            ("list_dir", f"/proc/{victim}/root"),
+            ("list_dir", f"/proc/{victim}/root/proc/1/root"),
+            ("read_file", f"/proc/{victim}/root{other}/x"),
+            ("read_file", f"/proc/{os.getpid()}/environ"),
+            ("read_file", "fifo"),
+            ("list_dir", "fifo"),
+            ("read_file", "/proc/kmsg"),
+            ("read_file", "\x00"),
+            ("read_file", "a" * 5000),
+            ("list_dir", "a/" * 40000),
+        ]
+        sandbox.readers.drop(str(rhost.workspace))  # a fresh reader for the first round
+        pid = None
+        for round_ in ("fresh", "reused"):
+            for name, path in attacks:
+                out, is_error = call(rhost, name, path)
+                assert token not in out, (round_, name, path, out)
+                assert "timed out" not in out, (round_, name, path, out)
+                if path not in ("/proc/self/environ", "/proc/1/environ"):  # its own: empty
+                    assert is_error, (round_, name, path, out)
+                reader = only_reader(sandbox, rhost.workspace)
+                pid = pid or reader.pid
+                assert reader.pid == pid, (round_, name, path, "the reader was replaced")
+        assert not gone(victim)
+        still_reads(rhost)
+        assert only_reader(sandbox, rhost.workspace).pid == pid
+    finally:
+        del os.environ["OPLOOP_READER_CANARY"]
+
+
+@pytest.mark.parametrize("policy", [READ_POLICY.lowered(off=READ_POLICY.off | {"uid"})])
+def test_another_policy_gets_another_reader(rhost: Host, policy: object) -> None:
+    """A reader is made for one policy: a changed policy never reuses it."""
+    call(rhost, "read_file", "/etc/hostname")
+    first = only_reader(rhost.sandbox, rhost.workspace)
+    call(rhost, "read_file", "/etc/hostname", policy=policy)  # type: ignore[arg-type]
+    pids = {r.pid for r in readers_of(rhost.sandbox, rhost.workspace)}
+    assert len(pids) == 2 and first.pid in pids
+
+
+def test_a_call_cut_short_kills_its_reader(rhost: Host) -> None:
+    """A call that times out (here at once: wherever it is, launching or reading) or is
+    cancelled leaves no reader behind, busy or idle, and no fd; the next call works."""
+    sandbox = rhost.sandbox
+    ws = rhost.workspace
+    ctx: ToolContext[None] = ToolContext(cwd=ws, workspace=ws)
+    hasty = tools(sandbox, READ_POLICY.lowered(timeout_s=1e-6))
+    call(rhost, "read_file", "/etc/hostname")  # the fork server is up: its socket is not a leak
+    sandbox.readers.close()
+    fds = set(os.listdir("/proc/self/fd"))
+
+    async def cut_short() -> None:
+        for _ in range(3):
+            out = await invoke(hasty, "read_file", {"path": "/etc/passwd"}, ctx)
+            assert out.is_error, out.output
+        task = asyncio.create_task(invoke(tools(sandbox), "list_dir", {"path": "/"}, ctx))
+        await asyncio.sleep(0)  # it has started its reader's launch
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cut_short())
+    assert not sandbox.readers.readers(), sandbox.readers.readers()
+    sandbox.readers.close()  # (waits until the killed readers are gone)
+    assert set(os.listdir("/proc/self/fd")) <= fds
+    still_reads(rhost)
+
+
+@pytest.mark.parametrize("garbage", [b"9999999999", b"not-digits", b"0000000004X1 /"])
+def test_a_malformed_request_ends_the_reader(rhost: Host, garbage: bytes) -> None:
+    """A reader never guesses: anything but a well-formed request ends it, and the
+    session's next call gets a fresh one."""
+    call(rhost, "read_file", "/etc/hostname")
+    reader = only_reader(rhost.sandbox, rhost.workspace)
+    reader.sock.sendall(garbage)
+    wait_gone(reader.pid)
+    out, is_error = call(rhost, "read_file", "/etc/passwd")
+    assert not is_error and "root:" in out, out
+    assert only_reader(rhost.sandbox, rhost.workspace).pid != reader.pid
