@@ -35,6 +35,11 @@ so a typo fails there with a message naming the key, never mid-session::
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
 
+    [http]                        # the gateway: web view, JSON + SSE API, /metrics
+    enabled = true
+    listen = "127.0.0.1:7480"     # off loopback only with cert and key (HTTPS)
+    cert = ""                     # PEM certificate and key files
+
     [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
     input = 3.0                   # a model with no shipped price needs all four
     output = 15.0
@@ -50,6 +55,7 @@ so a typo fails there with a message naming the key, never mid-session::
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import tomllib
 import types
@@ -119,8 +125,8 @@ DEFAULT_AGENT = Agent()
 
 CONFIG_NAME = "oploop.toml"
 
-_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "agents",
-                       "prices"})
+_TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "http",
+                       "agents", "prices"})
 
 
 class ConfigError(ValueError):
@@ -175,6 +181,64 @@ class Retention:
     every_s: float = 60.0
 
 
+#: Where the gateway listens unless `[http] listen` (or `OPLOOP_HTTP_LISTEN`) says.
+DEFAULT_HTTP_LISTEN = "127.0.0.1:7480"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """The gateway actor (`actors.gateway`): the web view, the JSON + SSE API, /metrics.
+
+    `explicit`: `listen` was configured (a busy port then fails the start; the
+    default port, when busy, gives way to a free one). `cert` and `key`: PEM files
+    for HTTPS, required to listen off loopback.
+    """
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 7480
+    explicit: bool = False
+    cert: str = ""
+    key: str = ""
+
+    @property
+    def listen(self) -> str:
+        """`HOST:PORT` as configured."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the gateway serves HTTPS."""
+        return bool(self.cert and self.key)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether it listens on a loopback address only."""
+        return _loopback(self.host)
+
+
+def parse_http_listen(listen: str, tls: bool = False) -> tuple[str, int]:
+    """`HOST:PORT` (port 0: any free one) as (host, port); off loopback only with `tls`
+    (the token would cross the network in clear otherwise: ValueError says so)."""
+    host, sep, port_s = listen.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        raise ValueError(f"expected HOST:PORT (127.0.0.1:7480), got {listen!r}")
+    if not tls and not _loopback(host):
+        raise ValueError(f"{listen!r}: off loopback is refused without TLS (set http.cert "
+                         "and http.key), or use 127.0.0.1")
+    return host, int(port_s)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Everything `oploop.toml` can set, defaults filled in."""
@@ -187,6 +251,7 @@ class Config:
     retention: Retention = Retention()
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
+    http: HttpConfig = HttpConfig()
     #: USD per million tokens, by model id (`actors.usage.price_for` looks models up).
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     source: str = "<defaults>"
@@ -238,6 +303,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         limits=_record(Limits, data.get("limits", {}), source, "limits"),
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
+        http=_http(data.get("http", {}), source),
         prices=_prices(data.get("prices", {}), source),
         source=source,
     )
@@ -282,6 +348,29 @@ def _network(raw: Any, source: str) -> Network | None:
     except EndpointError as exc:
         key = "network.curve" if isinstance(exc, PlainTcpRefused) else "network.listen"
         raise ConfigError(f"{source}: {key}: {exc}") from exc
+
+
+def _http(raw: Any, source: str) -> HttpConfig:
+    table = _table(raw, source, "http")
+    _no_unknown(table, {"enabled", "listen", "cert", "key"}, source, "http")
+    enabled = _check(bool, table.get("enabled", True), source, "http.enabled")
+    cert = _check(str, table.get("cert", ""), source, "http.cert")
+    key = _check(str, table.get("key", ""), source, "http.key")
+    if bool(cert) != bool(key):
+        raise ConfigError(f"{source}: http.{'key' if cert else 'cert'}: required with "
+                          f"http.{'cert' if cert else 'key'} (HTTPS needs both)")
+    for name, path in (("cert", cert), ("key", key)):
+        if path and not Path(path).expanduser().is_file():
+            raise ConfigError(f"{source}: http.{name}: no such file {path!r}")
+    cert, key = (str(Path(p).expanduser()) if p else "" for p in (cert, key))
+    if "listen" not in table:
+        return HttpConfig(enabled=enabled, cert=cert, key=key)
+    try:
+        host, port = parse_http_listen(_check(str, table["listen"], source, "http.listen"),
+                                       tls=bool(cert))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: http.listen: {exc}") from None
+    return HttpConfig(enabled, host, port, explicit=True, cert=cert, key=key)
 
 
 def _retention(raw: Any, source: str) -> Retention:

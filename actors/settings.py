@@ -29,6 +29,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
+| `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
 
 A few more are the host's handshake with the actors it starts, not settings a user
 sets: `OPLOOP_READY_FD` (the pipe to say "ready" on), `OPLOOP_PARENT_PID`,
@@ -45,7 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from actors.config import Config, ConfigError, config_path, load_config
+from actors.config import (
+    Config,
+    ConfigError,
+    HttpConfig,
+    config_path,
+    load_config,
+    parse_http_listen,
+)
 from bus.endpoints import Endpoints, oploop_home
 
 READY_FD_ENV = "OPLOOP_READY_FD"
@@ -168,7 +176,22 @@ def _with_env(config: Config, reader: _Reader) -> Config:
         retention = dataclasses.replace(retention, max_sessions=sessions)
     if days is not None:
         retention = dataclasses.replace(retention, max_age_s=days * 86_400.0)
-    return dataclasses.replace(config, retention=retention)
+    return dataclasses.replace(config, retention=retention, http=_http_env(config.http, reader))
+
+
+def _http_env(http: HttpConfig, reader: _Reader) -> HttpConfig:
+    """`[http]` with `OPLOOP_HTTP_LISTEN` applied: `off`, or `HOST:PORT` (off loopback
+    only with `[http]` cert and key)."""
+    raw = reader.env.get("OPLOOP_HTTP_LISTEN", "").strip()
+    if not raw:
+        return http
+    if raw.lower() == "off":
+        return dataclasses.replace(http, enabled=False)
+    try:
+        host, port = parse_http_listen(raw, tls=http.tls)
+    except ValueError as exc:
+        raise ConfigError(f"OPLOOP_HTTP_LISTEN: {exc}") from None
+    return dataclasses.replace(http, enabled=True, host=host, port=port, explicit=True)
 
 
 class _Reader:

@@ -315,6 +315,21 @@ class Client:
                 sub.close()
                 self._subs.discard(sub)
 
+    async def live(self, hwm: int = LIVE_HWM) -> AsyncIterator[dict[str, Any]]:
+        """Yield every session's events as they are published, with no replay: what
+        PUB drops under load is not recovered (a gap shows in each session's seq).
+        For counters and dashboards; a viewer of one session uses `events()`."""
+        sub = _Subscription(self._ctx, self.endpoints, "", hwm)
+        self._subs.add(sub)
+        try:
+            while True:
+                env = await sub.get(RESYNC_IDLE_S)
+                if env is not None and isinstance(env.body, Event):
+                    yield event_dict(env)
+        finally:
+            sub.close()
+            self._subs.discard(sub)
+
     async def _replay_request(self, body: ReplayRequest, session: str, timeout: float) -> Envelope:
         """One replay request, sent again while the broadcaster does not answer (it may be
         restarting; replay is idempotent) until `BROADCASTER_PATIENCE_S` have passed."""

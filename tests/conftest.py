@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -9,6 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 from homes import OUR_DIRS, make_home
+
+# The hosts of the tests run without the gateway (one process less each, and no port
+# to share); the gateway's own tests turn it on, on a free port.
+os.environ.setdefault("OPLOOP_HTTP_LISTEN", "off")
 
 
 def _children() -> set[int]:

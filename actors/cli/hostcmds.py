@@ -241,6 +241,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    """`oploop web [SESSION] [--no-open]`: the web view's address with its token, opened
+    in a browser when there is a display (`actors.gateway.urls.show`)."""
+    from actors.gateway.urls import show
+
+    return show(oploop_home(), args.session, open_browser=not args.no_open)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     """Print `$OPLOOP_HOME/host.log` (the host's and its actors' log), or only the lines
     of one actor; `--follow` goes on printing what is added (Ctrl-C ends)."""

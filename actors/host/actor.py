@@ -45,6 +45,8 @@ STOP_GRACE_S = 3.0
 STATE_FILE = "host.json"
 LOCK_FILE = "host.lock"
 OFFLINE_PORT_FILE = "offline.port"
+#: The gateway's URL (`http://HOST:PORT/`), written by the gateway once it listens.
+WEB_URL_FILE = "web.url"
 
 
 class HostError(Exception):
@@ -106,7 +108,8 @@ class Host:
 
     def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
-                 llm_backend: str = "anthropic", embedded: bool = False) -> None:
+                 llm_backend: str = "anthropic", embedded: bool = False,
+                 gateway: bool = False) -> None:
         self.home = (home or oploop_home()).absolute()
         self.network = network
         self.endpoints = Endpoints.for_home(self.home)
@@ -118,6 +121,9 @@ class Host:
         #: Started by `oploop run` for its users (`actors.host.lease`): stops when the
         #: last one is gone, and its runs end with it rather than wait for a resume.
         self.embedded = embedded
+        #: Whether to run the gateway (web view, HTTP API, metrics): `oploop up` does
+        #: unless `[http] enabled = false`; an embedded host does not.
+        self.gateway = gateway
         self.children: list[Child] = []
         self.offline = False
         self._lock_fd: int | None = None
@@ -153,6 +159,8 @@ class Host:
                       Child("supervisor", "actors.supervisor", env=base)]
             others += [Child(f"executor-{i + 1}", "actors.executor", env=base)
                        for i in range(self.executors)]
+            if self.gateway:
+                others.append(Child("gateway", "actors.gateway", env=base))
             self.children += others
             await _all_or_none(
                 [*(self._spawn(c) for c in others), self._start_llm_callers(base, model)]
@@ -319,7 +327,7 @@ class Host:
         for c in self.children:
             c.state = "stopped"
         self.endpoints.remove_stale()
-        for name in (STATE_FILE, OFFLINE_PORT_FILE, NETWORK_FILE, LOCK_FILE):
+        for name in (STATE_FILE, OFFLINE_PORT_FILE, WEB_URL_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
         if self._offline_sock is not None:
             self._offline_sock.close()
@@ -397,19 +405,21 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
     return data
 
 
-def host_for(settings: Settings) -> Host:
+def host_for(settings: Settings, *, gateway: bool = False) -> Host:
     """The host `settings` describe: its home, its workers (`OPLOOP_LLM_CALLERS`,
-    `OPLOOP_EXECUTORS`), its model, its network."""
+    `OPLOOP_EXECUTORS`), its model, its network; with `gateway`, its HTTP gateway
+    when `[http]` enables it."""
     return Host(settings.home, llm_callers=settings.llm_callers, executors=settings.executors,
                 scenario=settings.offline_scenario, network=settings.config.network,
-                llm_backend=settings.llm_backend, embedded=settings.embedded)
+                llm_backend=settings.llm_backend, embedded=settings.embedded,
+                gateway=gateway and settings.config.http.enabled and not settings.embedded)
 
 
 def main() -> None:
     """Entry point of `python -m actors.host`."""
     try:
         settings = load_settings()
-        host = host_for(settings)
+        host = host_for(settings, gateway=True)
         # asyncio's own loop: the host only starts its actors and waits on them.
         run_actor("host", lambda _settings: host.serve(), with_parent=False, settings=settings,
                   fast_loop=False)

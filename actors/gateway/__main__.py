@@ -1,0 +1,5 @@
+"""`python -m actors.gateway`: run the gateway."""
+
+from actors.gateway.actor import main
+
+main()

@@ -1,0 +1,333 @@
+"""The gateway's JSON + SSE API: each request becomes one bus request of a client.
+
+- `GET /api/sessions`: every session's summary (api `ListSessions`).
+- `GET /api/events`: SSE, a notice `{session, seq, type, turn, ts}` for each event of
+  any session but the streamed deltas, from now on (the sessions list's live updates).
+- `GET /api/sessions/{id}`: one session's summary and history (api `InspectSession`).
+- `GET /api/sessions/{id}/events`: SSE, the events from seq 1 (or after
+  `Last-Event-ID`), then live (broadcaster replay + events, `Client.events`).
+- `POST /api/sessions`: start a session, `{"prompt", "agent"?, "max_turns"?,
+  "deadline_s"?, "cwd"?}` (api `StartRun`).
+- `POST /api/sessions/{id}/cancel`: `{"mode"?: "ui"|"operation", "reason"?}`
+  (control `Cancel`).
+- `POST /api/sessions/{id}/messages`: a follow-up on an idle session, `{"prompt"}`
+  (api `StartRun` with the session).
+
+Errors are JSON `{"error": CODE, "message": TEXT}`: 404 for an unknown session,
+400 for malformed JSON or a bad field (a prompt over `limits.max_prompt_chars`
+names the limit), 409 for a session busy (or not running, for a cancel), 504
+when the host does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from aiohttp import web
+
+from bus.errors import BusError, RemoteError, RequestTimeout
+
+if TYPE_CHECKING:
+    from actors.gateway.actor import Gateway
+
+log = logging.getLogger("oploop.gateway")
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
+
+#: HTTP status of each error code a supervisor answers with.
+ERROR_STATUS = {
+    "unknown_session": 404, "gone": 404,
+    "bad_request": 400, "too_large": 400, "unknown_agent": 400,
+    "busy": 409, "not_running": 409,
+    "forbidden": 403, "disk_full": 503, "unavailable": 503,
+}
+#: An SSE client whose socket takes no more for this long is dropped (it may come
+#: back with `Last-Event-ID`): it holds one bounded buffer, never the others back.
+SLOW_CLIENT_S = 5.0
+#: Live events queued for one SSE client in zmq (SUB RCVHWM); beyond, the
+#: broadcaster drops them for this client alone and they are refetched by seq.
+SSE_HWM = 1_000
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+               "X-Accel-Buffering": "no"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    """A request the API refuses: becomes a JSON error with `status`."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def json_error(status: int, code: str, message: str) -> web.Response:
+    """The one shape of every error the API answers."""
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+#: Host names a browser may use to reach a loopback gateway: any other `Host` header is
+#: a page of another site whose name resolves to 127.0.0.1 (DNS rebinding).
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse what a web page of another site could make a browser send: a `Host` that
+    is not a loopback name (DNS rebinding), and a state-changing request from another
+    origin (browsers send `Origin` with every POST, and `Sec-Fetch-Site`); programs
+    such as curl send neither and are served."""
+    loopback = request.app[GATEWAY].http.loopback  # off loopback: TLS names the host
+    if loopback and _hostname(request.host or "") not in LOOPBACK_NAMES:
+        return json_error(403, "forbidden", f"Host {request.host!r} is not this gateway's")
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        origin = request.headers.get("Origin")
+        site = request.headers.get("Sec-Fetch-Site", "same-origin")
+        if (origin is not None and origin != f"{request.scheme}://{request.host}") \
+                or site not in ("same-origin", "none"):
+            return json_error(403, "forbidden", f"cross-site request (Origin {origin!r})")
+    return await handler(request)
+
+
+def _hostname(host: str) -> str:
+    """`host` without its port (`[::1]:7480` -> `[::1]`)."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1]
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn refusals of the API, of the host, and of aiohttp itself into JSON errors."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return json_error(exc.status, exc.code, exc.message)
+    except RemoteError as exc:
+        return json_error(ERROR_STATUS.get(exc.code, 502), exc.code, exc.message)
+    except RequestTimeout as exc:
+        return json_error(504, "timeout", f"the host did not answer: {exc}")
+    except BusError as exc:
+        return json_error(502, "bus_error", str(exc))
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_error(413, "too_large", f"request body over the limit of "
+                          f"{request.app[GATEWAY].max_body} bytes: {exc.text}")
+    except web.HTTPException as exc:
+        if exc.status < 400 or not request.path.startswith("/api/"):
+            raise
+        return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+
+
+async def read_object(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object body (empty body: `{}`); 400 when it is not one."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "bad_request", f"malformed JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", "expected a JSON object")
+    return body
+
+
+def field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """`body[name]` when it has type `kind`, `default` when absent; else 400."""
+    value = body.get(name, default)
+    if value is default:
+        return default
+    if not isinstance(value, kind) or isinstance(value, bool):
+        label = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ApiError(400, "bad_request", f"{name}: expected {label}, "
+                       f"got {type(value).__name__}")
+    return value
+
+
+def prompt_of(body: dict[str, Any], limit: int) -> str:
+    """The body's prompt: a non-empty string within `limit` characters."""
+    prompt = field(body, "prompt", str, None)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ApiError(400, "bad_request", "prompt: a non-empty string is required")
+    if len(prompt) > limit:
+        raise ApiError(400, "too_large", f"prompt of {len(prompt)} chars exceeds the limit "
+                       f"of {limit} (limits.max_prompt_chars)")
+    return prompt
+
+
+def started(reply: Any) -> web.Response:
+    """A `RunStarted` as the API answers it (201, with the page's address)."""
+    return web.json_response({"session": reply.session, "run": reply.run,
+                              "from_seq": reply.from_seq, "page": f"/s/{reply.session}"},
+                             status=201)
+
+
+# -- handlers ------------------------------------------------------------------------
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    """`GET /api/sessions`: every session's summary, newest first."""
+    sessions = await request.app[GATEWAY].client.sessions()
+    sessions.sort(key=lambda s: s.get("created") or 0, reverse=True)
+    return web.json_response({"sessions": sessions})
+
+
+async def get_session(request: web.Request) -> web.Response:
+    """`GET /api/sessions/{id}`: one session's summary and history."""
+    info = await request.app[GATEWAY].client.inspect(request.match_info["sid"])
+    return web.json_response({"session": info.summary, "history": info.history},
+                             dumps=_dumps)
+
+
+async def start_session(request: web.Request) -> web.Response:
+    """`POST /api/sessions`: start a session."""
+    gw = request.app[GATEWAY]
+    body = await read_object(request)
+    prompt = prompt_of(body, gw.max_prompt_chars)
+    max_turns = field(body, "max_turns", int, 0)
+    deadline_s = field(body, "deadline_s", (int, float), 0.0)
+    if max_turns < 0 or deadline_s < 0:
+        raise ApiError(400, "bad_request", "max_turns and deadline_s must be >= 0")
+    reply = await gw.client.start(prompt, agent=field(body, "agent", str, ""),
+                                  max_turns=max_turns, deadline_s=float(deadline_s),
+                                  cwd=field(body, "cwd", str, "") or os.getcwd())
+    return started(reply)
+
+
+async def send_message(request: web.Request) -> web.Response:
+    """`POST /api/sessions/{id}/messages`: a follow-up run on an idle session."""
+    gw = request.app[GATEWAY]
+    body = await read_object(request)
+    prompt = prompt_of(body, gw.max_prompt_chars)
+    reply = await gw.client.start(prompt, session=request.match_info["sid"])
+    return started(reply)
+
+
+async def cancel_session(request: web.Request) -> web.Response:
+    """`POST /api/sessions/{id}/cancel`: cancel the running run (`ui` by default)."""
+    body = await read_object(request)
+    mode = field(body, "mode", str, "ui")
+    if mode not in ("ui", "operation"):
+        raise ApiError(400, "bad_request", f"mode: expected ui or operation, got {mode!r}")
+    gw, sid = request.app[GATEWAY], request.match_info["sid"]
+    gw.metrics.cancel_sent(sid)  # before: the CANCELLED event may come before the ack
+    try:
+        ack = await gw.client.cancel(sid, mode, field(body, "reason", str,
+                                                      "cancelled from the web"))
+    except BusError:
+        gw.metrics.cancel_refused(sid)
+        raise
+    return web.json_response({"session": ack.session, "state": ack.state})
+
+
+def resume_point(request: web.Request) -> int:
+    """The first seq to send: after `Last-Event-ID` (the last seq the client has),
+    else `?from_seq=` (default 1)."""
+    last = request.headers.get("Last-Event-ID", "").strip()
+    try:
+        if last:
+            return max(1, int(last) + 1)
+        return max(1, int(request.query.get("from_seq", "1")))
+    except ValueError:
+        raise ApiError(400, "bad_request", "Last-Event-ID and from_seq must be integers") from None
+
+
+async def session_events(request: web.Request) -> web.StreamResponse:
+    """`GET /api/sessions/{id}/events`: SSE, one event per message, `id:` = seq.
+
+    Follows the session across its runs until the client leaves; `?stop_at=first`
+    ends after the first terminal event, `?stop_at=last` after a terminal event
+    that is the newest of the session. The order, without gap or duplicate, is
+    `Client.events()`'s (Clone pattern).
+    """
+    gw = request.app[GATEWAY]
+    sid = request.match_info["sid"]
+    from_seq = resume_point(request)
+    stop_at: Literal["first", "last", ""] = "last"
+    match request.query.get("stop_at", ""):
+        case "first":
+            stop_at = "first"
+        case "last":
+            stop_at = "last"
+        case "":
+            stop_at = ""
+        case other:
+            raise ApiError(400, "bad_request", f"stop_at: expected first or last, got {other!r}")
+    # 404 before the stream starts, not inside it. The broadcaster's answer is cheap;
+    # only a session it does not hold (not yet logged, or pruned) asks the supervisor,
+    # whose answer carries the whole history.
+    if await gw.client.last_seq(sid) is None:
+        await gw.client.inspect(sid)
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    gw.metrics.sse_clients.inc()
+    try:
+        next_seq = from_seq
+        while True:
+            async for ev in gw.client.events(sid, next_seq, stop_at=stop_at or "last",
+                                             hwm=SSE_HWM):
+                chunk = f"id: {ev['seq']}\ndata: {_dumps(ev)}\n\n".encode()
+                try:
+                    async with asyncio.timeout(SLOW_CLIENT_S):
+                        await resp.write(chunk)
+                except TimeoutError:
+                    gw.metrics.sse_dropped.inc()
+                    log.warning("SSE client of %s read nothing for %g s: dropped", sid,
+                                SLOW_CLIENT_S)
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
+                next_seq = ev["seq"] + 1
+            if stop_at:
+                return resp
+    except ConnectionResetError:
+        return resp
+    finally:
+        gw.metrics.sse_clients.dec()
+
+
+async def list_events(request: web.Request) -> web.StreamResponse:
+    """`GET /api/events`: SSE, a notice for each event of any session but the streamed
+    deltas (`feed.py`), from now on."""
+    gw = request.app[GATEWAY]
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    with gw.feed.watch() as queue:
+        await resp.write(b": listening\n\n")
+        while (notice := await queue.get()) is not None:
+            try:
+                async with asyncio.timeout(SLOW_CLIENT_S):
+                    await resp.write(f"data: {_dumps(notice)}\n\n".encode())
+            except TimeoutError:
+                break
+    if request.transport is not None:  # fell behind: its page reconnects and lists again
+        request.transport.abort()
+    return resp
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """`GET /metrics`: Prometheus text format."""
+    gw = request.app[GATEWAY]
+    body = await gw.metrics.scrape(gw.client, gw.run_dir)
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def add_routes(app: web.Application) -> None:
+    """Every API route, and `/metrics`."""
+    app.router.add_get("/api/events", list_events)
+    app.router.add_get("/api/sessions", list_sessions)
+    app.router.add_post("/api/sessions", start_session)
+    app.router.add_get("/api/sessions/{sid}", get_session)
+    app.router.add_get("/api/sessions/{sid}/events", session_events)
+    app.router.add_post("/api/sessions/{sid}/cancel", cancel_session)
+    app.router.add_post("/api/sessions/{sid}/messages", send_message)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,373 @@
+"""The gateway: the JSON + SSE API and /metrics of a real host, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import remove_home
+from homes import make_home
+from hostkit import TERMINAL, actor, oploop, running_host, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+PROMPT_LIMIT = 2_000
+WORDS = " ".join(f"word{i}" for i in range(150))
+SCRIPTS = {
+    # A reply streamed slowly: there is time to join mid-run, resume and cancel.
+    "slow": [{"reply": WORDS, "delay_s": 0.02}],
+    "think": [{"reply": [{"type": "thinking", "thinking": "let me see"},
+                         {"type": "text", "text": "thought it through"}]}],
+}
+GATEWAY_ENV = {"OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    home = make_home("opg-")
+    files = tmp_path_factory.mktemp("gateway")
+    (files / "scenario.json").write_text(json.dumps({"scripts": SCRIPTS}))
+    Path(home, "oploop.toml").write_text(f"[limits]\nmax_prompt_chars = {PROMPT_LIMIT}\n")
+    env = {"OPLOOP_OFFLINE_SCENARIO": str(files / "scenario.json"), **GATEWAY_ENV}
+    try:
+        with running_host(home, env) as h:
+            yield h
+    finally:
+        remove_home(Path(home))
+
+
+def url_of(home: str) -> str:
+    return (Path(home) / "run" / "web.url").read_text().strip()
+
+
+def session(home: str) -> aiohttp.ClientSession:
+    """An HTTP client carrying the host's web token."""
+    token = (Path(home) / "web.token").read_text().strip()
+    return aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"})
+
+
+async def sse(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """(id, event) of each SSE message of `resp`."""
+    fields: dict[str, str] = {}
+    async for raw in resp.content:
+        line = raw.decode().rstrip("\r\n")
+        if not line:
+            if "data" in fields:
+                yield int(fields["id"]), json.loads(fields["data"])
+            fields = {}
+            continue
+        name, _, value = line.partition(":")
+        fields[name] = value.removeprefix(" ")
+
+
+async def read_all(http: aiohttp.ClientSession, url: str, sid: str,
+                   headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The session's events to its newest terminal one, through SSE."""
+    async with http.get(f"{url}api/sessions/{sid}/events", params={"stop_at": "last"},
+                        headers=headers or {}) as resp:
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        out = []
+        async for seq, ev in sse(resp):
+            assert seq == ev["seq"]
+            out.append(ev)
+        return out
+
+
+async def start(http: aiohttp.ClientSession, url: str, prompt: str) -> str:
+    async with http.post(f"{url}api/sessions", json={"prompt": prompt}) as resp:
+        body = await resp.json()
+        assert resp.status == 201, body
+        assert body["page"] == f"/s/{body['session']}"
+        return str(body["session"])
+
+
+def assert_contiguous_run(events: list[dict[str, Any]]) -> None:
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    terminal = [e for e in events if e["type"] in TERMINAL]
+    assert len(terminal) == 1 and terminal[0] is events[-1], [e["type"] for e in events]
+
+
+def test_start_list_inspect_and_stream(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            sid = await start(http, url, "#think hello")
+            events = await read_all(http, url, sid)
+            assert_contiguous_run(events)
+            assert events[-1]["type"] == "DONE"
+            assert [e["data"]["text"] for e in events if e["type"] == "THINKING"] == ["let me see"]
+            async with http.get(f"{url}api/sessions") as resp:
+                listed = (await resp.json())["sessions"]
+            assert sid in [s["session"] for s in listed]
+            async with http.get(f"{url}api/sessions/{sid}") as resp:
+                info = await resp.json()
+            assert info["session"]["session"] == sid
+            assert info["session"]["last_seq"] == events[-1]["seq"]
+            assert info["history"][0]["role"] == "user"
+
+    asyncio.run(main())
+
+
+def test_last_event_id_resumes_mid_run_without_gap_or_duplicate(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            sid = await start(http, url, "#slow go")
+            first: list[dict[str, Any]] = []
+            async with http.get(f"{url}api/sessions/{sid}/events") as resp:
+                async for _, ev in sse(resp):
+                    first.append(ev)
+                    if len([e for e in first if e["type"] == "TOKEN"]) >= 3:
+                        break  # leave mid-run, live
+            assert first[-1]["type"] not in TERMINAL
+            rest = await read_all(http, url, sid, {"Last-Event-ID": str(first[-1]["seq"])})
+            assert rest[0]["seq"] == first[-1]["seq"] + 1
+            whole = first + rest
+            assert_contiguous_run(whole)
+            assert whole == await read_all(http, url, sid)  # a late viewer sees the same
+            text = "".join(e["data"]["text"] for e in whole if e["type"] == "TOKEN")
+            assert text == WORDS
+
+    asyncio.run(main())
+
+
+def test_cancel_then_follow_up_on_one_stream(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            sid = await start(http, url, "#slow go")
+            seen: list[dict[str, Any]] = []
+            async with http.get(f"{url}api/sessions/{sid}/events") as resp:  # follows runs
+                async for _, ev in sse(resp):
+                    seen.append(ev)
+                    if ev["type"] == "TOKEN" and sum(e["type"] == "TOKEN" for e in seen) == 1:
+                        async with http.post(f"{url}api/sessions/{sid}/messages",
+                                             json={"prompt": "more"}) as busy:
+                            assert busy.status == 409, await busy.text()
+                            assert (await busy.json())["error"] == "busy"
+                        async with http.post(f"{url}api/sessions/{sid}/cancel",
+                                             json={"mode": "ui"}) as cancel:
+                            assert cancel.status == 200, await cancel.text()
+                            assert (await cancel.json())["session"] == sid
+                    if ev["type"] == "CANCELLED":
+                        assert ev["data"]["mode"] == "ui"
+                        async with http.post(f"{url}api/sessions/{sid}/messages",
+                                             json={"prompt": "list /tmp"}) as again:
+                            body = await again.json()
+                            assert again.status == 201, body
+                            assert body["run"] == 2 and body["from_seq"] == ev["seq"] + 1
+                    if ev["type"] == "DONE":
+                        break
+            assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+            assert [e["type"] for e in seen if e["type"] in TERMINAL] == ["CANCELLED", "DONE"]
+
+    asyncio.run(main())
+
+
+def test_the_list_stream_tells_of_every_sessions_changes_but_deltas(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http, http.get(f"{url}api/events") as feed:
+            assert feed.status == 200
+            await feed.content.readline()  # ": listening": the stream is open
+            sid = await start(http, url, "#think hello")
+            types = []
+            async for raw in feed.content:
+                line = raw.decode()
+                if not line.startswith("data: "):
+                    continue
+                notice = json.loads(line[6:])
+                if notice["session"] == sid:
+                    types.append(notice["type"])
+                    if notice["type"] == "DONE":
+                        break
+            assert types[0] == "SESSION_START" and "TURN_START" in types
+            assert not {"TOKEN", "THINKING"} & set(types)
+
+    asyncio.run(main())
+
+
+def test_every_request_needs_the_token(host):
+    async def main() -> None:
+        url = url_of(host)
+        token = (Path(host) / "web.token").read_text().strip()
+        assert (Path(host) / "web.token").stat().st_mode & 0o077 == 0
+        # unsafe: aiohttp keeps no cookie of an IP address host otherwise (browsers do)
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            for path in ("", "s/abc", "static/app.js", "api/sessions", "metrics"):
+                for headers in ({}, {"Authorization": "Bearer wrong"}):
+                    async with http.get(url + path, headers=headers) as resp:
+                        assert resp.status == 401, path
+                        assert await resp.json() == {"error": "unauthorized",
+                                                     "message": "a token is required"}
+            async with http.post(f"{url}api/sessions", json={"prompt": "hi"}) as resp:
+                assert resp.status == 401
+            # A first visit with ?token= sets the cookie and drops the token from the URL.
+            async with http.get(f"{url}?token={token}") as resp:
+                assert resp.status == 200 and str(resp.url) == url
+            async with http.get(f"{url}api/sessions") as resp:
+                assert resp.status == 200  # the cookie now
+
+    asyncio.run(main())
+
+
+def test_oploop_web_prints_the_pages_address_with_its_token(host):
+    shown = oploop(host, "web", "--no-open", env=GATEWAY_ENV)
+    assert shown.returncode == 0, shown.stderr
+    token = (Path(host) / "web.token").read_text().strip()
+    assert shown.stdout.strip() == f"{url_of(host)}?token={token}"
+    one = oploop(host, "web", "abc123", "--no-open", env=GATEWAY_ENV)
+    assert one.stdout.strip() == f"{url_of(host)}s/abc123?token={token}"
+
+    async def main() -> None:
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(cookie_jar=jar) as http, \
+                http.get(shown.stdout.strip()) as resp:
+            assert resp.status == 200 and "oploop" in await resp.text()
+
+    asyncio.run(main())
+
+
+def test_bad_input_gets_a_json_error(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            for method, path in [("GET", "api/sessions/nope"), ("GET", "api/sessions/nope/events"),
+                                 ("POST", "api/sessions/nope/cancel"),
+                                 ("POST", "api/sessions/nope/messages")]:
+                async with http.request(method, url + path, json={"prompt": "hi"}) as resp:
+                    assert resp.status == 404, (path, await resp.text())
+                    assert (await resp.json())["error"] == "unknown_session"
+            async with http.post(f"{url}api/sessions", data=b'{"prompt": ') as resp:
+                assert resp.status == 400
+                assert "malformed JSON" in (await resp.json())["message"]
+            async with http.post(f"{url}api/sessions", json=["list"]) as resp:
+                assert resp.status == 400
+            async with http.post(f"{url}api/sessions", json={"prompt": 3}) as resp:
+                assert resp.status == 400 and "prompt" in (await resp.json())["message"]
+            async with http.post(f"{url}api/sessions",
+                                 json={"prompt": "x" * (PROMPT_LIMIT + 1)}) as resp:
+                body = await resp.json()
+                assert resp.status == 400, body
+                assert str(PROMPT_LIMIT) in body["message"]
+                assert "max_prompt_chars" in body["message"]
+            async with http.post(f"{url}api/sessions", json={"prompt": "hi", "agent": "x"}) as resp:
+                assert resp.status == 400 and (await resp.json())["error"] == "unknown_agent"
+            # What a page of another site could make a browser send.
+            async with http.post(f"{url}api/sessions", json={"prompt": "run `id`"},
+                                 headers={"Origin": "http://evil.example"}) as resp:
+                assert resp.status == 403 and "cross-site" in (await resp.json())["message"]
+            async with http.post(f"{url}api/sessions", data="{}",
+                                 headers={"Sec-Fetch-Site": "cross-site"}) as resp:
+                assert resp.status == 403
+            async with http.get(f"{url}api/sessions", headers={"Host": "evil.example"}) as resp:
+                assert resp.status == 403  # DNS rebinding: another site's name
+            async with http.get(f"{url}api/nothing") as resp:
+                assert resp.status == 404 and (await resp.json())["error"] == "not_found"
+            sid = await start(http, url, "list /tmp")
+            async with http.post(f"{url}api/sessions/{sid}/cancel", json={"mode": "x"}) as resp:
+                assert resp.status == 400 and "mode" in (await resp.json())["message"]
+            async with http.get(f"{url}api/sessions/{sid}/events",
+                                headers={"Last-Event-ID": "x"}) as resp:
+                assert resp.status == 400
+            assert_contiguous_run(await read_all(http, url, sid))  # nothing was lost
+
+    asyncio.run(main())
+
+
+def test_a_stalled_client_costs_other_viewers_nothing(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http, session(host) as stalled:
+            sid = await start(http, url, "#slow go")
+            # One viewer connects and never reads; another reads the whole run.
+            async with stalled.get(f"{url}api/sessions/{sid}/events") as stuck:
+                assert stuck.status == 200
+                events = await read_all(http, url, sid)
+                assert_contiguous_run(events)
+
+    asyncio.run(main())
+
+
+def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_count_runs_turns_tools_and_read_the_host(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            sid = await start(http, url, "list /tmp")
+            events = await read_all(http, url, sid)
+            turns = sum(e["type"] == "TURN_START" for e in events)
+            cancelled = await start(http, url, "#slow go")
+            async with http.get(f"{url}api/sessions/{cancelled}/events") as resp:
+                async for _, ev in sse(resp):
+                    if ev["type"] == "TOKEN" and ev["seq"] < 5:
+                        async with http.post(f"{url}api/sessions/{cancelled}/cancel") as c:
+                            assert c.status == 200
+                    if ev["type"] == "CANCELLED":
+                        break
+
+            async def scrape() -> dict[Any, float]:
+                async with http.get(f"{url}metrics") as resp:
+                    assert resp.status == 200
+                    return metric_samples(await resp.text())
+
+            # The live stream reaches the gateway's counters a moment after the viewer.
+            for _ in range(200):
+                samples = await scrape()
+                if samples.get(("oploop_runs_total", (("terminal", "CANCELLED"),)), 0) >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert samples[("oploop_turns_total", ())] >= turns
+            calls = sum(v for (name, labels), v in samples.items()
+                        if name == "oploop_tool_calls_total" and ("tool", "list_dir") in labels)
+            assert calls >= 1
+            assert samples[("oploop_tool_call_duration_seconds_count",
+                            (("tool", "list_dir"),))] >= 1
+            assert samples[("oploop_sessions", (("state", "idle"),))] >= 1
+            assert samples[("oploop_turn_ends_total", (("stop", "end_turn"),))] >= 1
+            assert samples[("oploop_broadcaster_events_lost", ())] == 0
+            assert samples[("oploop_actor_restarts", (("actor", "supervisor"),))] == 0
+            assert samples[("oploop_actor_up", (("actor", "gateway"), ("state", "running")))] == 1
+            assert samples[("oploop_gateway_events_missed_total", ())] == 0
+            # The cancel went through the gateway: timed to its CANCELLED.
+            assert samples[("oploop_gateway_cancel_seconds_count", ())] >= 1
+            assert samples[("oploop_runs_total", (("terminal", "CANCELLED"),))] >= 1
+            # Every stream of the tests before has ended, those the client left mid-run
+            # too: their handlers were cancelled, their subscriptions closed.
+            for _ in range(200):
+                if samples[("oploop_gateway_sse_clients", ())] == 0:
+                    break
+                await asyncio.sleep(0.05)
+                samples = await scrape()
+            assert samples[("oploop_gateway_sse_clients", ())] == 0
+
+    asyncio.run(main())
+
+
+def test_a_killed_gateway_is_restarted_by_the_host(host):
+    pid = actor(host, "gateway")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: actor(host, "gateway")["restarts"] == 1
+               and actor(host, "gateway")["state"] == "running", "the gateway back")
+
+    async def main() -> None:
+        async with session(host) as http:
+            wait_until(lambda: (Path(host) / "run" / "web.url").exists(), "its url")
+            async with http.get(f"{url_of(host)}api/sessions") as resp:
+                assert resp.status == 200
+                assert len((await resp.json())["sessions"]) >= 1
+
+    asyncio.run(main())

@@ -1,0 +1,152 @@
+"""The web view in a real browser: headless Chromium (Debian's `chromium`, which
+`scripts/test` installs where it can) driven by Playwright against the system binary.
+
+Screenshots of the list and of a session mid-run are saved in `$OPLOOP_ARTIFACTS/web`
+(default /tmp/oploop-artifacts/web).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import remove_home
+from homes import make_home
+from hostkit import running_host
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    from playwright.async_api import Page, async_playwright
+except ImportError:  # the test extra brings it; a bare venv may not have it
+    async_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`: "
+                       "scripts/test installs it when run as root with apt-get)"),
+    pytest.mark.skipif(async_playwright is None, reason="playwright is not installed "
+                       "(the test extra: pip install -e .[test])"),
+]
+
+WORDS = " ".join(f"word{i}" for i in range(400))
+BIG = " ".join(f"w{i}" for i in range(10_000))
+SCRIPTS = {"slow": [{"reply": WORDS, "delay_s": 0.03}],
+           "big": [{"reply": BIG, "delay_s": 0}]}
+ARTIFACTS = Path(os.environ.get("OPLOOP_ARTIFACTS", "/tmp/oploop-artifacts")) / "web"
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    home = make_home("opw-")
+    files = tmp_path_factory.mktemp("web")
+    (files / "scenario.json").write_text(json.dumps({"scripts": SCRIPTS}))
+    # Unbatched: one TOKEN event per streamed delta, for a session of 10,000 events.
+    env = {"OPLOOP_OFFLINE_SCENARIO": str(files / "scenario.json"),
+           "OPLOOP_HTTP_LISTEN": "127.0.0.1:0", "OPLOOP_TOKEN_BATCH_MS": "0"}
+    try:
+        with running_host(home, env) as h:
+            yield h
+    finally:
+        remove_home(Path(home))
+
+
+async def log_text(page: Page) -> str:
+    return str(await page.inner_text("#log"))
+
+
+def token_of(home: str) -> str:
+    return (Path(home) / "web.token").read_text().strip()
+
+
+def test_start_watch_cancel_in_two_pages(host):
+    url = (Path(host) / "run" / "web.url").read_text().strip()
+    token = token_of(host)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            errors: list[str] = []
+            try:
+                page = await browser.new_page()
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_default_timeout(TIMEOUT_MS)
+                await page.goto(f"{url}?token={token}")  # as `oploop web` would print it
+                assert page.url == url  # the token went into a cookie
+                await page.fill("#start-prompt", "#slow go")
+                await page.click("#start-form button")
+                await page.wait_for_url("**/s/*")
+                sid = page.url.rsplit("/", 1)[1]
+                # Streamed text appears while the run goes on.
+                await page.wait_for_function(
+                    "document.querySelector('#log .text')?.textContent.includes('word20')")
+                assert await page.inner_text("#state") == "running"
+                await page.screenshot(path=str(ARTIFACTS / "session-mid-run.png"))
+                # A second page joins mid-run: it replays from seq 1, then follows.
+                other = await browser.new_page()
+                other.on("pageerror", lambda exc: errors.append(str(exc)))
+                other.set_default_timeout(TIMEOUT_MS)
+                await other.goto(f"{url}s/{sid}?token={token}")
+                await other.wait_for_function(
+                    "document.querySelector('#log .text')?.textContent.includes('word0')")
+                await page.click("#cancel-ui")
+                for p in (page, other):
+                    await p.wait_for_selector(".terminal.CANCELLED")
+                    assert await p.inner_text("#state") == "idle"
+                seqs = [await p.get_attribute("#log", "data-seq") for p in (page, other)]
+                assert seqs[0] == seqs[1] and int(seqs[0] or 0) > 3
+                assert await log_text(page) == await log_text(other)
+                assert "word20" in await log_text(other)
+                assert WORDS not in await log_text(page)  # cut short by the cancel
+                # The list shows it, idle.
+                await page.goto(url)
+                row = page.locator("#sessions tbody tr", has_text=sid)
+                await row.wait_for()
+                assert "idle" in await row.inner_text()
+                await page.screenshot(path=str(ARTIFACTS / "sessions.png"))
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+def test_a_session_of_10000_events_renders_in_full(host):
+    url = (Path(host) / "run" / "web.url").read_text().strip()
+    token = token_of(host)
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = await browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_default_timeout(60_000)
+                await page.goto(f"{url}?token={token}")
+                resp = await page.request.post(f"{url}api/sessions", data={"prompt": "#big"})
+                assert resp.status == 201, await resp.text()
+                sid = (await resp.json())["session"]
+                # Opened while it streams: replay, then live, rendered in frame batches.
+                await page.goto(f"{url}s/{sid}")
+                await page.wait_for_selector(".terminal.DONE")
+                info = await page.request.get(f"{url}api/sessions/{sid}")
+                last = (await info.json())["session"]["last_seq"]
+                assert last > 10_000
+                assert await page.get_attribute("#log", "data-seq") == str(last)
+                text = await page.evaluate(
+                    "[...document.querySelectorAll('#log .text')].map(e => e.textContent)")
+                assert text[0] == BIG
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
