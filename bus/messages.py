@@ -373,7 +373,9 @@ class ToolJob(Body):
     """Supervisor -> executor: run tool `name` on `input` in `cwd`, within `timeout_s`.
 
     `read_paths`: what the confined reads may see besides the system's files,
-    the session's cwd and workspace (the agent's `read_paths`).
+    the session's cwd and workspace (the agent's `read_paths`). `agent`: the
+    session's agent, whose `deny` permission rules the executor enforces itself
+    (from its own `oploop.toml`).
     Answered by `ToolResult` (also for a failing tool) or `JobFailed`.
     """
 
@@ -383,6 +385,7 @@ class ToolJob(Body):
     cwd: str = ""
     timeout_s: float = 0.0
     read_paths: list[str] = field(default_factory=list)
+    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,8 +129,9 @@ async def tools(args: argparse.Namespace, settings: Settings) -> int:
         seen = ("turn 1 and later" if t["turn1"] and t["later"] else
                 "turn 1 only" if t["turn1"] else "after turn 1" if t["later"] else "hidden")
         first = t["description"].splitlines()[0] if t["description"] else ""
-        rows.append((t["name"], f"[{', '.join(t.get('tags', []))}]", flags or "-", seen, first))
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
+        rows.append((t["name"], f"[{', '.join(t.get('tags', []))}]", flags or "-", seen,
+                     t.get("rule", "allow"), first))
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(5)]
     for r in rows:
-        print("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + f"  {r[4]}")
+        print("  ".join(f"{r[i]:<{widths[i]}}" for i in range(5)) + f"  {r[5]}")
     return EXIT_OK

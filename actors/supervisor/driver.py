@@ -131,13 +131,14 @@ class RunDriver:
         session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
         self.feed(Start(prompt, max_turns or agent.max_turns, agent.name,
                         agent.model_id(config.aliases), deadline_s,
-                        router=config.router.enabled, check=session.output_check))
+                        router=config.router.enabled, check=session.output_check,
+                        rules=agent.permissions))
 
     def resume(self, reason: str) -> None:
         """Go on with the open run a supervisor restart left (the session is its log's fold)."""
         self.session.state = "running"
         self.feed(Resume(reason, router=self.io.config.router.enabled,
-                         check=self.session.output_check))
+                         check=self.session.output_check, rules=self.session.agent.permissions))
 
     def cancel(self, mode: str, reason: str = "") -> None:
         """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""

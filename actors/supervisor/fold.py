@@ -154,6 +154,7 @@ def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
 def _agent(raw: dict[str, Any], agents: dict[str, Agent]) -> Agent:
     raw = dict(raw)
     raw["category_allowlist"] = tuple(raw.get("category_allowlist", ()))
+    raw["permissions"] = tuple(tuple(r) for r in raw.get("permissions", ()))
     return agents.get(raw.get("name", "")) or Agent(**raw)
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from actors.permissions import Rule, decide, denial
 from actors.supervisor.catalogue import unavailable_message
 from actors.supervisor.history import Message, blocks
 from actors.supervisor.turn import (
@@ -80,6 +81,8 @@ class Start:
     offered: frozenset[str] = frozenset()
     #: Checks a final answer: None if fine, else the problem (one repair turn).
     check: Callable[[str], str | None] | None = None
+    #: The agent's permission rules (`actors.permissions`): `deny` refuses a call.
+    rules: tuple[Rule, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,7 @@ class Resume:
     router: bool = False
     offered: frozenset[str] = frozenset()
     check: Callable[[str], str | None] | None = None
+    rules: tuple[Rule, ...] = ()
 
 
 Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
@@ -283,6 +287,8 @@ class RunState(NamedTuple):
     #: answered whose `TURN_END` (or `ROUTE`) is still to come (`actors.usage`).
     usage: Usage = ZERO
     unreported: Usage = ZERO
+    #: The agent's permission rules (`actors.permissions`).
+    rules: tuple[Rule, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -425,7 +431,7 @@ def _start(out: _Out, ev: Start) -> None:
     out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
-                    started=(), outcomes=())
+                    started=(), outcomes=(), rules=ev.rules)
     out.add("user", [{"type": "text", "text": ev.prompt}])
     out.emit("SESSION_START", 0, {
         "prompt": ev.prompt, "agent": ev.agent, "model": ev.model, "run": out.s.runs,
@@ -471,15 +477,28 @@ def _replied(out: _Out, reply: Message) -> None:
         if s.stop_request:
             _finish_cancelled(out, s.stop_request, "")
             return
-        offered = set() if s.direct else s.offered
-        jobs = tuple(ToolJob(c, None if c.name in offered
-                             else ToolOutcome(unavailable_message(c.name), True))
-                     for c in nxt.calls)
+        jobs = _jobs(out.s, nxt.calls)
         out.s = replace(out.s, phase="tools", calls=nxt.calls, started=(), outcomes=())
         out.actions.append(RunToolCalls(turn, jobs))
     elif isinstance(nxt, Continue):
         out.emit("TURN_END", turn, {"stop": nxt.reason})
         _turn(out, turn + 1)
+
+
+def _jobs(s: RunState, calls: tuple[ToolCall, ...]) -> tuple[ToolJob, ...]:
+    """A reply's calls as jobs: one not offered, or under a `deny` rule, is refused."""
+    offered = set() if s.direct else s.offered
+    jobs = []
+    for c in calls:
+        refusal = None
+        if c.name not in offered:
+            refusal = ToolOutcome(unavailable_message(c.name), True)
+        elif s.rules:
+            verdict, key = decide(s.rules, c.name, c.input)
+            if verdict == "deny":
+                refusal = ToolOutcome(denial(c.name, key), True)
+        jobs.append(ToolJob(c, refusal))
+    return tuple(jobs)
 
 
 def _tool_started(out: _Out, call_id: str) -> None:
@@ -582,7 +601,8 @@ def _resume(out: _Out, ev: Resume) -> None:
     s = out.s
     if not s.running:
         return
-    out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False)
+    out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False,
+                    rules=ev.rules)
     out.emit("RESUMED", s.turn, {"reason": ev.reason})
     last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
