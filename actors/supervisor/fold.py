@@ -41,7 +41,7 @@ RESET = "*"
 #: Session fields a compaction carries (the rest is runtime state: tasks, hooks).
 _FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
            "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
-           "run_from_seq", "start_key", "started_calls")
+           "run_from_seq", "start_key", "started_calls", "approvals", "decided")
 
 
 class BadRecord(ValueError):
@@ -204,6 +204,8 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.start_key = str(extras.get("key", ""))
         session.outcomes.clear()
         session.started_calls.clear()
+        session.approvals.clear()
+        session.decided.clear()
     elif kind == "TURN_START":
         if event.turn != session.run_turn:
             session.turns += 1
@@ -216,8 +218,15 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
     elif kind == "TURN_END":
         session.outcomes.clear()
         session.started_calls.clear()
+        session.approvals.clear()
+    elif kind == "APPROVAL_REQUESTED":
+        session.approvals[data["call_id"]] = float(data["expires_at"])
+    elif kind == "APPROVAL_DECIDED":
+        session.approvals.pop(data["call_id"], None)
+        session.decided.append([data["call_id"], data["decision"], data["by"]])
     elif kind in TERMINAL:
         session.run_over, session.last_end, session.state = True, kind, "idle"
+        session.approvals.clear()
     session.meter.apply(kind, data)  # tokens: the same fold `Supervisor.emit` does live
     for op in delta.get("h") or ():
         role, added = op

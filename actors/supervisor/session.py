@@ -59,6 +59,10 @@ class Session:
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
     #: Ids of the current reply's tool calls whose `TOOL_START` went out.
     started_calls: list[str] = field(default_factory=list)
+    #: The current reply's calls waiting for approval: call id -> expires_at.
+    approvals: dict[str, float] = field(default_factory=dict)
+    #: The current run's decisions: `[call_id, decision, by]`.
+    decided: list[list[str]] = field(default_factory=list)
     #: The supervisor is stopping: the run is left open, as journaled, for the next
     #: supervisor to resume; it is not ended (cancelled) on the way out.
     suspended: bool = False
@@ -99,6 +103,8 @@ def run_state(session: Session) -> RunState:
         last=session.history[-1] if session.history else None, last_end=session.last_end,
         stop_request=session.stop_request, started=tuple(session.started_calls),
         outcomes=tuple(session.outcomes.items()), usage=session.meter.run,
+        asks=tuple(session.approvals.items()),
+        decided=tuple((d[0], d[1], d[2]) for d in session.decided),
     )
 
 
