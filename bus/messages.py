@@ -248,6 +248,32 @@ class CancelAck(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class DecideCalls(Body):
+    """Client -> supervisor `control`: approve or deny calls of `session` waiting for
+    approval: `call_ids`, or every one waiting if `all`. `decision` is "approve" or
+    "deny"; a denied call's result says `reason`. The local user and `control` keys
+    may decide, a `viewer` key may not. Reply: `DecideAck` or `ErrorReply` (nothing
+    changed: an unknown session or call, a call decided already)."""
+
+    KIND: ClassVar[str] = "decide_calls"
+    session: str
+    decision: str
+    call_ids: list[str] = field(default_factory=list)
+    all: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DecideAck(Body):
+    """Supervisor `control` -> client: the calls decided, and who `by` is said to be."""
+
+    KIND: ClassVar[str] = "decide_ack"
+    session: str
+    decided: list[str]
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class ControlHello(Body):
     """Worker control DEALER -> supervisor `control`: announces the worker's control pipe.
 
@@ -486,6 +512,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     StatsReply,
     Cancel,
     CancelAck,
+    DecideCalls,
+    DecideAck,
     ControlHello,
     Abort,
     Ready,

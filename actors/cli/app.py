@@ -146,6 +146,17 @@ def parser() -> argparse.ArgumentParser:
                         help="ui (default): end the run now, killing its tool; operation: "
                              "let the model call or tool in flight finish, then stop")
     cancel.set_defaults(fn=_async(commands.cancel))
+    for verb, what in (("approve", "run"), ("deny", "answer with an error (the model goes on)")):
+        decide = sub.add_parser(verb, help=f"{verb} tool calls waiting for approval "
+                                f"(they {what})" if verb == "deny" else
+                                "approve tool calls waiting for approval (they run)")
+        decide.add_argument("session")
+        decide.add_argument("call_ids", nargs="*", metavar="CALL_ID",
+                            help="the calls (APPROVAL_REQUESTED's call_id)")
+        decide.add_argument("--all", action="store_true", help="every call waiting")
+        if verb == "deny":
+            decide.add_argument("--reason", default="", help="what the model is told")
+        decide.set_defaults(fn=_async(commands.decide), decision=verb)
     ses = sub.add_parser("sessions", help="list sessions (or prune them)")
     ses.add_argument("--json", action="store_true", help="one object per session")
     ses.set_defaults(fn=_async(commands.sessions))

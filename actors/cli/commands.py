@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError, fail
 from actors.cli.hosting import attach, host_watch
 from actors.render import Renderer
 from actors.settings import Settings
@@ -46,6 +46,23 @@ async def cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with attach(settings, start=False) as host:
         ack = await host.client.cancel(args.session, mode=args.mode)
     print(f"oploop: cancel of {ack.session} accepted ({args.mode})")
+    return EXIT_OK
+
+
+async def decide(args: argparse.Namespace, settings: Settings) -> int:
+    """Approve or deny calls waiting for approval (`oploop approve|deny SESSION ...`)."""
+    if not args.call_ids and not args.all:
+        return fail(f"name the calls to {args.decision} (CALL_ID ...) or --all")
+    if args.call_ids and args.all:
+        return fail("either CALL_IDs or --all, not both")
+    async with attach(settings, start=False) as host:
+        if args.decision == "approve":
+            ack = await host.client.approve(args.session, args.call_ids, all=args.all)
+        else:
+            ack = await host.client.deny(args.session, args.call_ids, all=args.all,
+                                         reason=args.reason)
+    done = "approved" if args.decision == "approve" else "denied"
+    print(f"oploop: {done} {', '.join(ack.decided)} in {ack.session} (by {ack.by})")
     return EXIT_OK
 
 
