@@ -95,7 +95,7 @@ def check_tools(rules: tuple[Rule, ...], known: set[str] | frozenset[str]) -> st
     return None
 
 
-def decide(rules: tuple[Rule, ...], name: str, arguments: Mapping[str, Any] | Any) -> tuple[str, str]:
+def decide(rules: tuple[Rule, ...], name: str, arguments: Any) -> tuple[str, str]:
     """The rule for a call of tool `name` on `arguments`: `(value, key)`; `("allow", "")`
     when no rule matches (no rules: today's behaviour)."""
     for key, tool, glob, value in rules:

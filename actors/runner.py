@@ -21,14 +21,14 @@ one repair turn, then the run fails with `RunFailed("output_invalid")`::
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import json
 import os
 import re
 import sys
 import time
-import asyncio
-import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar

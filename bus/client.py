@@ -223,11 +223,13 @@ class Client:
         return reply.body
 
     async def approve(self, session: str, call_ids: list[str] | None = None, *,
-                      all: bool = False, timeout: float = 5.0) -> DecideAck:
-        """Approve calls of `session` waiting for approval (`call_ids`, or `all` of them).
-        Raises `RemoteError` (nothing changed) for an unknown session or call, a call
-        decided already ("already decided by ..."), or a key that may not decide."""
-        return await self._decide(session, "approve", call_ids, all, "", timeout)
+                      all: bool = False, always: bool = False,
+                      timeout: float = 5.0) -> DecideAck:
+        """Approve calls of `session` waiting for approval (`call_ids`, or `all` of them;
+        `always`: their tools' calls for the rest of the session too). Raises
+        `RemoteError` (nothing changed) for an unknown session or call, a call decided
+        already ("already decided by ..."), or a key that may not decide."""
+        return await self._decide(session, "approve", call_ids, all, "", timeout, always)
 
     async def deny(self, session: str, call_ids: list[str] | None = None, *,
                    all: bool = False, reason: str = "", timeout: float = 5.0) -> DecideAck:
@@ -236,8 +238,9 @@ class Client:
         return await self._decide(session, "deny", call_ids, all, reason, timeout)
 
     async def _decide(self, session: str, decision: str, call_ids: list[str] | None,
-                      all: bool, reason: str, timeout: float) -> DecideAck:
-        body = DecideCalls(session, decision, list(call_ids or []), all, reason)
+                      all: bool, reason: str, timeout: float,
+                      always: bool = False) -> DecideAck:
+        body = DecideCalls(session, decision, list(call_ids or []), all, reason, always)
         reply = await self._control.request(body, timeout=timeout)
         assert isinstance(reply.body, DecideAck)
         return reply.body

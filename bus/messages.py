@@ -261,6 +261,8 @@ class DecideCalls(Body):
     call_ids: list[str] = field(default_factory=list)
     all: bool = False
     reason: str = ""
+    #: With "approve": approve the tools of these calls for the rest of the session.
+    always: bool = False
 
 
 @dataclass(frozen=True, slots=True)

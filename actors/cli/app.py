@@ -140,6 +140,10 @@ def parser() -> argparse.ArgumentParser:
                        help="start at event N (1: everything)")
     watch.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
     watch.set_defaults(fn=_async(commands.watch))
+    for parser in (run, watch):
+        parser.add_argument("--yes", action="store_true",
+                            help="approve every call that waits for approval (the agent's "
+                                 "`ask` rules) while this command follows the run, unasked")
     cancel = sub.add_parser("cancel", help="cancel a session")
     cancel.add_argument("session")
     cancel.add_argument("--mode", choices=("ui", "operation"), default="ui",

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from actors.cli.approvals import decide_here, interactive
 from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError, fail
 from actors.cli.hosting import attach, host_watch
 from actors.render import Renderer
@@ -35,10 +36,22 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
         def on_lag(lag: Lag) -> None:  # on stderr, so that --json output stays pure
             print(f"oploop: {lag.describe()}", file=sys.stderr, flush=True)
 
+        ask = args.yes or interactive(args.json)
         async for event in client.events(args.session, args.from_seq,
                                          follow=not args.no_follow, on_lag=on_lag):
             render.event(event)
+            kind, data = event["type"], event["data"]
+            if ask and kind == "APPROVAL_REQUESTED":
+                await _ask_if_open(client, args, data)
     return render.exit_status() if render.terminal else EXIT_OK
+
+
+async def _ask_if_open(client: Any, args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """Ask about a call a replay shows waiting, unless it was decided since (the
+    session's live state says)."""
+    info = await client.inspect(args.session)
+    if data["call_id"] in (info.summary.get("waiting_approval") or ()):
+        await decide_here(client, args.session, data, yes=args.yes)
 
 
 async def cancel(args: argparse.Namespace, settings: Settings) -> int:

@@ -13,10 +13,10 @@ import msgpack
 import zmq
 
 from actors.config import Config
+from actors.permissions import rule_of_tool
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
-from actors.permissions import rule_of_tool
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal

@@ -152,12 +152,14 @@ class RunDriver:
         """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
         self.feed(Cancel(mode, reason))
 
-    def decide(self, call_id: str, decision: str, by: str, reason: str = "") -> str | None:
-        """Approve or deny the pending call `call_id`; None if done, else why not (one
-        line: decided already, or no such call waits)."""
+    def decide(self, call_id: str, decision: str, by: str, reason: str = "",
+               always: bool = False) -> str | None:
+        """Approve or deny the pending call `call_id` (`always`: and its tool's calls for
+        the rest of the session); None if done, else why not (one line: decided
+        already, or no such call waits)."""
         error = decision_error(self.session, self.state.asks, self.state.decided, call_id)
         if error is None:
-            self.feed(Decide(call_id, decision, by, reason))
+            self.feed(Decide(call_id, decision, by, reason, always))
         return error
 
     def fail(self, error: str, message: str) -> None:
@@ -378,6 +380,8 @@ def _sync(session: Session, old: RunState, state: RunState) -> None:
         session.approvals = dict(state.asks)
     if state.decided is not old.decided:
         session.decided = [list(d) for d in state.decided]
+    if state.always is not old.always:
+        session.always = list(state.always)
 
 
 def decision_error(session: Session, asks: tuple[tuple[str, float], ...],

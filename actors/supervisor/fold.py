@@ -41,7 +41,8 @@ RESET = "*"
 #: Session fields a compaction carries (the rest is runtime state: tasks, hooks).
 _FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
            "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
-           "run_from_seq", "start_key", "started_calls", "approvals", "decided")
+           "run_from_seq", "start_key", "started_calls", "approvals", "decided",
+           "always")
 
 
 class BadRecord(ValueError):
@@ -224,6 +225,8 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
     elif kind == "APPROVAL_DECIDED":
         session.approvals.pop(data["call_id"], None)
         session.decided.append([data["call_id"], data["decision"], data["by"]])
+        if data.get("always") and data["always"] not in session.always:
+            session.always.append(data["always"])
     elif kind in TERMINAL:
         session.run_over, session.last_end, session.state = True, kind, "idle"
         session.approvals.clear()

@@ -180,6 +180,9 @@ class Decide:
     decision: str
     by: str
     reason: str = ""
+    #: Approve this tool's calls for the rest of the session (a session-scoped allow
+    #: rule, over `ask` only: never over `deny`).
+    always: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +318,8 @@ class RunState(NamedTuple):
     asks: tuple[tuple[str, float], ...] = ()
     #: The run's decisions so far: `(call_id, decision, by)` ("already decided by").
     decided: tuple[tuple[str, str, str], ...] = ()
+    #: Tools approved "always" in this session: their `ask` calls run unasked.
+    always: tuple[str, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -540,7 +545,7 @@ def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...
     for job in jobs:
         c = job.call
         verdict, key = ("allow", "") if job.refusal else decide(s.rules, c.name, c.input)
-        if verdict != "ask":
+        if verdict != "ask" or c.name in s.always:
             run.append(job)
             continue
         expires = round(now + s.approval_timeout_s, 3)
@@ -560,14 +565,24 @@ def _decide(out: _Out, ev: Decide) -> None:
         return
     call = next(c for c in s.calls if c.id == ev.call_id)
     reason = ev.reason or ("approved" if ev.decision == "approve" else "denied")
+    always = ev.always and ev.decision == "approve"
     out.s = replace(s, asks=tuple(a for a in s.asks if a[0] != ev.call_id),
-                    decided=(*s.decided, (ev.call_id, ev.decision, ev.by)))
-    out.emit("APPROVAL_DECIDED", s.turn, {"call_id": ev.call_id, "decision": ev.decision,
-                                          "by": ev.by, "reason": reason})
+                    decided=(*s.decided, (ev.call_id, ev.decision, ev.by)),
+                    always=(*s.always, call.name) if always and call.name not in s.always
+                    else s.always)
+    data: dict[str, Any] = {"call_id": ev.call_id, "decision": ev.decision, "by": ev.by,
+                            "reason": reason}
+    if always:
+        data["always"] = call.name  # journaled: the fold restores the session's rule
+    out.emit("APPROVAL_DECIDED", s.turn, data)
     refusal = None
     if ev.decision == "deny":
         refusal = ToolOutcome(f"{call.name}: not run: denied by {ev.by}: {reason}", True)
     out.actions.append(RunToolCalls(s.turn, (ToolJob(call, refusal),)))
+    if always:  # the same tool's other waiting calls are approved with it
+        for other in [c for c in out.s.calls if c.name == call.name
+                      and c.id in dict(out.s.asks)]:
+            _decide(out, Decide(other.id, "approve", ev.by, f"always {call.name} (session)"))
 
 
 def _tool_started(out: _Out, call_id: str) -> None:

@@ -239,7 +239,8 @@ class Runs:
                 return
         by = _by(user)
         for call_id in ids:
-            driver.decide(call_id, req.decision, by, req.reason)  # type: ignore[union-attr]
+            if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
+                driver.decide(call_id, req.decision, by, req.reason, req.always)  # type: ignore[union-attr]
         ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
         self.sup._reply_committed(ack, peer, port)  # answered once the decision is logged
 

@@ -63,6 +63,8 @@ class Session:
     approvals: dict[str, float] = field(default_factory=dict)
     #: The current run's decisions: `[call_id, decision, by]`.
     decided: list[list[str]] = field(default_factory=list)
+    #: Tools approved "always" in this session (session-scoped allow rules over `ask`).
+    always: list[str] = field(default_factory=list)
     #: The supervisor is stopping: the run is left open, as journaled, for the next
     #: supervisor to resume; it is not ended (cancelled) on the way out.
     suspended: bool = False
@@ -91,6 +93,8 @@ class Session:
             "last_end": self.last_end,
             "created": self.created,
             "usage": self.meter.total().to_dict(),
+            **({"always_allow": list(self.always)} if self.always else {}),
+            **({"waiting_approval": list(self.approvals)} if self.approvals else {}),
         }
 
 
@@ -105,6 +109,7 @@ def run_state(session: Session) -> RunState:
         outcomes=tuple(session.outcomes.items()), usage=session.meter.run,
         asks=tuple(session.approvals.items()),
         decided=tuple((d[0], d[1], d[2]) for d in session.decided),
+        always=tuple(session.always),
     )
 
 

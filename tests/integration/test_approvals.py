@@ -5,6 +5,7 @@ pending approval survives a supervisor killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -222,4 +223,87 @@ def test_control_keys_decide_by_name_viewers_and_workers_may_not(short_home, tmp
         seen = asyncio.run(main())
     decided = [e["data"] for e in seen if e["type"] == "APPROVAL_DECIDED"]
     assert [(d["decision"], d["by"]) for d in decided] == [("approve", "laptop")]
+    assert seen[-1]["type"] == "DONE"
+
+
+def test_run_on_a_terminal_asks_and_always_adds_a_session_rule(host):
+    from test_cli_edges import Terminal
+
+    term = Terminal(host, "run", "--agent", "ops", "#two go")
+    term.expect("approve? [y/N/a(lways for this session)]")
+    assert "shell" in term.text() and "echo asked-ran" in term.text()
+    os.write(term.master, b"a\n")
+    term.expect("approved by local, always for shell in this session")
+    assert term.finish() == 0, term.text()
+    assert "finished" in term.text()
+    sid = term.text().split("session ", 1)[1].split()[0]
+    shown = oploop(host, "inspect", sid)
+    assert "always_allow" in shown.stdout and "shell" in shown.stdout, shown.stdout
+
+
+def test_without_a_terminal_nothing_is_asked_and_yes_approves_everything(host):
+    import subprocess
+
+    from hostkit import OPLOOP, events_of
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env["OPLOOP_HOME"] = host
+    yes = oploop(host, "run", "--json", "--yes", "--agent", "ops", "#one go")
+    events = events_of(yes.stdout)
+    assert yes.returncode == 0 and events[-1]["type"] == "DONE", yes.stderr
+    decided = [e["data"] for e in events if e["type"] == "APPROVAL_DECIDED"]
+    assert [(d["decision"], d["by"]) for d in decided] == [("approve", "local")]
+    # --json and no terminal: the run waits for a decision from elsewhere.
+    proc = subprocess.Popen([*OPLOOP, "run", "--json", "--agent", "ops", "#one go"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "APPROVAL_REQUESTED":
+                break
+        done = oploop(host, "deny", event["session"], "--all", "--reason", "by script")
+        assert done.returncode == 0, done.stderr
+        rest = [json.loads(line) for line in proc.stdout]
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == 0 and rest[-1]["type"] == "DONE"
+    assert any(e["type"] == "APPROVAL_DECIDED" and e["data"]["reason"] == "by script"
+               for e in rest)
+
+
+def test_a_pending_approval_survives_a_host_down_and_up(host, tmp_path):
+    scenario = tmp_path / "scenario.json"
+    env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}
+
+    async def ask() -> tuple[str, str]:
+        async with Client.connect(Path(host)) as client:
+            started = await client.start("#one go", agent="ops")
+            asked = await until_event(client.events(started.session, started.from_seq),
+                                      "APPROVAL_REQUESTED", [])
+            return started.session, asked["data"]["call_id"]
+
+    sid, call_id = asyncio.run(ask())
+    assert oploop(host, "down").returncode == 0
+    # The next offline model starts its scripts afresh: after the tool, it answers.
+    scenario.write_text(json.dumps({"scripts": {"one": [FINISHED]}}))
+    up = oploop(host, "up", "--detach", env=env)
+    assert up.returncode == 0, up.stderr
+
+    async def approve() -> list[dict[str, Any]]:
+        async with Client.connect(Path(host)) as client:
+            info = await client.inspect(sid)
+            assert info.summary["waiting_approval"] == [call_id]
+            seen: list[dict[str, Any]] = []
+            events = client.events(sid, 1, stop_at="first")
+            await until_event(events, "RESUMED", seen)  # the run is this host's again
+            ack = await client.approve(sid, all=True)
+            assert ack.decided == [call_id]
+            return seen + [e async for e in events]
+
+    seen = asyncio.run(approve())
+    kinds = [e["type"] for e in seen]
+    assert kinds.index("RESUMED") < kinds.index("APPROVAL_DECIDED")
+    assert any("asked-ran" in e["data"].get("output", "") for e in seen
+               if e["type"] == "TOOL_END")
     assert seen[-1]["type"] == "DONE"

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.permissions import parse_rules
 from actors.supervisor.history import Message, append_blocks, is_valid
 from actors.supervisor.machine import (
     INTERRUPTED,
@@ -38,7 +39,6 @@ from actors.supervisor.machine import (
     WorkerLost,
     step,
 )
-from actors.permissions import parse_rules
 from actors.supervisor.turn import ToolOutcome
 from actors.usage import ZERO
 
@@ -167,7 +167,8 @@ def plausible(world: World, draw: Any) -> Input:
     kind = draw(st.sampled_from(choices))
     if kind == "decide":
         call_id = draw(st.sampled_from([a[0] for a in s.asks]))
-        return Decide(call_id, draw(st.sampled_from(["approve", "deny"])), "t", "because")
+        return Decide(call_id, draw(st.sampled_from(["approve", "deny"])), "t", "because",
+                      always=draw(st.booleans()))
     if kind == "start":
         return Start("go", draw(st.integers(1, 5)), router=draw(st.booleans()),
                      offered=frozenset({"shell"}), rules=ASK if draw(st.booleans()) else (),
@@ -391,3 +392,21 @@ def test_a_pending_approval_is_still_pending_after_a_restart():
     world.feed(ToolStarted("t1-0"))
     world.feed(ToolFinished("t1-0", ToolOutcome("ran", False)))
     assert world.state.phase == "model" and is_valid(world.history + [text_reply("x")])
+
+
+def test_always_approves_the_tools_other_calls_now_and_for_the_rest_of_the_session():
+    world = World()
+    rules = parse_rules({"shell": "ask"})
+    world.begin(Start("go", 3, offered=frozenset({"shell"}), rules=rules))
+    world.feed(ModelReplied(tool_reply(2, 1)))
+    world.feed(Decide("t1-0", "approve", "local", always=True))
+    decided = [e[2] for e in world.events if e[0] == "APPROVAL_DECIDED"]
+    assert [(d["call_id"], d.get("always")) for d in decided] == [("t1-0", "shell"),
+                                                                  ("t1-1", None)]
+    assert world.state.asks == () and world.state.always == ("shell",)
+    for call_id in ("t1-0", "t1-1"):
+        world.feed(ToolStarted(call_id))
+        world.feed(ToolFinished(call_id, ToolOutcome("ok", False)))
+    world.feed(ModelReplied(tool_reply(1, 2)))  # the next reply's shell call: unasked
+    assert [j.call.id for j in world.jobs] == ["t2-0"]
+    assert sum(e[0] == "APPROVAL_REQUESTED" for e in world.events) == 2
