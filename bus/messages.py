@@ -7,7 +7,7 @@ version and every field's type before any actor sees it.
 
 Sockets (see `bus.endpoints`):
   api      supervisor ROUTER  <- clients DEALER      start/list/inspect/prune/remove
-  control  supervisor ROUTER  <- clients, workers    cancel, abort (priority)
+  control  supervisor ROUTER  <- clients, workers    cancel, approve/deny, abort (priority)
   work     supervisor ROUTER  <- workers DEALER      ready, heartbeat, jobs
   ingest   broadcaster PULL   <- supervisor PUSH     sequenced session events
   events   broadcaster XPUB   -> viewers SUB         topic = session id
