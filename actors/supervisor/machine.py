@@ -632,6 +632,8 @@ def _cancel(out: _Out, ev: Cancel) -> None:
         raise ValueError(f"unknown cancel mode {ev.mode!r}")
     if ev.mode == "operation":
         out.s = replace(out.s, stop_request=out.s.stop_request or "operation")
+        for call_id, _ in out.s.asks:  # a waiting call is not work in flight: not run
+            _decide(out, Decide(call_id, "deny", "cancel", CANCEL_WHY["operation"]))
         return
     out.actions.append(AbortJobs())
     _finish_cancelled(out, ev.mode, ev.reason)

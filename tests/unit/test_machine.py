@@ -410,3 +410,17 @@ def test_always_approves_the_tools_other_calls_now_and_for_the_rest_of_the_sessi
     world.feed(ModelReplied(tool_reply(1, 2)))  # the next reply's shell call: unasked
     assert [j.call.id for j in world.jobs] == ["t2-0"]
     assert sum(e[0] == "APPROVAL_REQUESTED" for e in world.events) == 2
+
+
+def test_an_operation_cancel_denies_the_waiting_calls_and_stops_after_the_running_ones():
+    world = _asking_world()
+    world.feed(ToolStarted("r"))
+    world.feed(Cancel("operation"))
+    decided = next(e[2] for e in world.events if e[0] == "APPROVAL_DECIDED")
+    assert (decided["decision"], decided["by"]) == ("deny", "cancel")
+    world.feed(ToolFinished("r", ToolOutcome("host", False)))
+    world.feed(ToolStarted("t1-0"))
+    job = next(j for j in world.jobs if j.call.id == "t1-0")
+    world.feed(ToolFinished("t1-0", job.refusal))
+    assert world.events[-1][0] == "CANCELLED" and world.events[-1][2]["mode"] == "operation"
+    assert is_valid(world.history)
