@@ -307,3 +307,22 @@ def test_a_pending_approval_survives_a_host_down_and_up(host, tmp_path):
     assert any("asked-ran" in e["data"].get("output", "") for e in seen
                if e["type"] == "TOOL_END")
     assert seen[-1]["type"] == "DONE"
+
+
+def test_watch_on_a_terminal_asks_about_a_call_still_waiting(host):
+    from test_cli_edges import Terminal
+
+    async def ask() -> str:
+        async with Client.connect(Path(host)) as client:
+            started = await client.start("#one go", agent="ops")
+            await until_event(client.events(started.session, started.from_seq),
+                              "APPROVAL_REQUESTED", [])
+            return started.session
+
+    sid = asyncio.run(ask())
+    term = Terminal(host, "watch", sid)
+    term.expect("approve? [y/N/a(lways for this session)]")
+    os.write(term.master, b"y\n")
+    term.expect("approved by local")
+    assert term.finish() == 0, term.text()
+    assert "finished" in term.text()
