@@ -50,6 +50,14 @@ so a typo fails there with a message naming the key, never mid-session::
     model = "sonnet"
     max_turns = 30
     category_allowlist = ["files"]
+    approval_timeout_s = 600      # a call under "ask" is denied after this long
+
+    [agents.ops.permissions]      # first match wins; a key is TOOL or TOOL(GLOB)
+    "shell(ls *)" = "allow"       # (see actors.permissions)
+    "write_file(/tmp/*)" = "allow"
+    shell = "ask"
+    write_file = "deny"
+    default = "allow"
 """
 
 from __future__ import annotations
@@ -112,6 +120,11 @@ class Agent:
     #: or contains a hidden path (/, /root, /home, /tmp) or lies in an oploop home or key
     #: folder is ignored; one under /root or /home is shown alone.
     read_paths: tuple[str, ...] = ()
+    #: Permission rules, `[agents.NAME.permissions]` in order (`actors.permissions`):
+    #: none means every call is allowed, as it always was.
+    permissions: tuple[tuple[str, str, str | None, str], ...] = ()
+    #: Seconds a call under `ask` waits for a decision before it is denied.
+    approval_timeout_s: float = 600.0
 
     def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""
@@ -437,7 +450,20 @@ def parse_size(value: Any) -> int:
 def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
     if "name" in raw:
         raise ConfigError(f"{source}: agents.{name}.name: the table name is the agent's name")
+    raw = dict(raw)
+    rules: tuple[Any, ...] = ()
+    if "permissions" in raw:  # a table, in order (not a field `_record` can check)
+        from actors.permissions import BadRule, parse_rules
+
+        where = f"agents.{name}.permissions"
+        try:
+            rules = parse_rules(_table(raw.pop("permissions"), source, where))
+        except BadRule as exc:
+            raise ConfigError(f"{source}: {where}.{exc}") from None
     agent: Agent = _record(Agent, {**raw, "name": name}, source, f"agents.{name}")
+    agent = dataclasses.replace(agent, permissions=rules)
+    if agent.approval_timeout_s <= 0:
+        raise ConfigError(f"{source}: agents.{name}.approval_timeout_s: must be more than 0")
     if agent.max_turns < 1:
         raise ConfigError(f"{source}: agents.{name}.max_turns: must be at least 1")
     if agent.max_tokens < 1:

@@ -121,6 +121,16 @@ class Renderer:
         tail = f": {first[0][:100]}" if first and data.get("is_error") else ""
         self._line(f"  {mark} {data['name']} ({data.get('duration_ms', 0):.0f} ms){tail}")
 
+    def _on_APPROVAL_REQUESTED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._line(f"? {data.get('tool')} {_brief(data.get('input'))} waits for approval "
+                   f"[{data.get('call_id')}]")
+
+    def _on_APPROVAL_DECIDED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        verb = "approved" if data.get("decision") == "approve" else "denied"
+        always = f", always for {data['always']} in this session" if data.get("always") else ""
+        reason = "" if verb == "approved" else f": {data.get('reason', '')}"
+        self._line(f"  {verb} by {data.get('by')}{always}{reason} [{data.get('call_id')}]")
+
     def _on_RETRY(self, data: dict[str, Any]) -> None:  # noqa: N802
         if self._streamed:
             self._write(" [void]")  # the failed attempt's text, printed already, is void

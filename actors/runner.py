@@ -21,13 +21,15 @@ one repair turn, then the run fails with `RunFailed("output_invalid")`::
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -52,6 +54,13 @@ Deps = TypeVar("Deps")
 Output = TypeVar("Output")
 
 OnEvent = Callable[[dict[str, Any]], None]
+#: Decides a call waiting for approval (`APPROVAL_REQUESTED`'s data: call_id, tool,
+#: input, rule, expires_at): True approves, False denies, a string denies saying why;
+#: it may be a coroutine function.
+OnApproval = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
+
+#: The reason a call needing approval is denied when the Runner has no `on_approval`.
+NO_APPROVER = "denied: this runner has no on_approval callback to ask"
 
 #: Longest JSON answer searched for (characters): keeps a runaway reply cheap.
 MAX_OUTPUT_CHARS = 1_000_000
@@ -158,6 +167,7 @@ class Runner(Generic[Deps, Output]):
         backend: ModelBackend | None = None,
         policy: RetryPolicy | None = None,
         on_event: OnEvent | None = None,
+        on_approval: OnApproval | None = None,
         settings: Settings | None = None,
     ) -> None:
         # Read only when something is left to the settings (`oploop.toml`, OPLOOP_RETRY_*,
@@ -179,6 +189,9 @@ class Runner(Generic[Deps, Output]):
         self.backend: ModelBackend = backend
         self.policy = policy
         self.on_event = on_event
+        #: Asked for each call an `ask` permission rule of the agent holds back; none:
+        #: every such call is denied.
+        self.on_approval = on_approval
         self._sessions = 0
 
     async def run(
@@ -233,6 +246,7 @@ class _LocalIO(Generic[Deps]):
         self.config = runner.config
         self.deps = deps
         self.events: list[dict[str, Any]] = []
+        self._deciding: set[asyncio.Task[None]] = set()
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
         event = {"seq": session.next_seq, "session": session.id, "type": type_, "turn": turn,
@@ -242,6 +256,29 @@ class _LocalIO(Generic[Deps]):
         self.events.append(event)
         if self.runner.on_event is not None:
             self.runner.on_event(event)
+        if type_ == "APPROVAL_REQUESTED":  # decided after this step, never inside it
+            task = asyncio.get_running_loop().create_task(self._approve(session, data))
+            self._deciding.add(task)
+            task.add_done_callback(self._deciding.discard)
+
+    async def _approve(self, session: Session, data: dict[str, Any]) -> None:
+        """Ask `on_approval` about one call (deny without one) and feed the decision."""
+        answer: bool | str = NO_APPROVER
+        callback = self.runner.on_approval
+        if callback is not None:
+            try:
+                result = callback(dict(data))
+                answer = await result if inspect.isawaitable(result) else result
+            except Exception as exc:  # the program's callback failing denies, says why
+                answer = f"denied: on_approval failed: {type(exc).__name__}: {exc}"
+        driver = session.driver
+        if driver is None:
+            return
+        if answer is True:
+            driver.decide(data["call_id"], "approve", "on_approval")
+        else:
+            why = answer if isinstance(answer, str) and answer else "denied by on_approval"
+            driver.decide(data["call_id"], "deny", "on_approval", why)
 
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]

@@ -31,6 +31,8 @@ from bus.errors import BadFrame, RemoteError, RequestTimeout
 from bus.messages import (
     Cancel,
     CancelAck,
+    DecideAck,
+    DecideCalls,
     Envelope,
     Event,
     InspectSession,
@@ -233,6 +235,29 @@ class Client:
         """
         reply = await self._control.request(Say(session, text), timeout=timeout)
         assert isinstance(reply.body, SayAck)
+        return reply.body
+
+    async def approve(self, session: str, call_ids: list[str] | None = None, *,
+                      all: bool = False, always: bool = False,
+                      timeout: float = 5.0) -> DecideAck:
+        """Approve calls of `session` waiting for approval (`call_ids`, or `all` of them;
+        `always`: their tools' calls for the rest of the session too). Raises
+        `RemoteError` (nothing changed) for an unknown session or call, a call decided
+        already ("already decided by ..."), or a key that may not decide."""
+        return await self._decide(session, "approve", call_ids, all, "", timeout, always)
+
+    async def deny(self, session: str, call_ids: list[str] | None = None, *,
+                   all: bool = False, reason: str = "", timeout: float = 5.0) -> DecideAck:
+        """Deny calls waiting for approval: each is answered with an error saying
+        `reason`, and the model goes on. Errors as `approve`."""
+        return await self._decide(session, "deny", call_ids, all, reason, timeout)
+
+    async def _decide(self, session: str, decision: str, call_ids: list[str] | None,
+                      all: bool, reason: str, timeout: float,
+                      always: bool = False) -> DecideAck:
+        body = DecideCalls(session, decision, list(call_ids or []), all, reason, always)
+        reply = await self._control.request(body, timeout=timeout)
+        assert isinstance(reply.body, DecideAck)
         return reply.body
 
     # -- events ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ version and every field's type before any actor sees it.
 
 Sockets (see `bus.endpoints`):
   api      supervisor ROUTER  <- clients DEALER      start/list/inspect/prune/remove
-  control  supervisor ROUTER  <- clients, workers    cancel, abort (priority)
+  control  supervisor ROUTER  <- clients, workers    cancel, approve/deny, abort (priority)
   work     supervisor ROUTER  <- workers DEALER      ready, heartbeat, jobs
   ingest   broadcaster PULL   <- supervisor PUSH     sequenced session events
   events   broadcaster XPUB   -> viewers SUB         topic = session id
@@ -277,6 +277,34 @@ class SayAck(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class DecideCalls(Body):
+    """Client -> supervisor `control`: approve or deny calls of `session` waiting for
+    approval: `call_ids`, or every one waiting if `all`. `decision` is "approve" or
+    "deny"; a denied call's result says `reason`. The local user and `control` keys
+    may decide, a `viewer` key may not. Reply: `DecideAck` or `ErrorReply` (nothing
+    changed: an unknown session or call, a call decided already)."""
+
+    KIND: ClassVar[str] = "decide_calls"
+    session: str
+    decision: str
+    call_ids: list[str] = field(default_factory=list)
+    all: bool = False
+    reason: str = ""
+    #: With "approve": approve the tools of these calls for the rest of the session.
+    always: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecideAck(Body):
+    """Supervisor `control` -> client: the calls decided, and who `by` is said to be."""
+
+    KIND: ClassVar[str] = "decide_ack"
+    session: str
+    decided: list[str]
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class ControlHello(Body):
     """Worker control DEALER -> supervisor `control`: announces the worker's control pipe.
 
@@ -402,7 +430,9 @@ class ToolJob(Body):
     """Supervisor -> executor: run tool `name` on `input` in `cwd`, within `timeout_s`.
 
     `read_paths`: what the confined reads may see besides the system's files,
-    the session's cwd and workspace (the agent's `read_paths`).
+    the session's cwd and workspace (the agent's `read_paths`). `agent`: the
+    session's agent, whose `deny` permission rules the executor enforces itself
+    (from its own `oploop.toml`).
     Answered by `ToolResult` (also for a failing tool) or `JobFailed`.
     """
 
@@ -412,6 +442,7 @@ class ToolJob(Body):
     cwd: str = ""
     timeout_s: float = 0.0
     read_paths: list[str] = field(default_factory=list)
+    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,6 +545,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     CancelAck,
     Say,
     SayAck,
+    DecideCalls,
+    DecideAck,
     ControlHello,
     Abort,
     Ready,

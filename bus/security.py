@@ -114,6 +114,8 @@ class Keyring:
         self.folder = folder
         self._lock = threading.Lock()  # the Gate's thread reads while the actor runs
         self._cache: dict[str, tuple[tuple[tuple[str, int], ...], frozenset[bytes]]] = {}
+        #: The file name (without .key) of each authorised public key (z85): its name.
+        self._names: dict[bytes, str] = {}
         self._local: bytes | None = None
 
     @classmethod
@@ -208,15 +210,18 @@ class Keyring:
         return any(key in self._authorised(role) for role in ADMITS.get(domain, ()))
 
     def role_of_key(self, key: bytes) -> str:
-        """The role of an admitted public key (raw or z85): "local" for the local key,
-        "unknown" when it cannot be told (it runs on the ZAP thread: never raises)."""
+        """The role of an admitted public key (raw or z85) and its name, as `ROLE:NAME`
+        ("control:alice": who decided an approval names the key); "local" for the local
+        key, "unknown" when it cannot be told (it runs on the ZAP thread: never raises)."""
         from zmq.utils import z85 as codec
 
         try:
             z85 = key if len(key) == 40 else codec.encode(key)
             if z85 == self._local_key():
                 return "local"
-            return next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
+            role = next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
+            name = self._names.get(z85, "")
+            return f"{role}:{name}" if name and role != "unknown" else role
         except Exception:  # a ZAP edge: an exception here would end the ZAP thread
             log.exception("cannot tell the role of an admitted key")
             return "unknown"
@@ -241,7 +246,15 @@ class Keyring:
                 return cached[1]
             import zmq.auth
 
-            keys = frozenset(zmq.auth.load_certificates(folder))
+            found = zmq.auth.load_certificates(folder)
+            keys = frozenset(found)
+            for name, _ in listing:  # which file each key came from: its name
+                if name.endswith(".key"):
+                    try:
+                        public = _load(folder / name)[0]
+                    except Exception:  # (a half-written file: named on the next read)
+                        continue
+                    self._names[public] = name.removesuffix(".key")
             self._cache[role] = (listing, keys)
             return keys
 

@@ -140,6 +140,10 @@ def parser() -> argparse.ArgumentParser:
                        help="start at event N (1: everything)")
     watch.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
     watch.set_defaults(fn=_async(commands.watch))
+    for parser in (run, watch):
+        parser.add_argument("--yes", action="store_true",
+                            help="approve every call that waits for approval (the agent's "
+                                 "`ask` rules) while this command follows the run, unasked")
     cancel = sub.add_parser("cancel", help="cancel a session")
     cancel.add_argument("session")
     cancel.add_argument("--mode", choices=("ui", "operation"), default="ui",
@@ -155,6 +159,17 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("text", metavar="TEXT",
                      help="the message; - reads it from standard input, @FILE from a file")
     say.set_defaults(fn=_async(commands.say))
+    for verb, what in (("approve", "run"), ("deny", "answer with an error (the model goes on)")):
+        decide = sub.add_parser(verb, help=f"{verb} tool calls waiting for approval "
+                                f"(they {what})" if verb == "deny" else
+                                "approve tool calls waiting for approval (they run)")
+        decide.add_argument("session")
+        decide.add_argument("call_ids", nargs="*", metavar="CALL_ID",
+                            help="the calls (APPROVAL_REQUESTED's call_id)")
+        decide.add_argument("--all", action="store_true", help="every call waiting")
+        if verb == "deny":
+            decide.add_argument("--reason", default="", help="what the model is told")
+        decide.set_defaults(fn=_async(commands.decide), decision=verb)
     ses = sub.add_parser("sessions", help="list sessions (or prune them)")
     ses.add_argument("--json", action="store_true", help="one object per session")
     ses.set_defaults(fn=_async(commands.sessions))

@@ -8,7 +8,8 @@ import json
 import sys
 from typing import Any
 
-from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError
+from actors.cli.approvals import decide_here, interactive
+from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError, fail
 from actors.cli.hosting import attach, host_watch
 from actors.render import Renderer
 from actors.settings import Settings
@@ -36,10 +37,22 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
         def on_lag(lag: Lag) -> None:  # on stderr, so that --json output stays pure
             print(f"oploop: {lag.describe()}", file=sys.stderr, flush=True)
 
+        ask = args.yes or interactive(args.json)
         async for event in client.events(args.session, args.from_seq,
                                          follow=not args.no_follow, on_lag=on_lag):
             render.event(event)
+            kind, data = event["type"], event["data"]
+            if ask and kind == "APPROVAL_REQUESTED":
+                await _ask_if_open(client, args, data)
     return render.exit_status() if render.terminal else EXIT_OK
+
+
+async def _ask_if_open(client: Any, args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """Ask about a call a replay shows waiting, unless it was decided since (the
+    session's live state says)."""
+    info = await client.inspect(args.session)
+    if data["call_id"] in (info.summary.get("waiting_approval") or ()):
+        await decide_here(client, args.session, data, yes=args.yes)
 
 
 async def cancel(args: argparse.Namespace, settings: Settings) -> int:
@@ -66,6 +79,23 @@ async def say(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(f"oploop: message queued in {ack.session} (run {ack.run}): it is taken before "
               f"the next model call")
+    return EXIT_OK
+
+
+async def decide(args: argparse.Namespace, settings: Settings) -> int:
+    """Approve or deny calls waiting for approval (`oploop approve|deny SESSION ...`)."""
+    if not args.call_ids and not args.all:
+        return fail(f"name the calls to {args.decision} (CALL_ID ...) or --all")
+    if args.call_ids and args.all:
+        return fail("either CALL_IDs or --all, not both")
+    async with attach(settings, start=False) as host:
+        if args.decision == "approve":
+            ack = await host.client.approve(args.session, args.call_ids, all=args.all)
+        else:
+            ack = await host.client.deny(args.session, args.call_ids, all=args.all,
+                                         reason=args.reason)
+    done = "approved" if args.decision == "approve" else "denied"
+    print(f"oploop: {done} {', '.join(ack.decided)} in {ack.session} (by {ack.by})")
     return EXIT_OK
 
 
@@ -149,8 +179,9 @@ async def tools(args: argparse.Namespace, settings: Settings) -> int:
         seen = ("turn 1 and later" if t["turn1"] and t["later"] else
                 "turn 1 only" if t["turn1"] else "after turn 1" if t["later"] else "hidden")
         first = t["description"].splitlines()[0] if t["description"] else ""
-        rows.append((t["name"], f"[{', '.join(t.get('tags', []))}]", flags or "-", seen, first))
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
+        rows.append((t["name"], f"[{', '.join(t.get('tags', []))}]", flags or "-", seen,
+                     t.get("rule", "allow"), first))
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(5)]
     for r in rows:
-        print("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + f"  {r[4]}")
+        print("  ".join(f"{r[i]:<{widths[i]}}" for i in range(5)) + f"  {r[5]}")
     return EXIT_OK

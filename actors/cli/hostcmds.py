@@ -41,6 +41,15 @@ def check_settings() -> Settings:
                 raise ConfigError(f"{source}: hidden.{platform}.{mode}: no tool named "
                                   f"{', '.join(map(repr, unknown))} (the tools: "
                                   f"{', '.join(sorted(BUILTIN))})")
+    rules = {name: a.permissions for name, a in settings.config.agents.items() if a.permissions}
+    if rules:  # a rule naming no tool would silently never match
+        from actors.permissions import check_tools
+        from actors.tools import BUILTIN
+
+        for name, agent_rules in rules.items():
+            problem = check_tools(agent_rules, set(BUILTIN))
+            if problem:
+                raise ConfigError(f"{source}: agents.{name}.permissions.{problem}")
     if source != "<defaults>":
         os.environ[CONFIG_ENV] = str(Path(source).resolve())
     return settings

@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from actors.cli.approvals import decide_here, interactive
 from actors.cli.errors import (
     EXIT_CANCELLED,
     EXIT_TERMINATED,
@@ -170,10 +171,14 @@ async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render
         if not args.json and not args.quiet:
             print(f"session {started.session} (run {started.run})", file=sys.stderr)
         ticker = asyncio.create_task(_tick(render)) if render.progress else None
+        ask = args.yes or interactive(args.json)
         try:
             async for event in host.client.events(started.session, started.from_seq,
                                                   stop_at="first"):
                 render.event(event)
+                if ask and event["type"] == "APPROVAL_REQUESTED":
+                    await decide_here(host.client, started.session, event["data"],
+                                      yes=args.yes)
         except BrokenPipeError:
             # Nobody reads the run any more: end it rather than leave it running.
             await _cancel_quietly(host.client, started.session, "output closed")

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors.config import Config
+from actors.permissions import decide, denial
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig
 from actors.settings import Settings
@@ -78,8 +80,12 @@ class Executor(Worker):
         endpoints: Endpoints,
         catalogue: Catalogue | None = None,
         sandbox: Sandbox | None = None,
+        config: Config | None = None,
     ) -> None:
         super().__init__(endpoints)
+        #: The host's agents: their `deny` rules are enforced here too, whoever sent
+        #: the job (a second layer: the supervisor refuses them first).
+        self.config = config or Config()
         home = endpoints.run_dir.parent
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
@@ -108,6 +114,11 @@ class Executor(Worker):
         job = env.body
         if not isinstance(job, ToolJob):
             return JobFailed("bad_job", f"an executor does not run {job.KIND}")
+        agent = self.config.agent(job.agent) or self.config.agent("")
+        if agent is not None and agent.permissions:
+            verdict, key = decide(agent.permissions, job.name, job.input)
+            if verdict == "deny":
+                return ToolResult(denial(job.name, key), True, 0.0)
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         cwd = Path(job.cwd) if job.cwd else Path.cwd()
@@ -157,7 +168,7 @@ class Executor(Worker):
 async def _main(settings: Settings) -> None:
     endpoints = settings.endpoints()  # OPLOOP_CONNECT: a worker on another machine
     try:
-        executor = Executor(endpoints)
+        executor = Executor(endpoints, config=settings.config)
     except PolicyError as exc:
         raise SystemExit(f"executor: bad sandbox configuration: {exc}") from exc
     await executor.serve()

@@ -13,6 +13,7 @@ import msgpack
 import zmq
 
 from actors.config import Config
+from actors.permissions import rule_of_tool
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
@@ -319,7 +320,8 @@ class Supervisor:
             hidden = self.config.hidden
             first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
             later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
-            listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later) for t in tools]
+            listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later,
+                           rule=rule_of_tool(agent.permissions, t["name"])) for t in tools]
             port.reply(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
             port.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)

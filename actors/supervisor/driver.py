@@ -31,6 +31,7 @@ from actors.supervisor.machine import (
     Begin,
     CallModel,
     Cancel,
+    Decide,
     Delta,
     Emit,
     End,
@@ -116,6 +117,11 @@ class RunDriver:
         self.task: asyncio.Task[Any] | None = None
         self._aborted = False
         self._timer: asyncio.TimerHandle | None = None
+        #: Approvals: the timers of the calls waiting, the batch of tools running (new
+        #: approved jobs join it), and the run loop waiting for a decision.
+        self._ask_timers: dict[str, asyncio.TimerHandle] = {}
+        self._batch: tuple[asyncio.TaskGroup, asyncio.Semaphore] | None = None
+        self._wake: asyncio.Future[None] | None = None
         session.driver = self
 
     # -- inputs ------------------------------------------------------------------------
@@ -132,13 +138,16 @@ class RunDriver:
         session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
         self.feed(Start(prompt, max_turns or agent.max_turns, agent.name,
                         agent.model_id(config.aliases), deadline_s,
-                        router=config.router.enabled, check=session.output_check))
+                        router=config.router.enabled, check=session.output_check,
+                        rules=agent.permissions, approval_timeout_s=agent.approval_timeout_s))
 
     def resume(self, reason: str) -> None:
         """Go on with the open run a supervisor restart left (the session is its log's fold)."""
         self.session.state = "running"
+        agent = self.session.agent
         self.feed(Resume(reason, router=self.io.config.router.enabled,
-                         check=self.session.output_check))
+                         check=self.session.output_check, rules=agent.permissions,
+                         approval_timeout_s=agent.approval_timeout_s))
 
     def cancel(self, mode: str, reason: str = "") -> None:
         """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
@@ -147,6 +156,15 @@ class RunDriver:
     def say(self, text: str, by: str) -> None:
         """A user message into the open run: taken at its next boundary (`USER_MESSAGE`)."""
         self.feed(Say(text, by))
+    def decide(self, call_id: str, decision: str, by: str, reason: str = "",
+               always: bool = False) -> str | None:
+        """Approve or deny the pending call `call_id` (`always`: and its tool's calls for
+        the rest of the session); None if done, else why not (one line: decided
+        already, or no such call waits)."""
+        error = decision_error(self.session, self.state.asks, self.state.decided, call_id)
+        if error is None:
+            self.feed(Decide(call_id, decision, by, reason, always))
+        return error
 
     def fail(self, error: str, message: str) -> None:
         """End the run now with `ERROR` (e.g. the session log cannot be written)."""
@@ -157,16 +175,19 @@ class RunDriver:
         session = self.session
         if session.driver is not self:
             return  # a newer run owns the session
-        state, actions = step(self.state, event)
-        if state is not self.state:
-            _sync(session, self.state, state)
+        old = self.state
+        state, actions = step(old, event)
+        if state is not old:
+            _sync(session, old, state)
             self.state = state  # first: the journal reads the session as it emits
         for action in actions:
             if isinstance(action, Emit):
                 for role, added in action.added:
                     append_blocks(session.history, role, list(added))
                 self.io.emit(session, action.type, action.turn, action.data)
-            elif isinstance(action, (CallModel, RunToolCalls)):  # noqa: UP038 (faster)
+            elif isinstance(action, RunToolCalls):
+                self._queue(action)
+            elif isinstance(action, CallModel):
                 self.work = action
             elif isinstance(action, AbortJobs):
                 self.work = None
@@ -176,7 +197,25 @@ class RunDriver:
                 self._disarm()
                 self._abort()  # (from outside the run's task: nothing of it may go on)
                 session.driver = None  # done: no cycle left for the collector
+        if self.state.asks is not old.asks or self._ask_timers:
+            self._arm_asks()
 
+    def _queue(self, work: RunToolCalls) -> None:
+        """Tool jobs to run: into the batch running now if there is one (an approved
+        call need not wait for the others), else the run loop's next work."""
+        if self._batch is not None:
+            group, gate = self._batch
+            try:
+                for job in work.jobs:
+                    group.create_task(self._gated(gate, job))
+                return
+            except RuntimeError:  # the batch has just finished: the loop runs them
+                pass
+        if isinstance(self.work, RunToolCalls):
+            work = RunToolCalls(work.turn, self.work.jobs + work.jobs)
+        self.work = work
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
     # -- carrying out ------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -188,11 +227,19 @@ class RunDriver:
         """
         self.task = asyncio.current_task()
         self._arm()
+        self._arm_asks()
         try:
             if self.state.phase == "ready":
                 self.feed(Begin())  # the turns (or the router) begin now
             while self.state.running and self.session.driver is self:
                 work, self.work = self.work, None
+                if work is None and self.state.asks:  # calls wait for a decision
+                    self._wake = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._wake
+                    finally:
+                        self._wake = None
+                    continue
                 if work is None:
                     raise RuntimeError(f"the run waits for nothing in phase {self.state.phase}")
                 if isinstance(work, CallModel):
@@ -241,24 +288,27 @@ class RunDriver:
         except ModelError as exc:
             self.feed(ModelFailed(exc.error, exc.message))
             return
-        self.feed(ModelReplied(reply, frozenset([t["name"] for t in tools])))
+        self.feed(ModelReplied(reply, frozenset([t["name"] for t in tools]), now=time.time()))
 
     async def _tools(self, work: RunToolCalls) -> None:
         agent = self.session.agent
         width = agent.max_parallel_tools if agent.parallel_tools else 1
-        if width <= 1 or len(work.jobs) == 1:
+        if (width <= 1 or len(work.jobs) == 1) and not self.state.asks:
             for job in work.jobs:
                 await self._tool(job)
             return
-        gate = asyncio.Semaphore(width)
+        gate = asyncio.Semaphore(max(1, width))
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._batch = (group, gate)
+                for job in work.jobs:
+                    group.create_task(self._gated(gate, job))
+        finally:
+            self._batch = None
 
-        async def gated(job: ToolJob) -> None:
-            async with gate:
-                await self._tool(job)
-
-        async with asyncio.TaskGroup() as group:
-            for job in work.jobs:
-                group.create_task(gated(job))
+    async def _gated(self, gate: asyncio.Semaphore, job: ToolJob) -> None:
+        async with gate:
+            await self._tool(job)
 
     async def _tool(self, job: ToolJob) -> None:
         call = job.call
@@ -294,6 +344,28 @@ class RunDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        for timer in self._ask_timers.values():
+            timer.cancel()
+        self._ask_timers.clear()
+
+    def _arm_asks(self) -> None:
+        """One timer per call waiting for approval (none once decided): at its
+        `expires_at` it is denied, "approval timed out"."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # (armed when `run` begins)
+        waiting = dict(self.state.asks) if self.state.running else {}
+        for call_id in [c for c in self._ask_timers if c not in waiting]:
+            self._ask_timers.pop(call_id).cancel()
+        for call_id, expires in waiting.items():
+            if call_id not in self._ask_timers:
+                delay = max(0.0, expires - time.time())
+                self._ask_timers[call_id] = loop.call_later(delay, self._ask_expired, call_id)
+
+    def _ask_expired(self, call_id: str) -> None:
+        self._ask_timers.pop(call_id, None)
+        self.feed(Decide(call_id, "deny", "timeout", "approval timed out"))
 
 
 def _sync(session: Session, old: RunState, state: RunState) -> None:
@@ -311,6 +383,24 @@ def _sync(session: Session, old: RunState, state: RunState) -> None:
         session.outcomes = dict(state.outcomes)
     if state.said is not old.said:
         session.said = list(state.said)
+    if state.asks is not old.asks:
+        session.approvals = dict(state.asks)
+    if state.decided is not old.decided:
+        session.decided = [list(d) for d in state.decided]
+    if state.always is not old.always:
+        session.always = list(state.always)
+
+
+def decision_error(session: Session, asks: tuple[tuple[str, float], ...],
+                   decided: tuple[tuple[str, str, str], ...] | list[Any],
+                   call_id: str) -> str | None:
+    """Why a decision on `call_id` cannot be taken (one line), or None if it waits."""
+    if any(a[0] == call_id for a in asks):
+        return None
+    for d in decided:
+        if d[0] == call_id:
+            return f"call {call_id} was already decided by {d[2]} ({d[1]})"
+    return f"no call {call_id} waits for approval in session {session.id}"
 
 
 async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int = 0,

@@ -41,7 +41,8 @@ RESET = "*"
 #: Session fields a compaction carries (the rest is runtime state: tasks, hooks).
 _FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
            "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
-           "run_from_seq", "start_key", "started_calls")
+           "run_from_seq", "start_key", "started_calls", "approvals", "decided",
+           "always")
 
 
 class BadRecord(ValueError):
@@ -157,6 +158,7 @@ def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
 def _agent(raw: dict[str, Any], agents: dict[str, Agent]) -> Agent:
     raw = dict(raw)
     raw["category_allowlist"] = tuple(raw.get("category_allowlist", ()))
+    raw["permissions"] = tuple(tuple(r) for r in raw.get("permissions", ()))
     return agents.get(raw.get("name", "")) or Agent(**raw)
 
 
@@ -206,6 +208,8 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.start_key = str(extras.get("key", ""))
         session.outcomes.clear()
         session.started_calls.clear()
+        session.approvals.clear()
+        session.decided.clear()
     elif kind == "TURN_START":
         if event.turn != session.run_turn:
             session.turns += 1
@@ -218,8 +222,17 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
     elif kind == "TURN_END":
         session.outcomes.clear()
         session.started_calls.clear()
+        session.approvals.clear()
+    elif kind == "APPROVAL_REQUESTED":
+        session.approvals[data["call_id"]] = float(data["expires_at"])
+    elif kind == "APPROVAL_DECIDED":
+        session.approvals.pop(data["call_id"], None)
+        session.decided.append([data["call_id"], data["decision"], data["by"]])
+        if data.get("always") and data["always"] not in session.always:
+            session.always.append(data["always"])
     elif kind in TERMINAL:
         session.run_over, session.last_end, session.state = True, kind, "idle"
+        session.approvals.clear()
     session.meter.apply(kind, data)  # tokens: the same fold `Supervisor.emit` does live
     for op in delta.get("h") or ():
         role, added = op

@@ -19,7 +19,10 @@ invariants, so that they hold for any order of inputs:
 - messages said into a running run (`Say`) wait in the state and join the
   history at the next boundary, each a `USER_MESSAGE` event, in order, after
   the tool results and before the next model call (so no user text ever
-  comes between a `tool_use` and its result).
+  comes between a `tool_use` and its result);
+- approvals: a call under an `ask` rule waits (`APPROVAL_REQUESTED`) while the
+  reply's other calls run; a `Decide` (`APPROVAL_DECIDED`) runs it or answers it
+  with an error; a pending approval stays pending across a restart.
 
 The state keeps only the history's last message (what every decision looks
 at); the history itself grows by the additions each `Emit` carries, applied
@@ -32,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from actors.permissions import Rule, decide, denial
 from actors.supervisor.catalogue import unavailable_message
 from actors.supervisor.history import Message, blocks
 from actors.supervisor.turn import (
@@ -86,6 +90,10 @@ class Start:
     offered: frozenset[str] = frozenset()
     #: Checks a final answer: None if fine, else the problem (one repair turn).
     check: Callable[[str], str | None] | None = None
+    #: The agent's permission rules (`actors.permissions`): `deny` refuses a call,
+    #: `ask` waits for a `Decide` for at most `approval_timeout_s` (the driver's timer).
+    rules: tuple[Rule, ...] = ()
+    approval_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +140,9 @@ class ModelReplied:
     #: The tool names the request offered (a call of any other is refused, never
     #: run); None: those the run started with.
     offered: frozenset[str] | None = None
+    #: Wall-clock time of the reply (a call under `ask` expires `approval_timeout_s`
+    #: after it): the machine has no clock of its own.
+    now: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +177,21 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class Decide:
+    """A decision on the pending approval of call `call_id`: `decision` is "approve" or
+    "deny"; `by` names who decided ("local", a key, "timeout"); a denied call's result
+    is an error saying `reason`. A call not pending is ignored (the caller answers)."""
+
+    call_id: str
+    decision: str
+    by: str
+    reason: str = ""
+    #: Approve this tool's calls for the rest of the session (a session-scoped allow
+    #: rule, over `ask` only: never over `deny`).
+    always: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """The run cannot go on (a driver's bug, the session log failing): it ends `ERROR`
     at once, its work aborted, its open calls answered with `message`."""
@@ -188,6 +214,8 @@ class Resume:
     router: bool = False
     offered: frozenset[str] = frozenset()
     check: Callable[[str], str | None] | None = None
+    rules: tuple[Rule, ...] = ()
+    approval_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +229,7 @@ class Say:
 
 
 Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say)
+         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide)
 
 
 # --- actions --------------------------------------------------------------------------
@@ -301,6 +329,15 @@ class RunState(NamedTuple):
     unreported: Usage = ZERO
     #: Messages said (`Say`) and not yet taken, oldest first: `(text, by)` pairs.
     said: tuple[tuple[str, str], ...] = ()
+    #: The agent's permission rules (`actors.permissions`) and how long an `ask` waits.
+    rules: tuple[Rule, ...] = ()
+    approval_timeout_s: float = 600.0
+    #: The current reply's calls waiting for a decision: `(call_id, expires_at)`.
+    asks: tuple[tuple[str, float], ...] = ()
+    #: The run's decisions so far: `(call_id, decision, by)` ("already decided by").
+    decided: tuple[tuple[str, str, str], ...] = ()
+    #: Tools approved "always" in this session: their `ask` calls run unasked.
+    always: tuple[str, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -350,7 +387,7 @@ class _Out:
             self.s = replace(s, usage=usage, unreported=unreported)
         if type_ in TERMINAL:
             self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
-                             started=(), outcomes=(), stop_request="")
+                             started=(), outcomes=(), stop_request="", asks=())
             self.actions.append(End(type_))
 
 
@@ -392,7 +429,7 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
     elif isinstance(event, ModelReplied) and state.phase == "model":
         if event.offered is not None:
             out.s = replace(state, offered=event.offered)
-        _replied(out, event.message)
+        _replied(out, event.message, event.now)
     elif isinstance(event, ModelFailed) and state.phase in ("model", "route"):
         if state.phase == "route":  # the router may only save work: go on with tools
             out.emit("ROUTE", 0, {"route": "AGENT", "reason": f"{event.error}: {event.message}"})
@@ -404,6 +441,8 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _tool_started(out, event.call_id)
     elif isinstance(event, ToolFinished) and state.phase == "tools":
         _tool_finished(out, event.call_id, event.outcome)
+    elif isinstance(event, Decide) and state.phase == "tools":
+        _decide(out, event)
     elif isinstance(event, Failed):
         out.actions.append(AbortJobs())
         why = f"failed: {event.message}"
@@ -448,7 +487,8 @@ def _start(out: _Out, ev: Start) -> None:
     out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
-                    started=(), outcomes=())
+                    started=(), outcomes=(), rules=ev.rules,
+                    approval_timeout_s=ev.approval_timeout_s, asks=(), decided=())
     out.add("user", [{"type": "text", "text": ev.prompt}])
     out.emit("SESSION_START", 0, {
         "prompt": ev.prompt, "agent": ev.agent, "model": ev.model, "run": out.s.runs,
@@ -474,7 +514,7 @@ def _turn(out: _Out, turn: int) -> None:
     out.actions.append(CallModel(turn, direct=out.s.direct))
 
 
-def _replied(out: _Out, reply: Message) -> None:
+def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
     s = out.s
     out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
     out.add("assistant", blocks(stored_reply(reply)))
@@ -499,11 +539,10 @@ def _replied(out: _Out, reply: Message) -> None:
         if s.stop_request:
             _finish_cancelled(out, s.stop_request, "")
             return
-        offered = set() if s.direct else s.offered
-        jobs = tuple(ToolJob(c, None if c.name in offered
-                             else ToolOutcome(unavailable_message(c.name), True))
-                     for c in nxt.calls)
+        jobs = _jobs(out.s, nxt.calls)
         out.s = replace(out.s, phase="tools", calls=nxt.calls, started=(), outcomes=())
+        if s.rules:
+            jobs = _ask(out, jobs, now)
         out.actions.append(RunToolCalls(turn, jobs))
     elif isinstance(nxt, Continue):
         out.emit("TURN_END", turn, {"stop": nxt.reason})
@@ -520,6 +559,70 @@ def _take_said(out: _Out, turn: int) -> None:
     for text, by in said:
         out.add("user", [{"type": "text", "text": text}])
         out.emit("USER_MESSAGE", turn, {"text": text, "by": by})
+
+
+def _jobs(s: RunState, calls: tuple[ToolCall, ...]) -> tuple[ToolJob, ...]:
+    """A reply's calls as jobs: one not offered, or under a `deny` rule, is refused."""
+    offered = set() if s.direct else s.offered
+    jobs = []
+    for c in calls:
+        refusal = None
+        if c.name not in offered:
+            refusal = ToolOutcome(unavailable_message(c.name), True)
+        elif s.rules:
+            verdict, key = decide(s.rules, c.name, c.input)
+            if verdict == "deny":
+                refusal = ToolOutcome(denial(c.name, key), True)
+        jobs.append(ToolJob(c, refusal))
+    return tuple(jobs)
+
+
+def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...]:
+    """The jobs to run now: a call under `ask` waits, announced by `APPROVAL_REQUESTED`."""
+    s = out.s
+    run: list[ToolJob] = []
+    asks: list[tuple[str, float]] = []
+    for job in jobs:
+        c = job.call
+        verdict, key = ("allow", "") if job.refusal else decide(s.rules, c.name, c.input)
+        if verdict != "ask" or c.name in s.always:
+            run.append(job)
+            continue
+        expires = round(now + s.approval_timeout_s, 3)
+        asks.append((c.id, expires))
+        out.emit("APPROVAL_REQUESTED", s.turn, {"call_id": c.id, "tool": c.name,
+                                                "input": c.input, "rule": key,
+                                                "expires_at": expires})
+    if asks:
+        out.s = replace(out.s, asks=tuple(asks))
+    return tuple(run)
+
+
+def _decide(out: _Out, ev: Decide) -> None:
+    """A decision on a pending call: run it, or answer it with an error saying why."""
+    s = out.s
+    if ev.call_id not in dict(s.asks) or ev.decision not in ("approve", "deny"):
+        return
+    call = next(c for c in s.calls if c.id == ev.call_id)
+    reason = ev.reason or ("approved" if ev.decision == "approve" else "denied")
+    always = ev.always and ev.decision == "approve"
+    out.s = replace(s, asks=tuple(a for a in s.asks if a[0] != ev.call_id),
+                    decided=(*s.decided, (ev.call_id, ev.decision, ev.by)),
+                    always=(*s.always, call.name) if always and call.name not in s.always
+                    else s.always)
+    data: dict[str, Any] = {"call_id": ev.call_id, "decision": ev.decision, "by": ev.by,
+                            "reason": reason}
+    if always:
+        data["always"] = call.name  # journaled: the fold restores the session's rule
+    out.emit("APPROVAL_DECIDED", s.turn, data)
+    refusal = None
+    if ev.decision == "deny":
+        refusal = ToolOutcome(f"{call.name}: not run: denied by {ev.by}: {reason}", True)
+    out.actions.append(RunToolCalls(s.turn, (ToolJob(call, refusal),)))
+    if always:  # the same tool's other waiting calls are approved with it
+        for other in [c for c in out.s.calls if c.name == call.name
+                      and c.id in dict(out.s.asks)]:
+            _decide(out, Decide(other.id, "approve", ev.by, f"always {call.name} (session)"))
 
 
 def _tool_started(out: _Out, call_id: str) -> None:
@@ -569,6 +672,8 @@ def _cancel(out: _Out, ev: Cancel) -> None:
         raise ValueError(f"unknown cancel mode {ev.mode!r}")
     if ev.mode == "operation":
         out.s = replace(out.s, stop_request=out.s.stop_request or "operation")
+        for call_id, _ in out.s.asks:  # a waiting call is not work in flight: not run
+            _decide(out, Decide(call_id, "deny", "cancel", CANCEL_WHY["operation"]))
         return
     out.actions.append(AbortJobs())
     _finish_cancelled(out, ev.mode, ev.reason)
@@ -622,10 +727,14 @@ def _resume(out: _Out, ev: Resume) -> None:
     s = out.s
     if not s.running:
         return
-    out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False)
+    out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False,
+                    rules=ev.rules, approval_timeout_s=ev.approval_timeout_s)
     out.emit("RESUMED", s.turn, {"reason": ev.reason})
     last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
+    if calls and s.asks:
+        _resume_asking(out, calls)
+        return
     if calls:
         known = dict(s.outcomes)
         for call in calls:
@@ -640,6 +749,26 @@ def _resume(out: _Out, ev: Resume) -> None:
         out.s = replace(out.s, phase="ready", first=s.turn + 1, router=False)
         return
     out.s = replace(out.s, phase="ready", first=max(1, s.turn), router=ev.router)
+
+
+def _resume_asking(out: _Out, calls: tuple[ToolCall, ...]) -> None:
+    """A restart while calls wait for approval: they still wait; a call in flight is
+    interrupted, one never started is answered as interrupted (never run late)."""
+    s = out.s
+    known = dict(s.outcomes)
+    asked = dict(s.asks)
+    outcomes = list(s.outcomes)
+    for call in calls:
+        if call.id in known or call.id in asked:
+            continue
+        if call.id in s.started:
+            out.emit("TOOL_END", s.turn, {
+                "tool_use_id": call.id, "name": call.name, "is_error": True,
+                "output": INTERRUPTED, "duration_ms": 0.0,
+            })
+        outcomes.append((call.id, ToolOutcome(INTERRUPTED, True)))
+    out.s = replace(out.s, phase="tools", calls=tuple(calls), outcomes=tuple(outcomes),
+                    started=tuple(c for c in s.started if c not in asked))
 
 
 def repair_prompt(problem: str) -> str:

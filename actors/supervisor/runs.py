@@ -10,12 +10,14 @@ import secrets
 from typing import TYPE_CHECKING
 
 from actors.sessionlog import JournalError
-from actors.supervisor.driver import RunDriver
+from actors.supervisor.driver import RunDriver, decision_error
 from actors.supervisor.session import Session
 from bus.messages import (
     Cancel,
     CancelAck,
     ControlHello,
+    DecideAck,
+    DecideCalls,
     Envelope,
     RunStarted,
     Say,
@@ -33,18 +35,25 @@ log = logging.getLogger("oploop.supervisor")
 CONTROLLERS = frozenset({None, "local", "control"})
 
 
-def who(user_id: str | None) -> str:
-    """Who sent a request on the control socket, as events name them: the key's role
-    as ZAP reports it ("control"), or "local" (the host's own key, or ipc)."""
-    return user_id if user_id and user_id != "local" else "local"
-
-
 #: Messages said into one run that may wait for its next boundary (each rewrites the
 #: session's row with all of them: a bound on that too).
 MAX_SAID = 100
 
 #: How long a run waits for an executor to announce its tools before going without.
 CATALOGUE_WAIT_S = 5.0
+
+
+def _role(user_id: str | None) -> str | None:
+    """The role part of a ZAP User-Id (`ROLE:NAME`, "local", or None over plain ipc)."""
+    return user_id.split(":", 1)[0] if user_id else user_id
+
+
+def _by(user_id: str | None) -> str:
+    """Who decided or said, as `APPROVAL_DECIDED.by` and `USER_MESSAGE.by` say it: the
+    key's name, or "local" (the host's own key, or ipc)."""
+    if not user_id or user_id == "local":
+        return "local"
+    return user_id.split(":", 1)[1] if ":" in user_id else user_id
 
 
 class Runs:
@@ -200,20 +209,59 @@ class Runs:
         if isinstance(body, ControlHello) and peer is not None:
             self.sup.dispatcher.handle_control_hello(peer, body)
         elif isinstance(body, Cancel):
-            if self.sup.control.user_id not in CONTROLLERS:  # e.g. a worker: here for aborts
+            if _role(self.sup.control.user_id) not in CONTROLLERS:  # e.g. a worker
                 self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can cancel sessions")
                 return
             self.cancel(peer, env, body)
         elif isinstance(body, Say):
-            if self.sup.control.user_id not in CONTROLLERS:
+            if _role(self.sup.control.user_id) not in CONTROLLERS:
                 self.sup.control.reply_error(peer, env.id, "forbidden",
                                              "only a control key can send messages to sessions")
                 return
-            self.say(peer, env, body, who(self.sup.control.user_id))
+            self.say(peer, env, body, _by(self.sup.control.user_id))
+        elif isinstance(body, DecideCalls):
+            self.decide(peer, env, body)
         else:
             self.sup.control.reply_error(peer, env.id, "bad_request",
                                      f"control does not serve {env.kind}")
+
+    def decide(self, peer: bytes | None, env: Envelope, req: DecideCalls) -> None:
+        """Approve or deny calls waiting for approval: all of them, or none (one clear
+        error: who may not decide, an unknown session or call, a call decided already)."""
+        port = self.sup.control
+        user = port.user_id
+        if _role(user) not in CONTROLLERS:
+            port.reply_error(peer, env.id, "forbidden",
+                             f"a {_role(user)} key may not approve or deny calls "
+                             "(the local user and control keys may)")
+            return
+        if req.decision not in ("approve", "deny"):
+            port.reply_error(peer, env.id, "bad_request",
+                             f"decision must be 'approve' or 'deny', not {req.decision!r}")
+            return
+        session = self.sup.session(req.session)
+        if session is None:
+            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            return
+        driver = session.driver
+        asks = driver.state.asks if driver is not None and not session.run_over else ()
+        ids = [a[0] for a in asks] if req.all else list(req.call_ids)
+        if not ids:
+            why = "no call waits for approval" if req.all else "name a call id or --all"
+            port.reply_error(peer, env.id, "not_pending", f"session {req.session}: {why}")
+            return
+        for call_id in ids:  # every one checked first: all decided, or none
+            error = decision_error(session, asks, session.decided, call_id)
+            if error is not None:
+                port.reply_error(peer, env.id, "not_pending", error)
+                return
+        by = _by(user)
+        for call_id in ids:
+            if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
+                driver.decide(call_id, req.decision, by, req.reason, req.always)  # type: ignore[union-attr]
+        ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
+        self.sup._reply_committed(ack, peer, port)  # answered once the decision is logged
 
     def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
                 port: Port | None = None) -> None:

@@ -62,6 +62,12 @@ class Session:
     #: Messages said into the open run and not yet taken (`(text, by)`, oldest first):
     #: journaled in the session's row, so a restart delivers them still.
     said: list[tuple[str, str]] = field(default_factory=list)
+    #: The current reply's calls waiting for approval: call id -> expires_at.
+    approvals: dict[str, float] = field(default_factory=dict)
+    #: The current run's decisions: `[call_id, decision, by]`.
+    decided: list[list[str]] = field(default_factory=list)
+    #: Tools approved "always" in this session (session-scoped allow rules over `ask`).
+    always: list[str] = field(default_factory=list)
     #: The supervisor is stopping: the run is left open, as journaled, for the next
     #: supervisor to resume; it is not ended (cancelled) on the way out.
     suspended: bool = False
@@ -90,6 +96,8 @@ class Session:
             "last_end": self.last_end,
             "created": self.created,
             "usage": self.meter.total().to_dict(),
+            **({"always_allow": list(self.always)} if self.always else {}),
+            **({"waiting_approval": list(self.approvals)} if self.approvals else {}),
         }
 
 
@@ -103,6 +111,9 @@ def run_state(session: Session) -> RunState:
         stop_request=session.stop_request, started=tuple(session.started_calls),
         outcomes=tuple(session.outcomes.items()), usage=session.meter.run,
         said=tuple((str(t), str(b)) for t, b in session.said),
+        asks=tuple(session.approvals.items()),
+        decided=tuple((d[0], d[1], d[2]) for d in session.decided),
+        always=tuple(session.always),
     )
 
 

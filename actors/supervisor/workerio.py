@@ -83,7 +83,7 @@ class WorkerIO:
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
-                      list(session.agent.read_paths))
+                      list(session.agent.read_paths), session.agent.name)
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
             reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None)

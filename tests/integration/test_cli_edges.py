@@ -375,6 +375,34 @@ def test_a_typo_in_a_hidden_tool_name_stops_the_start(short_home):
         _no_host_left(short_home)
 
 
+@pytest.mark.parametrize("rules, named", [
+    ('shel = "ask"', "agents.ops.permissions.shel: no tool named 'shel'"),
+    ('shell = "yes"', "agents.ops.permissions.shell: expected one of allow, ask, deny"),
+    ('"shell(ls [)" = "ask"', "agents.ops.permissions.shell(ls [): bad pattern"),
+])
+def test_a_bad_permission_rule_stops_the_start_naming_the_key(short_home, rules, named):
+    (Path(short_home) / "oploop.toml").write_text(f"[agents.ops.permissions]\n{rules}\n")
+    done = oploop(short_home, "up", "--detach")
+    assert done.returncode == 1, done.stderr
+    assert named in done.stderr
+    _no_host_left(short_home)
+
+
+def test_tools_shows_each_tools_rule_for_an_agent(short_home):
+    (Path(short_home) / "oploop.toml").write_text(
+        '[agents.ops.permissions]\n"shell(ls *)" = "allow"\nshell = "ask"\n'
+        'write_file = "deny"\n')
+    done = oploop(short_home, "tools", "--agent", "ops")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines()}
+    assert "allow if ls *; ask" in rows["shell"] and " deny " in rows["write_file"]
+    assert " allow " in rows["read_file"]
+    listed = [json.loads(line) for line in
+              oploop(short_home, "tools", "--json", "--agent", "ops").stdout.splitlines()]
+    assert {t["name"]: t["rule"] for t in listed}["write_file"] == "deny"
+    _no_host_left(short_home)
+
+
 def test_foreground_up_says_ready_and_stops_on_ctrl_c(short_home):
     term = Terminal(short_home, "up")
     term.expect("ready in")

@@ -88,3 +88,35 @@ def test_retries_and_plain_text_output():
     result = asyncio.run(run_with(scenario, "hi"))
     assert result.output == "fine"
     assert [e["type"] for e in result.events].count("RETRY") == 1
+
+
+def test_on_approval_decides_asked_calls_and_without_one_they_are_denied():
+    from actors.config import Agent
+    from actors.permissions import parse_rules
+
+    agent = Agent(permissions=parse_rules({"lookup": "ask"}))
+    calls = [{"type": "tool_use", "name": "lookup", "input": {"key": k}} for k in ("k1", "k2")]
+    scenario = [{"reply": calls}, reply("done")]
+    asked = []
+
+    async def approve(request):
+        asked.append(request)
+        return True if request["input"]["key"] == "k2" else "not k1"
+
+    db = Db({"k1": "v1", "k2": "v2"})
+    result = asyncio.run(run_with(scenario, "look up", tools=[lookup], deps=db, agent=agent,
+                                  on_approval=approve))
+    assert sorted((a["tool"], a["input"]["key"], a["rule"]) for a in asked) == \
+        [("lookup", "k1", "lookup"), ("lookup", "k2", "lookup")]
+    ends = {e["data"]["tool_use_id"]: e["data"] for e in result.events
+            if e["type"] == "TOOL_END"}
+    assert sorted(e["output"] for e in ends.values()) == [
+        "lookup: not run: denied by on_approval: not k1", "v2"]
+    denied = asyncio.run(run_with(scenario, "look up", tools=[lookup], deps=db, agent=agent))
+    outputs = [e["data"]["output"] for e in denied.events if e["type"] == "TOOL_END"]
+    assert len(outputs) == 2 and all("no on_approval callback" in o for o in outputs)
+    assert denied.stop == "end_turn"  # the model was told, and went on
+    approved = asyncio.run(run_with(scenario, "look up", tools=[lookup], deps=db, agent=agent,
+                                    on_approval=lambda r: True))
+    assert sorted(e["data"]["output"] for e in approved.events if e["type"] == "TOOL_END") \
+        == ["v1", "v2"]

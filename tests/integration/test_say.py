@@ -202,7 +202,7 @@ def test_messages_waiting_for_one_boundary_are_bounded(host, tmp_path):
     assert events[-1]["type"] == "DONE"
 
 
-def test_keys_say_by_role_a_viewer_is_refused(host, tmp_path):
+def test_keys_say_by_name_a_viewer_is_refused(host, tmp_path):
     home, listen = host
     laptop = issue(home, "saylaptop", "control")
     tv = issue(home, "saytv", "viewer")
@@ -226,7 +226,7 @@ def test_keys_say_by_role_a_viewer_is_refused(host, tmp_path):
 
     events = asyncio.run(scenario())
     assert [e["data"] for e in of_type(events, "USER_MESSAGE")] == [
-        {"text": "from the laptop", "by": "control"}]
+        {"text": "from the laptop", "by": "saylaptop"}]  # the key's name, as approvals say
     # The CLI with a viewer's key: one line saying why, non-zero, nothing said.
     env = {"OPLOOP_CONNECT": listen, "OPLOOP_KEYS": str(tv)}
     out = oploop(str(Path(home) / "elsewhere"), "say", events[0]["session"], "hello",

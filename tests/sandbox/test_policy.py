@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sbhelp import TEST_POLICY, Host
 
+from actors.config import parse_config
 from actors.executor.actor import Executor, sandboxed_catalogue
 from actors.sandbox import (
     LAYERS,
@@ -167,3 +168,23 @@ def test_bwrap_refuses_an_unreachable_workspace(host: Host) -> None:
         Catalogue([make_shell(host.sandbox.spawner("shell", policy))]), "shell",
         {"command": "echo ran"}, ToolContext(cwd=host.workspace)))
     assert out.is_error and "'bubblewrap'" in out.output and "not traversable" in out.output
+
+
+def test_executor_refuses_a_denied_call_whoever_sends_it(short_home: str) -> None:
+    """A `deny` rule holds in the executor even when the supervisor is bypassed (a job
+    sent straight to it): the executor reads the agent's rules from its own config."""
+    config = parse_config({"agents": {"ops": {"permissions": {
+        "shell(echo ok*)": "allow", "shell": "deny"}}}}, "oploop.toml")
+    executor = Executor(Endpoints.for_home(Path(short_home)), config=config)
+    executor.reactor.close()
+    try:
+        result = asyncio.run(executor.perform(Envelope(
+            ToolJob("shell", {"command": "echo ran > /dev/null; echo ran"}, "/", 10,
+                    agent="ops"), sid="s", job="j")))
+        assert isinstance(result, ToolResult) and result.is_error
+        assert result.output == "shell: denied by the permission rule 'shell'"
+        result = asyncio.run(executor.perform(Envelope(
+            ToolJob("shell", {"command": "echo ok"}, "/", 10, agent="ops"), sid="s", job="k")))
+        assert not result.is_error and result.output.strip() == "ok", result
+    finally:
+        executor.sandbox.close()

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.config import Agent, Config, RouterConfig
+from actors.permissions import parse_rules
 from actors.supervisor.driver import ModelError, Progress, RunDriver
 from actors.supervisor.fold import load_session
 from actors.supervisor.history import Message, is_valid, tool_use_ids
@@ -48,7 +49,7 @@ SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object
 LOST = "shell failed: executor died (no heartbeat)"
 #: Fields of a session its log's fold must reproduce.
 FOLDED = ("history", "runs", "turns", "next_seq", "run_over", "last_end", "run_limit",
-          "run_turn", "started_calls", "said")
+          "run_turn", "started_calls", "said", "approvals", "decided")
 
 
 def reply(kind: str, turn: int) -> Message:
@@ -56,7 +57,8 @@ def reply(kind: str, turn: int) -> Message:
         n = int(kind[-1])
         return {"role": "assistant", "stop_reason": "tool_use", "content": [
             {"type": "text", "text": f"calling {n}"},
-            *({"type": "tool_use", "id": f"t{turn}-{i}", "name": "shell", "input": {"c": i}}
+            *({"type": "tool_use", "id": f"t{turn}-{i}", "name": "shell",
+             "input": {"command": f"c{i}"}}
               for i in range(n))]}
     if kind == "hidden":
         return {"role": "assistant", "stop_reason": "tool_use", "content": [
@@ -149,7 +151,8 @@ HAPPENINGS = st.sampled_from([
     "reply", "reply", "reply", "reply", "delta", "thinking", "retry", "fail",
     "tool", "tool", "tool", "tool", "lost", "worker_lost", "bug",
     "cancel_ui", "cancel_operation", "cancel_deadline", "failed",
-    "stale", "duplicate", "restart", "follow_up", "say", "say",
+    "stale", "duplicate", "restart", "follow_up", "say", "say", "approve", "deny",
+    "decide_unknown",
 ])
 REPLIES = st.sampled_from(["tools1", "tools2", "tools3", "done", "pause", "cut", "hidden"])
 
@@ -260,6 +263,16 @@ class Harness:
             driver.say(text, "local")
             self.journal.touch(self.session)  # as `Runs.say`: journaled, then acknowledged
             self.journal.commit()
+        elif what in ("approve", "deny") and driver.state.asks:
+            call_id = draw(st.sampled_from([a[0] for a in driver.state.asks]))
+            assert driver.decide(call_id, what, "local", "test") is None
+            again = driver.decide(call_id, "approve", "key")  # first decision wins
+            assert again == f"call {call_id} was already decided by local ({what})"
+        elif what == "decide_unknown" and running:
+            before = len(self.events)
+            assert driver.decide("nobody", "approve", "local") == \
+                "no call nobody waits for approval in session s1"
+            assert len(self.events) == before
         elif what == "restart":
             await self.restart()
             return
@@ -303,6 +316,8 @@ def check_every_prefix(tmp: Path, journal: Journal, config: Config) -> None:
                 driver.start("again")
             else:
                 driver.resume("test")
+                for call_id, _ in driver.state.asks:  # still pending after RESUMED
+                    assert driver.decide(call_id, "approve", "test") is None
             asyncio.run(driver.run())
             assert folded.run_over
             check_events(events)
@@ -324,11 +339,13 @@ def _decoded(records: list[Any]) -> list[tuple[int, str, dict[str, Any]]]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), parallel=st.booleans(), router=st.booleans(),
-       limit=st.integers(1, 5), steps=st.integers(1, 40))
+       limit=st.integers(1, 5), steps=st.integers(1, 40), ask=st.booleans())
 def test_random_happenings_keep_the_invariants_and_every_prefix_resumes(
-        tmp_path_factory, data, parallel, router, limit, steps):
+        tmp_path_factory, data, parallel, router, limit, steps, ask):
     tmp = tmp_path_factory.mktemp("driver")
-    agent = Agent(max_turns=limit, parallel_tools=parallel, max_parallel_tools=2)
+    rules = parse_rules({"shell(c0)": "allow", "shell": "ask"}) if ask else ()
+    agent = Agent(max_turns=limit, parallel_tools=parallel, max_parallel_tools=2,
+                  permissions=rules)
     config = Config(router=RouterConfig(enabled=True)) if router else Config()
     harness = Harness(tmp / "sessions.db", agent, config)
 

@@ -117,7 +117,7 @@ def test_names_that_leave_the_key_folder_are_refused(keyring):
 
 def test_roles_of_admitted_keys_are_the_user_ids(keyring):
     control = ClientKeys.load(keyring.issue("laptop", "control"))
-    assert keyring.role_of_key(control.public) == "control"
+    assert keyring.role_of_key(control.public) == "control:laptop"  # role, then the name
     assert keyring.role_of_key(keyring.local().public) == "local"
     assert keyring.role_of_key(b"y" * 40) == "unknown"
 

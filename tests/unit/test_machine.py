@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.permissions import parse_rules
 from actors.supervisor.history import Message, append_blocks, is_valid
 from actors.supervisor.machine import (
     INTERRUPTED,
@@ -19,6 +20,7 @@ from actors.supervisor.machine import (
     Begin,
     CallModel,
     Cancel,
+    Decide,
     Delta,
     Emit,
     End,
@@ -40,6 +42,9 @@ from actors.supervisor.machine import (
 )
 from actors.supervisor.turn import ToolOutcome
 from actors.usage import ZERO
+
+#: Every shell call needs approval.
+ASK = parse_rules({"shell": "ask"})
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},
          "tags": ["exec"], "core": False, "risky": True}
@@ -71,11 +76,16 @@ class World:
     #: Texts said while a run was open (each must arrive once, in order).
     said: list[str] = field(default_factory=list)
 
+
+    deciding: bool = False
+    requested: set[str] = field(default_factory=set)
+
     def feed(self, event: Input) -> list[Action]:
         was_running = self.state.running
         if isinstance(event, Say) and was_running:
             self.said.append(event.text)
         self.state, actions = step(self.state, event)
+        self.deciding = isinstance(event, Decide)
         for action in actions:
             self.carry_out(action, was_running or isinstance(event, Start))
         if any(isinstance(a, Emit) and a.type == "TURN_START" for a in actions):
@@ -97,16 +107,24 @@ class World:
             for role, added in action.added:
                 append_blocks(self.history, role, list(added))
             self.events.append((action.type, action.turn, action.data))
-            if action.type == "TOOL_START":
+            if action.type == "APPROVAL_REQUESTED":
+                self.requested.add(action.data["call_id"])
+            elif action.type == "APPROVAL_DECIDED":  # once per call, after its request
+                self.requested.remove(action.data["call_id"])
+            elif action.type == "TOOL_START":
+                assert action.data["tool_use_id"] not in self.requested  # never before
                 self.open_tools.add(action.data["tool_use_id"])
             elif action.type == "TOOL_END":
                 self.open_tools.discard(action.data["tool_use_id"])
             elif action.type in TERMINAL:
+                self.requested.clear()  # the run's end ends its waiting calls
                 self.terminals_this_run += 1
                 # Every TOOL_START has its TOOL_END, whatever ends the run.
                 assert not self.open_tools, self.open_tools
         elif isinstance(action, CallModel):
             self.calling, self.jobs, self.started = action, [], []
+        elif isinstance(action, RunToolCalls) and self.deciding:  # joins the jobs running
+            self.jobs.extend(action.jobs)
         elif isinstance(action, RunToolCalls):
             self.calling, self.jobs, self.started = None, list(action.jobs), []
         elif isinstance(action, AbortJobs):
@@ -118,6 +136,8 @@ class World:
         """The invariants, after every step."""
         assert self.terminals_this_run <= 1
         assert not self.state.pending or self.state.running
+        assert not self.state.asks or self.state.phase == "tools"
+        assert {a[0] for a in self.state.asks} <= self.requested
         if not self.state.running:
             self.calling, self.jobs, self.started = None, [], []
             if self.history:
@@ -151,10 +171,16 @@ def plausible(world: World, draw: Any) -> Input:
         choices += ["reply"] * 6 + ["delta", "retry", "fail", "lost"]
     if world.jobs:
         choices += ["tool"] * 6 + ["lost"]
+    if s.asks:
+        choices += ["decide"] * 4
     kind = draw(st.sampled_from(choices))
+    if kind == "decide":
+        call_id = draw(st.sampled_from([a[0] for a in s.asks]))
+        return Decide(call_id, draw(st.sampled_from(["approve", "deny"])), "t", "because",
+                      always=draw(st.booleans()))
     if kind == "start":
         return Start("go", draw(st.integers(1, 5)), router=draw(st.booleans()),
-                     offered=frozenset({"shell"}),
+                     offered=frozenset({"shell"}), rules=ASK if draw(st.booleans()) else (),
                      check=(lambda t: None if t != "cut" else "not JSON")
                      if draw(st.booleans()) else None)
     if kind == "begin":
@@ -166,9 +192,11 @@ def plausible(world: World, draw: Any) -> Input:
     if kind == "resume":
         # A restart: what was in flight is gone; the state is the log's fold.
         world.calling, world.jobs, world.started = None, [], []
-        return Resume("test", router=draw(st.booleans()), offered=frozenset({"shell"}))
+        return Resume("test", router=draw(st.booleans()), offered=frozenset({"shell"}),
+                      rules=s.rules)
     if kind == "junk":
         return draw(st.sampled_from([ToolFinished("nope", ToolOutcome("x", False)),
+                                     Decide("nope", "approve", "t"),
                                      ToolStarted("nope"), Routed("AGENT"), Retry(),
                                      ModelReplied(text_reply("stray"))]))
     if kind == "delta":
@@ -199,7 +227,8 @@ def plausible(world: World, draw: Any) -> Input:
 @given(data=st.data())
 def test_random_inputs_keep_the_invariants_after_every_step(data):
     world = World()
-    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.begin(Start("go", 4, offered=frozenset({"shell"}),
+                      rules=ASK if data.draw(st.booleans()) else ()))
     for _ in range(data.draw(st.integers(1, 60))):
         world.feed(plausible(world, data.draw))
     # However it went, a ui cancel ends an open run with a valid history.
@@ -364,4 +393,106 @@ def test_messages_pending_at_a_restart_survive_the_resume():
     actions = world.begin(Resume("supervisor restarted"))
     kinds = [a.type for a in actions if isinstance(a, Emit)]
     assert kinds == ["RESUMED", "TOOL_END", "TURN_END", "USER_MESSAGE", "TURN_START"]
+
+
+def _asking_world() -> World:
+    """A run whose reply holds a call waiting for approval (t1-0) and one allowed (r)."""
+    world = World()
+    world.begin(Start("go", 3, offered=frozenset({"shell", "read_file"}),
+                      rules=parse_rules({"shell": "ask"}), approval_timeout_s=60))
+    reply = tool_reply(1, 1)
+    reply["content"].append({"type": "tool_use", "id": "r", "name": "read_file",
+                             "input": {"path": "/etc/hostname"}})
+    world.feed(ModelReplied(reply, now=1000.0))
+    return world
+
+
+def test_an_ask_waits_while_the_allowed_calls_run_and_approve_runs_it():
+    world = _asking_world()
+    kinds = [e[0] for e in world.events]
+    asked = next(e[2] for e in world.events if e[0] == "APPROVAL_REQUESTED")
+    assert asked == {"call_id": "t1-0", "tool": "shell", "input": {"c": 0}, "rule": "shell",
+                     "expires_at": 1060.0}
+    assert [j.call.id for j in world.jobs] == ["r"]  # the allowed call runs meanwhile
+    world.feed(ToolStarted("r"))
+    world.feed(ToolFinished("r", ToolOutcome("host", False)))
+    assert world.state.phase == "tools" and "TURN_END" not in kinds
+    _, actions = world.state, world.feed(Decide("t1-0", "approve", "local"))
+    assert ("APPROVAL_DECIDED", 1, {"call_id": "t1-0", "decision": "approve", "by": "local",
+                                    "reason": "approved"}) in world.events
+    run = next(a for a in actions if isinstance(a, RunToolCalls))
+    assert run.jobs[0].call.id == "t1-0" and run.jobs[0].refusal is None
+    world.feed(ToolStarted("t1-0"))
+    world.feed(ToolFinished("t1-0", ToolOutcome("ran", False)))
+    assert world.events[-1][0] == "TURN_START" and world.calling is not None
+    assert world.state.decided == (("t1-0", "approve", "local"),)
+    # A second decision on it changes nothing.
+    assert world.feed(Decide("t1-0", "deny", "key")) == []
+
+
+def test_a_denied_call_is_answered_with_the_reason_and_the_run_goes_on():
+    world = _asking_world()
+    world.feed(Decide("t1-0", "deny", "timeout", "approval timed out"))
+    job = next(j for j in world.jobs if j.call.id == "t1-0")
+    assert job.refusal.is_error and job.refusal.output.endswith("approval timed out")
+    for call_id in ("r", "t1-0"):
+        world.feed(ToolStarted(call_id))
+        job = next(j for j in world.jobs if j.call.id == call_id)
+        world.feed(ToolFinished(call_id, job.refusal or ToolOutcome("ok", False)))
+    results = {b["tool_use_id"]: b for b in world.history[-1]["content"]}
+    assert results["t1-0"]["is_error"] and "approval timed out" in str(results["t1-0"])
+    assert world.state.phase == "model"
+
+
+def test_a_ui_cancel_while_waiting_ends_the_run_at_once():
+    world = _asking_world()
+    world.feed(Cancel("ui"))
+    assert world.events[-1][0] == "CANCELLED" and world.state.asks == ()
+    assert is_valid(world.history)
+
+
+def test_a_pending_approval_is_still_pending_after_a_restart():
+    world = _asking_world()
+    world.feed(ToolStarted("r"))  # in flight at the restart: interrupted, never rerun
+    world.jobs = []
+    world.feed(Resume("restart", offered=frozenset({"shell", "read_file"}),
+                      rules=parse_rules({"shell": "ask"})))
+    assert world.state.phase == "tools" and world.state.asks == (("t1-0", 1060.0),)
+    ends = [e for e in world.events if e[0] == "TOOL_END"]
+    assert ends[-1][2]["tool_use_id"] == "r" and ends[-1][2]["output"] == INTERRUPTED
+    world.feed(Decide("t1-0", "approve", "local"))
+    world.feed(ToolStarted("t1-0"))
+    world.feed(ToolFinished("t1-0", ToolOutcome("ran", False)))
+    assert world.state.phase == "model" and is_valid(world.history + [text_reply("x")])
+
+
+def test_always_approves_the_tools_other_calls_now_and_for_the_rest_of_the_session():
+    world = World()
+    rules = parse_rules({"shell": "ask"})
+    world.begin(Start("go", 3, offered=frozenset({"shell"}), rules=rules))
+    world.feed(ModelReplied(tool_reply(2, 1)))
+    world.feed(Decide("t1-0", "approve", "local", always=True))
+    decided = [e[2] for e in world.events if e[0] == "APPROVAL_DECIDED"]
+    assert [(d["call_id"], d.get("always")) for d in decided] == [("t1-0", "shell"),
+                                                                  ("t1-1", None)]
+    assert world.state.asks == () and world.state.always == ("shell",)
+    for call_id in ("t1-0", "t1-1"):
+        world.feed(ToolStarted(call_id))
+        world.feed(ToolFinished(call_id, ToolOutcome("ok", False)))
+    world.feed(ModelReplied(tool_reply(1, 2)))  # the next reply's shell call: unasked
+    assert [j.call.id for j in world.jobs] == ["t2-0"]
+    assert sum(e[0] == "APPROVAL_REQUESTED" for e in world.events) == 2
+
+
+def test_an_operation_cancel_denies_the_waiting_calls_and_stops_after_the_running_ones():
+    world = _asking_world()
+    world.feed(ToolStarted("r"))
+    world.feed(Cancel("operation"))
+    decided = next(e[2] for e in world.events if e[0] == "APPROVAL_DECIDED")
+    assert (decided["decision"], decided["by"]) == ("deny", "cancel")
+    world.feed(ToolFinished("r", ToolOutcome("host", False)))
+    world.feed(ToolStarted("t1-0"))
+    job = next(j for j in world.jobs if j.call.id == "t1-0")
+    world.feed(ToolFinished("t1-0", job.refusal))
+    assert world.events[-1][0] == "CANCELLED" and world.events[-1][2]["mode"] == "operation"
     assert is_valid(world.history)
