@@ -10,13 +10,18 @@
   "deadline_s"?, "cwd"?}` (api `StartRun`).
 - `POST /api/sessions/{id}/cancel`: `{"mode"?: "ui"|"operation", "reason"?}`
   (control `Cancel`).
-- `POST /api/sessions/{id}/messages`: a follow-up on an idle session, `{"prompt"}`
-  (api `StartRun` with the session).
+- `POST /api/sessions/{id}/messages`: a user message, `{"prompt"}` (or `{"text"}`),
+  sent with `Client.say` (control `Say`): an idle session starts a follow-up run on
+  it (201, as `POST /api/sessions` answers, with `"state": "started"`); a running
+  one takes it at its next boundary as a `USER_MESSAGE {text, by}` event (202,
+  `{"session", "state": "queued", "run", "from_seq"}`). `by` is "local": the
+  gateway is a client of its own host.
 
 Errors are JSON `{"error": CODE, "message": TEXT}`: 404 for an unknown session,
-400 for malformed JSON or a bad field (a prompt over `limits.max_prompt_chars`
-names the limit), 409 for a session busy (or not running, for a cancel), 504
-when the host does not answer.
+400 for malformed JSON or a bad field (a prompt or message over
+`limits.max_prompt_chars` names the limit), 409 for a session busy (too many
+messages already waiting for its next boundary, or not running, for a cancel),
+504 when the host does not answer.
 """
 
 from __future__ import annotations
@@ -160,11 +165,10 @@ def prompt_of(body: dict[str, Any], limit: int) -> str:
     return prompt
 
 
-def started(reply: Any) -> web.Response:
-    """A `RunStarted` as the API answers it (201, with the page's address)."""
-    return web.json_response({"session": reply.session, "run": reply.run,
-                              "from_seq": reply.from_seq, "page": f"/s/{reply.session}"},
-                             status=201)
+def started(session: str, run: int, from_seq: int, **more: Any) -> web.Response:
+    """A run begun, as the API answers it (201, with the page's address)."""
+    return web.json_response({"session": session, "run": run, "from_seq": from_seq,
+                              "page": f"/s/{session}", **more}, status=201)
 
 
 # -- handlers ------------------------------------------------------------------------
@@ -196,16 +200,27 @@ async def start_session(request: web.Request) -> web.Response:
     reply = await gw.client.start(prompt, agent=field(body, "agent", str, ""),
                                   max_turns=max_turns, deadline_s=float(deadline_s),
                                   cwd=field(body, "cwd", str, "") or os.getcwd())
-    return started(reply)
+    return started(reply.session, reply.run, reply.from_seq)
 
 
 async def send_message(request: web.Request) -> web.Response:
-    """`POST /api/sessions/{id}/messages`: a follow-up run on an idle session."""
+    """`POST /api/sessions/{id}/messages`: a follow-up run on an idle session, a
+    message taken at the next boundary of a running one.
+
+    One `Say` whatever the state: the supervisor decides, so a run ending meanwhile
+    cannot turn the message into a refusal. It is sent once (a resend could deliver
+    it twice): a host that does not answer is a 504 and the message may have landed.
+    """
     gw = request.app[GATEWAY]
     body = await read_object(request)
+    if "prompt" not in body and "text" in body:
+        body = {"prompt": body["text"]}
     prompt = prompt_of(body, gw.max_prompt_chars)
-    reply = await gw.client.start(prompt, session=request.match_info["sid"])
-    return started(reply)
+    ack = await gw.client.say(request.match_info["sid"], prompt)
+    if ack.state == "started":
+        return started(ack.session, ack.run, ack.from_seq, state="started")
+    return web.json_response({"session": ack.session, "state": ack.state, "run": ack.run,
+                              "from_seq": ack.from_seq}, status=202)
 
 
 async def cancel_session(request: web.Request) -> web.Response:

@@ -14,7 +14,16 @@ import aiohttp
 import pytest
 from conftest import remove_home
 from homes import make_home
-from hostkit import TERMINAL, actor, oploop, running_host, wait_until
+from hostkit import (
+    TERMINAL,
+    actor,
+    of_type,
+    oploop,
+    running_host,
+    until,
+    wait_until,
+    workspace,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT_LIMIT = 2_000
@@ -24,6 +33,10 @@ SCRIPTS = {
     "slow": [{"reply": WORDS, "delay_s": 0.02}],
     "think": [{"reply": [{"type": "thinking", "thinking": "let me see"},
                          {"type": "text", "text": "thought it through"}]}],
+    # A tool that waits for the test's "go"; then the rules answer (and heed what was said).
+    "wait": [{"reply": [{"type": "tool_use", "name": "shell", "input": {
+        "command": "touch started; until [ -e go ]; do sleep 0.01; done; echo finished"}}]},
+        "rules", "rules"],
 }
 GATEWAY_ENV = {"OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}
 
@@ -148,9 +161,11 @@ def test_cancel_then_follow_up_on_one_stream(host):
                     seen.append(ev)
                     if ev["type"] == "TOKEN" and sum(e["type"] == "TOKEN" for e in seen) == 1:
                         async with http.post(f"{url}api/sessions/{sid}/messages",
-                                             json={"prompt": "more"}) as busy:
-                            assert busy.status == 409, await busy.text()
-                            assert (await busy.json())["error"] == "busy"
+                                             json={"prompt": "more"}) as said:
+                            body = await said.json()
+                            assert said.status == 202, body
+                            assert body == {"session": sid, "state": "queued", "run": 1,
+                                            "from_seq": 0}
                         async with http.post(f"{url}api/sessions/{sid}/cancel",
                                              json={"mode": "ui"}) as cancel:
                             assert cancel.status == 200, await cancel.text()
@@ -166,6 +181,64 @@ def test_cancel_then_follow_up_on_one_stream(host):
                         break
             assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
             assert [e["type"] for e in seen if e["type"] in TERMINAL] == ["CANCELLED", "DONE"]
+            # What was said into the cancelled run still joined its history, before its end.
+            kinds = [e["type"] for e in seen]
+            assert kinds.index("USER_MESSAGE") < kinds.index("CANCELLED")
+            assert of_type(seen, "USER_MESSAGE")[0]["data"] == {"text": "more", "by": "local"}
+
+    asyncio.run(main())
+
+
+def test_a_message_to_a_running_session_reaches_its_next_model_call(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            sid = await start(http, url, "#wait go")
+            await until(lambda: (workspace(host, sid) / "started").exists(),
+                        what="the tool to start")
+            said = "run `echo heard-on-the-web`"
+            async with http.post(f"{url}api/sessions/{sid}/messages",
+                                 json={"prompt": said}) as resp:
+                body = await resp.json()
+                assert resp.status == 202, body
+                assert body == {"session": sid, "state": "queued", "run": 1, "from_seq": 0}
+            # Refused, naming the limit, with nothing queued: what the session could not
+            # take (the waiting messages' total) and what no message may be.
+            for text, status, code, names in [
+                ("y" * (PROMPT_LIMIT - 10), 409, "busy", f"{PROMPT_LIMIT} chars in all"),
+                ("x" * (PROMPT_LIMIT + 1), 400, "too_large", f"limit of {PROMPT_LIMIT}"),
+                ("   ", 400, "bad_request", "non-empty"),
+            ]:
+                async with http.post(f"{url}api/sessions/{sid}/messages",
+                                     json={"prompt": text}) as resp:
+                    body = await resp.json()
+                    assert (resp.status, body["error"]) == (status, code), body
+                    assert names in body["message"], body
+                    assert "max_prompt_chars" in body["message"] or code == "bad_request"
+            (workspace(host, sid) / "go").touch()
+            events = await read_all(http, url, sid)
+            assert_contiguous_run(events)
+            assert [e["data"] for e in of_type(events, "USER_MESSAGE")] == [
+                {"text": said, "by": "local"}]
+            kinds = [e["type"] for e in events]
+            at = kinds.index("USER_MESSAGE")  # after the tool's result, before the next call
+            assert kinds[at - 2:at + 2] == ["TOOL_END", "TURN_END", "USER_MESSAGE",
+                                            "TURN_START"]
+            # The next model call held it: the offline model ran what was said.
+            (heard,) = [e for e in of_type(events, "TOOL_START") if e["turn"] == 2]
+            assert heard["data"]["input"] == {"command": "echo heard-on-the-web"}
+            assert events[-1]["type"] == "DONE"
+            # Idle now: a message starts the session's next run.
+            async with http.post(f"{url}api/sessions/{sid}/messages",
+                                 json={"text": "run `echo two`"}) as resp:
+                body = await resp.json()
+                assert resp.status == 201, body
+                assert body == {"session": sid, "state": "started", "run": 2,
+                                "from_seq": events[-1]["seq"] + 1, "page": f"/s/{sid}"}
+            both = await read_all(http, url, sid)
+            assert [s["data"]["prompt"] for s in of_type(both, "SESSION_START")] == [
+                "#wait go", "run `echo two`"]
+            assert both[-1]["type"] == "DONE"
 
     asyncio.run(main())
 

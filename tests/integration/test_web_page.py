@@ -95,10 +95,19 @@ def test_start_watch_cancel_in_two_pages(host):
                 await other.goto(f"{url}s/{sid}?token={token}")
                 await other.wait_for_function(
                     "document.querySelector('#log .text')?.textContent.includes('word0')")
+                # The message box serves the running session: a message for its next step.
+                assert await page.inner_text("#follow-send") == "Send message"
+                await page.fill("#follow-prompt", "a note from the page")
+                await page.click("#follow-send")
+                await page.wait_for_function(
+                    "document.getElementById('notice').textContent.includes('message sent')")
                 await page.click("#cancel-ui")
                 for p in (page, other):
                     await p.wait_for_selector(".terminal.CANCELLED")
                     assert await p.inner_text("#state") == "idle"
+                    # Said before the end: it joined the run's history, shown in both.
+                    assert await p.inner_text(".said") == "✉ local: a note from the page"
+                    assert await p.inner_text("#follow-send") == "Send follow-up"
                 seqs = [await p.get_attribute("#log", "data-seq") for p in (page, other)]
                 assert seqs[0] == seqs[1] and int(seqs[0] or 0) > 3
                 assert await log_text(page) == await log_text(other)

@@ -247,6 +247,13 @@ class SessionView {
         this.text = this.thinking = null;
         break;
       }
+      case "USER_MESSAGE": { // said into the running run: the model reads it next
+        const said = el("div", "said");
+        said.append(el("span", "by", `✉ ${d.by ?? "?"}: `), el("span", "", d.text ?? ""));
+        this.part().append(said);
+        this.text = this.thinking = null;
+        break;
+      }
       case "RETRY":
         this.part().append(el("div", "retry",
           `↻ retry ${d.attempt}: ${d.error} (waiting ${d.wait_s} s)`));
@@ -291,7 +298,12 @@ class SessionView {
     badge.textContent = state;
     badge.className = `state ${state}`;
     $("cancel-ui").disabled = $("cancel-op").disabled = !this.running;
-    $("follow-send").disabled = this.running;
+    // The box serves both states: a follow-up run when idle, a message the running
+    // run reads at its next step (after the current tool results) otherwise.
+    $("follow-send").textContent = this.running ? "Send message" : "Send follow-up";
+    $("follow-prompt").placeholder = this.running
+      ? "Message for the running session: read at its next step"
+      : "Follow-up: starts the next run of this session";
   }
 
   async cancel(mode) {
@@ -307,9 +319,10 @@ class SessionView {
     const prompt = $("follow-prompt").value;
     if (!prompt.trim()) return;
     try {
-      await api("POST", `/api/sessions/${this.sid}/messages`, { prompt });
+      const sent = await api("POST", `/api/sessions/${this.sid}/messages`, { prompt });
       $("follow-prompt").value = "";
-      $("notice").textContent = "";
+      $("notice").textContent = sent.state === "queued"
+        ? "message sent: the run reads it at its next step" : "";
     } catch (err) {
       $("notice").textContent = err.message;
     }
