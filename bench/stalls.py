@@ -24,7 +24,8 @@ import threading
 from typing import Any
 
 from bench.host import BenchHost
-from bench.stats import median, percentile, table as render_table
+from bench.stats import median, percentile
+from bench.stats import table as render_table
 from bus.client import Client
 
 BOUNDS = {"idle": 0.2, "first": 0.6, "pause": 0.4}

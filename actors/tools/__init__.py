@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run
     from .builtin import make_shell as make_shell
     from .builtin import make_write_file as make_write_file
     from .builtin import shown_name as shown_name
+    from .plain import ToolInputError as ToolInputError
     from .process import Child as Child
     from .process import CommandResult as CommandResult
     from .process import Spawner as Spawner
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run
     from .registry import ToolOutcome as ToolOutcome
     from .registry import invoke as invoke
     from .registry import tool as tool
-    from .plain import ToolInputError as ToolInputError
     from .spec import ToolSpec as ToolSpec
 
 _HOMES = {

@@ -8,10 +8,10 @@ import pytest
 
 from actors.config import ConfigError
 from actors.llm_caller.actor import backend_for
-from actors.settings import load_settings
 from actors.llm_caller.scripted import ScriptedBackend, run_position
 from actors.llm_caller.stalls import StreamBounds
 from actors.offline_model.scenario import ScenarioError, parse_scenario
+from actors.settings import load_settings
 
 CALL = {"type": "tool_use", "name": "read_file", "input": {"path": "/etc/hostname"}}
 SCENARIO = parse_scenario([{"reply": [CALL]}, {"reply": [CALL]}, {"reply": "all done"}])
