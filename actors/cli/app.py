@@ -102,8 +102,12 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--detach", action="store_true", help="run in the background until "
                                                           "`oploop down`")
     up.set_defaults(fn=_home_checked(hostcmds.cmd_up, create=True))
-    sub.add_parser("down", help="stop the host").set_defaults(
-        fn=_home_checked(hostcmds.cmd_down, create=False))
+    down = sub.add_parser("down", help="stop the host")
+    down.add_argument("--unmount", action="store_true",
+                      help="also unmount the sessions' workspaces (kept mounted otherwise; "
+                           "their images stay and the next call mounts them again), so "
+                           "that `rm -r $OPLOOP_HOME` can remove the home")
+    down.set_defaults(fn=_home_checked(hostcmds.cmd_down, create=False))
     st = sub.add_parser("status", help="actors and sessions")
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(fn=_home_checked(hostcmds.cmd_status, create=False))

@@ -83,9 +83,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Stop the running host and wait until it is gone."""
+    """Stop the running host and wait until it is gone (`--unmount`: then unmount
+    the workspaces, which a stopped host keeps mounted where an operator looks)."""
     state = read_state()
     if state is None:
+        if args.unmount:  # e.g. after a crash: what is left mounted can still go
+            return _unmount_workspaces()
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     try:
         running = [s["session"] for s in asyncio.run(_sessions(wait_s=2.0))
@@ -106,6 +109,15 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"oploop: {len(running)} running session(s) will resume at the next "
               f"`oploop up` in this home ({', '.join(running)}); to end a run instead, "
               "`oploop cancel` it before `oploop down`")
+    return _unmount_workspaces() if args.unmount else EXIT_OK
+
+
+def _unmount_workspaces() -> int:
+    """Unmount every workspace of this home (the images stay in `workspaces/.images`)."""
+    from actors.sandbox.workspaces import release_all  # the sandbox only when asked
+
+    count = release_all(oploop_home())
+    print(f"oploop: {count} workspace(s) unmounted")
     return EXIT_OK
 
 

@@ -5,11 +5,14 @@ ENOSPC while another session works; the workspace outlives the host."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 from pathlib import Path
 
+import psutil
 import pytest
-from hostkit import of_type, run_events, scripted_host, workspace
+from hostkit import host_pids, of_type, oploop, run, run_events, scripted_host, workspace
 
 from actors.sandbox.workspaces import IMAGES_DIR, release_all
 
@@ -55,3 +58,38 @@ def test_a_shell_filling_its_workspace_fails_alone_and_the_host_goes_on(
     assert (workspace(short_home, sid) / "g").read_text() == "fine\n"
     assert release_all(Path(short_home)) == 2  # (what removing the home does)
     assert image.exists() and not os.path.ismount(workspace(short_home, sid))
+
+
+
+def test_down_unmount_lets_the_home_go_and_the_next_call_mounts_again(
+        short_home, tmp_path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a loop-mounted workspace quota needs root")
+    scripts = {"keep": [shell("echo kept > k"), OK]}
+    with scripted_host(short_home, scripts, tmp_path) as home:
+        sid = run(home, "#keep a file")[0]["session"]
+        assert os.path.ismount(workspace(home, sid))
+    down = oploop(short_home, "down", "--unmount")  # no host left: what is mounted goes
+    assert down.returncode == 0 and "1 workspace(s) unmounted" in down.stdout, down
+    assert not os.path.ismount(workspace(short_home, sid))
+
+    # Up again: the session's next call mounts its image again, with its file. (A new
+    # offline model plays the session's script from its first turn: a new script.)
+    scenario = tmp_path / "again.json"
+    scenario.write_text(json.dumps({"scripts": {"keep": [shell("cat k"), OK]}}))
+    env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}
+    up = oploop(short_home, "up", "--detach", env=env)
+    assert up.returncode == 0, up.stderr
+    pids = host_pids(short_home)
+    try:
+        again = run(short_home, "show it", session=sid)
+        assert of_type(again, "TOOL_END")[0]["data"]["output"] == "kept\n"
+    finally:
+        down = oploop(short_home, "down", "--unmount")  # a running host: stopped, then this
+    assert down.returncode == 0 and "host stopped" in down.stdout, down
+    assert "1 workspace(s) unmounted" in down.stdout, down
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not os.path.ismount(workspace(short_home, sid))
+    shutil.rmtree(short_home)  # what `rm -r $OPLOOP_HOME` does: nothing is busy
+    assert not Path(short_home).exists()
