@@ -16,6 +16,13 @@
   one takes it at its next boundary as a `USER_MESSAGE {text, by}` event (202,
   `{"session", "state": "queued", "run", "from_seq"}`). `by` is "local": the
   gateway is a client of its own host.
+- `POST /api/sessions/{id}/approve`: `{"calls"?: [call_id, ...], "all"?: bool,
+  "always"?: bool}` (control `DecideCalls`): run calls waiting for approval (the
+  `call_id` of their `APPROVAL_REQUESTED`); `always`: their tools' calls for the rest
+  of the session too. 200 `{"session", "decided": [...], "by"}`.
+- `POST /api/sessions/{id}/deny`: `{"calls"?, "all"?, "reason"?}`: answer them with an
+  error saying `reason`; the model goes on. All named calls are decided or none: an
+  unknown call, or one decided already ("already decided by ..."), is a 409.
 
 Errors are JSON `{"error": CODE, "message": TEXT}`: 404 for an unknown session,
 400 for malformed JSON or a bad field (a prompt or message over
@@ -48,7 +55,7 @@ GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
 ERROR_STATUS = {
     "unknown_session": 404, "gone": 404,
     "bad_request": 400, "too_large": 400, "unknown_agent": 400,
-    "busy": 409, "not_running": 409,
+    "busy": 409, "not_running": 409, "not_pending": 409,
     "forbidden": 403, "disk_full": 503, "unavailable": 503,
 }
 #: An SSE client whose socket takes no more for this long is dropped (it may come
@@ -154,6 +161,16 @@ def field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
     return value
 
 
+def flag(body: dict[str, Any], name: str) -> bool:
+    """`body[name]` when it is a JSON boolean, False when absent; else 400 (`field`
+    refuses booleans, which Python counts as numbers)."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise ApiError(400, "bad_request", f"{name}: expected true or false, "
+                       f"got {type(value).__name__}")
+    return value
+
+
 def prompt_of(body: dict[str, Any], limit: int) -> str:
     """The body's prompt: a non-empty string within `limit` characters."""
     prompt = field(body, "prompt", str, None)
@@ -238,6 +255,26 @@ async def cancel_session(request: web.Request) -> web.Response:
         gw.metrics.cancel_refused(sid)
         raise
     return web.json_response({"session": ack.session, "state": ack.state})
+
+
+async def decide_calls(request: web.Request) -> web.Response:
+    """`POST /api/sessions/{id}/approve` and `.../deny`: decide calls waiting for
+    approval, as `oploop approve/deny` does (the decision's `by` is "local")."""
+    body = await read_object(request)
+    calls = field(body, "calls", list, [])
+    if not all(isinstance(c, str) and c for c in calls):
+        raise ApiError(400, "bad_request", "calls: expected a list of call ids")
+    every = flag(body, "all")
+    if not calls and not every:
+        raise ApiError(400, "bad_request", "name the calls (calls: [...]) or all: true")
+    gw, sid = request.app[GATEWAY], request.match_info["sid"]
+    if request.match_info["decision"] == "approve":
+        ack = await gw.client.approve(sid, calls, all=every,
+                                      always=flag(body, "always"))
+    else:
+        ack = await gw.client.deny(sid, calls, all=every,
+                                   reason=field(body, "reason", str, "denied from the web"))
+    return web.json_response({"session": ack.session, "decided": ack.decided, "by": ack.by})
 
 
 def resume_point(request: web.Request) -> int:
@@ -345,4 +382,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/sessions/{sid}/events", session_events)
     app.router.add_post("/api/sessions/{sid}/cancel", cancel_session)
     app.router.add_post("/api/sessions/{sid}/messages", send_message)
+    app.router.add_post("/api/sessions/{sid}/{decision:approve|deny}", decide_calls)
     app.router.add_get("/metrics", metrics)

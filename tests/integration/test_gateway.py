@@ -37,6 +37,10 @@ SCRIPTS = {
     "wait": [{"reply": [{"type": "tool_use", "name": "shell", "input": {
         "command": "touch started; until [ -e go ]; do sleep 0.01; done; echo finished"}}]},
         "rules", "rules"],
+    # Two calls under the `asker` agent's `ask` rule: decided over HTTP.
+    "ask": [{"reply": [{"type": "tool_use", "name": "shell", "input": {"command": "echo one"}},
+                       {"type": "tool_use", "name": "shell", "input": {"command": "echo two"}}]},
+            {"reply": "decided", "stop_reason": "end_turn"}],
 }
 GATEWAY_ENV = {"OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}
 
@@ -46,7 +50,9 @@ def host(tmp_path_factory):
     home = make_home("opg-")
     files = tmp_path_factory.mktemp("gateway")
     (files / "scenario.json").write_text(json.dumps({"scripts": SCRIPTS}))
-    Path(home, "oploop.toml").write_text(f"[limits]\nmax_prompt_chars = {PROMPT_LIMIT}\n")
+    Path(home, "oploop.toml").write_text(f"[limits]\nmax_prompt_chars = {PROMPT_LIMIT}\n"
+                                         "[agents.asker]\napproval_timeout_s = 600\n"
+                                         "[agents.asker.permissions]\nshell = \"ask\"\n")
     env = {"OPLOOP_OFFLINE_SCENARIO": str(files / "scenario.json"), **GATEWAY_ENV}
     try:
         with running_host(home, env) as h:
@@ -239,6 +245,55 @@ def test_a_message_to_a_running_session_reaches_its_next_model_call(host):
             assert [s["data"]["prompt"] for s in of_type(both, "SESSION_START")] == [
                 "#wait go", "run `echo two`"]
             assert both[-1]["type"] == "DONE"
+
+    asyncio.run(main())
+
+
+def test_calls_waiting_for_approval_are_approved_and_denied_over_http(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            async with http.post(f"{url}api/sessions",
+                                 json={"prompt": "#ask go", "agent": "asker"}) as resp:
+                assert resp.status == 201, await resp.text()
+                sid = (await resp.json())["session"]
+            seen: list[dict[str, Any]] = []
+            async with http.get(f"{url}api/sessions/{sid}/events",
+                                params={"stop_at": "first"}) as resp:
+                async for _, ev in sse(resp):
+                    seen.append(ev)
+                    asks = of_type(seen, "APPROVAL_REQUESTED")
+                    if ev["type"] != "APPROVAL_REQUESTED" or len(asks) < 2:
+                        continue
+                    one, two = (a["data"]["call_id"] for a in asks)
+                    decide = f"{url}api/sessions/{sid}/"
+                    # Refused, nothing decided: no calls named, bad types, a call unknown.
+                    for body, status in [({}, 400), ({"calls": "x"}, 400),
+                                         ({"calls": [one], "always": "yes"}, 400),
+                                         ({"calls": [one, "nope"]}, 409)]:
+                        async with http.post(decide + "approve", json=body) as bad:
+                            assert bad.status == status, (body, await bad.text())
+                    async with http.post(decide + "approve", json={"calls": [one]}) as ok:
+                        assert ok.status == 200, await ok.text()
+                        assert await ok.json() == {"session": sid, "decided": [one],
+                                                   "by": "local"}
+                    async with http.post(decide + "approve", json={"calls": [one]}) as again:
+                        body = await again.json()
+                        assert again.status == 409 and "already decided" in body["message"]
+                    async with http.post(decide + "deny", json={"all": True,
+                                                                "reason": "not today"}) as no:
+                        assert no.status == 200, await no.text()
+                        assert (await no.json())["decided"] == [two]
+            assert_contiguous_run(seen)
+            decided = [(e["data"]["decision"], e["data"]["by"])
+                       for e in of_type(seen, "APPROVAL_DECIDED")]
+            assert decided == [("approve", "local"), ("deny", "local")]
+            outputs = {e["data"]["tool_use_id"]: e["data"] for e in of_type(seen, "TOOL_END")}
+            assert outputs[one]["output"] == "one\n" and not outputs[one]["is_error"]
+            assert outputs[two]["is_error"] and "not today" in outputs[two]["output"]
+            assert seen[-1]["type"] == "DONE"
+            async with http.post(f"{url}api/sessions/nope/deny", json={"all": True}) as resp:
+                assert resp.status == 404 and (await resp.json())["error"] == "unknown_session"
 
     asyncio.run(main())
 

@@ -34,7 +34,13 @@ pytestmark = [
 WORDS = " ".join(f"word{i}" for i in range(400))
 BIG = " ".join(f"w{i}" for i in range(10_000))
 SCRIPTS = {"slow": [{"reply": WORDS, "delay_s": 0.03}],
-           "big": [{"reply": BIG, "delay_s": 0}]}
+           "big": [{"reply": BIG, "delay_s": 0}],
+           # Two calls the `asker` agent must have approved: one approved, one denied.
+           "ask": [{"reply": [
+               {"type": "tool_use", "name": "shell", "input": {"command": "echo from-the-page"}},
+               {"type": "tool_use", "name": "shell", "input": {"command": "echo never"}}]},
+               {"reply": "decided", "stop_reason": "end_turn"}]}
+ASKER = '[agents.asker]\napproval_timeout_s = 600\n[agents.asker.permissions]\nshell = "ask"\n'
 ARTIFACTS = Path(os.environ.get("OPLOOP_ARTIFACTS", "/tmp/oploop-artifacts")) / "web"
 TIMEOUT_MS = 30_000
 
@@ -47,6 +53,7 @@ def host(tmp_path_factory):
     # Unbatched: one TOKEN event per streamed delta, for a session of 10,000 events.
     env = {"OPLOOP_OFFLINE_SCENARIO": str(files / "scenario.json"),
            "OPLOOP_HTTP_LISTEN": "127.0.0.1:0", "OPLOOP_TOKEN_BATCH_MS": "0"}
+    Path(home, "oploop.toml").write_text(ASKER)
     try:
         with running_host(home, env) as h:
             yield h
@@ -154,6 +161,47 @@ def test_a_session_of_10000_events_renders_in_full(host):
                 text = await page.evaluate(
                     "[...document.querySelectorAll('#log .text')].map(e => e.textContent)")
                 assert text[0] == BIG
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+def test_approve_and_deny_from_the_page(host):
+    url = (Path(host) / "run" / "web.url").read_text().strip()
+    token = token_of(host)
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = await browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_default_timeout(TIMEOUT_MS)
+                await page.goto(f"{url}?token={token}")
+                resp = await page.request.post(f"{url}api/sessions",
+                                               data={"prompt": "#ask", "agent": "asker"})
+                assert resp.status == 201, await resp.text()
+                sid = (await resp.json())["session"]
+                await page.goto(f"{url}s/{sid}")
+                asks = page.locator(".ask")
+                await asks.nth(1).locator("button.deny").wait_for()
+                await page.screenshot(path=str(ARTIFACTS / "session-approval.png"))
+                await asks.nth(0).locator("button.approve").first.click()
+                await page.wait_for_selector(".ask.approved")
+                await asks.nth(1).locator("button.deny").click()
+                await page.wait_for_selector(".terminal.DONE")
+                assert "approved by local" in await asks.nth(0).inner_text()
+                assert "denied by local" in await asks.nth(1).inner_text()
+                assert await page.locator(".ask button").count() == 0  # nothing left to decide
+                outputs = await page.evaluate(
+                    "[...document.querySelectorAll('#log .tool .output')].map(e => e.textContent)")
+                assert any("from-the-page" in o for o in outputs), outputs
+                assert any("denied by local" in o for o in outputs), outputs
                 assert not errors, errors
             finally:
                 await browser.close()

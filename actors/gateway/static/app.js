@@ -125,6 +125,7 @@ class SessionView {
     this.text = null;      // the Text node streamed text is appended to (null: start one)
     this.thinking = null;  // the same for thinking
     this.tools = new Map(); // tool_use_id -> element awaiting its TOOL_END
+    this.asks = new Map();  // call_id -> element of a call waiting for approval
     this.running = false;
     this.lastSeq = 0;
     this.rendered = 0;
@@ -247,6 +248,42 @@ class SessionView {
         this.text = this.thinking = null;
         break;
       }
+      case "APPROVAL_REQUESTED": { // a call under an `ask` rule waits for a person
+        const box = el("div", "ask");
+        const head = el("div", "head", `? ${d.tool} waits for approval` +
+          (d.rule ? ` (rule ${d.rule})` : ""));
+        const buttons = el("div", "buttons");
+        for (const [label, decision, always] of [["Approve", "approve", false],
+          [`Always allow ${d.tool}`, "approve", true], ["Deny", "deny", false]]) {
+          const b = el("button", decision, label);
+          b.type = "button";
+          b.onclick = () => this.decide(d.call_id, decision, always, box);
+          buttons.append(b);
+        }
+        box.append(head, truncated(JSON.stringify(d.input ?? {}), INPUT_SHOWN), buttons);
+        box.head = head;
+        box.buttons = buttons;
+        box.dataset.call = d.call_id;
+        this.asks.set(d.call_id, box);
+        this.part().append(box);
+        this.text = this.thinking = null;
+        break;
+      }
+      case "APPROVAL_DECIDED": {
+        const box = this.asks.get(d.call_id);
+        this.asks.delete(d.call_id);
+        const verb = d.decision === "approve" ? "approved" : "denied";
+        const line = `${verb} by ${d.by}` + (d.always ? `, always for ${d.always}` : "") +
+          (verb === "denied" && d.reason ? `: ${d.reason}` : "");
+        if (box) {
+          box.buttons.remove();
+          box.head.textContent += ` — ${line}`;
+          box.classList.add(verb);
+        } else {
+          this.part().append(el("div", `ask ${verb}`, `? ${line} [${d.call_id}]`));
+        }
+        break;
+      }
       case "USER_MESSAGE": { // said into the running run: the model reads it next
         const said = el("div", "said");
         said.append(el("span", "by", `✉ ${d.by ?? "?"}: `), el("span", "", d.text ?? ""));
@@ -275,6 +312,11 @@ class SessionView {
           : `cancelled (${d.mode})${d.reason ? ": " + d.reason : ""}`;
         this.part().append(el("div", `terminal ${ev.type}`, `${ev.type} — ${what}`));
         this.tools.clear();
+        for (const box of this.asks.values()) { // the run ended: nothing waits any more
+          box.buttons.remove();
+          box.head.textContent += " — not decided (the run ended)";
+        }
+        this.asks.clear();
         this.text = this.thinking = null;
         this.setState("idle");
         break;
@@ -311,6 +353,18 @@ class SessionView {
       await api("POST", `/api/sessions/${this.sid}/cancel`, { mode });
       $("notice").textContent = `cancel (${mode}) sent`;
     } catch (err) {
+      $("notice").textContent = err.message;
+    }
+  }
+
+  async decide(callId, decision, always, box) {
+    for (const b of box.buttons.children) b.disabled = true;
+    const body = decision === "approve" ? { calls: [callId], always } : { calls: [callId] };
+    try {
+      await api("POST", `/api/sessions/${this.sid}/${decision}`, body);
+      $("notice").textContent = ""; // APPROVAL_DECIDED, on the stream, shows the decision
+    } catch (err) {
+      for (const b of box.buttons.children) b.disabled = false;
       $("notice").textContent = err.message;
     }
   }
