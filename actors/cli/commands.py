@@ -4,8 +4,10 @@ tools, inspect. With no host they answer at once (`hosting.attach`), as `status`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 from actors.cli.approvals import decide_here, interactive
@@ -165,10 +167,25 @@ async def rm(args: argparse.Namespace, settings: Settings) -> int:
     return _report_removed(done.removed, done.refused, args.json)
 
 
+#: How long `oploop tools` waits for a first executor to announce the catalogue.
+TOOLS_WAIT_S = 10.0
+
+
 async def tools(args: argparse.Namespace, settings: Settings) -> int:
     """The tools an agent sees (on turn 1 and later)."""
     async with attach(settings, start=True) as host:
         found = await host.client.tools(args.agent or "")
+        # The catalogue is what the executors announce in `Ready`: a host just up may
+        # not have heard from one yet (an empty list, never a real one: the built-ins
+        # are always there). Ask again for a while rather than show nothing.
+        deadline = time.monotonic() + TOOLS_WAIT_S
+        while not found and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            found = await host.client.tools(args.agent or "")
+    if not found:
+        print(f"oploop: no executor has announced its tools within {TOOLS_WAIT_S:.0f} s "
+              "(`oploop status` shows the actors)", file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         for t in found:
             print(json.dumps(t))
