@@ -107,6 +107,13 @@ class Backfill:
                         return
                     continue
                 except RemoteError as exc:
+                    if exc.code != "gone":
+                        # Not lost: the supervisor cannot give them now ("unavailable").
+                        # Waiting for a failing commit, they are pushed once it succeeds;
+                        # from a log it cannot read, a later hole asks again.
+                        log.warning("events %d..%d of %s wait: %s", last + 1, target, sid,
+                                    exc.message)
+                        return
                     self._give_up(sid, last, target, exc.message)
                     continue
                 except AccessDenied as exc:  # our own host refusing our key: set up wrong
@@ -115,15 +122,19 @@ class Backfill:
                 timeouts = 0
                 batch = reply.body
                 assert isinstance(batch, ReplayBatch)
-                if not self._take(sid, batch.events):
+                self._take(sid, batch.events)
+                # Lost only if nothing came, from the answer or meanwhile from ingest:
+                # the supervisor pushes what it resends too, and whatever of the answer
+                # ingest brought first is a duplicate here, not a sign of loss (a cut
+                # answer taken that way would otherwise skip the rest of `target`).
+                if (self.log.last_seq(sid) or 0) <= last:
                     self._give_up(sid, last, target, "the supervisor sent none of them")
         finally:
             self._tasks.pop(sid, None)
             self.release(sid)
 
-    def _take(self, sid: str, frames: list[bytes]) -> bool:
-        """Accept resent frames in order; whether any was new."""
-        progressed = False
+    def _take(self, sid: str, frames: list[bytes]) -> None:
+        """Accept resent frames in order."""
         for frame in frames:
             try:
                 env = decode(frame)
@@ -138,9 +149,7 @@ class Backfill:
                               skipped, sid, seq)
                 if self.accept(sid, seq, frame).stored:
                     self.recovered += 1
-                    progressed = True
         self.release(sid)
-        return progressed
 
     def _give_up(self, sid: str, last: int, target: int, why: str) -> None:
         """Nobody has events last+1..target: record the hole and go on after it."""

@@ -280,20 +280,39 @@ class Supervisor:
         return out
 
     def _resend(self, sid: str, req: ReplayRequest) -> Any:
-        """Events `req` asks for, from the session log (the broadcaster lost them)."""
+        """Events `req` asks for, from the session log (the broadcaster lost them).
+
+        What this loop iteration emitted is committed (and pushed) first. The broadcaster
+        asks for what `ListSessions` reported, whose `last_seq` counts an event from its
+        emit, and the request can be served in the same iteration as that report, before
+        the commit `emit` scheduled. Answered from the log alone, events not written yet
+        would be "gone": the broadcaster would skip them, refuse them as duplicates once
+        pushed, and every viewer would see a hole.
+        """
         if self.journal is None:
             return ErrorReply("gone", "this supervisor keeps no journal")
+        if self._flush_scheduled:
+            self._flush()
         try:
             last = self.journal.log.last_seq(sid)
             if last is None:
-                return ErrorReply("gone", f"no events kept for {sid!r}")
+                return self._not_kept(sid, req, f"no events kept for {sid!r}")
             to_seq = min(req.to_seq or last, last)
             rows, more = self.journal.log.range(sid, req.from_seq, to_seq, RESEND_BATCH_BYTES)
         except JournalError as exc:
             return ErrorReply("unavailable", str(exc))
         if not rows:
-            return ErrorReply("gone", f"events {req.from_seq}..{to_seq} of {sid} are not kept")
+            return self._not_kept(sid, req,
+                                  f"events {req.from_seq}..{to_seq} of {sid} are not kept")
         return ReplayBatch([frame for _, frame in rows], last, more)
+
+    def _not_kept(self, sid: str, req: ReplayRequest, why: str) -> ErrorReply:
+        """The log has none of what `req` asks for: "gone", unless they wait for a failing
+        commit, "unavailable" (they are pushed once it succeeds: the broadcaster waits)."""
+        if any(s == sid and seq >= req.from_seq for s, seq, _ in self._unjournaled):
+            return ErrorReply("unavailable", f"events of {sid} from #{req.from_seq} wait for "
+                                             "the session log to commit them")
+        return ErrorReply("gone", why)
 
     # -- api ---------------------------------------------------------------------------
 

@@ -37,6 +37,16 @@ def host_pids(home: str) -> list[int]:
     return [state["pid"], *(a["pid"] for a in state["actors"] if a["pid"])]
 
 
+def print_log_tail(home: str, lines: int = 80) -> None:
+    """Print the last `lines` lines of the home's host.log (pytest shows them with a failure)."""
+    try:
+        tail = (Path(home) / "host.log").read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        print(f"--- no host.log in {home}: {exc}")
+        return
+    print(f"--- last {len(tail)} lines of {home}/host.log", *tail, "---", sep="\n")
+
+
 @contextlib.contextmanager
 def running_host(home: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """`oploop up --detach` in `home`; `oploop down` after, checking nothing is left."""
@@ -45,6 +55,11 @@ def running_host(home: str, env: dict[str, str] | None = None) -> Iterator[str]:
     pids = host_pids(home)
     try:
         yield home
+    except BaseException:
+        # The home is deleted after the test: a failure carries the host's own account
+        # (an actor's errors, "events ... are lost") or it is gone for good.
+        print_log_tail(home)
+        raise
     finally:
         down = oploop(home, "down")
         assert down.returncode == 0, down.stderr
