@@ -279,8 +279,9 @@ class Runs:
         if not (req.lease_s > 0):  # (NaN too)
             port.reply_error(peer, env.id, "bad_request", "lease_s must be > 0")
             return
-        running = not session.run_over and self.sup.leases.renew(session.id, req.lease_s)
-        port.reply(Envelope(RenewAck(session.id, running), id=env.id), peer)
+        if not session.run_over:  # (a run started without a lease keeps having none)
+            self.sup.leases.renew(session.id, req.lease_s)
+        port.reply(Envelope(RenewAck(session.id, not session.run_over), id=env.id), peer)
 
     def decide(self, peer: bytes | None, env: Envelope, req: DecideCalls) -> None:
         """Approve or deny calls waiting for approval: all of them, or none (one clear
