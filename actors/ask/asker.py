@@ -35,7 +35,10 @@ class Asker:
         self.peers = dict(peers)
         self._clients: dict[str, Client] = {}
         #: Cancels of remote runs still on their way (owned here, awaited at close).
-        self._cancels: set[asyncio.Task[None]] = set()
+        #: (and the client each needs; None: a retired client closing)
+        self._cancels: dict[asyncio.Task[None], Client | None] = {}
+        #: Clients of lost links, closed once their cancels are done.
+        self._retired: set[Client] = set()
         self.counts = {"asks": 0, "lost": 0, "cancels_sent": 0}
 
     def tool_spec(self) -> dict[str, Any] | None:
@@ -69,6 +72,11 @@ class Asker:
         except link.MachineLost as exc:
             self.counts["lost"] += 1
             log.warning("ask to %s (remote session %s): %s", peer.name, session, exc)
+            # Its TCP connections may hang for minutes (no reset comes over a silent
+            # link): the next ask opens new ones; this client stays for the cancel.
+            if self._clients.get(peer.name) is client:
+                del self._clients[peer.name]
+                self._retired.add(client)
             return str(exc), True
         except link.AskFailed as exc:
             return str(exc), True
@@ -86,8 +94,8 @@ class Asker:
     def _cancel_remote(self, client: Client, peer: Peer, session: str) -> None:
         task = asyncio.get_running_loop().create_task(
             self._send_cancel(client, peer, session), name=f"ask-cancel-{session}")
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        self._cancels[task] = client
+        task.add_done_callback(self._cancel_done)
 
     async def _send_cancel(self, client: Client, peer: Peer, session: str) -> None:
         """`Cancel` the remote run until the peer answers or its lease is over."""
@@ -108,6 +116,14 @@ class Asker:
         log.info("gave up cancelling %s's session %s: its lease has ended it", peer.name,
                  session)
 
+    def _cancel_done(self, task: asyncio.Task[None]) -> None:
+        client = self._cancels.pop(task, None)
+        if client in self._retired and client not in self._cancels.values():
+            self._retired.discard(client)  # its last cancel is done: close it
+            closing = asyncio.get_running_loop().create_task(client.aclose())
+            self._cancels[closing] = None  # (owned, so `aclose` waits for it too)
+            closing.add_done_callback(self._cancel_done)
+
     def statistics(self) -> dict[str, Any]:
         """Asks made, links lost, cancels sent, cancels in flight."""
         return dict(self.counts, cancelling=len(self._cancels))
@@ -117,10 +133,12 @@ class Asker:
         if self._cancels:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
-                    await asyncio.gather(*self._cancels, return_exceptions=True)
-            for task in list(self._cancels):
+                    await asyncio.gather(*list(self._cancels), return_exceptions=True)
+            tasks = list(self._cancels)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._cancels, return_exceptions=True)
-        for client in self._clients.values():
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for client in [*self._clients.values(), *self._retired]:
             await client.aclose()
         self._clients.clear()
+        self._retired.clear()

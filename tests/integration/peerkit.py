@@ -137,10 +137,12 @@ class Namespace:
 
     def oploop(self, home: str, *args: str, env: dict[str, str] | None = None,
                timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """The CLI run inside the namespace (a host started so lives there)."""
+        """The CLI run inside the namespace (a host started so lives there). Through
+        nsenter, which enters the network namespace alone: `ip netns exec` also mounts
+        a /sys of its own, without the cgroup file system the sandbox needs."""
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         full_env.update(env or {}, OPLOOP_HOME=home)
-        return subprocess.run(["ip", "netns", "exec", self.name, *OPLOOP, *args],
+        return subprocess.run(["nsenter", f"--net=/run/netns/{self.name}", *OPLOOP, *args],
                               env=full_env, capture_output=True, text=True, timeout=timeout,
                               check=False)
 
