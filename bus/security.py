@@ -14,8 +14,9 @@ for that socket's *domain*:
 So a viewer's key can watch and replay, never start or cancel; a worker's key
 cannot start runs. A peer's key (another host asking this one's agent, `ask_machine`)
 is admitted like a control key, and the supervisor narrows what it may ask: new runs
-only, in no directory of its choosing, with this host's agents and rules. The host's own actors and the local CLI use the local key,
-admitted everywhere (reading it needs this user's file permissions).
+only, in no directory of its choosing, with this host's agents and rules. The host's
+own actors and the local CLI use the local key, admitted everywhere (reading it
+needs this user's file permissions).
 
 The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up` with
 CURVE on (or the first `oploop keys`):

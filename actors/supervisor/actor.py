@@ -21,9 +21,9 @@ from actors.settings import Settings
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
+from actors.supervisor.leases import Leases
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
-from actors.supervisor.leases import Leases
 from actors.supervisor.runs import PEER, Runs
 from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO

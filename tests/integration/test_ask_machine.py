@@ -15,7 +15,8 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from hostkit import TERMINAL, assert_one_run, of_type, oploop, until
+from homes import make_home
+from hostkit import TERMINAL, assert_one_run, of_type, oploop
 from peerkit import (
     ask,
     free_ports,
@@ -32,7 +33,9 @@ from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.errors import RemoteError
 from bus.security import ClientKeys
-from homes import make_home
+
+# A guard only: three hosts start with the module's first test (~20 s in all here).
+pytestmark = pytest.mark.timeout(180)
 
 #: What B's and C's agents do, by the `#name` of the prompt A's model sends them.
 REMOTE = {

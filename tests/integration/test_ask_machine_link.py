@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from homes import make_home
 from hostkit import TERMINAL, assert_one_run, of_type
 from peerkit import (
     Namespace,
@@ -27,7 +28,6 @@ from peerkit import (
 
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
-from homes import make_home
 
 REMOTE = {
     "slow": [{"reply": [tool_use("shell", command="sleep 120")]}, {"reply": "never"}],
@@ -42,6 +42,7 @@ WHY = namespaces_usable()
 
 
 @pytest.mark.skipif(bool(WHY), reason=WHY or "namespaces usable")
+@pytest.mark.timeout(180)  # a guard only: ~20 s here, the lease's 10 s included
 def test_a_cut_link_ends_the_call_and_the_lease_ends_the_remote_run():
     homes = {name: make_home(f"askl{name}-") for name in "ab"}
     try:
