@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from actors.ask import link
@@ -34,11 +34,9 @@ class Asker:
     def __init__(self, peers: Mapping[str, Peer]) -> None:
         self.peers = dict(peers)
         self._clients: dict[str, Client] = {}
-        #: Cancels of remote runs still on their way (owned here, awaited at close).
-        #: (and the client each needs; None: a retired client closing)
-        self._cancels: dict[asyncio.Task[None], Client | None] = {}
-        #: Clients of lost links, closed once their cancels are done.
-        self._retired: set[Client] = set()
+        #: Cancels of remote runs still on their way, and clients of lost links closing
+        #: (owned here, awaited at close).
+        self._cancels: set[asyncio.Task[None]] = set()
         self.counts = {"asks": 0, "lost": 0, "cancels_sent": 0}
 
     def tool_spec(self) -> dict[str, Any] | None:
@@ -73,10 +71,12 @@ class Asker:
             self.counts["lost"] += 1
             log.warning("ask to %s (remote session %s): %s", peer.name, session, exc)
             # Its TCP connections may hang for minutes (no reset comes over a silent
-            # link): the next ask opens new ones; this client stays for the cancel.
+            # link): the cancel, and the next ask, go over new ones, made as soon as
+            # the link is back.
             if self._clients.get(peer.name) is client:
                 del self._clients[peer.name]
-                self._retired.add(client)
+            self._own(client.aclose(), None)
+            client = self._client(peer)
             return str(exc), True
         except link.AskFailed as exc:
             return str(exc), True
@@ -92,10 +92,12 @@ class Asker:
         return client
 
     def _cancel_remote(self, client: Client, peer: Peer, session: str) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._send_cancel(client, peer, session), name=f"ask-cancel-{session}")
-        self._cancels[task] = client
-        task.add_done_callback(self._cancel_done)
+        self._own(self._send_cancel(client, peer, session), f"ask-cancel-{session}")
+
+    def _own(self, work: Coroutine[Any, Any, None], name: str | None) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     async def _send_cancel(self, client: Client, peer: Peer, session: str) -> None:
         """`Cancel` the remote run until the peer answers or its lease is over."""
@@ -116,14 +118,6 @@ class Asker:
         log.info("gave up cancelling %s's session %s: its lease has ended it", peer.name,
                  session)
 
-    def _cancel_done(self, task: asyncio.Task[None]) -> None:
-        client = self._cancels.pop(task, None)
-        if client in self._retired and client not in self._cancels.values():
-            self._retired.discard(client)  # its last cancel is done: close it
-            closing = asyncio.get_running_loop().create_task(client.aclose())
-            self._cancels[closing] = None  # (owned, so `aclose` waits for it too)
-            closing.add_done_callback(self._cancel_done)
-
     def statistics(self) -> dict[str, Any]:
         """Asks made, links lost, cancels sent, cancels in flight."""
         return dict(self.counts, cancelling=len(self._cancels))
@@ -138,7 +132,6 @@ class Asker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        for client in [*self._clients.values(), *self._retired]:
+        for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
-        self._retired.clear()

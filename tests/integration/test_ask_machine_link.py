@@ -82,23 +82,7 @@ async def until_reachable(host: str, port: int) -> None:
 
 async def _scenario(ns: Namespace, homes: dict[str, str]) -> None:
     async with Client.connect(Path(homes["a"])) as a, Client.connect(Path(homes["b"])) as b:
-        started = await a.start("#cut")
-        remote = ""
-        events: list[dict[str, Any]] = []
-        cut = False
-        async for ev in a.events(started.session, stop_at="first"):
-            events.append(ev)
-            data = ev["data"]
-            if (not cut and ev["type"] == "MACHINE_EVENT"
-                    and data["event"]["type"] == "TOOL_START"):
-                remote, cut = data["session"], True
-                ns.cut()  # B's tool runs: now the link goes silent
-        assert cut, [e["type"] for e in events]
-        assert_one_run(events)
-        (end,) = [e for e in of_type(events, "TOOL_END") if e["data"]["name"] == "ask_machine"]
-        assert end["data"]["is_error"]
-        assert "machine b lost" in end["data"]["output"], end
-        assert events[-1]["type"] == "DONE"  # A's session went on without B's answer
+        remote = await _ask_and_cut(a, ns)
         # With the link still down, B's run ends when its lease runs out (B's own
         # viewer, over ipc, sees it).
         b_events = [e async for e in b.events(remote, stop_at="first")]
@@ -113,3 +97,33 @@ async def _scenario(ns: Namespace, homes: dict[str, str]) -> None:
         assert events[-1]["type"] in TERMINAL
         (end,) = [e for e in of_type(events, "TOOL_END") if e["data"]["name"] == "ask_machine"]
         assert (end["data"]["is_error"], end["data"]["output"]) == (False, "b is back"), end
+        # Cut again, and back as soon as A has noticed: B's run is cancelled (by A's
+        # cancel, sent again until the link carries it, or else by its lease).
+        remote = await _ask_and_cut(a, ns)
+        ns.mend()
+        b_events = [e async for e in b.events(remote, stop_at="first")]
+        assert b_events[-1]["type"] == "CANCELLED", b_events[-1]
+        reason = b_events[-1]["data"]["reason"]
+        assert "asking host cancelled" in reason or "lease" in reason, reason
+
+
+async def _ask_and_cut(a: Client, ns: Namespace) -> str:
+    """A asks B to run a long tool; once it runs, the link is cut. Returns B's session
+    after checking A's call ended "machine b lost" and A's run went on to DONE."""
+    started = await a.start("#cut")
+    remote = ""
+    events: list[dict[str, Any]] = []
+    async for ev in a.events(started.session, stop_at="first"):
+        events.append(ev)
+        data = ev["data"]
+        if (not remote and ev["type"] == "MACHINE_EVENT"
+                and data["event"]["type"] == "TOOL_START"):
+            remote = data["session"]
+            ns.cut()  # B's tool runs: now the link goes silent
+    assert remote, [e["type"] for e in events]
+    assert_one_run(events)
+    (end,) = [e for e in of_type(events, "TOOL_END") if e["data"]["name"] == "ask_machine"]
+    assert end["data"]["is_error"]
+    assert "machine b lost" in end["data"]["output"], end
+    assert events[-1]["type"] == "DONE"  # A's session went on without B's answer
+    return remote
