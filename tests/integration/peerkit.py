@@ -69,9 +69,11 @@ def network_config(listen: str) -> str:
     return f'[network]\nlisten = "{listen}"\n'
 
 
-def peer_config(name: str, listen: str, keys: Path, agent: str = "") -> str:
+def peer_config(name: str, listen: str, keys: Path, agent: str = "",
+                timeout_s: float = 0) -> str:
     """One `[peers.NAME]` table."""
     extra = f'agent = "{agent}"\n' if agent else ""
+    extra += f"timeout_s = {timeout_s}\n" if timeout_s else ""
     return f'\n[peers.{name}]\nconnect = "{listen}"\nkeys = "{keys}"\n{extra}'
 
 

@@ -55,6 +55,7 @@ CALLER = {
     "both": [{"reply": [ask("b", "#slow wait"), ask("c", "#slow wait")]}, {"reply": "never"}],
     "nowhere": [{"reply": [ask("zz", "#echo hi")]}, {"reply": "A goes on"}],
     "locked": [{"reply": [ask("b-locked", "#hidden try")]}, {"reply": "A goes on"}],
+    "impatient": [{"reply": [ask("b-quick", "#slow wait")]}, {"reply": "A goes on"}],
 }
 
 #: B's second agent, which the `b-locked` peer entry asks: write_file hidden, shell denied.
@@ -83,7 +84,8 @@ def hosts():
         env_a = write_home(homes["a"], CALLER,
                            peer_config("b", listen["b"], keys["b"])
                            + peer_config("c", listen["c"], keys["c"])
-                           + peer_config("b-locked", listen["b"], keys["b"], agent="locked"))
+                           + peer_config("b-locked", listen["b"], keys["b"], agent="locked")
+                           + peer_config("b-quick", listen["b"], keys["b"], timeout_s=2))
         with running_host(homes["b"], env_b), running_host(homes["c"], env_c), \
                 running_host(homes["a"], env_a):
             yield {**homes, "listen": listen, "keys": keys}
@@ -199,8 +201,21 @@ def test_an_unknown_machine_is_an_error_naming_the_peers(hosts):
     (end,) = of_type(events, "TOOL_END")
     assert end["data"]["is_error"]
     assert "unknown machine 'zz'" in end["data"]["output"]
-    assert "configured peers: b, b-locked, c" in end["data"]["output"]
+    assert "configured peers: b, b-locked, b-quick, c" in end["data"]["output"]
     assert events[-1]["type"] == "DONE"
+
+
+def test_an_ask_past_the_peers_timeout_ends_and_is_cancelled_there(hosts):
+    async def scenario() -> None:
+        events = await run_on(hosts["a"], "#impatient")
+        (end,) = of_type(events, "TOOL_END")
+        assert end["data"]["is_error"]
+        assert "no answer within 2 s (peers.b-quick.timeout_s)" in end["data"]["output"]
+        assert events[-1]["type"] == "DONE"
+        remote = await follow(hosts["b"], remote_session(events, "b-quick"))
+        assert remote[-1]["type"] == "CANCELLED", remote[-1]
+
+    asyncio.run(scenario())
 
 
 def test_ask_machine_is_offered_only_with_peers(hosts):
