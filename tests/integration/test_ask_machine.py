@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ def hosts():
                            + peer_config("c", listen["c"], keys["c"])
                            + peer_config("b-locked", listen["b"], keys["b"], agent="locked")
                            + peer_config("b-quick", listen["b"], keys["b"], timeout_s=2))
+        env_a["OPLOOP_HTTP_LISTEN"] = "127.0.0.1:0"  # A's web view (one test looks)
         with running_host(homes["b"], env_b), running_host(homes["c"], env_c), \
                 running_host(homes["a"], env_a):
             yield {**homes, "listen": listen, "keys": keys}
@@ -161,6 +163,34 @@ def test_watch_shows_the_remote_events_indented(hosts):
     assert run.returncode == 0, run.stderr
     assert "  [b] → shell" in run.stdout, run.stdout
     assert "  [b] — done" in run.stdout
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian package `chromium`)")
+def test_the_web_view_shows_the_remote_events(hosts):
+    playwright = pytest.importorskip("playwright.async_api", reason="the test extra")
+    events = asyncio.run(run_on(hosts["a"], "#askb"))
+    url = (Path(hosts["a"]) / "run" / "web.url").read_text().strip()
+    token = (Path(hosts["a"]) / "web.token").read_text().strip()
+
+    async def main() -> str:
+        async with playwright.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(30_000)
+                await page.goto(f"{url}s/{events[0]['session']}?token={token}")
+                await page.wait_for_selector(".terminal.DONE")
+                return str(await page.inner_text("#log"))
+            finally:
+                await browser.close()
+
+    text = asyncio.run(main())
+    assert "[b] ⚙ shell" in text and "from-the-remote" in text, text
+    assert "[b] DONE — the remote says hello" in text, text
 
 
 def test_a_cancel_of_a_cancels_bs_run(hosts):
