@@ -40,6 +40,12 @@ so a typo fails there with a message naming the key, never mid-session::
     listen = "127.0.0.1:7480"     # off loopback only with cert and key (HTTPS)
     cert = ""                     # PEM certificate and key files
 
+    [peers.b]                     # another host this one may ask (ask_machine)
+    connect = "tcp://10.0.0.2:7400"
+    keys = "keys/b"               # issued by b: oploop keys add A --role peer
+    agent = ""                    # b's agent (default: b's default agent)
+    timeout_s = 600
+
     [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
     input = 3.0                   # a model with no shipped price needs all four
     output = 15.0
@@ -73,6 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.ask.peers import Peer, PeerConfigError, parse_peers
 from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
@@ -139,7 +146,7 @@ DEFAULT_AGENT = Agent()
 CONFIG_NAME = "oploop.toml"
 
 _TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "http",
-                       "agents", "prices"})
+                       "agents", "prices", "peers"})
 
 
 class ConfigError(ValueError):
@@ -267,6 +274,8 @@ class Config:
     http: HttpConfig = HttpConfig()
     #: USD per million tokens, by model id (`actors.usage.price_for` looks models up).
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+    #: Other hosts this one may ask (`[peers.NAME]`, `actors/ask/`): none by default.
+    peers: Mapping[str, Peer] = field(default_factory=dict)
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -318,8 +327,17 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         network=_network(data.get("network"), source),
         http=_http(data.get("http", {}), source),
         prices=_prices(data.get("prices", {}), source),
+        peers=_peers(data.get("peers", {}), source),
         source=source,
     )
+
+
+def _peers(raw: Any, source: str) -> dict[str, Peer]:
+    base = Path(source).parent if not source.startswith("<") else None
+    try:
+        return parse_peers(raw, base)
+    except PeerConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _prices(raw: Any, source: str) -> dict[str, Price]:

@@ -4,6 +4,7 @@ shown as text. Colour only on a terminal, and never under `NO_COLOR`."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -130,6 +131,29 @@ class Renderer:
         always = f", always for {data['always']} in this session" if data.get("always") else ""
         reason = "" if verb == "approved" else f": {data.get('reason', '')}"
         self._line(f"  {verb} by {data.get('by')}{always}{reason} [{data.get('call_id')}]")
+
+    def _on_MACHINE_EVENT(self, data: dict[str, Any]) -> None:  # noqa: N802
+        """An event of a run on another host (`ask_machine`), indented `  [NAME] …`:
+        shown as that host's own viewer would show it, line by line."""
+        inner = data.get("event")
+        if not isinstance(inner, dict) or not isinstance(inner.get("data"), dict):
+            return
+        buf = io.StringIO()
+        sub = Renderer(out=buf, prompts=False)
+        sub.color = sub.progress = False
+        try:
+            sub.event({"type": str(inner.get("type", "")), "data": inner["data"]})
+        except (KeyError, TypeError, ValueError):  # a peer's odd event: shown by kind
+            buf = io.StringIO(str(inner.get("type", "")))
+        text = buf.getvalue().rstrip("\n")
+        if inner.get("type") == "SESSION_START":
+            text = f"session {data.get('session', '?')} started"
+        if data.get("dropped"):
+            text += f"  ({data['dropped']} events of it not shown here)"
+        prefix = f"  [{data.get('machine', '?')}] "
+        for line in text.splitlines() or [""]:
+            if line.strip():
+                self._line(self._dim(prefix) + line)
 
     def _on_RETRY(self, data: dict[str, Any]) -> None:  # noqa: N802
         if self._streamed:

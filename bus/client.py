@@ -40,6 +40,8 @@ from bus.messages import (
     ListTools,
     PruneSessions,
     RemoveSessions,
+    Renew,
+    RenewAck,
     ReplayBatch,
     ReplayRequest,
     RunStarted,
@@ -125,6 +127,14 @@ class Client:
         finally:
             await client.aclose()
 
+    @classmethod
+    def opened(cls, endpoints: Endpoints) -> Client:
+        """A client serving from now on, in the running loop, for an owner that keeps it
+        across many requests (and closes it with `aclose()`)."""
+        client = cls(endpoints)
+        client._task = asyncio.create_task(client._reactor.run(), name="client-reactor")
+        return client
+
     async def aclose(self) -> None:
         """Stop serving and close every socket."""
         if self._task is not None:
@@ -150,15 +160,17 @@ class Client:
         deadline_s: float = 0.0,
         cwd: str | None = None,
         timeout: float = 10.0,
+        lease_s: float = 0.0,
     ) -> RunStarted:
         """Start a run (a new session, or a follow-up in `session`).
 
         Sent again every `START_RESEND_S` without a reply, until `timeout`: a
         supervisor restarting loses what it had not answered. Every resend carries
-        the same key, so the run starts once however many arrive.
+        the same key, so the run starts once however many arrive. `lease_s` > 0: the
+        run is cancelled unless `renew` keeps it, at least that often.
         """
         body = StartRun(prompt, session, agent, max_turns, deadline_s, cwd or os.getcwd(),
-                        key=secrets.token_hex(8))
+                        key=secrets.token_hex(8), lease_s=lease_s)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while True:
@@ -223,6 +235,13 @@ class Client:
         reply = await requester.request(Cancel(session, mode, reason), timeout=timeout)
         assert isinstance(reply.body, CancelAck)
         return reply.body
+
+    async def renew(self, session: str, lease_s: float, timeout: float = 5.0) -> bool:
+        """Keep the lease of a run started with `lease_s` for `lease_s` more seconds;
+        False when the run has ended. On the priority control socket."""
+        reply = await self._control.request(Renew(session, lease_s), timeout=timeout)
+        assert isinstance(reply.body, RenewAck)
+        return reply.body.running
 
     async def say(self, session: str, text: str, timeout: float = 5.0) -> SayAck:
         """Send a user message into `session`: a running one takes it at its next

@@ -77,6 +77,8 @@ class StartRun(Body):
     `session` empty starts a new session, else continues that session with a
     follow-up user message. `max_turns` 0 means the agent's own limit;
     `deadline_s` 0 means none. `cwd` is where relative tool paths resolve.
+    `lease_s` > 0: the run is cancelled when no `Renew` came for that long (a run
+    asked for by another host, which may vanish); 0 means no lease.
     `key`: chosen by the client, the same for every resend of one start (a
     supervisor that restarted may have lost the request, or the reply): a
     `StartRun` whose key the supervisor knows is answered with that run's
@@ -92,6 +94,7 @@ class StartRun(Body):
     deadline_s: float = 0.0
     cwd: str = ""
     key: str = ""
+    lease_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +248,29 @@ class CancelAck(Body):
     KIND: ClassVar[str] = "cancel_ack"
     session: str
     state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Renew(Body):
+    """Client -> supervisor `control`: keep the lease of `session`'s run (started with
+    `StartRun.lease_s`) for `lease_s` more seconds. Sent every second by the host that
+    asked for the run; its replies are also how that host knows the link lives.
+    Reply: `RenewAck` or `ErrorReply`.
+    """
+
+    KIND: ClassVar[str] = "renew"
+    session: str
+    lease_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RenewAck(Body):
+    """Supervisor `control` -> client: the lease is renewed; `running` False when the
+    run has ended (nothing left to keep)."""
+
+    KIND: ClassVar[str] = "renew_ack"
+    session: str
+    running: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,6 +569,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     StatsReply,
     Cancel,
     CancelAck,
+    Renew,
+    RenewAck,
     Say,
     SayAck,
     DecideCalls,

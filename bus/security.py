@@ -6,14 +6,17 @@ and a ZAP handler (`Gate`) admits a client only if its public key is authorised
 for that socket's *domain*:
 
     domain   sockets         admits keys of role
-    api      api             control
-    control  control         control, worker
+    api      api             control, peer
+    control  control         control, worker, peer
     work     work            worker
-    view     events, replay  control, viewer
+    view     events, replay  control, viewer, peer
 
 So a viewer's key can watch and replay, never start or cancel; a worker's key
-cannot start runs. The host's own actors and the local CLI use the local key,
-admitted everywhere (reading it needs this user's file permissions).
+cannot start runs. A peer's key (another host asking this one's agent, `ask_machine`)
+is admitted like a control key, and the supervisor narrows what it may ask: new runs
+only, in no directory of its choosing, with this host's agents and rules. The host's
+own actors and the local CLI use the local key, admitted everywhere (reading it
+needs this user's file permissions).
 
 The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up` with
 CURVE on (or the first `oploop keys`):
@@ -52,15 +55,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oploop.security")
 
-ROLES = ("control", "worker", "viewer")
+ROLES = ("control", "worker", "viewer", "peer")
 
 #: The ZAP domain of each public endpoint.
 DOMAIN_OF = {"api": "api", "control": "control", "work": "work",
              "events": "view", "replay": "view"}
 
 #: Which key roles each domain admits.
-ADMITS = {"api": ("control",), "control": ("control", "worker"), "work": ("worker",),
-          "view": ("control", "viewer")}
+ADMITS = {"api": ("control", "peer"), "control": ("control", "worker", "peer"),
+          "work": ("worker",), "view": ("control", "viewer", "peer")}
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -115,7 +115,9 @@ def parser() -> argparse.ArgumentParser:
     keys.add_argument("action", choices=("add", "list", "revoke"))
     keys.add_argument("name", nargs="?")
     keys.add_argument("--role", choices=ROLES, default="control",
-                      help="control: start, cancel, say, watch; worker: serve jobs; viewer: watch only")
+                      help="control: start, cancel, say, watch; worker: serve jobs; viewer: "
+                           "watch only; peer: another host's ask_machine (new runs, its own "
+                           "cancels)")
     keys.set_defaults(fn=_home_checked(hostcmds.cmd_keys, create=True))
     run = sub.add_parser(
         "run", help="run a session and stream it (starts an embedded host if none is up)",

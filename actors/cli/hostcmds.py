@@ -239,7 +239,8 @@ def _reachable_at() -> str:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    """CURVE keys for TCP: issue one to a remote worker, client or viewer; list; revoke."""
+    """CURVE keys for TCP: issue one to a remote worker, client, viewer or peer host; list;
+    revoke."""
     keyring = Keyring.for_home(oploop_home())
     try:
         keyring.ensure()
@@ -247,9 +248,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if not args.name:
                 return fail("keys add: name the key (oploop keys add NAME --role ROLE)")
             folder = keyring.issue(args.name, args.role)
-            print(f"oploop: key {args.name!r} ({args.role}) authorised; copy {folder} to the "
-                  "other machine (then delete it here) and run there with\n"
-                  f"  OPLOOP_CONNECT={_reachable_at()} OPLOOP_KEYS=<that folder>")
+            if args.role == "peer":  # another host's ask_machine uses it
+                print(f"oploop: key {args.name!r} (peer) authorised; copy {folder} to the "
+                      "other host (then delete it here) and name it in that host's "
+                      f"oploop.toml:\n  [peers.NAME]\n  connect = \"{_reachable_at()}\"\n"
+                      "  keys = \"<that folder>\"")
+            else:
+                print(f"oploop: key {args.name!r} ({args.role}) authorised; copy {folder} to "
+                      "the other machine (then delete it here) and run there with\n"
+                      f"  OPLOOP_CONNECT={_reachable_at()} OPLOOP_KEYS=<that folder>")
         elif args.action == "revoke":
             if not args.name or not keyring.revoke(args.name):
                 return fail(f"keys revoke: no key named {args.name!r}")

@@ -12,6 +12,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from actors.ask.asker import Asker
 from actors.config import Config
 from actors.permissions import rule_of_tool
 from actors.runtime import notify_ready, run_actor
@@ -20,9 +21,10 @@ from actors.settings import Settings
 from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
+from actors.supervisor.leases import Leases
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
-from actors.supervisor.runs import Runs
+from actors.supervisor.runs import PEER, Runs
 from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
@@ -51,6 +53,9 @@ from bus.messages import (
     ToolList,
 )
 from bus.sockets import Port, Reactor
+
+#: What a peer host's key may send to the api (anything else is refused, "forbidden").
+PEER_ASKS = (StartRun, ListTools, Cancel)
 
 log = logging.getLogger("oploop.supervisor")
 
@@ -109,6 +114,12 @@ class Supervisor:
             zmq.ROUTER, "api", self.handle_api, bind=endpoints.binds("api"),
             secure=endpoints.server_side("api"), reply_errors=True,
         )
+        # Peer hosts' keys reach it too: what they may ask is narrowed by their role.
+        self.api.identify = endpoints.curve
+        #: Leases of the runs other hosts asked for (`ask_machine`): silent, cancelled.
+        self.leases = Leases(self._lease_expired)
+        #: This host's own `ask_machine` calls to its peers (`[peers]`).
+        self.asker = Asker(self.config.peers)
         work = self.reactor.add(zmq.ROUTER, "work", None, bind=endpoints.binds("work"),
                                 secure=endpoints.server_side("work"))
         self.dispatcher = Dispatcher(work, self.control)
@@ -316,10 +327,26 @@ class Supervisor:
 
     # -- api ---------------------------------------------------------------------------
 
+    def _lease_expired(self, sid: str) -> None:
+        """A run another host asked for lost its asker: end it as a UI cancel would."""
+        session = self.sessions.get(sid)
+        if session is None or session.run_over:
+            return
+        self.dispatcher.abort_session(sid)
+        if session.driver is not None:
+            session.driver.cancel("ui", "lease expired: the asking host went silent")
+        elif session.task is not None:
+            session.task.cancel()
+
     def handle_api(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         """Requests of clients: start a run, list/inspect sessions, list tools, stats."""
         body = env.body
         port = self.api
+        if (port.user_id or "").startswith(PEER + ":") and not isinstance(body, PEER_ASKS):
+            port.reply_error(peer, env.id, "forbidden",
+                             f"a peer key may not send {env.kind} (only start_run, "
+                             "list_tools and cancel of its own runs)")
+            return
         if isinstance(body, StartRun):
             self.runs.start(peer, env, body)
         elif isinstance(body, ListSessions):
@@ -335,7 +362,7 @@ class Supervisor:
             if agent is None:
                 port.reply_error(peer, env.id, "unknown_agent", self._no_agent(body.agent))
                 return
-            tools = self.dispatcher.tool_specs()
+            tools = self.io.tool_catalogue()
             hidden = self.config.hidden
             first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
             later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
@@ -347,6 +374,10 @@ class Supervisor:
         elif isinstance(body, Cancel):
             # Accepted here too (the same rules), but behind the api's data; the
             # control socket is the fast path (`scripts/bench` compares the two).
+            if not self.runs.may_end(port.user_id, body.session):
+                port.reply_error(peer, env.id, "forbidden",
+                                 "a peer key may cancel only the runs it started")
+                return
             self.runs.cancel(peer, env, body, port)
         elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
             port.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
@@ -452,6 +483,7 @@ class Supervisor:
             **self.dispatcher.statistics(),
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
+            "ask": self.asker.statistics(),
         }
 
     async def serve(self) -> None:
@@ -480,6 +512,8 @@ class Supervisor:
                 self.journal.close()
             if self.pruner is not None:
                 self.pruner.close()
+            self.leases.close()
+            await self.asker.aclose()
             self.reactor.close()
             if self.gate is not None:
                 self.gate.stop()

@@ -4,6 +4,7 @@ restart left open, cancelling, and ending them; the control socket's verbs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import secrets
@@ -19,6 +20,8 @@ from bus.messages import (
     DecideAck,
     DecideCalls,
     Envelope,
+    Renew,
+    RenewAck,
     RunStarted,
     Say,
     SayAck,
@@ -33,6 +36,10 @@ log = logging.getLogger("oploop.supervisor")
 
 #: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
 CONTROLLERS = frozenset({None, "local", "control"})
+
+#: The role of another host's key (`ask_machine`): it may start new runs (in no
+#: directory of its choosing), and cancel and renew the runs it started; nothing else.
+PEER = "peer"
 
 
 #: Messages said into one run that may wait for its next boundary (each rewrites the
@@ -64,6 +71,9 @@ class Runs:
         #: An embedded host's (`oploop run` with no host up): at a stop, runs are ended
         #: `CANCELLED` rather than left to be resumed by some later, unrelated command.
         self.end_at_stop = False
+        #: Sessions started by peer keys, running now -> the key's name (who may cancel
+        #: and renew them).
+        self.peer_runs: dict[str, str] = {}
 
     def _refusal(self, req: StartRun) -> tuple[str, str] | None:
         """Why a `StartRun` cannot be served, as (error, message), or None."""
@@ -75,6 +85,8 @@ class Runs:
                                  f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
         if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
             return "bad_request", "max_turns and deadline_s must be >= 0"
+        if req.lease_s < 0 or req.lease_s != req.lease_s:
+            return "bad_request", "lease_s must be >= 0"
         low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
         if low or self.sup._journal_failing:
             return "disk_full", low or "the session log cannot be written: try again later"
@@ -111,6 +123,16 @@ class Runs:
 
     def start(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
         """Serve a `StartRun`: answer a resent one with its run, refuse, or begin a run."""
+        user = self.sup.api.user_id
+        if _role(user) == PEER:
+            if req.session:
+                self.sup.api.reply_error(peer, env.id, "forbidden",
+                                         "a peer key starts new sessions only")
+                return
+            # Another host's path means nothing here, and must never choose what this
+            # host's tools may read: its runs get no directory (the agent's own
+            # read_paths and the session's workspace only).
+            req = dataclasses.replace(req, cwd="")
         known = self._known_start(req.key)
         if known is not None:  # a resend: the first one started the run
             self.sup._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
@@ -120,6 +142,10 @@ class Runs:
             self.sup.api.reply_error(peer, env.id, *refusal)
             return
         started = self._begin(req)
+        if _role(user) == PEER:
+            self.peer_runs[started.session] = _by(user)
+        if req.lease_s > 0:
+            self.sup.leases.grant(started.session, req.lease_s)
         # Replied last (once journaled), and a client gone by now changes nothing: the
         # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
         self.sup._remember_start(req.key, started)
@@ -152,6 +178,8 @@ class Runs:
             return  # a newer run owns the session now, or the next supervisor will
         session.task = None
         session.state = "idle"
+        self.peer_runs.pop(session.id, None)
+        self.sup.leases.drop(session.id)
         if not session.run_over and session.driver is not None:
             session.driver.cancel("ui")  # cancelled before it ever ran: still one end
         if self.sup.journal is not None:
@@ -209,11 +237,14 @@ class Runs:
         if isinstance(body, ControlHello) and peer is not None:
             self.sup.dispatcher.handle_control_hello(peer, body)
         elif isinstance(body, Cancel):
-            if _role(self.sup.control.user_id) not in CONTROLLERS:  # e.g. a worker
+            if not self.may_end(self.sup.control.user_id, body.session):  # e.g. a worker
                 self.sup.control.reply_error(peer, env.id, "forbidden",
-                                         "only a control key can cancel sessions")
+                                         "only a control key can cancel sessions (a peer "
+                                         "key: only the runs it started)")
                 return
             self.cancel(peer, env, body)
+        elif isinstance(body, Renew):
+            self.renew(peer, env, body)
         elif isinstance(body, Say):
             if _role(self.sup.control.user_id) not in CONTROLLERS:
                 self.sup.control.reply_error(peer, env.id, "forbidden",
@@ -225,6 +256,32 @@ class Runs:
         else:
             self.sup.control.reply_error(peer, env.id, "bad_request",
                                      f"control does not serve {env.kind}")
+
+    def may_end(self, user_id: str | None, session: str) -> bool:
+        """Whether the key `user_id` may cancel (or renew) `session`: a control key any,
+        a peer key only a run it started."""
+        role = _role(user_id)
+        if role in CONTROLLERS:
+            return True
+        return role == PEER and self.peer_runs.get(session) == _by(user_id)
+
+    def renew(self, peer: bytes | None, env: Envelope, req: Renew) -> None:
+        """Extend a run's lease; the reply says whether the run still goes on."""
+        port = self.sup.control
+        session = self.sup.session(req.session) if self.sup._known(req.session) else None
+        if session is None:
+            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            return
+        if not self.may_end(port.user_id, req.session):
+            port.reply_error(peer, env.id, "forbidden",
+                             "a peer key may renew only the runs it started")
+            return
+        if not (req.lease_s > 0):  # (NaN too)
+            port.reply_error(peer, env.id, "bad_request", "lease_s must be > 0")
+            return
+        if not session.run_over:  # (a run started without a lease keeps having none)
+            self.sup.leases.renew(session.id, req.lease_s)
+        port.reply(Envelope(RenewAck(session.id, not session.run_over), id=env.id), peer)
 
     def decide(self, peer: bytes | None, env: Envelope, req: DecideCalls) -> None:
         """Approve or deny calls waiting for approval: all of them, or none (one clear

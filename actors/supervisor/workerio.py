@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors.ask.tool import NAME as ASK_TOOL
 from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
 from actors.supervisor.driver import ModelError, Progress
@@ -53,7 +54,9 @@ class WorkerIO:
         self.sup.emit(session, type_, turn, data)
 
     def tool_catalogue(self) -> list[dict[str, Any]]:
-        return self.sup.dispatcher.tool_specs()
+        specs = self.sup.dispatcher.tool_specs()
+        ask = self.sup.asker.tool_spec()  # offered only when `[peers]` are configured
+        return specs if ask is None else [*specs, ask]
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
                          turn: int, progress: Progress, route: bool = False) -> Message:
@@ -82,6 +85,8 @@ class WorkerIO:
         return priced(_model_reply(reply), self.config.prices)  # its cost, by `[prices]`
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
+        if call.name == ASK_TOOL and self.sup.asker.peers:
+            return await self._ask(session, call)
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
                       list(session.agent.read_paths), session.agent.name)
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
@@ -95,6 +100,21 @@ class WorkerIO:
         if isinstance(body, JobFailed):
             return ToolOutcome(f"{call.name} failed: {body.message}", True)
         return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)
+
+    async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
+        """`ask_machine`, run here (it talks to another host; nothing to sandbox): the
+        remote run's events become `MACHINE_EVENT`s of this session as they come. Its
+        timeout is the peer's `timeout_s`, not the agent's tool timeout."""
+        driver = session.driver
+
+        def emit(data: dict[str, Any]) -> None:
+            # Only while this run is open: nothing may follow its terminal event.
+            if session.driver is driver and driver is not None and not session.run_over:
+                self.sup.emit(session, "MACHINE_EVENT", session.run_turn, data)
+
+        started = time.perf_counter()
+        output, is_error = await self.sup.asker.ask(call.input, call.id, emit)
+        return ToolOutcome(output, is_error, round((time.perf_counter() - started) * 1000, 3))
 
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
                    progress: Any, for_worker: Any = None) -> Envelope:

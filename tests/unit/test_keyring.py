@@ -39,20 +39,24 @@ def test_issued_keys_are_admitted_by_their_role_only(keyring):
     viewer = ClientKeys.load(keyring.issue("tv", "viewer"))
     worker = ClientKeys.load(keyring.issue("w-1", "worker"))
     control = ClientKeys.load(keyring.issue("laptop", "control"))
+    peer = ClientKeys.load(keyring.issue("host-a", "peer"))
     assert viewer.server_public == worker.server_public == keyring.server().public
     admitted = {
         name: {d for d in ("api", "control", "work", "view") if keyring.admits(d, keys.public)}
         for name, keys in [("local", local), ("viewer", viewer), ("worker", worker),
-                           ("control", control)]
+                           ("control", control), ("peer", peer)]
     }
     assert admitted == {
         "local": {"api", "control", "work", "view"},
         "viewer": {"view"},
         "worker": {"control", "work"},
         "control": {"api", "control", "view"},
+        # (the supervisor narrows what a peer may ask: new runs, its own cancels)
+        "peer": {"api", "control", "view"},
     }
     assert not keyring.admits("api", b"x" * 40)
-    assert keyring.names() == {"control": ["laptop"], "worker": ["w-1"], "viewer": ["tv"]}
+    assert keyring.names() == {"control": ["laptop"], "worker": ["w-1"], "viewer": ["tv"],
+                               "peer": ["host-a"]}
 
 
 def test_revoking_a_key_takes_effect_at_the_next_handshake(keyring):

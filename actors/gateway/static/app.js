@@ -291,6 +291,29 @@ class SessionView {
         this.text = this.thinking = null;
         break;
       }
+      case "MACHINE_EVENT": { // an event of the run ask_machine started on another host
+        const inner = d.event && typeof d.event === "object" ? d.event : {};
+        const id = inner.data && typeof inner.data === "object" ? inner.data : {};
+        const what = {
+          SESSION_START: () => `session ${d.session ?? "?"} started`,
+          TOKEN: () => id.text ?? "",
+          THINKING: () => `(thinking) ${id.text ?? ""}`,
+          TOOL_START: () => `⚙ ${id.name} ${JSON.stringify(id.input ?? {}).slice(0, INPUT_SHOWN)}`,
+          TOOL_END: () => `⚙ ${id.name} ${id.is_error ? "failed" : "ok"}: ` +
+            String(id.output ?? "").slice(0, 200),
+          RETRY: () => `↻ retry ${id.attempt}: ${id.error}`,
+          DONE: () => `DONE — ${String(id.text ?? "").slice(0, 200)}`,
+          ERROR: () => `ERROR — ${id.error}: ${id.message}`,
+          CANCELLED: () => `CANCELLED (${id.mode})${id.reason ? ": " + id.reason : ""}`,
+        }[inner.type];
+        if (!what) break; // (TURN_START, TURN_END, ...: not worth a line)
+        const line = el("div", "machine");
+        line.append(el("span", "by", `[${d.machine ?? "?"}] `), el("span", "", what()));
+        if (d.dropped) line.append(el("span", "by", ` (${d.dropped} events not shown)`));
+        this.part().append(line);
+        this.text = this.thinking = null;
+        break;
+      }
       case "RETRY":
         this.part().append(el("div", "retry",
           `↻ retry ${d.attempt}: ${d.error} (waiting ${d.wait_s} s)`));
