@@ -160,6 +160,15 @@ async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
         return await client.sessions(timeout=wait_s)
 
 
+async def _sessions_and_servers(wait_s: float = 5.0
+                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`_sessions`, and the MCP servers of its executors (their states)."""
+    async with Client.connect(oploop_home()) as client:
+        sessions = await client.sessions(timeout=wait_s)
+        servers = (await client.stats(timeout=wait_s)).get("mcp", [])
+    return sessions, servers
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Actors (name, pid, restarts, CPU, RSS) and sessions."""
     state = read_state()
@@ -167,9 +176,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     rows = actor_rows(state)
     try:
-        sessions = asyncio.run(_sessions())
+        sessions, servers = asyncio.run(_sessions_and_servers())
     except BusError as exc:
-        sessions = []
+        sessions, servers = [], []
         print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
     from actors.sandbox import layers_report  # only status needs it
 
@@ -177,7 +186,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
-                          "sessions": sessions, "sandbox": layers}))
+                          "sessions": sessions, "mcp": servers, "sandbox": layers}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else "")
@@ -204,6 +213,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in sessions:
         print(f"  {s['session']}  {s['state']:<8} runs {s['runs']}  turns {s['turns']}"
               f"  events {s['last_seq']}  {describe(s.get('usage'))}".rstrip())
+    if servers:
+        print("MCP servers:")
+    for m in servers:
+        print(f"  {m['name']:<16}{m['transport']:<6}{m['state']:<9}restarts {m['restarts']}"
+              f"  tools {m['tools']}" + (f"  {m['error']}" if m.get("error") else ""))
+        if m["state"] == "failed":
+            print(f"  {m['name']} FAILED: it kept failing (a crash loop); calls to it fail "
+                  f"at once until it is tried again, a minute later")
     print("sandbox layers:")
     for layer, how in layers.items():
         print(f"  {layer:<14}{how}")
