@@ -134,15 +134,20 @@ class McpHub:
     # -- lifetime ----------------------------------------------------------------------
 
     async def start_all(self) -> None:
-        """Start every server once to list its tools (concurrently); a failure is
-        recorded in its status, and the server is tried again on its next use."""
+        """Start every server once to list its tools (concurrently). One that cannot
+        start is tried again, with its backoff, until it has listed its tools once
+        (its tools cannot be called before: the catalogue does not know them)."""
 
         async def one(server: McpServer) -> None:
-            with contextlib.suppress(McpServerError):
-                await server.session()
+            while True:
+                try:
+                    await server.session()
+                    return
+                except McpServerError:
+                    self._on_change()  # the failure shows in its status
+                await asyncio.sleep(server.retry_in())
 
         await asyncio.gather(*(one(s) for s in self.servers.values()))
-        self._on_change()  # failures show in the statuses
 
     async def aclose(self) -> None:
         """Stop every server (a stdio server's tree is killed)."""

@@ -3,7 +3,8 @@
 - text blocks: their text, one after another;
 - image blocks: Messages-API image blocks (base64), beside the text;
 - `structuredContent`: as JSON text, unless a text block already says the same
-  JSON (servers are asked to send both, and most do: no need to say it twice);
+  (servers are asked to send both, and most do: no need to say it twice; the
+  SDK's servers wrap a plain return as `{"result": value}` beside its text);
 - audio, resource links and embedded resources: text naming them (an embedded
   text resource: its text);
 - `isError` → `is_error`.
@@ -55,7 +56,7 @@ def outcome_of(result: types.CallToolResult) -> McpOutcome:
         elif isinstance(block, types.ResourceLink):
             texts.append(f"[resource {block.uri}" + (f": {block.name}]" if block.name else "]"))
     structured = result.structured_content
-    if structured is not None and not any(_same_json(t, structured) for t in texts):
+    if structured is not None and not any(_said(t, structured) for t in texts):
         texts.append(json.dumps(structured, ensure_ascii=False))
     output = "\n".join(texts)
     if not output and images:
@@ -63,7 +64,10 @@ def outcome_of(result: types.CallToolResult) -> McpOutcome:
     return McpOutcome(output, bool(result.is_error), images)
 
 
-def _same_json(text: str, value: Any) -> bool:
+def _said(text: str, value: Any) -> bool:
+    """Whether `text` says `value` already: the same JSON, or the wrapped plain value."""
+    if isinstance(value, dict) and list(value) == ["result"] and value["result"] == text:
+        return True
     try:
         return bool(json.loads(text) == value)
     except ValueError:

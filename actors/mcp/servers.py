@@ -113,6 +113,10 @@ class McpServer:
         return ServerStatus(self.name, self.config.transport, self.state, self.restarts,
                             len(self.tools), self.error)
 
+    def retry_in(self) -> float:
+        """Seconds until a start may be tried again (its backoff, or a failed one's wait)."""
+        return max(0.1, self._not_before - time.monotonic())
+
     # -- the connection ----------------------------------------------------------------
 
     async def session(self) -> ClientSession:
@@ -172,7 +176,7 @@ class McpServer:
         except MCPError as exc:
             cause = f"initialize failed: {exc.error.message}"
         except Exception as exc:  # the transport's own failure (spawn, HTTP, ...)
-            cause = f"{type(exc).__name__}: {exc}"
+            cause = describe(exc)
         finally:
             self._session = None
         cause = fault.cause or cause or "connection closed"
@@ -267,8 +271,8 @@ class McpServer:
         except McpServerError:
             raise
         except Exception as exc:  # the transport's (HTTP: connection refused, reset)
-            self._end_fault(fault_of(self), f"{type(exc).__name__}: {exc}")
-            raise McpServerError(self.name, f"{type(exc).__name__}: {exc}") from None
+            self._end_fault(fault_of(self), describe(exc))
+            raise McpServerError(self.name, describe(exc)) from None
 
     async def _why_gone(self, fault: Fault | None) -> str:
         """Why the connection ended, with the server's last words: waits (bounded) for
@@ -320,6 +324,16 @@ class McpServer:
             log.warning("MCP server %s: re-listing its tools failed: %s", self.name, exc)
             return
         self._on_tools(self)
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of the first leaf of an exception (anyio's task groups wrap the
+    transport's real error in groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, McpServerError):
+        return exc.cause
+    return f"{type(exc).__name__}: {exc}"
 
 
 def fault_of(server: McpServer) -> Fault | None:
