@@ -99,7 +99,6 @@ class McpServer:
         self._not_before = 0.0
         self._session: ClientSession | None = None
         self._fault: Fault | None = None
-        self._tail = StderrTail()
         self._runner: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._inflight = 0
@@ -142,12 +141,11 @@ class McpServer:
         return self._session
 
     async def _start(self) -> None:
-        fault, tail = Fault(), StderrTail()
+        fault = Fault()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.state = "starting"
         self._fault = fault
-        self._tail = tail
-        self._runner = asyncio.create_task(self._run(fault, tail, ready),
+        self._runner = asyncio.create_task(self._run(fault, fault.tail, ready),
                                            name=f"mcp-{self.name}")
         # A caller that gives up meanwhile (its timeout, a cancel) leaves the start to
         # finish (bounded by START_S) for the next call.
@@ -171,6 +169,8 @@ class McpServer:
                 ready.set_result(None)
                 self._on_tools(self)
                 await self._wait_end(fault)
+                if self._fault is fault:
+                    self._session = None  # no new call on it while it is torn down
         except TimeoutError:
             cause = f"no answer to initialize within {START_S:g} s"
         except MCPError as exc:
@@ -178,9 +178,11 @@ class McpServer:
         except Exception as exc:  # the transport's own failure (spawn, HTTP, ...)
             cause = describe(exc)
         finally:
-            self._session = None
+            if self._fault is fault:
+                self._session = None
         cause = fault.cause or cause or "connection closed"
         self._ended(cause, tail, time.monotonic() - started, ready)
+        fault.closed.set()
 
     async def _wait_end(self, fault: Fault) -> None:
         """Until a fault ends the connection, or it idled `idle_s` (nothing in flight)."""
@@ -221,8 +223,7 @@ class McpServer:
 
     def end(self, cause: str) -> None:
         """End the current connection now (a stdio server's tree is killed)."""
-        if self._fault is not None:
-            self._fault.set(cause)
+        self._end_fault(self._fault, cause)
 
     async def aclose(self) -> None:
         """Stop the server and every task of ours."""
@@ -258,7 +259,9 @@ class McpServer:
             if not scope.expired():
                 raise
             # Hung (or far too slow): a stdio server is killed, an HTTP one reconnected.
-            self._end_fault(fault_of(self), f"no answer within {timeout_s:g} s")
+            gone = fault_of(self)
+            self._end_fault(gone, f"no answer within {timeout_s:g} s")
+            await self._why_gone(gone)
             raise McpServerError(self.name, f"no answer within {timeout_s:g} s "
                                  f"(timeout_s): restarted on next use") from None
         except MCPError as exc:
@@ -271,21 +274,27 @@ class McpServer:
         except McpServerError:
             raise
         except Exception as exc:  # the transport's (HTTP: connection refused, reset)
-            self._end_fault(fault_of(self), describe(exc))
-            raise McpServerError(self.name, describe(exc)) from None
+            gone = fault_of(self)
+            self._end_fault(gone, describe(exc))
+            raise McpServerError(self.name, await self._why_gone(gone)) from None
 
     async def _why_gone(self, fault: Fault | None) -> str:
         """Why the connection ended, with the server's last words: waits (bounded) for
         its runner, which reads the rest of its stderr and any refusal by the sandbox."""
-        runner = self._runner
-        if runner is not None and not runner.done():
-            await asyncio.wait({runner}, timeout=2.0)
-        cause = fault.cause if fault is not None and fault.cause else "connection closed"
-        return cause + self._tail.quote()
+        if fault is None:
+            return "connection closed"
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await fault.closed.wait()
+        return (fault.cause or "connection closed") + fault.tail.quote()
 
     def _end_fault(self, fault: Fault | None, cause: str) -> None:
+        """End the connection `fault` belongs to (if it is still the current one, no new
+        call may take its session meanwhile)."""
         if fault is not None:
             fault.set(cause)
+            if fault is self._fault:
+                self._session = None
 
     def _after_cancel(self, session: ClientSession, fault: Fault | None) -> None:
         """A call was cancelled: check, in a task of ours, that the server still answers."""

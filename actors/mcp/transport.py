@@ -69,11 +69,14 @@ class StderrTail:
 
 
 class Fault:
-    """Why a connection ended on the server's side (first cause wins), and when."""
+    """Why a connection ended (first cause wins), when, and when it was torn down;
+    with the stderr tail of its server."""
 
     def __init__(self) -> None:
         self.cause = ""
         self.happened = asyncio.Event()
+        self.closed = asyncio.Event()  # the connection's runner is over
+        self.tail = StderrTail()
 
     def set(self, cause: str) -> None:
         """Record `cause` unless one is recorded already; wake whoever waits for it."""

@@ -182,8 +182,7 @@ def test_the_sandbox_keeps_a_stdio_server_to_its_paths_and_off_the_network(host,
 
 async def cancelled_run(home: str, prompt: str, started: Path) -> list[dict]:
     """Start `prompt`, UI-cancel it once the tool has `started` (a mark file the server
-    writes), and return its events to the terminal one."""
-    started.unlink(missing_ok=True)
+    writes, which the caller removed first), and return its events to the terminal one."""
     async with Client.connect(Path(home)) as client:
         begun = await client.start(prompt)
         events: list[dict] = []
@@ -205,6 +204,7 @@ def server_pids() -> set[int]:
 
 
 def test_a_cancel_reaches_a_slow_tool_and_the_server_serves_on(host, files):
+    (files["marks"] / "slow-started").unlink(missing_ok=True)
     events = asyncio.run(cancelled_run(host, "#slow", files["marks"] / "slow-started"))
     assert events[-1]["type"] == "CANCELLED"
     # notifications/cancelled reached the server: its tool saw the cancel
@@ -217,6 +217,7 @@ def test_a_cancel_kills_a_server_that_does_not_answer_and_it_restarts_on_next_us
     tool_end(run(host, "#echo"))  # the server is up
     before = server_pids()
     assert before
+    (files["marks"] / "deaf-started").unlink(missing_ok=True)
     events = asyncio.run(cancelled_run(host, "#deaf", files["marks"] / "deaf-started"))
     assert events[-1]["type"] == "CANCELLED"
     # it answered no ping after the cancel: its whole tree is killed
