@@ -18,6 +18,7 @@ from actors.cli.errors import EXIT_OK, CliError, fail
 from actors.cli.hosting import offline_notice, spawn_host
 from actors.config import ConfigError
 from actors.host.actor import read_state
+from actors.mcp.config import names_a_server_tool
 from actors.settings import CONFIG_ENV, Settings, load_settings
 from actors.usage import describe
 from bus.client import Client
@@ -36,7 +37,8 @@ def check_settings() -> Settings:
         from actors.tools import BUILTIN
 
         for (platform, mode), names in settings.config.hidden.items():
-            unknown = sorted(set(names) - set(BUILTIN))
+            unknown = sorted(n for n in set(names) - set(BUILTIN)
+                             if not names_a_server_tool(n, settings.config.mcp))
             if unknown:
                 raise ConfigError(f"{source}: hidden.{platform}.{mode}: no tool named "
                                   f"{', '.join(map(repr, unknown))} (the tools: "
@@ -47,7 +49,10 @@ def check_settings() -> Settings:
         from actors.tools import BUILTIN
 
         for name, agent_rules in rules.items():
-            problem = check_tools(agent_rules, set(BUILTIN))
+            # An MCP server's tools are known once it runs: a rule may name them ahead.
+            known = set(BUILTIN) | {rule[1] for rule in agent_rules
+                                    if names_a_server_tool(rule[1], settings.config.mcp)}
+            problem = check_tools(agent_rules, known)
             if problem:
                 raise ConfigError(f"{source}: agents.{name}.permissions.{problem}")
     if source != "<defaults>":

@@ -75,6 +75,13 @@ class McpServerConfig:
         return "http" if self.url else "stdio"
 
 
+def names_a_server_tool(tool: str, servers: Mapping[str, McpServerConfig]) -> bool:
+    """Whether `tool` is named like a tool of a configured server (`mcp__NAME__...`): what
+    a hidden set or a permission rule may name before the server has listed its tools."""
+    return any(tool.startswith(f"mcp__{name}__") and len(tool) > len(name) + 7
+               for name in servers)
+
+
 def parse_servers(raw: Any, source: str) -> dict[str, McpServerConfig]:
     """Every `[mcp.NAME]` table of `raw` (the `mcp` table), checked in full."""
     table = _table(raw, source, "mcp")

@@ -29,6 +29,8 @@ MARK = "oploop-mcp-stdio-test"
 
 SCRIPTS = {
     "time": call("mcp__time__get_current_time", timezone="UTC"),
+    "convert": call("mcp__time__convert_time", source_timezone="UTC", time="12:00",
+                    target_timezone="Asia/Tokyo"),
     "git": call("mcp__git__git_status", repo_path="REPO"),
     "echo": call("mcp__test__echo", text="hello"),
     "slow": call("mcp__test__slow", seconds=600),
@@ -51,6 +53,11 @@ env = {{ OPLOOP_TEST_MARKS = "{marks}" }}
 timeout_s = 30
 """
     return f"""
+[agents.guarded]
+category_allowlist = ["time"]
+[agents.guarded.permissions]
+"mcp__time__convert_time" = "deny"
+
 [mcp.time]
 command = ["mcp-server-time", "--local-timezone", "UTC"]
 tags = ["time"]
@@ -143,6 +150,21 @@ def test_the_servers_tools_are_listed_with_their_server_and_state(host):
     status = oploop(host, "status", "--json")
     servers = {s["name"]: s for s in json.loads(status.stdout)["mcp"]}
     assert servers["time"]["transport"] == "stdio" and servers["time"]["tools"] == 2
+
+
+def test_allowlists_and_permission_rules_apply_to_mcp_tools(host):
+    listed = oploop(host, "tools", "--agent", "guarded", "--json")
+    tools = {t["name"]: t for t in map(json.loads, listed.stdout.splitlines())}
+    assert tools["mcp__time__get_current_time"]["turn1"]  # tagged "time"
+    assert not tools["mcp__test__echo"]["turn1"] and tools["mcp__test__echo"]["later"]
+    assert tools["mcp__time__convert_time"]["rule"] == "deny"
+    denied = tool_end(run(host, "#convert", agent="guarded"))
+    assert denied["is_error"] and "denied" in denied["output"], denied["output"]
+    # not tagged "time": not offered on turn 1, and refused if called there anyway
+    hidden = tool_end(run(host, "#git status", agent="guarded"))
+    assert hidden["is_error"] and "not available" in hidden["output"], hidden["output"]
+    allowed = tool_end(run(host, "#convert"))  # the default agent has no such rule
+    assert not allowed["is_error"] and "Asia/Tokyo" in allowed["output"], allowed["output"]
 
 
 def test_a_session_calls_mcp_server_time_and_the_result_reaches_the_history(host):
