@@ -117,3 +117,21 @@ def test_an_image_only_result_says_so_in_text():
     png = types.ImageContent(data="iVBORw0KGgo=", mime_type="image/png")
     out = outcome_of(types.CallToolResult(content=[png]))
     assert out.output == "[1 image(s)]" and len(out.images) == 1
+
+
+def test_the_readme_mcp_example_is_a_valid_configuration_and_scenario():
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from actors.offline_model import parse_scenario
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## MCP servers", 1)[1].split("\n## ", 1)[0]
+    toml = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
+    assert toml is not None
+    config = parse_config(tomllib.loads(toml.group(1)), "README.md")
+    assert sorted(config.mcp) == ["docs", "git", "time"]
+    scenario = re.search(r"\$ cat time.json\n(.*?)\n\$ ", section, re.DOTALL)
+    assert scenario is not None
+    parse_scenario(json.loads(scenario.group(1)), "README.md")
