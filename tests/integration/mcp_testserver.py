@@ -4,7 +4,7 @@ mcp 2): `python mcp_testserver.py stdio` or `python mcp_testserver.py http PORT`
 Tools: `echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
 first); `deaf` (blocks its event loop: answers nothing, not even a ping, after
 touching `deaf-started`); `crash` (says why on stderr, exits 3); `garbage` (writes
-a line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a result
+a line that is not JSON-RPC on stdout); `meet` (returns once N calls are in at once); `image` (a 1x1 PNG); `structured` (a result
 with structuredContent only); `write_to` and `connect_to` (what the sandbox lets
 it do); `add_tool` (adds `extra`, then tells the client its list changed).
 """
@@ -60,6 +60,24 @@ async def deaf() -> str:
     _mark("deaf-started")
     time.sleep(3600)  # noqa: ASYNC251 - blocking on purpose
     return "woke"
+
+
+_arrived: list[anyio.Event] = []
+
+
+@server.tool()
+async def meet(count: int) -> str:
+    """Return once `count` calls of `meet` are in at the same time (or fail after 30 s):
+    only concurrent calls can all return."""
+    here = anyio.Event()
+    _arrived.append(here)
+    if len(_arrived) >= count:
+        for each in _arrived:
+            each.set()
+        _arrived.clear()
+    with anyio.fail_after(30):
+        await here.wait()
+    return f"met {count}"
 
 
 @server.tool()

@@ -19,13 +19,14 @@ import psutil
 import pytest
 from homes import make_home
 from hostkit import assert_one_run, of_type, oploop, processes_with, run, running_host, until
-from mcpkit import PYTHON, TEST_SERVER, call, history_of, tool_results, wait_tools
+from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results, wait_tools
 
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
 
 #: In the test server's command line, so that the tests can find its processes.
 MARK = "oploop-mcp-stdio-test"
+HANG_MARK = "oploop-mcp-hanging-test"
 
 SCRIPTS = {
     "time": call("mcp__time__get_current_time", timezone="UTC"),
@@ -35,7 +36,10 @@ SCRIPTS = {
     "echo": call("mcp__test__echo", text="hello"),
     "slow": call("mcp__test__slow", seconds=600),
     "deaf": call("mcp__test__deaf"),
+    "meet": [{"reply": [{"type": "tool_use", "name": "mcp__test__meet", "input": {"count": 3}}
+                        for _ in range(3)]}, DONE],
     "crash": call("mcp__test__crash"),
+    "hang": call("mcp__hang__slow", seconds=600),
     "garbage": call("mcp__test__garbage"),
     "add": call("mcp__test__add_tool"),
     "outside": call("mcp__test__write_to", path="OUTSIDE/file"),
@@ -74,6 +78,12 @@ write_paths = ["{repo}"]
 [mcp.test.sandbox]
 read_paths = ["{tests}"]
 write_paths = ["{marks}"]
+
+[mcp.hang]
+command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{HANG_MARK}"]
+timeout_s = 2
+[mcp.hang.sandbox]
+read_paths = ["{tests}"]
 
 [mcp.testnet]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-netted-test"]
@@ -124,7 +134,7 @@ def host(files, listener):
     try:
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as h:
             wait_tools(h, {"mcp__time__get_current_time", "mcp__git__git_status",
-                           "mcp__test__echo", "mcp__testnet__connect_to"})
+                           "mcp__test__echo", "mcp__testnet__connect_to", "mcp__hang__slow"})
             yield h
     finally:
         remove_home(Path(home))
@@ -189,6 +199,12 @@ def test_a_re_listed_tool_set_reaches_the_catalogue(host):
     assert tools["mcp__test__extra"]["server"] == "test"
 
 
+def test_parallel_calls_to_one_server_run_concurrently(host):
+    # three calls of one turn that each return only when all three are in the server
+    ends = of_type(run(host, "#meet three times"), "TOOL_END")
+    assert [e["data"]["output"] for e in ends] == ["met 3"] * 3, ends
+
+
 def test_the_sandbox_keeps_a_stdio_server_to_its_paths_and_off_the_network(host, files):
     outside = tool_end(run(host, "#outside write"))
     assert outside["output"].startswith("refused"), outside["output"]
@@ -221,8 +237,20 @@ async def cancelled_run(home: str, prompt: str, started: Path) -> list[dict]:
     return events
 
 
+def live(mark: str) -> set[int]:
+    """The pids of the live (not zombie) processes whose command line holds `mark`."""
+    pids = set()
+    for pid in processes_with(mark):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                pids.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
 def server_pids() -> set[int]:
-    return {p for p in processes_with(MARK) if psutil.Process(p).status() != "zombie"}
+    return live(MARK)
 
 
 def test_a_cancel_reaches_a_slow_tool_and_the_server_serves_on(host, files):
@@ -258,6 +286,15 @@ def test_a_crash_mid_call_fails_the_call_naming_the_server_and_its_last_words(ho
     assert again["output"].startswith("echo: hello"), again["output"]
     status = {s["name"]: s for s in json.loads(oploop(host, "status", "--json").stdout)["mcp"]}
     assert status["test"]["restarts"] >= 1 and status["time"]["state"] == "ready"
+
+
+def test_a_call_past_timeout_s_fails_and_the_server_is_killed(host):
+    pids = live(HANG_MARK)
+    assert pids  # started at the executor's start, to list its tools
+    end = tool_end(run(host, "#hang"))
+    assert end["is_error"], end["output"]
+    assert "MCP server hang: no answer within 2 s" in end["output"], end["output"]
+    asyncio.run(until(lambda: not (live(HANG_MARK) & pids), "its end", 30))
 
 
 def test_garbage_on_stdout_fails_the_call_and_the_server_restarts(host):
