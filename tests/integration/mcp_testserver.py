@@ -2,11 +2,12 @@
 mcp 2): `python mcp_testserver.py stdio` or `python mcp_testserver.py http PORT`.
 
 Tools: `echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
-first); `deaf` (blocks its event loop: answers nothing, not even a ping, after
-touching `deaf-started`); `crash` (says why on stderr, exits 3); `garbage` (writes
-a line that is not JSON-RPC on stdout); `meet` (returns once N calls are in at once); `image` (a 1x1 PNG); `structured` (a result
-with structuredContent only); `write_to` and `connect_to` (what the sandbox lets
-it do); `add_tool` (adds `extra`, then tells the client its list changed).
+first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
+nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
+calls are in at once); `crash` (says why on stderr, exits 3); `garbage` (writes a
+line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a result
+with structuredContent only); `write_to` and `connect_to` (what the sandbox lets it
+do); `add_tool` (adds `extra`, then tells the client its list changed).
 """
 
 from __future__ import annotations
