@@ -185,7 +185,7 @@ class McpHub:
                                                   "in an executor's sandbox")
             from actors.sandbox.sandbox import Extra
 
-            argv = resolved(config.command)
+            argv = resolved(config.command, config.name)
             policy = sandbox.config.policy("shell")
             if config.sandbox.network:
                 policy = policy.lowered(network="host")
@@ -218,12 +218,12 @@ async def _http(config: McpServerConfig) -> AsyncIterator[TransportStreams]:
         yield streams
 
 
-def resolved(command: tuple[str, ...]) -> list[str]:
+def resolved(command: tuple[str, ...], server: str) -> list[str]:
     """`command` with its program as an absolute path (found on the executor's PATH: the
     sandbox's own PATH is the system's only)."""
     found = shutil.which(command[0])
     if found is None:
-        raise McpServerError("?", f"{command[0]!r} is not an executable on PATH")
+        raise McpServerError(server, f"{command[0]!r} is not an executable on PATH")
     return [os.path.abspath(found), *command[1:]]
 
 

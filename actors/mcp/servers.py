@@ -45,6 +45,8 @@ log = logging.getLogger("oploop.mcp")
 START_S = 30.0
 #: After a cancelled call, the server must answer a ping within this long, or be killed.
 CANCEL_GRACE_S = 0.5
+#: How long stopping waits for a connection to close by itself before cancelling it.
+STOP_S = 2.0
 #: A server no call used for this long is stopped (started again by the next call).
 IDLE_S = 600.0
 #: A server marked failed (a crash loop) is tried again after this long.
@@ -226,11 +228,17 @@ class McpServer:
         self._end_fault(self._fault, cause)
 
     async def aclose(self) -> None:
-        """Stop the server and every task of ours."""
+        """Stop the server and every task of ours (bounded: a runner still starting,
+        which a fault does not interrupt, is cancelled after `STOP_S`)."""
         self.end("stopping")
-        for task in [*self._tasks, *([self._runner] if self._runner else [])]:
-            if task is not self._runner:
-                task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        runner = self._runner
+        if runner is not None and not runner.done():
+            done, _ = await asyncio.wait({runner}, timeout=STOP_S)
+            if not done:
+                runner.cancel()
+        for task in [*self._tasks, *([runner] if runner else [])]:
             with contextlib.suppress(BaseException):
                 await task
 

@@ -117,7 +117,7 @@ async def sandboxed_stdio(launch: Launch, fault: Fault, stderr: StderrTail
         to_server, from_session = anyio.create_memory_object_stream[SessionMessage](16)
         pumps = [
             asyncio.create_task(_read_stdout(reader, to_session, fault, child)),
-            asyncio.create_task(_write_stdin(writer, from_session, fault)),
+            asyncio.create_task(_write_stdin(writer, from_session)),
             asyncio.create_task(_read_stderr(err_reader, stderr)),
         ]
         async with to_session, from_server, to_server, from_session:
@@ -153,8 +153,7 @@ async def _read_stdout(reader: asyncio.StreamReader,
                 fault.set(f"wrote a line over {MAX_LINE} bytes on stdout")
                 break
             if not line:
-                status = child.process.returncode
-                fault.set("exited" if status is None else f"exited with status {status}")
+                fault.set(_exited(child))
                 break
             if not line.strip():
                 continue
@@ -165,16 +164,22 @@ async def _read_stdout(reader: asyncio.StreamReader,
                 fault.set(f"wrote garbage on stdout: {shown!r}")
                 break
             await to_session.send(SessionMessage(message))
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
-        pass
+    except ConnectionError:  # reset: it exited with our request unread
+        fault.set(_exited(child))
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass  # the session is gone: we are closing
     finally:
         # The session's pending requests end with "Connection closed" at once.
         await to_session.aclose()
 
 
+def _exited(child: SandboxedChild) -> str:
+    status = child.process.returncode
+    return "exited" if status is None else f"exited with status {status}"
+
+
 async def _write_stdin(writer: asyncio.StreamWriter,
-                       from_session: anyio.abc.ObjectReceiveStream[SessionMessage],
-                       fault: Fault) -> None:
+                       from_session: anyio.abc.ObjectReceiveStream[SessionMessage]) -> None:
     """Session → server, one message per line."""
     try:
         async for item in from_session:
@@ -182,7 +187,9 @@ async def _write_stdin(writer: asyncio.StreamWriter,
             writer.write(data.encode() + b"\n")
             await writer.drain()
     except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, OSError):
-        fault.set("closed its stdin")
+        # The server stopped reading: it exited (the reader sees that and says so), or
+        # it closed its stdin and lives on (its calls then end at their timeout).
+        pass
     finally:
         writer.close()
 

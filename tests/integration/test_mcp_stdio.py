@@ -85,6 +85,9 @@ timeout_s = 2
 [mcp.hang.sandbox]
 read_paths = ["{tests}"]
 
+[mcp.broken]                      # exits at once: a crash loop
+command = ["/bin/false"]
+
 [mcp.testnet]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-netted-test"]
 [mcp.testnet.sandbox]
@@ -295,6 +298,17 @@ def test_a_call_past_timeout_s_fails_and_the_server_is_killed(host):
     assert end["is_error"], end["output"]
     assert "MCP server hang: no answer within 2 s" in end["output"], end["output"]
     asyncio.run(until(lambda: not (live(HANG_MARK) & pids), "its end", 30))
+
+
+def test_a_server_in_a_crash_loop_is_marked_failed_and_the_others_go_on(host):
+    def broken() -> dict:
+        status = json.loads(oploop(host, "status", "--json").stdout)
+        return {s["name"]: s for s in status["mcp"]}["broken"]
+
+    asyncio.run(until(lambda: broken()["state"] == "failed", "the crash loop", 60))
+    assert "exited" in broken()["error"] and broken()["restarts"] >= 5
+    assert "broken" in oploop(host, "status").stdout.split("MCP servers:")[1]
+    assert tool_end(run(host, "#echo"))["output"].startswith("echo: hello")
 
 
 def test_garbage_on_stdout_fails_the_call_and_the_server_restarts(host):
