@@ -87,6 +87,7 @@ class McpServer:
 
     def __init__(self, config: McpServerConfig, opener: Opener,
                  on_tools: Callable[[McpServer], None]) -> None:
+        """`on_tools` is told whenever its tools were (re-)listed or its state changed."""
         self.config = config
         self.name = config.name
         self.tools: list[types.Tool] = []
@@ -179,12 +180,17 @@ class McpServer:
             cause = f"initialize failed: {exc.error.message}"
         except Exception as exc:  # the transport's own failure (spawn, HTTP, ...)
             cause = describe(exc)
+        except asyncio.CancelledError:  # the executor stopping: no caller may wait on
+            if not ready.done():
+                ready.set_exception(McpServerError(self.name, "stopped"))
+            raise
         finally:
             if self._fault is fault:
                 self._session = None
+            fault.closed.set()
         cause = fault.cause or cause or "connection closed"
         self._ended(cause, tail, time.monotonic() - started, ready)
-        fault.closed.set()
+        self._on_tools(self)  # its state changed: `oploop status` shows it
 
     async def _wait_end(self, fault: Fault) -> None:
         """Until a fault ends the connection, or it idled `idle_s` (nothing in flight)."""
