@@ -152,6 +152,9 @@ def _sandbox(raw: Any, source: str, where: str) -> ServerSandbox:
             if not path.startswith("/"):
                 raise McpConfigError(f"{source}: {where}.{key}[{i}]: expected an absolute "
                                      f"path, got {path!r}")
+            if path.rstrip("/") == "":
+                raise McpConfigError(f"{source}: {where}.{key}[{i}]: the whole file system "
+                                     f"would undo the sandbox; name the paths it needs")
     return ServerSandbox(_typed(table.get("network", False), bool, source, f"{where}.network"),
                          paths["read_paths"], paths["write_paths"])
 

@@ -196,6 +196,12 @@ class McpHub:
             extra = Extra(env=tuple(config.env.items()),
                           ro=runtime_paths(argv[0]) + tuple(config.sandbox.read_paths),
                           rw=tuple(config.sandbox.write_paths))
+            given = ((config.cwd,) if config.cwd else ()) + config.sandbox.read_paths \
+                + config.sandbox.write_paths  # (its own workspace is bound back on purpose)
+            for path in given:
+                if overlaps(path, sandbox.hide):
+                    raise McpServerError(config.name, f"{path} is or holds what the sandbox "
+                                                      f"hides (oploop's home, keys): refused")
             return await sandbox.launch(f"mcp.{config.name}", policy, cwd, argv=argv,
                                         duplex=duplex, stderr=stderr, extra=extra)
 
@@ -216,6 +222,14 @@ async def _http(config: McpServerConfig) -> AsyncIterator[TransportStreams]:
     async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout) as client, \
             streamable_http_client(config.url, http_client=client) as streams:
         yield streams
+
+
+def overlaps(path: str, hidden: tuple[Path, ...]) -> bool:
+    """Whether `path` is, holds or lies in one of `hidden` (the oploop home, a key
+    folder): binding it into a server's view would show it what the sandbox hides."""
+    real = Path(os.path.realpath(path))
+    return any(real == h or real.is_relative_to(h) or h.is_relative_to(real)
+               for h in (Path(os.path.realpath(x)) for x in hidden))
 
 
 def resolved(command: tuple[str, ...], server: str) -> list[str]:

@@ -135,3 +135,16 @@ def test_the_readme_mcp_example_is_a_valid_configuration_and_scenario():
     scenario = re.search(r"\$ cat time.json\n(.*?)\n\$ ", section, re.DOTALL)
     assert scenario is not None
     parse_scenario(json.loads(scenario.group(1)), "README.md")
+
+
+def test_a_path_that_is_or_holds_a_hidden_one_is_refused_to_a_server(tmp_path):
+    from actors.mcp.hub import overlaps
+
+    home = tmp_path / "home"
+    (home / "keys").mkdir(parents=True)
+    hidden = (str(home),)
+    assert overlaps(str(home / "keys"), hidden) and overlaps(str(tmp_path), hidden)
+    assert overlaps(str(home), hidden) and not overlaps(str(tmp_path / "repo"), hidden)
+    with pytest.raises(ConfigError, match=r"sandbox\.write_paths\[0\]: the whole file system"):
+        parse_config({"mcp": {"x": {"command": ["mcp-server-time"],
+                                    "sandbox": {"write_paths": ["/"]}}}})
