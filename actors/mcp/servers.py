@@ -255,6 +255,7 @@ class McpServer:
         """Call `tool` (the server's own name); raises McpServerError for anything but the
         tool's own result (whose `is_error` says how the tool fared)."""
         scope = asyncio.timeout(timeout_s)
+        fault: Fault | None = None  # the connection the call went to
         try:
             async with scope:
                 session = await self.session()
@@ -273,13 +274,13 @@ class McpServer:
             if not scope.expired():
                 raise
             # Hung (or far too slow): a stdio server is killed, an HTTP one reconnected.
-            gone = fault_of(self)
+            gone = fault or self._fault  # (none yet: it hung starting)
             self._end_fault(gone, f"no answer within {timeout_s:g} s")
             await self._why_gone(gone)
             raise McpServerError(self.name, f"no answer within {timeout_s:g} s "
                                  f"(timeout_s): restarted on next use") from None
         except MCPError as exc:
-            gone = fault_of(self)
+            gone = fault
             if exc.error.code == types.CONNECTION_CLOSED or (gone is not None and gone.cause):
                 self._end_fault(gone, "connection closed")
                 raise McpServerError(self.name, await self._why_gone(gone)) from None
@@ -288,7 +289,7 @@ class McpServer:
         except McpServerError:
             raise
         except Exception as exc:  # the transport's (HTTP: connection refused, reset)
-            gone = fault_of(self)
+            gone = fault or self._fault
             self._end_fault(gone, describe(exc))
             raise McpServerError(self.name, await self._why_gone(gone)) from None
 
@@ -357,11 +358,6 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, McpServerError):
         return exc.cause
     return f"{type(exc).__name__}: {exc}"
-
-
-def fault_of(server: McpServer) -> Fault | None:
-    """The current connection's fault record (None: no connection made yet)."""
-    return server._fault
 
 
 async def _list_tools(session: ClientSession) -> list[types.Tool]:
