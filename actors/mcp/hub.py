@@ -224,7 +224,7 @@ async def _http(config: McpServerConfig) -> AsyncIterator[TransportStreams]:
         yield streams
 
 
-def overlaps(path: str, hidden: tuple[Path, ...]) -> bool:
+def overlaps(path: str, hidden: tuple[str, ...]) -> bool:
     """Whether `path` is, holds or lies in one of `hidden` (the oploop home, a key
     folder): binding it into a server's view would show it what the sandbox hides."""
     real = Path(os.path.realpath(path))
