@@ -35,6 +35,9 @@ so a typo fails there with a message naming the key, never mid-session::
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
 
+    [mcp.time]                    # an MCP tool server (actors/mcp/config.py, docs/mcp.md)
+    command = ["mcp-server-time"]
+
     [http]                        # the gateway: web view, JSON + SSE API, /metrics
     enabled = true
     listen = "127.0.0.1:7480"     # off loopback only with cert and key (HTTPS)
@@ -71,6 +74,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
+import shutil
 import tomllib
 import types
 import typing
@@ -80,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.ask.peers import Peer, PeerConfigError, parse_peers
+from actors.mcp.config import McpConfigError, McpServerConfig, parse_servers
 from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
@@ -146,7 +151,7 @@ DEFAULT_AGENT = Agent()
 CONFIG_NAME = "oploop.toml"
 
 _TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "http",
-                       "agents", "prices", "peers"})
+                       "agents", "prices", "peers", "mcp"})
 
 
 class ConfigError(ValueError):
@@ -276,6 +281,8 @@ class Config:
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     #: Other hosts this one may ask (`[peers.NAME]`, `actors/ask/`): none by default.
     peers: Mapping[str, Peer] = field(default_factory=dict)
+    #: MCP tool servers by name (`[mcp.NAME]`, `actors/mcp/config.py`).
+    mcp: Mapping[str, McpServerConfig] = field(default_factory=dict)
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -328,6 +335,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         http=_http(data.get("http", {}), source),
         prices=_prices(data.get("prices", {}), source),
         peers=_peers(data.get("peers", {}), source),
+        mcp=_mcp(data.get("mcp", {}), source),
         source=source,
     )
 
@@ -338,6 +346,19 @@ def _peers(raw: Any, source: str) -> dict[str, Peer]:
         return parse_peers(raw, base)
     except PeerConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+def _mcp(raw: Any, source: str) -> dict[str, McpServerConfig]:
+    try:
+        servers = parse_servers(raw, source)
+    except McpConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+    for name, server in servers.items():
+        # Found now, at `oploop up`, rather than at the first call of a session.
+        if server.command and shutil.which(server.command[0]) is None:
+            raise ConfigError(f"{source}: mcp.{name}.command[0]: {server.command[0]!r} "
+                              f"is not an executable on PATH")
+    return servers
 
 
 def _prices(raw: Any, source: str) -> dict[str, Price]:

@@ -371,6 +371,21 @@ class Ready(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolsChanged(Body):
+    """Executor -> supervisor `work`: my tools changed (an MCP server listed or re-listed
+    its tools), without the jobs in flight being lost as a new `Ready` would lose them.
+
+    `tools`: every tool it runs now (ToolSpec wire dicts, as in `Ready`); `servers`:
+    the state of each of its MCP servers (name, transport, state, restarts, tools,
+    error, left_out). No reply.
+    """
+
+    KIND: ClassVar[str] = "tools_changed"
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat(Body):
     """Both ways on `work`, every second; any message counts as life. No reply."""
 
@@ -473,12 +488,17 @@ class ToolJob(Body):
 
 @dataclass(frozen=True, slots=True)
 class ToolResult(Body):
-    """Executor -> supervisor: the tool's `output`, whether it `is_error`, its duration."""
+    """Executor -> supervisor: the tool's `output`, whether it `is_error`, its duration.
+
+    `images`: Messages-API image blocks to put in the tool_result beside the text
+    (an MCP tool's images; the built-ins send none).
+    """
 
     KIND: ClassVar[str] = "tool_result"
     output: str
     is_error: bool
     duration_ms: float
+    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,6 +598,7 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ControlHello,
     Abort,
     Ready,
+    ToolsChanged,
     Heartbeat,
     Disconnect,
     LlmJob,

@@ -196,6 +196,8 @@ async def tools(args: argparse.Namespace, settings: Settings) -> int:
         seen = ("turn 1 and later" if t["turn1"] and t["later"] else
                 "turn 1 only" if t["turn1"] else "after turn 1" if t["later"] else "hidden")
         first = t["description"].splitlines()[0] if t["description"] else ""
+        if t.get("server"):  # an MCP server's tool: which, and how it is doing
+            first = f"(MCP {t['server']}: {t.get('state', 'unknown')}) {first}"
         rows.append((t["name"], f"[{', '.join(t.get('tags', []))}]", flags or "-", seen,
                      t.get("rule", "allow"), first))
     widths = [max((len(r[i]) for r in rows), default=0) for i in range(5)]

@@ -18,6 +18,7 @@ from actors.cli.errors import EXIT_OK, CliError, fail
 from actors.cli.hosting import offline_notice, spawn_host
 from actors.config import ConfigError
 from actors.host.actor import read_state
+from actors.mcp.config import names_a_server_tool
 from actors.settings import CONFIG_ENV, Settings, load_settings
 from actors.usage import describe
 from bus.client import Client
@@ -36,7 +37,8 @@ def check_settings() -> Settings:
         from actors.tools import BUILTIN
 
         for (platform, mode), names in settings.config.hidden.items():
-            unknown = sorted(set(names) - set(BUILTIN))
+            unknown = sorted(n for n in set(names) - set(BUILTIN)
+                             if not names_a_server_tool(n, settings.config.mcp))
             if unknown:
                 raise ConfigError(f"{source}: hidden.{platform}.{mode}: no tool named "
                                   f"{', '.join(map(repr, unknown))} (the tools: "
@@ -47,7 +49,10 @@ def check_settings() -> Settings:
         from actors.tools import BUILTIN
 
         for name, agent_rules in rules.items():
-            problem = check_tools(agent_rules, set(BUILTIN))
+            # An MCP server's tools are known once it runs: a rule may name them ahead.
+            known = set(BUILTIN) | {rule[1] for rule in agent_rules
+                                    if names_a_server_tool(rule[1], settings.config.mcp)}
+            problem = check_tools(agent_rules, known)
             if problem:
                 raise ConfigError(f"{source}: agents.{name}.permissions.{problem}")
     if source != "<defaults>":
@@ -172,6 +177,15 @@ async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
         return await client.sessions(timeout=wait_s)
 
 
+async def _sessions_and_servers(wait_s: float = 5.0
+                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`_sessions`, and the MCP servers of its executors (their states)."""
+    async with Client.connect(oploop_home()) as client:
+        sessions = await client.sessions(timeout=wait_s)
+        servers = (await client.stats(timeout=wait_s)).get("mcp", [])
+    return sessions, servers
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Actors (name, pid, restarts, CPU, RSS) and sessions."""
     state = read_state()
@@ -179,9 +193,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     rows = actor_rows(state)
     try:
-        sessions = asyncio.run(_sessions())
+        sessions, servers = asyncio.run(_sessions_and_servers())
     except BusError as exc:
-        sessions = []
+        sessions, servers = [], []
         print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
     from actors.sandbox import layers_report  # only status needs it
 
@@ -189,7 +203,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
-                          "sessions": sessions, "sandbox": layers}))
+                          "sessions": sessions, "mcp": servers, "sandbox": layers}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else "")
@@ -216,6 +230,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in sessions:
         print(f"  {s['session']}  {s['state']:<8} runs {s['runs']}  turns {s['turns']}"
               f"  events {s['last_seq']}  {describe(s.get('usage'))}".rstrip())
+    if servers:
+        print("MCP servers:")
+    for m in servers:
+        print(f"  {m['name']:<16}{m['transport']:<6}{m['state']:<9}restarts {m['restarts']}"
+              f"  tools {m['tools']}" + (f"  {m['error']}" if m.get("error") else ""))
+        if m["state"] == "failed":
+            print(f"  {m['name']} FAILED: it kept failing (a crash loop); calls to it fail "
+                  f"at once until it is tried again, a minute later")
     print("sandbox layers:")
     for layer, how in layers.items():
         print(f"  {layer:<14}{how}")

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.config import Config
 from actors.permissions import decide, denial
@@ -36,7 +37,10 @@ from actors.tools.builtin import LIST_CAP, READ_CAP
 from actors.tools.process import ToolRefused
 from actors.worker import Worker
 from bus.endpoints import Endpoints
-from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult
+from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult, ToolsChanged
+
+if TYPE_CHECKING:
+    from actors.mcp.hub import McpHub
 
 log = logging.getLogger("oploop.executor")
 
@@ -104,10 +108,45 @@ class Executor(Worker):
             # caller says which of them it built around this sandbox.
             self.sandboxed = frozenset()
         self.catalogue = catalogue
+        #: The MCP servers of `[mcp.NAME]` (None without any: the SDK is not even loaded).
+        self.mcp: McpHub | None = None
+        if self.config.mcp:
+            # `__main__` keeps `ssl` out of an executor; the MCP SDK needs it (an HTTP
+            # server may be https, and its client imports it anyway): let it load.
+            if "ssl" in sys.modules and sys.modules["ssl"] is None:
+                del sys.modules["ssl"]
+            from actors.mcp.hub import McpHub
+
+            self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
+                              reserved=frozenset(self.catalogue))
 
     def tools(self) -> list[dict[str, Any]]:
-        """The specs of every tool this executor runs."""
-        return [spec.to_wire() for spec in self.catalogue.specs()]
+        """The specs of every tool this executor runs (its MCP servers' included)."""
+        specs = list(self.catalogue.specs())
+        if self.mcp is not None:
+            specs += self.mcp.specs()
+        return [spec.to_wire() for spec in specs]
+
+    def _mcp_changed(self) -> None:
+        """An MCP server (re-)listed its tools or changed state: tell the supervisor,
+        without a new `Ready` (which would lose the jobs in flight)."""
+        if self.mcp is not None and self._ready_no:
+            self.send(ToolsChanged(self.tools(), self.mcp.statuses()))
+
+    def _say_ready(self) -> None:
+        super()._say_ready()
+        self._mcp_changed()  # the servers' states, which `Ready` does not carry
+
+    async def _call_mcp(self, env: Envelope, job: ToolJob) -> ToolResult:
+        """One MCP tool call: the server's own bound (`timeout_s`), the job's if shorter."""
+        assert self.mcp is not None
+        bounds = [b for b in (job.timeout_s if job.timeout_s > 0 else None,
+                              env.deadline - time.time() if env.deadline else None)
+                  if b is not None]
+        started = time.perf_counter()
+        outcome = await self.mcp.call(job.name, job.input, min(bounds) if bounds else None)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3), outcome.images)
 
     async def perform(self, env: Envelope) -> Body:
         """Run the tool of one `ToolJob`; a failing tool is a `ToolResult` with `is_error`."""
@@ -119,6 +158,8 @@ class Executor(Worker):
             verdict, key = decide(agent.permissions, job.name, job.input)
             if verdict == "deny":
                 return ToolResult(denial(job.name, key), True, 0.0)
+        if self.mcp is not None and self.mcp.owns(job.name):
+            return await self._call_mcp(env, job)
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         cwd = Path(job.cwd) if job.cwd else Path.cwd()
@@ -160,8 +201,15 @@ class Executor(Worker):
         if killed:
             log.warning("killed %d process(es) left by a previous executor", killed)
         try:
-            await super().serve()
+            async with asyncio.TaskGroup() as group:
+                if self.mcp is not None:
+                    # Each server is started once to list its tools; until then (or if
+                    # it cannot start) its tools are not offered.
+                    group.create_task(self.mcp.start_all(), name="mcp-start")
+                await super().serve()
         finally:
+            if self.mcp is not None:
+                await self.mcp.aclose()  # their trees killed before the sandbox closes
             self.sandbox.close()
 
 

@@ -155,13 +155,14 @@ class ForkServer:
         self._sock = ours
 
     async def launch(self, spec_fd: int, *, pid_ns: bool = False,
-                     duplex: int = -1) -> tuple[ServedProcess, int]:
+                     duplex: int = -1, stderr: int = -1) -> tuple[ServedProcess, int]:
         """Fork a launcher for the spec in `spec_fd`; the process and its error-pipe fd.
 
         `pid_ns`: fork it as pid 1 of a new pid namespace (a file operation: the
         launcher is then its own init, one fork fewer; see `zygote`).
         `duplex`: a socket fd that is both the launcher's stdin and stdout (a
         persistent reader: the caller keeps the other end; no stdout stream here).
+        `stderr`: where the launched program's stderr goes (-1: with its stdout).
         """
         if duplex >= 0:
             out_r, out_w = -1, os.dup(duplex)
@@ -170,8 +171,12 @@ class ForkServer:
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
         kind = (b"P" if pid_ns else b"L") + (b"D" if duplex >= 0 else b"")
+        fds = [spec_fd, out_w, err_w, st_w]
+        if stderr >= 0:
+            kind += b"E"
+            fds.append(stderr)
         try:
-            pid = self._request([spec_fd, out_w, err_w, st_w], kind)
+            pid = self._request(fds, kind)
         except BaseException:
             for fd in (out_r, err_r, st_r):
                 if fd >= 0:

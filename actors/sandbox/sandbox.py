@@ -419,10 +419,15 @@ class Sandbox:
         op: tuple[str, dict[str, Any]] | None = None,
         readable: tuple[str, ...] = (),
         duplex: int = -1,
+        stderr: int = -1,
+        extra: Extra | None = None,
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or a file operation `op`
         ("write", "read" or "list", and its job; or "serve", a persistent reader
         whose stdin and stdout are the socket `duplex`), which may also see `readable`.
+        `argv` with `duplex` is a long-lived server speaking on that socket (an MCP
+        server); `stderr` then is where its stderr goes (-1: with its stdout), and
+        `extra` what it may see and use besides the policy's (environment, paths).
 
         Refused (`ToolRefused`) when a layer is missing, or the disk is below its
         reserve, or the workspaces are at the host's cap."""
@@ -438,8 +443,10 @@ class Sandbox:
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
         spec = self._spec(policy, cwd, call, uid, argv=argv, op=op, readable=readable)
+        if extra is not None:
+            extra.apply(spec)
         try:
-            return await self._start(spec, call, duplex)
+            return await self._start(spec, call, duplex, stderr)
         except BaseException:
             if call is not None:
                 # Cancelled (or failed) after the launcher was started: it is killed and
@@ -448,14 +455,14 @@ class Sandbox:
             raise
 
     async def _start(self, spec: dict[str, object], call: CallCgroup | None,
-                     duplex: int = -1) -> SandboxedChild:
+                     duplex: int = -1, stderr: int = -1) -> SandboxedChild:
         """Start the launcher: forked by the fork server, or exec'd if that is gone.
 
         A cancellation meanwhile kills and reaps a launcher already started.
         """
         if self._fork is not None:
             try:
-                return await self._launch_forked(spec, call, duplex)
+                return await self._launch_forked(spec, call, duplex, stderr)
             except ForkServerGone as exc:
                 log.warning("%s; starting this launcher by exec", exc)
         spec_fd = os.memfd_create("oploop-launch")
@@ -467,7 +474,7 @@ class Sandbox:
                 sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(spec_fd), str(err_w),
                 stdin=duplex if duplex >= 0 else asyncio.subprocess.DEVNULL,
                 stdout=duplex if duplex >= 0 else asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stderr=stderr if stderr >= 0 else asyncio.subprocess.STDOUT,
                 pass_fds=(spec_fd, err_w),
                 env={},  # nothing of the executor's environment (API keys) reaches the tool
                 cwd="/",
@@ -482,7 +489,8 @@ class Sandbox:
         return SandboxedChild(proc, call, err_r, self._closed)
 
     async def _launch_forked(
-        self, spec: dict[str, object], call: CallCgroup | None, duplex: int = -1
+        self, spec: dict[str, object], call: CallCgroup | None, duplex: int = -1,
+        stderr: int = -1,
     ) -> SandboxedChild:
         assert self._fork is not None
         # The launcher's parent is the server: that is whom its parent-death signal watches.
@@ -494,7 +502,8 @@ class Sandbox:
             unshare = int(spec["unshare"])  # type: ignore[call-overload]
             file_op = any(key in spec for key in ("write", "read", "list", "serve"))
             pid_ns = file_op and bool(unshare & launcher_mod.CLONE_NEWPID)
-            proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns, duplex=duplex)
+            proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns, duplex=duplex,
+                                                  stderr=stderr)
         finally:
             os.close(spec_fd)
         self._launchers.add(proc.pid)
@@ -624,6 +633,28 @@ class Sandbox:
             spec["landlock"] = None
             spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env, TMPFS_SIZE)
         return spec
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """What a launch may see and use beyond its policy (an MCP server's `[mcp.NAME]`):
+    environment variables added to the sandbox's own, and paths bound into its mount
+    view, read-only (`ro`) or writable (`rw`) under Landlock."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    ro: tuple[str, ...] = ()
+    rw: tuple[str, ...] = ()
+
+    def apply(self, spec: dict[str, Any]) -> None:
+        """Add these to a launch spec made by `Sandbox._spec` for an `argv`."""
+        if "env" in spec:
+            spec["env"] = {**spec["env"], **dict(self.env)}
+        spec["keep"] = list(spec["keep"]) + [p for p in (*self.ro, *self.rw)
+                                             if p not in spec["keep"]]
+        landlock = spec.get("landlock")
+        if landlock:
+            landlock["ro"] = list(landlock["ro"]) + list(self.ro)
+            landlock["rw"] = list(landlock["rw"]) + list(self.rw)
 
 
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})

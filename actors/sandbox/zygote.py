@@ -48,10 +48,11 @@ def serve(sock_fd: int, executor: int) -> None:
     while True:
         for fd, _ in poller.poll():
             if fd == sock_fd:
-                msg, fds, _, _ = socket.recv_fds(sock, 16, _NFDS)
+                msg, fds, _, _ = socket.recv_fds(sock, 16, _NFDS + 1)
                 if not msg:
                     os._exit(0)
-                if len(fds) != _NFDS:
+                # b"...E": the launched program's stderr apart, a fifth fd (an MCP server)
+                if len(fds) != _NFDS + msg.endswith(b"E"):
                     for extra in fds:
                         os.close(extra)
                     sock.send(b"E bad request")
@@ -61,7 +62,7 @@ def serve(sock_fd: int, executor: int) -> None:
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = (pid, fds[3])
                 poller.register(pidfd, select.POLLIN)
-                for f in fds[:3]:
+                for f in fds[:3] + fds[4:]:
                     os.close(f)
                 sock.send(str(pid).encode())
             else:
@@ -96,7 +97,8 @@ def _fork_launch(fds: list[int], sock_fd: int, children: dict[int, tuple[int, in
             _own_pid_ns(own_ns)
         return pid
     try:
-        spec_fd, out_w, err_w, status_w = fds
+        spec_fd, out_w, err_w, status_w = fds[:4]
+        stderr_w = fds[4] if len(fds) > 4 else out_w
         # Nothing of the server or of other calls may stay open in this tree.
         os.close(sock_fd)
         os.close(status_w)
@@ -108,9 +110,11 @@ def _fork_launch(fds: list[int], sock_fd: int, children: dict[int, tuple[int, in
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(out_w if duplex else null, 0)
         os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
+        os.dup2(stderr_w, 2)
         os.close(null)
         os.close(out_w)
+        if stderr_w != out_w:
+            os.close(stderr_w)
         with os.fdopen(spec_fd, "rb") as f:
             spec = marshal.load(f)
         os.set_inheritable(err_w, False)

@@ -366,8 +366,12 @@ class Supervisor:
             hidden = self.config.hidden
             first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
             later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
+            states = {s.get("name"): s.get("state") for s in self.dispatcher.mcp_servers()}
             listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later,
-                           rule=rule_of_tool(agent.permissions, t["name"])) for t in tools]
+                           rule=rule_of_tool(agent.permissions, t["name"]),
+                           **({"state": states.get(t["server"], "unknown")}
+                              if t.get("server") else {}))
+                      for t in tools]
             port.reply(Envelope(ToolList(listed), id=env.id), peer)
         elif isinstance(body, Stats):
             port.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
@@ -481,6 +485,7 @@ class Supervisor:
             "journal_failing": self._journal_failing,
             "pending_events": len(self._unjournaled),
             **self.dispatcher.statistics(),
+            "mcp": self.dispatcher.mcp_servers(),
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
             "ask": self.asker.statistics(),

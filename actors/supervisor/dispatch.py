@@ -35,6 +35,7 @@ from bus.messages import (
     Ready,
     Retrying,
     ToolResult,
+    ToolsChanged,
 )
 from bus.sockets import Port
 
@@ -69,6 +70,8 @@ class WorkerState:
     tools: list[dict[str, Any]]
     inflight: set[str] = field(default_factory=set)
     control_id: bytes | None = None
+    #: Its MCP servers' states (`ToolsChanged.servers`), for `oploop status` and `tools`.
+    servers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def free(self) -> int:
@@ -91,6 +94,10 @@ class Job:
     aborted: bool = False
     #: The body as one worker should receive it (history deltas), else `env.body`.
     for_worker: Callable[[bytes], Body] | None = None
+
+
+#: MCP server states kept per executor (a bound: they come from a worker).
+MAX_SERVERS = 256
 
 
 def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
@@ -226,6 +233,9 @@ class Dispatcher:
             return
         if isinstance(body, Heartbeat):
             return
+        if isinstance(body, ToolsChanged):
+            self.handle_tools_changed(worker, body)
+            return
         if isinstance(body, Disconnect):
             self._worker_died(peer, reason="left")
             return
@@ -278,6 +288,20 @@ class Dispatcher:
         if ready.role == "tool":
             self.catalogue_changed.set()
         self._pump(ready.role)
+
+    def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
+        """An executor's tools changed (its MCP servers): the next turns offer the new set;
+        its jobs in flight go on."""
+        if worker.role != "tool":
+            return
+        worker.tools = _valid_specs(worker.id, body.tools)
+        worker.servers = [s for s in body.servers if isinstance(s, dict)][:MAX_SERVERS]
+        self.catalogue_changed.set()
+
+    def mcp_servers(self) -> list[dict[str, Any]]:
+        """The MCP servers of the live executors, with the executor each runs in."""
+        return [dict(server, executor=worker.id.decode(errors="replace"))
+                for worker in self.workers.values() for server in worker.servers]
 
     def _finish(self, job: Job, env: Envelope) -> None:
         self.jobs.pop(job.id, None)

@@ -145,7 +145,7 @@ def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
     if history is not None:
         data["history"] = history
     data["agent"] = dataclasses.asdict(session.agent)
-    data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms]
+    data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms, list(o.images)]
                         for k, o in session.outcomes.items()}
     data["meter"] = session.meter.to_state()
     packed: bytes = msgpack.packb(data, use_bin_type=True)
@@ -167,7 +167,8 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
     settings it had)."""
     data = msgpack.unpackb(blob, raw=False)
     agent = _agent(data.pop("agent"), agents)
-    outcomes = {k: ToolOutcome(v[0], v[1], v[2]) for k, v in data.pop("outcomes").items()}
+    outcomes = {k: ToolOutcome(v[0], v[1], v[2], tuple(v[3]) if len(v) > 3 else ())
+                for k, v in data.pop("outcomes").items()}
     meter = Meter.from_state(data.pop("meter", None))  # (none in older snapshots)
     # A field added since the snapshot was written keeps its default.
     session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
@@ -218,7 +219,8 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.started_calls.append(data["tool_use_id"])
     elif kind == "TOOL_END":
         session.outcomes[data["tool_use_id"]] = ToolOutcome(
-            data["output"], bool(data["is_error"]), float(data.get("duration_ms", 0.0)))
+            data["output"], bool(data["is_error"]), float(data.get("duration_ms", 0.0)),
+            tuple(data.get("images") or ()))
     elif kind == "TURN_END":
         session.outcomes.clear()
         session.started_calls.clear()

@@ -644,6 +644,8 @@ def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
     out.emit("TOOL_END", s.turn, {
         "tool_use_id": call.id, "name": call.name, "is_error": outcome.is_error,
         "output": outcome.output, "duration_ms": outcome.duration_ms,
+        # (only when there are: the fold rebuilds the tool_result from this event)
+        **({"images": list(outcome.images)} if outcome.images else {}),
     })
     if len(outcomes) < len(s.calls):
         out.s = replace(s, outcomes=outcomes)

@@ -24,11 +24,13 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What running a tool call gave: output text, error flag, how long it took."""
+    """What running a tool call gave: output text, error flag, how long it took, and
+    image blocks to send beside the text (an MCP tool's)."""
 
     output: str
     is_error: bool
     duration_ms: float = 0.0
+    images: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +98,16 @@ def results_message(calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]) ->
             {
                 "type": "tool_result",
                 "tool_use_id": call.id,
-                "content": outcome.output,
+                "content": _content(outcome),
                 "is_error": outcome.is_error,
             }
             for call, outcome in zip(calls, outcomes, strict=True)
         ],
     }
+
+
+def _content(outcome: ToolOutcome) -> str | list[dict[str, Any]]:
+    """A tool_result's content: the text, or text and image blocks when it has images."""
+    if not outcome.images:
+        return outcome.output
+    return [{"type": "text", "text": outcome.output}, *outcome.images]

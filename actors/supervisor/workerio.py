@@ -96,7 +96,8 @@ class WorkerIO:
             return ToolOutcome(f"{exc.error}: {exc.message}", True)
         body = reply.body
         if isinstance(body, ToolResult):
-            return ToolOutcome(body.output, body.is_error, body.duration_ms)
+            return ToolOutcome(body.output, body.is_error, body.duration_ms,
+                               tuple(body.images))
         if isinstance(body, JobFailed):
             return ToolOutcome(f"{call.name} failed: {body.message}", True)
         return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)

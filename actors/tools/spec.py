@@ -17,6 +17,8 @@ from typing import Any
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 _WIRE_KEYS = frozenset({"name", "description", "input_schema", "tags", "risky", "core"})
+#: Sent only when set: the MCP server a tool comes from.
+_OPTIONAL_KEYS = frozenset({"server"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,7 @@ class ToolSpec:
 
     `tags` are the categories an agent's allowlist filters on; `risky` tools run
     sandboxed, one child process per call; `core` tools survive every allowlist.
+    `server`: the MCP server the tool comes from ("" for the others).
     """
 
     name: str
@@ -34,6 +37,7 @@ class ToolSpec:
     tags: tuple[str, ...]
     risky: bool
     core: bool
+    server: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -50,10 +54,12 @@ class ToolSpec:
         for flag in ("risky", "core"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"tool {self.name}: {flag} must be a bool")
+        if not isinstance(self.server, str):
+            raise ValueError(f"tool {self.name}: server must be a string")
 
     def to_wire(self) -> dict[str, Any]:
         """A plain, msgpack-able dict; `from_wire` is its inverse."""
-        return {
+        wire = {
             "name": self.name,
             "description": self.description,
             # Copied so a caller mutating the message cannot change this spec.
@@ -62,6 +68,9 @@ class ToolSpec:
             "risky": self.risky,
             "core": self.core,
         }
+        if self.server:
+            wire["server"] = self.server
+        return wire
 
     @classmethod
     def from_wire(cls, d: object) -> ToolSpec:
@@ -71,7 +80,7 @@ class ToolSpec:
         missing = _WIRE_KEYS - d.keys()
         if missing:
             raise ValueError(f"tool spec missing key(s): {', '.join(sorted(missing))}")
-        unknown = d.keys() - _WIRE_KEYS
+        unknown = d.keys() - _WIRE_KEYS - _OPTIONAL_KEYS
         if unknown:
             names = ", ".join(sorted(map(str, unknown)))
             raise ValueError(f"tool spec has unknown key(s): {names}")
@@ -86,6 +95,7 @@ class ToolSpec:
             tags=tuple(tags),
             risky=d["risky"],
             core=d["core"],
+            server=d.get("server", ""),
         )
 
     def to_api(self) -> dict[str, Any]:

@@ -69,8 +69,10 @@ def test_an_unknown_name_of_the_offline_model_package_is_an_attribute_error():
 
 #: What no actor but those that need it should load: pydantic (~11 MB resident in a
 #: process that builds a model), the `anthropic` SDK (the llm callers' only), the sandbox
-#: and the built-in tools (the executors' only), SQLite (the journal and event store).
-HEAVY = {"pydantic", "anthropic", "httpx", "actors.sandbox", "actors.tools.builtin", "sqlite3"}
+#: and the built-in tools (the executors' only), SQLite (the journal and event store), the
+#: `mcp` SDK (loaded by an executor only when `[mcp.NAME]` servers are configured).
+HEAVY = {"pydantic", "anthropic", "httpx", "actors.sandbox", "actors.tools.builtin", "sqlite3",
+         "mcp", "mcp_types"}
 #: What each actor's role does use of them.
 USES = {
     "actors.host.actor": set(),

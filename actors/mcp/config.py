@@ -1,0 +1,185 @@
+"""`[mcp.NAME]` tables of `oploop.toml`: the MCP tool servers a host offers.
+
+One table per server, checked in full when the host starts (a mistake names the
+key). No part of the `mcp` SDK is imported here: every actor reads the
+configuration, only the executors speak MCP::
+
+    [mcp.time]                          # stdio: a program oploop starts, in the sandbox
+    command = ["mcp-server-time", "--local-timezone", "UTC"]
+    env = { TZ = "UTC" }                # added to the sandbox's small environment
+    cwd = "/srv/data"                   # where it runs (default: a workspace of its own)
+    tags = ["time"]                     # for an agent's turn-1 category allowlist
+    risky = true                        # default: true for stdio, false for url
+    timeout_s = 60                      # one call's bound (default 60)
+
+    [mcp.time.sandbox]                  # what the server may do besides what shell may
+    network = false                     # true: it may reach the network
+    read_paths = ["/srv/ref"]           # readable (bound into its view, read-only)
+    write_paths = ["/srv/data"]         # writable
+
+    [mcp.docs]                          # streamable HTTP: a server already running
+    url = "http://127.0.0.1:8000/mcp"
+    headers = { Authorization = "Bearer ..." }
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: A server's name becomes part of every tool name it offers (`mcp__NAME__tool`), which
+#: the Messages API limits to `[a-zA-Z0-9_-]{1,64}`: kept short and plain on purpose.
+NAME_RE = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
+DEFAULT_TIMEOUT_S = 60.0
+
+_KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
+                   "sandbox"})
+_SANDBOX_KEYS = frozenset({"network", "read_paths", "write_paths"})
+
+
+class McpConfigError(ValueError):
+    """A bad `[mcp.NAME]` table; the message names the key (`actors.config` re-raises it
+    as its `ConfigError`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSandbox:
+    """What a stdio server may do beyond `shell`'s policy: the network, more paths."""
+
+    network: bool = False
+    read_paths: tuple[str, ...] = ()
+    write_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class McpServerConfig:
+    """One MCP server: how to reach it (`command` for stdio, or `url`) and how to offer
+    its tools."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    risky: bool = True
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    sandbox: ServerSandbox = field(default_factory=ServerSandbox)
+
+    @property
+    def transport(self) -> str:
+        """"stdio" or "http"."""
+        return "http" if self.url else "stdio"
+
+
+def names_a_server_tool(tool: str, servers: Mapping[str, McpServerConfig]) -> bool:
+    """Whether `tool` is named like a tool of a configured server (`mcp__NAME__...`): what
+    a hidden set or a permission rule may name before the server has listed its tools."""
+    return any(tool.startswith(f"mcp__{name}__") and len(tool) > len(name) + 7
+               for name in servers)
+
+
+def parse_servers(raw: Any, source: str) -> dict[str, McpServerConfig]:
+    """Every `[mcp.NAME]` table of `raw` (the `mcp` table), checked in full."""
+    table = _table(raw, source, "mcp")
+    servers = {}
+    for name, body in table.items():
+        where = f"mcp.{name}"
+        if not NAME_RE.match(name):
+            raise McpConfigError(f"{source}: {where}: a server name must match "
+                                 f"{NAME_RE.pattern} (it prefixes its tools' names)")
+        servers[name] = _server(name, _table(body, source, where), source, where)
+    return servers
+
+
+def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> McpServerConfig:
+    extra = sorted(set(table) - _KEYS)
+    if extra:
+        raise McpConfigError(f"{source}: {where}.{extra[0]}: unknown key "
+                             f"(known: {', '.join(sorted(_KEYS))})")
+    has_cmd, has_url = "command" in table, "url" in table
+    if has_cmd == has_url:
+        raise McpConfigError(f"{source}: {where}: set exactly one of command (stdio) "
+                             f"or url (streamable HTTP)")
+    stdio_only = ("env", "cwd", "sandbox") if has_url else ("headers",)
+    for key in stdio_only:
+        if key in table:
+            other = "url" if has_url else "command"
+            raise McpConfigError(f"{source}: {where}.{key}: not for a server with {other}")
+    command = _strings(table.get("command", []), source, f"{where}.command")
+    if has_cmd and (not command or not all(command)):
+        raise McpConfigError(f"{source}: {where}.command: expected a non-empty list of "
+                             f"non-empty strings, e.g. [\"mcp-server-time\"]")
+    url = _typed(table.get("url", ""), str, source, f"{where}.url")
+    if has_url and not re.match(r"^https?://[^/\s]+", url):
+        raise McpConfigError(f"{source}: {where}.url: expected an http:// or https:// URL, "
+                             f"got {url!r}")
+    cwd = _typed(table.get("cwd", ""), str, source, f"{where}.cwd")
+    if cwd and not cwd.startswith("/"):
+        raise McpConfigError(f"{source}: {where}.cwd: expected an absolute path, got {cwd!r}")
+    timeout_s = _typed(table.get("timeout_s", DEFAULT_TIMEOUT_S), float, source,
+                       f"{where}.timeout_s")
+    if not 0 < timeout_s <= 86_400:
+        raise McpConfigError(f"{source}: {where}.timeout_s: expected 0 < seconds <= 86400, "
+                             f"got {timeout_s!r}")
+    return McpServerConfig(
+        name=name,
+        command=command,
+        env=_str_map(table.get("env", {}), source, f"{where}.env"),
+        cwd=cwd,
+        url=url,
+        headers=_str_map(table.get("headers", {}), source, f"{where}.headers"),
+        tags=_strings(table.get("tags", []), source, f"{where}.tags"),
+        risky=_typed(table.get("risky", has_cmd), bool, source, f"{where}.risky"),
+        timeout_s=timeout_s,
+        sandbox=_sandbox(table.get("sandbox", {}), source, f"{where}.sandbox"),
+    )
+
+
+def _sandbox(raw: Any, source: str, where: str) -> ServerSandbox:
+    table = _table(raw, source, where)
+    extra = sorted(set(table) - _SANDBOX_KEYS)
+    if extra:
+        raise McpConfigError(f"{source}: {where}.{extra[0]}: unknown key "
+                             f"(known: {', '.join(sorted(_SANDBOX_KEYS))})")
+    paths = {}
+    for key in ("read_paths", "write_paths"):
+        paths[key] = _strings(table.get(key, []), source, f"{where}.{key}")
+        for i, path in enumerate(paths[key]):
+            if not path.startswith("/"):
+                raise McpConfigError(f"{source}: {where}.{key}[{i}]: expected an absolute "
+                                     f"path, got {path!r}")
+            if path.rstrip("/") == "":
+                raise McpConfigError(f"{source}: {where}.{key}[{i}]: the whole file system "
+                                     f"would undo the sandbox; name the paths it needs")
+    return ServerSandbox(_typed(table.get("network", False), bool, source, f"{where}.network"),
+                         paths["read_paths"], paths["write_paths"])
+
+
+def _table(raw: Any, source: str, where: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise McpConfigError(f"{source}: {where}: expected a table, got {type(raw).__name__}")
+    return raw
+
+
+def _typed(value: Any, kind: type, source: str, where: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise McpConfigError(f"{source}: {where}: expected {kind.__name__}, got "
+                             f"{type(value).__name__} {value!r}")
+    return value
+
+
+def _strings(raw: Any, source: str, where: str) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        raise McpConfigError(f"{source}: {where}: expected a list, got {type(raw).__name__}")
+    return tuple(_typed(v, str, source, f"{where}[{i}]") for i, v in enumerate(raw))
+
+
+def _str_map(raw: Any, source: str, where: str) -> dict[str, str]:
+    table = _table(raw, source, where)
+    return {k: _typed(v, str, source, f"{where}.{k}") for k, v in table.items()}

@@ -1,0 +1,268 @@
+"""The MCP servers of one executor: their tools under oploop's names, calls routed.
+
+Tool names: a server `NAME`'s tool `tool` is offered as `mcp__NAME__tool`. The
+Messages API takes `^[a-zA-Z0-9_-]{1,64}$`, so a character outside that set
+becomes `_`, and a name over 64 characters is cut to 55 and ended with `_` and
+8 hex digits of a hash of the full name (stable across restarts). A name that
+still clashes (with a built-in, or an earlier tool: servers in configuration
+order, tools in the server's order) is left out, and the server's status says
+which. A tool whose input schema is not an object schema is left out likewise.
+
+Stdio servers run in the executor's sandbox under `shell`'s policy (the network
+only with `sandbox.network = true`), in a workspace of their own
+(`workspaces/mcp-NAME`, its own uid) unless `cwd` says where, seeing besides the
+system's paths the program's own installation and `read_paths`, and writing
+only there and in `write_paths`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from actors.tools.spec import ToolSpec
+
+from .config import McpServerConfig
+from .results import McpOutcome, outcome_of
+from .servers import McpServer, McpServerError, Opener
+from .transport import Fault, StderrTail, sandboxed_stdio
+
+if TYPE_CHECKING:
+    from mcp.client._transport import TransportStreams
+
+    from actors.sandbox.sandbox import Sandbox, SandboxedChild
+
+log = logging.getLogger("oploop.mcp")
+
+PREFIX = "mcp__"
+MAX_NAME = 64
+_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def public_name(server: str, tool: str) -> str:
+    """The catalogue name of `server`'s `tool` (see the module's docstring)."""
+    name = _BAD_CHARS.sub("_", f"{PREFIX}{server}__{tool}")
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
+        name = f"{name[:MAX_NAME - 9]}_{digest}"
+    return name
+
+
+class McpHub:
+    """Every configured server of an executor, and the routes from tool names to them."""
+
+    def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
+                 on_change: Callable[[], None], reserved: frozenset[str] = frozenset()) -> None:
+        self.sandbox = sandbox
+        self.reserved = reserved
+        self._on_change = on_change
+        self.servers: dict[str, McpServer] = {}
+        for name, config in configs.items():
+            self.servers[name] = McpServer(config, self._opener(config), self._tools_changed)
+        self.routes: dict[str, tuple[McpServer, str]] = {}
+        self.left_out: dict[str, list[str]] = {}
+        self._specs: list[ToolSpec] = []
+
+    # -- the catalogue -----------------------------------------------------------------
+
+    def specs(self) -> list[ToolSpec]:
+        """The specs of every MCP tool known now (listed at least once)."""
+        return list(self._specs)
+
+    def owns(self, name: str) -> bool:
+        """Whether `name` is an MCP tool of this executor."""
+        return name in self.routes
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """Each server's status, with the tools left out of the catalogue and why."""
+        out = []
+        for name, server in self.servers.items():
+            status = server.status().to_wire()
+            status["left_out"] = list(self.left_out.get(name, ()))
+            out.append(status)
+        return out
+
+    def _tools_changed(self, server: McpServer) -> None:
+        """A server (re-)listed its tools: rebuild the routes, tell the executor."""
+        routes: dict[str, tuple[McpServer, str]] = {}
+        specs: list[ToolSpec] = []
+        left_out: dict[str, list[str]] = {}
+        for each in self.servers.values():
+            for tool in each.tools:
+                name = public_name(each.name, tool.name)
+                why = self._refusal(name, routes, tool.input_schema)
+                if why:
+                    left_out.setdefault(each.name, []).append(f"{tool.name}: {why}")
+                    continue
+                try:
+                    spec = ToolSpec(
+                        name=name,
+                        description=(tool.description or tool.title
+                                     or f"{tool.name} (MCP server {each.name})"),
+                        input_schema=dict(tool.input_schema),
+                        tags=tuple(each.config.tags), risky=each.config.risky, core=False,
+                        server=each.name)
+                except ValueError as exc:
+                    left_out.setdefault(each.name, []).append(f"{tool.name}: {exc}")
+                    continue
+                routes[name] = (each, tool.name)
+                specs.append(spec)
+        for name, notes in left_out.items():
+            log.warning("MCP server %s: tools left out: %s", name, "; ".join(notes))
+        self.routes, self._specs, self.left_out = routes, specs, left_out
+        self._on_change()
+
+    def _refusal(self, name: str, routes: Mapping[str, Any], schema: Any) -> str:
+        if name in self.reserved:
+            return f"its name {name} is a built-in tool's"
+        if name in routes:
+            return f"its name {name} clashes with another tool's"
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            return "its input schema is not an object schema"
+        return ""
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    async def start_all(self) -> None:
+        """Start every server once to list its tools (concurrently). One that cannot
+        start is tried again, with its backoff, until it has listed its tools once
+        (its tools cannot be called before: the catalogue does not know them)."""
+
+        async def one(server: McpServer) -> None:
+            while True:
+                try:
+                    await server.session()
+                    return
+                except McpServerError:
+                    self._on_change()  # the failure shows in its status
+                await asyncio.sleep(server.retry_in())
+
+        await asyncio.gather(*(one(s) for s in self.servers.values()))
+
+    async def aclose(self) -> None:
+        """Stop every server (a stdio server's tree is killed)."""
+        await asyncio.gather(*(s.aclose() for s in self.servers.values()))
+
+    # -- calls -------------------------------------------------------------------------
+
+    async def call(self, name: str, arguments: object, timeout_s: float | None) -> McpOutcome:
+        """Run the MCP tool `name`; any failure is an error outcome naming the server."""
+        server, tool = self.routes[name]
+        if not isinstance(arguments, dict):
+            return McpOutcome(f"{name}: input must be a JSON object", True)
+        bound = server.config.timeout_s if timeout_s is None else min(timeout_s,
+                                                                      server.config.timeout_s)
+        try:
+            result = await server.call(tool, arguments, bound)
+        except McpServerError as exc:
+            self._on_change()  # its state changed
+            return McpOutcome(f"{name} failed: {exc}", True)
+        return outcome_of(result)
+
+    # -- transports --------------------------------------------------------------------
+
+    def _opener(self, config: McpServerConfig) -> Opener:
+        if config.url:
+            return lambda fault, tail: _http(config)
+        return self._stdio_opener(config)
+
+    def _stdio_opener(self, config: McpServerConfig) -> Opener:
+        sandbox = self.sandbox
+
+        async def launch(duplex: int, stderr: int) -> SandboxedChild:
+            if sandbox is None:
+                raise McpServerError(config.name, "no sandbox here: a stdio server runs only "
+                                                  "in an executor's sandbox")
+            from actors.sandbox.sandbox import Extra
+
+            argv = resolved(config.command, config.name)
+            policy = sandbox.config.policy("shell")
+            if config.sandbox.network:
+                policy = policy.lowered(network="host")
+            if config.cwd:
+                cwd = Path(config.cwd)
+            else:
+                cwd = await asyncio.to_thread(sandbox.workspace, f"mcp-{config.name}")
+            extra = Extra(env=tuple(config.env.items()),
+                          ro=runtime_paths(argv[0]) + tuple(config.sandbox.read_paths),
+                          rw=tuple(config.sandbox.write_paths))
+            given = ((config.cwd,) if config.cwd else ()) + config.sandbox.read_paths \
+                + config.sandbox.write_paths  # (its own workspace is bound back on purpose)
+            for path in given:
+                if overlaps(path, sandbox.hide):
+                    raise McpServerError(config.name, f"{path} is or holds what the sandbox "
+                                                      f"hides (oploop's home, keys): refused")
+            return await sandbox.launch(f"mcp.{config.name}", policy, cwd, argv=argv,
+                                        duplex=duplex, stderr=stderr, extra=extra)
+
+        def open_stdio(fault: Fault, tail: StderrTail
+                       ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+            return sandboxed_stdio(launch, fault, tail)
+
+        return open_stdio
+
+
+@asynccontextmanager
+async def _http(config: McpServerConfig) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable HTTP client, with the configured headers."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    timeout = httpx2.Timeout(30.0, read=config.timeout_s + 5.0)
+    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout) as client, \
+            streamable_http_client(config.url, http_client=client) as streams:
+        yield streams
+
+
+def overlaps(path: str, hidden: tuple[str, ...]) -> bool:
+    """Whether `path` is, holds or lies in one of `hidden` (the oploop home, a key
+    folder): binding it into a server's view would show it what the sandbox hides."""
+    real = Path(os.path.realpath(path))
+    return any(real == h or real.is_relative_to(h) or h.is_relative_to(real)
+               for h in (Path(os.path.realpath(x)) for x in hidden))
+
+
+def resolved(command: tuple[str, ...], server: str) -> list[str]:
+    """`command` with its program as an absolute path (found on the executor's PATH: the
+    sandbox's own PATH is the system's only)."""
+    found = shutil.which(command[0])
+    if found is None:
+        raise McpServerError(server, f"{command[0]!r} is not an executable on PATH")
+    return [os.path.abspath(found), *command[1:]]
+
+
+def runtime_paths(program: str) -> tuple[str, ...]:
+    """What `program` needs to read besides the system's paths: its installation
+    prefix (a virtualenv's `bin/..`) and, for a script, its interpreter's prefix (a
+    Python under /root/.pyenv, hidden from tools otherwise)."""
+    paths: list[str] = []
+
+    def add_prefix(path: str) -> None:
+        real = os.path.realpath(path)
+        for candidate in (path, real):
+            prefix = str(Path(candidate).parent.parent)
+            if prefix not in paths and prefix != "/":
+                paths.append(prefix)
+
+    add_prefix(program)
+    head = b""
+    with contextlib.suppress(OSError), open(program, "rb") as f:
+        head = f.read(256)
+    if head.startswith(b"#!"):
+        interpreter = head[2:].split(b"\n", 1)[0].strip().split(b" ")[0].decode(errors="replace")
+        if interpreter.startswith("/") and not interpreter.endswith("/env"):
+            add_prefix(interpreter)
+    if Path(sys.prefix) != Path(sys.base_prefix) and any(
+            p == sys.prefix for p in paths):
+        add_prefix(os.path.join(sys.base_prefix, "bin", "python3"))
+    return tuple(paths)

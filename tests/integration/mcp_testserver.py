@@ -1,0 +1,153 @@
+"""An MCP server for the tests, written with the SDK's `MCPServer` (FastMCP's name in
+mcp 2): `python mcp_testserver.py stdio` or `python mcp_testserver.py http PORT`.
+
+Tools: `echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
+first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
+nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
+calls are in at once); `crash` (says why on stderr, exits 3); `garbage` (writes a
+line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a result
+with structuredContent only); `write_to` and `connect_to` (what the sandbox lets it
+do); `add_tool` (adds `extra`, then tells the client its list changed).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.utilities.types import Image
+
+#: A 1x1 transparent PNG.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
+
+server = MCPServer("oploop-test")
+
+
+def _mark(name: str) -> None:
+    marks = os.environ.get("OPLOOP_TEST_MARKS")
+    if marks:
+        Path(marks, name).write_text(str(os.getpid()))
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Say `text` back."""
+    return f"echo: {text}"
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Sleep `seconds`, then say so (`slow-cancelled` marks a cancel that reached us)."""
+    _mark("slow-started")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        _mark("slow-cancelled")
+        raise
+    return f"slept {seconds}"
+
+
+@server.tool()
+async def deaf() -> str:
+    """Block the server's event loop for a long time: nothing is answered meanwhile
+    (an async tool that never yields; a sync one would run in a thread)."""
+    _mark("deaf-started")
+    time.sleep(3600)  # noqa: ASYNC251 - blocking on purpose
+    return "woke"
+
+
+_arrived: list[anyio.Event] = []
+
+
+@server.tool()
+async def meet(count: int) -> str:
+    """Return once `count` calls of `meet` are in at the same time (or fail after 30 s):
+    only concurrent calls can all return."""
+    here = anyio.Event()
+    _arrived.append(here)
+    if len(_arrived) >= count:
+        for each in _arrived:
+            each.set()
+        _arrived.clear()
+    with anyio.fail_after(30):
+        await here.wait()
+    return f"met {count}"
+
+
+@server.tool()
+def crash() -> str:
+    """Exit at once with status 3, saying why on stderr."""
+    print("test server: crashing on purpose", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+@server.tool()
+def garbage() -> str:
+    """Write a line that is not JSON-RPC on stdout (the wire, which the SDK's stdio
+    server keeps on a private duplicate: it points fd 1 at stderr, against exactly
+    this mistake)."""
+    from mcp.server import stdio as sdk_stdio
+
+    claim = sdk_stdio._claims.get(1)
+    wire = claim.private_fd if claim is not None and claim.private_fd is not None else 1
+    os.write(wire, b"this is not json-rpc\n")
+    return "wrote garbage"
+
+
+@server.tool()
+def image() -> Image:
+    """A 1x1 PNG image."""
+    return Image(data=PNG, format="png")
+
+
+@server.tool()
+def structured() -> dict[str, int]:
+    """A structured result."""
+    return {"answer": 42}
+
+
+@server.tool()
+def write_to(path: str) -> str:
+    """Write a file at `path`; say what happened."""
+    try:
+        Path(path).write_text("written by the MCP test server\n")
+    except OSError as exc:
+        return f"refused: {exc.strerror or exc}"
+    return f"wrote {path}"
+
+
+@server.tool()
+def connect_to(port: int) -> str:
+    """Connect to 127.0.0.1:`port`; say what happened."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            return "connected"
+    except OSError as exc:
+        return f"refused: {exc.strerror or exc}"
+
+
+@server.tool()
+async def add_tool(ctx: Context) -> str:
+    """Add the tool `extra`, and tell the client the list changed."""
+
+    def extra() -> str:
+        """A tool added at run time."""
+        return "extra here"
+
+    server.add_tool(extra)
+    await ctx.session.send_tool_list_changed()
+    return "added"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

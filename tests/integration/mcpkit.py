@@ -1,0 +1,73 @@
+"""Helpers of the MCP tests: scenario turns that call a tool, a host's tool list."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from hostkit import until
+
+from bus.client import Client
+
+#: The MCP server the tests wrote themselves (the SDK's MCPServer), run as
+#: `python mcp_testserver.py stdio|http PORT`.
+TEST_SERVER = str(Path(__file__).with_name("mcp_testserver.py"))
+PYTHON = sys.executable
+DONE = {"reply": "done", "stop_reason": "end_turn"}
+
+
+def call(name: str, **tool_input: Any) -> list[dict[str, Any]]:
+    """A scenario script: one turn calling `name` with `tool_input`, then a final answer."""
+    return [{"reply": [{"type": "tool_use", "name": name, "input": tool_input}]}, DONE]
+
+
+def free_port() -> int:
+    """A TCP port on loopback nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def tools_of(home: str) -> dict[str, dict[str, Any]]:
+    """The host's tools by name, as `oploop tools --json` lists them."""
+    async with Client.connect(Path(home)) as client:
+        return {t["name"]: t for t in await client.tools("")}
+
+
+def wait_tools(home: str, names: set[str], timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+    """Wait until the host offers every tool of `names` (the executors list their MCP
+    servers' tools after they start); the tools then."""
+    found: dict[str, dict[str, Any]] = {}
+
+    async def listed() -> None:
+        async def have() -> bool:
+            found.update(await tools_of(home))
+            return names <= found.keys()
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not await have():
+            assert loop.time() < end, f"tools never listed: {sorted(names - found.keys())}"
+            await asyncio.sleep(0.1)
+
+    asyncio.run(listed())
+    return found
+
+
+async def history_of(home: str, session: str) -> list[dict[str, Any]]:
+    """A session's stored history."""
+    async with Client.connect(Path(home)) as client:
+        return list((await client.inspect(session)).history)
+
+
+def tool_results(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every tool_result block of a history."""
+    return [b for m in history if isinstance(m.get("content"), list)
+            for b in m["content"] if b.get("type") == "tool_result"]
+
+
+__all__ = ["DONE", "PYTHON", "TEST_SERVER", "call", "free_port", "history_of", "tool_results",
+           "tools_of", "until", "wait_tools"]
