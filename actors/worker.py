@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import secrets
+import sys
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from typing import Any
@@ -53,6 +54,9 @@ MAX_UNSENT_REPLIES = 1024
 #: Ids of jobs answered as aborted before they arrived (an Abort can overtake its job:
 #: control and work are two sockets); such a job is refused when it comes.
 MAX_ABORTED_UNSEEN = 4096
+#: The exit status of a worker whose key the host refused (EX_NOPERM): whoever
+#: supervises it (`oploop worker`) stops restarting it and says why.
+EXIT_REFUSED = 77
 #: How much of a failed encoding's explanation a `JobFailed` repeats.
 _DETAIL_CHARS = 300
 
@@ -77,6 +81,9 @@ class Worker(ABC):
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
+        #: The worker machine this worker runs on, said in `Ready` (`OPLOOP_MACHINE`;
+        #: "" for the host's own workers). Set before `serve`.
+        self.machine = ""
         self.worker_id = f"{self.role}-{os.getpid()}-{secrets.token_hex(2)}"
         self.reactor = Reactor()
         ident = self.worker_id.encode()
@@ -186,7 +193,7 @@ class Worker(ABC):
             log.warning("%s: %d unsent replies dropped: announcing again",
                         self.worker_id, len(self._unsent))
             self._unsent.clear()
-        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools()))
+        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools(), self.machine))
         with contextlib.suppress(BusError):
             self.control.send(Envelope(ControlHello(self.worker_id)))
 
@@ -318,7 +325,10 @@ class Worker(ABC):
                 group.create_task(self._beat(), name="heartbeat")
                 group.create_task(self._until_refused(), name="refusal")
         except* WorkerRefused as refused:
-            raise SystemExit(f"oploop {self.role} worker: {refused.exceptions[0]}") from None
+            # A status of its own, so a supervising `oploop worker` stops (not restarts).
+            print(f"oploop {self.role} worker: {refused.exceptions[0]}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(EXIT_REFUSED) from None
         finally:
             with contextlib.suppress(BusError):
                 self.work.send(Envelope(Disconnect()))

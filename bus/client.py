@@ -150,15 +150,17 @@ class Client:
         deadline_s: float = 0.0,
         cwd: str | None = None,
         timeout: float = 10.0,
+        machine: str = "",
     ) -> RunStarted:
-        """Start a run (a new session, or a follow-up in `session`).
+        """Start a run (a new session, or a follow-up in `session`); `machine`: the
+        session's tools run on that worker machine only.
 
         Sent again every `START_RESEND_S` without a reply, until `timeout`: a
         supervisor restarting loses what it had not answered. Every resend carries
         the same key, so the run starts once however many arrive.
         """
         body = StartRun(prompt, session, agent, max_turns, deadline_s, cwd or os.getcwd(),
-                        key=secrets.token_hex(8))
+                        key=secrets.token_hex(8), machine=machine)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while True:

@@ -126,6 +126,9 @@ def parser() -> argparse.ArgumentParser:
                      help="stop after N model turns (0: the agent's limit)")
     run.add_argument("--deadline", type=_seconds, metavar="SECONDS",
                      help="cancel the run (mode deadline) if not done in this many seconds")
+    run.add_argument("--machine", metavar="NAME",
+                     help="run the session's tools on worker machine NAME only "
+                          "(see `oploop worker`)")
     out = run.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one event object per line")
     out.add_argument("-q", "--quiet", action="store_true",

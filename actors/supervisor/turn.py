@@ -24,11 +24,13 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What running a tool call gave: output text, error flag, how long it took."""
+    """What running a tool call gave: output text, error flag, how long it took, and
+    the machine it ran on ("": not said, as for the calls of an in-process run)."""
 
     output: str
     is_error: bool
     duration_ms: float = 0.0
+    machine: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors.machines import LOCAL
 from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
 from actors.supervisor.driver import ModelError, Progress
@@ -27,6 +28,9 @@ from bus.messages import (
 
 if TYPE_CHECKING:
     from actors.supervisor.actor import Supervisor
+
+#: `JobFailed` tags whose message says all: the call's machine is gone or absent.
+MACHINE_ERRORS = ("machine_lost", "no_worker")
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
@@ -54,6 +58,10 @@ class WorkerIO:
 
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return self.sup.dispatcher.tool_specs()
+
+    def tool_machine(self, session: Session) -> str:
+        """The agent's `target_machine` (for this session), else the host's own."""
+        return session.agent.target_machine or LOCAL
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
                          turn: int, progress: Progress, route: bool = False) -> Message:
@@ -84,20 +92,25 @@ class WorkerIO:
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
                       list(session.agent.read_paths), session.agent.name)
+        machine = self.tool_machine(session)
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None)
+            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None,
+                                    machine=machine)
         except ModelError as exc:
-            return ToolOutcome(f"{exc.error}: {exc.message}", True)
+            return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
         body = reply.body
         if isinstance(body, ToolResult):
-            return ToolOutcome(body.output, body.is_error, body.duration_ms)
+            return ToolOutcome(body.output, body.is_error, body.duration_ms, machine)
+        if isinstance(body, JobFailed) and body.error in MACHINE_ERRORS:
+            # "machine B lost ...", "machine B has no executor connected": said as is.
+            return ToolOutcome(body.message, True, machine=machine)
         if isinstance(body, JobFailed):
-            return ToolOutcome(f"{call.name} failed: {body.message}", True)
-        return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)
+            return ToolOutcome(f"{call.name} failed: {body.message}", True, machine=machine)
+        return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True, machine=machine)
 
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
-                   progress: Any, for_worker: Any = None) -> Envelope:
+                   progress: Any, for_worker: Any = None, machine: str | None = None) -> Envelope:
         dispatcher = self.sup.dispatcher
         # The session's deadline bounds its jobs too, so workers can plan for it
         # (the llm caller falls back to a non-streaming call close to it).
@@ -106,7 +119,8 @@ class WorkerIO:
             deadline = min(deadline, session.deadline)
         try:
             job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
-                                    on_progress=progress, for_worker=for_worker)
+                                    on_progress=progress, for_worker=for_worker,
+                                    machine=machine)
         except NoCapacity as exc:
             raise ModelError("busy", str(exc)) from exc
         try:
