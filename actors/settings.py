@@ -63,6 +63,7 @@ PARENT_PID_ENV = "OPLOOP_PARENT_PID"
 EMBEDDED_ENV = "OPLOOP_EMBEDDED"
 RESTARTED_ENV = "OPLOOP_RESTARTED"
 CONFIG_ENV = "OPLOOP_CONFIG"
+MACHINE_ENV = "OPLOOP_MACHINE"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LLM_BACKENDS = ("anthropic", "scripted")
@@ -160,7 +161,7 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         memtrace_s=reader.get("OPLOOP_MEMTRACE", float, 0.0, at_least=0),
         connect=env.get("OPLOOP_CONNECT", ""),
         keys=env.get("OPLOOP_KEYS", ""),
-        machine=_machine(env.get("OPLOOP_MACHINE", "")),
+        machine=_machine(env.get(MACHINE_ENV, "")),
         ready_fd=reader.optional(READY_FD_ENV, int),
         parent_pid=reader.optional(PARENT_PID_ENV, int),
         embedded=env.get(EMBEDDED_ENV, "") == "1",

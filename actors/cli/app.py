@@ -107,6 +107,22 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="actors and sessions")
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(fn=_home_checked(hostcmds.cmd_status, create=False))
+    wk = sub.add_parser(
+        "worker", help="serve a host elsewhere as a worker machine (its executors, llm callers)",
+        description="Start this machine's workers for the host at --connect (TCP + CURVE, "
+                    "the worker key in --keys), keep them alive, and stop on Ctrl-C/SIGTERM. "
+                    "Sessions aimed at --machine NAME run their tools here.")
+    wk.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
+                    help="the host's [network] listen address")
+    wk.add_argument("--keys", required=True, metavar="DIR",
+                    help="the folder of `oploop keys add NAME --role worker` on the host")
+    wk.add_argument("--machine", required=True, metavar="NAME", help="this machine's name")
+    wk.add_argument("--executors", type=_count, default=1, metavar="N",
+                    help="executor processes (32 tool calls at once each; default 1)")
+    wk.add_argument("--llm-callers", type=_count, default=0, metavar="N",
+                    help="llm caller processes (they need this machine's model settings; "
+                         "default 0)")
+    wk.set_defaults(fn=_home_checked(hostcmds.cmd_worker, create=True))
     keys = sub.add_parser("keys", help="CURVE keys of TCP workers, clients and viewers")
     keys.add_argument("action", choices=("add", "list", "revoke"))
     keys.add_argument("name", nargs="?")

@@ -82,6 +82,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run this machine's workers for a host elsewhere (`actors.host.workers`)."""
+    from actors.host.workers import WorkerMachineError, WorkerMachineSpec, run_worker_machine
+
+    spec = WorkerMachineSpec(args.connect, Path(args.keys).expanduser(), args.machine,
+                             args.executors, args.llm_callers)
+    try:
+        return run_worker_machine(spec, oploop_home())
+    except WorkerMachineError as exc:
+        raise CliError(f"worker: {exc}") from None
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the running host and wait until it is gone."""
     state = read_state()
@@ -160,6 +172,27 @@ async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
         return await client.sessions(timeout=wait_s)
 
 
+async def _sessions_and_machines() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The sessions and the worker machines of the host in `$OPLOOP_HOME`."""
+    async with Client.connect(oploop_home()) as client:
+        sessions = await client.sessions(timeout=5.0)
+        machines: list[dict[str, Any]] = (await client.stats(timeout=5.0)).get("machines", [])
+        return sessions, machines
+
+
+def _machine_lines(machines: list[dict[str, Any]]) -> list[str]:
+    """`oploop status`'s machines: name, address, workers by role, last beat, state."""
+    lines = [f"{'machine':<16}{'address':<18}{'executors':>10}{'llm':>5}"
+             f"{'last beat':>11}  state"]
+    for m in machines:
+        ago = m.get("last_heartbeat_ago_s")
+        workers = m.get("workers", {})
+        lines.append(f"{m['name']:<16}{m.get('address') or '-':<18}"
+                     f"{workers.get('tool', 0):>10}{workers.get('llm', 0):>5}"
+                     f"{'-' if ago is None else f'{ago:.1f} s ago':>11}  {m['state']}")
+    return lines
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Actors (name, pid, restarts, CPU, RSS) and sessions."""
     state = read_state()
@@ -167,9 +200,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     rows = actor_rows(state)
     try:
-        sessions = asyncio.run(_sessions())
+        sessions, machines = asyncio.run(_sessions_and_machines())
     except BusError as exc:
-        sessions = []
+        sessions, machines = [], []
         print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
     from actors.sandbox import layers_report  # only status needs it
 
@@ -177,7 +210,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
-                          "sessions": sessions, "sandbox": layers}))
+                          "sessions": sessions, "machines": machines, "sandbox": layers}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else "")
@@ -199,6 +232,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{r['name']} FAILED: it kept dying, so the host stopped restarting it "
                   f"(the others go on; see {state['home']}/host.log, then `oploop down` "
                   f"and `oploop up`)")
+    for line in _machine_lines(machines):
+        print(line)
     running = sum(1 for s in sessions if s["state"] == "running")
     print(f"sessions: {len(sessions)} ({running} running)")
     for s in sessions:

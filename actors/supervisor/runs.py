@@ -10,8 +10,8 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
-from actors.sessionlog import JournalError
 from actors.machines import LOCAL, machine_name_error
+from actors.sessionlog import JournalError
 from actors.supervisor.driver import RunDriver, decision_error
 from actors.supervisor.session import Session
 from bus.messages import (
