@@ -322,8 +322,8 @@ class Dispatcher:
         worker = self.workers[peer] = WorkerState(
             peer, ready.role, ready.capacity, _valid_specs(peer, ready.tools),
             control_id=peer + b".ctl", machine=machine_of(ready.machine))
-        self.machines.joined(worker.machine, worker.role, self.work.peer_address or "",
-                             self.work.user_id or "")
+        self.machines.joined(worker.machine, worker.role, peer.decode(errors="replace"),
+                             self.work.peer_address or "", self.work.user_id or "")
         log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
                  ready.capacity, worker.machine)
         if ready.role == "tool":
@@ -344,7 +344,7 @@ class Dispatcher:
         level = logging.INFO if reason == "left" and not worker.inflight else logging.WARNING
         log.log(level, "worker %s (%s) %s with %d job(s)", peer.decode(errors="replace"),
                 worker.machine, reason, len(worker.inflight))
-        self.machines.left(worker.machine, worker.role,
+        self.machines.left(worker.machine, worker.role, peer.decode(errors="replace"),
                            "left" if reason in ("left", "re-announced") else "lost")
         for jid in list(worker.inflight):
             job = self.jobs.get(jid)

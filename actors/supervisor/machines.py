@@ -30,6 +30,8 @@ class MachineState:
     key: str = ""
     #: Live workers by role, counted by the dispatcher.
     workers: dict[str, int] = field(default_factory=dict)
+    #: The ids of its live workers (`ROLE-PID-XXXX`: which processes serve).
+    ids: set[str] = field(default_factory=set)
     #: Wall-clock time any of its workers was last heard from.
     last_heard: float = 0.0
     #: "up" while it has a worker; then "lost" or "left".
@@ -41,7 +43,7 @@ class MachineState:
         """The machine as `Stats` (and `oploop status --json`) report it."""
         return {
             "name": self.name, "address": self.address, "key": self.key,
-            "workers": dict(self.workers), "state": self.state,
+            "workers": dict(self.workers), "worker_ids": sorted(self.ids), "state": self.state,
             "last_heartbeat": self.last_heard,
             "last_heartbeat_ago_s": round(now - self.last_heard, 3) if self.last_heard else None,
             "since": self.since,
@@ -54,12 +56,14 @@ class Machines:
     def __init__(self) -> None:
         self.known: dict[str, MachineState] = {}
 
-    def joined(self, name: str, role: str, address: str = "", key: str = "") -> None:
-        """A worker of `role` on machine `name` announced itself."""
+    def joined(self, name: str, role: str, worker: str, address: str = "",
+               key: str = "") -> None:
+        """Worker `worker` of `role` on machine `name` announced itself."""
         machine = self.known.get(name)
         if machine is None or machine.state != "up":
             machine = self.known[name] = MachineState(name)
         machine.workers[role] = machine.workers.get(role, 0) + 1
+        machine.ids.add(worker)
         machine.address = address or machine.address
         machine.key = key or machine.key
         machine.last_heard = time.time()
@@ -70,11 +74,12 @@ class Machines:
         if machine is not None:
             machine.last_heard = time.time()
 
-    def left(self, name: str, role: str, how: str) -> None:
-        """A worker of `role` on machine `name` is gone: `how` is "lost" or "left"."""
+    def left(self, name: str, role: str, worker: str, how: str) -> None:
+        """Worker `worker` of `role` on machine `name` is gone: `how` is "lost" or "left"."""
         machine = self.known.get(name)
-        if machine is None:
+        if machine is None or worker not in machine.ids:
             return
+        machine.ids.discard(worker)
         count = machine.workers.get(role, 0) - 1
         if count > 0:
             machine.workers[role] = count
