@@ -32,7 +32,7 @@ from actors.host.children import Child, StartFailed, keep_alive, spawn, stop_all
 from actors.machines import LOCAL, machine_name_error
 from actors.settings import MACHINE_ENV, PARENT_PID_ENV
 from actors.worker import EXIT_REFUSED
-from bus.endpoints import Endpoints, EndpointError
+from bus.endpoints import EndpointError, Endpoints
 from bus.security import ClientKeys, CredentialError
 
 log = logging.getLogger("oploop.worker")
@@ -109,7 +109,7 @@ class WorkerMachine:
         them; raises `WorkerMachineError` if the host refused the key."""
         self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._take_lock()
-        self._log = open(self.home / LOG_FILE, "ab")  # noqa: SIM115 (closed in finally)
+        self._log = await asyncio.to_thread(open, self.home / LOG_FILE, "ab")
         try:
             self.children = (
                 [Child(f"executor-{i + 1}", "actors.executor")

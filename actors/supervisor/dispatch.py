@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import logging
 import os
@@ -323,7 +324,7 @@ class Dispatcher:
             peer, ready.role, ready.capacity, _valid_specs(peer, ready.tools),
             control_id=peer + b".ctl", machine=machine_of(ready.machine))
         self.machines.joined(worker.machine, worker.role, peer.decode(errors="replace"),
-                             self.work.peer_address or "", self.work.user_id or "")
+                             _ip(self.work.peer_address), self.work.user_id or "")
         log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
                  ready.capacity, worker.machine)
         if ready.role == "tool":
@@ -446,6 +447,15 @@ class Dispatcher:
     def session_jobs(self, sid: str) -> int:
         """Jobs of session `sid` that a worker still holds or that wait for one."""
         return sum(1 for j in self.jobs.values() if j.env.sid == sid)
+
+
+def _ip(address: str | None) -> str:
+    """A worker's address if it is an IP one (TCP); "" over ipc, whose Peer-Address is
+    no address of a machine."""
+    try:
+        return str(ipaddress.ip_address(address or ""))
+    except ValueError:
+        return ""
 
 
 def _absent(role: str, machine: str) -> JobFailed:

@@ -120,10 +120,10 @@ async def machines(home: str) -> dict[str, dict[str, Any]]:
 
 
 async def wait_machine(home: str, name: str, state: str, tools: int | None = None,
-                       timeout: float = 60) -> dict[str, Any]:
+                       within_s: float = 60) -> dict[str, Any]:
     """Wait until machine `name` is in `state` (with `tools` executors, if given)."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + within_s
     while True:
         found = (await machines(home)).get(name)
         if found and found["state"] == state and (
