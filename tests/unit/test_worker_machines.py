@@ -29,6 +29,16 @@ def test_oploop_machine_is_checked_at_start(tmp_path):
             load_settings({**env, "OPLOOP_MACHINE": bad})
 
 
+def test_a_bad_target_machine_is_named(tmp_path):
+    from actors.config import load_config
+
+    for bad in ("a b", LOCAL):
+        path = tmp_path / "oploop.toml"
+        path.write_text(f'[agents.ops]\ntarget_machine = "{bad}"\n')
+        with pytest.raises(ConfigError, match="agents.ops.target_machine"):
+            load_config(path)
+
+
 def test_the_registry_follows_workers_and_remembers_the_gone():
     machines = Machines()
     machines.joined("B", "tool", "tool-1", "10.0.0.2", "worker:B")
