@@ -1,7 +1,7 @@
 """Worker machines (issue 20): a host in a hub network namespace, `oploop worker`
 machines in namespaces of their own (`bench.netlink`), over TCP + CURVE.
 
-- turns/s: 6 sessions at once, 10 `read_file` turns each (the scripted model in
+- turns/s: 6 sessions at once, 10 `read_file` turns each (of /etc/os-release) (the scripted model in
   the host's llm caller), aimed round-robin at executors on 1, 2 and 3 machines;
   and the per-turn p50 of one session aimed at a machine against one on the
   host's own executor (the cost of the TCP + CURVE hop).
@@ -37,6 +37,7 @@ PORT = 7600
 TURNS = 10
 SESSIONS = 6
 MARK = "oploop-bench-cut"
+READ = "/etc/os-release"
 
 
 class HubHost(BenchHost):
@@ -49,7 +50,9 @@ class HubHost(BenchHost):
         super().__init__(listen=f"tcp://0.0.0.0:{PORT}", executors=1, backend="offline")
         self.lab = lab
         self.env["OPLOOP_HTTP_LISTEN"] = "off"  # no gateway: one process less to share
-        call = {"type": "tool_use", "name": "read_file", "input": {"path": str(self.target)}}
+        # A system file every machine's confined reader may read (the bench's own
+        # directory is under /tmp, private to each call's sandbox).
+        call = {"type": "tool_use", "name": "read_file", "input": {"path": READ}}
         cut = [{"reply": [{"type": "tool_use", "name": "shell",
                            "input": {"command": f"sleep 300; echo {MARK}"}}]},
                {"reply": "the machine went away"}]
