@@ -158,18 +158,18 @@ class Dispatcher:
         with no worker of `role` connected fails it at once (never elsewhere), while
         `LOCAL` jobs wait for the host to (re)start its own."""
         key = (role, machine)
-        queue = self.queues.setdefault(key, deque())
-        if len(queue) >= MAX_QUEUED:
+        if len(self.queues.get(key, ())) >= MAX_QUEUED:
             raise NoCapacity(f"{MAX_QUEUED} {role} jobs already waiting")
         jid = f"{self._prefix}{next(self._ids):x}"
         env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline)
         job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress,
                   for_worker=for_worker, machine=machine)
         if machine not in (None, LOCAL) and not self._serves(role, machine):
+            # (no queue made for it: a name no worker has costs nothing to remember)
             job.future.set_result(Envelope(_absent(role, machine), job=jid))
             return job
         self.jobs[jid] = job
-        queue.append(job)
+        self.queues.setdefault(key, deque()).append(job)
         self._pump(key)
         return job
 
@@ -365,7 +365,9 @@ class Dispatcher:
                 self._finish(job, Envelope(_lost(worker, reason), job=jid))
         if worker.role == "tool":
             self.catalogue_changed.set()
-        if worker.machine != LOCAL and not self._serves(worker.role, worker.machine):
+        # (a worker announcing itself again is back at once: what waits for it, waits)
+        if (worker.machine != LOCAL and reason != "re-announced"
+                and not self._serves(worker.role, worker.machine)):
             self._fail_waiting((worker.role, worker.machine))
         self._pump_for(worker)
 
