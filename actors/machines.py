@@ -13,6 +13,10 @@ import re
 #: The machine of the host's own workers, and of any worker that names none.
 LOCAL = "local"
 
+#: The exit status of a worker whose key the host refused (EX_NOPERM): whoever
+#: supervises it (`oploop worker`) stops restarting it and says why.
+EXIT_REFUSED = 77
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 

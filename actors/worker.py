@@ -25,6 +25,7 @@ from typing import Any
 
 import zmq
 
+from actors.machines import EXIT_REFUSED
 from actors.runtime import notify_ready
 from bus.codec import MAX_FRAME_BYTES, encode
 from bus.endpoints import Endpoints
@@ -54,9 +55,6 @@ MAX_UNSENT_REPLIES = 1024
 #: Ids of jobs answered as aborted before they arrived (an Abort can overtake its job:
 #: control and work are two sockets); such a job is refused when it comes.
 MAX_ABORTED_UNSEEN = 4096
-#: The exit status of a worker whose key the host refused (EX_NOPERM): whoever
-#: supervises it (`oploop worker`) stops restarting it and says why.
-EXIT_REFUSED = 77
 #: How much of a failed encoding's explanation a `JobFailed` repeats.
 _DETAIL_CHARS = 300
 

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import IO
 
 from actors.host.children import Child, StartFailed, keep_alive, spawn, stop_all
-from actors.machines import LOCAL, machine_name_error
+from actors.machines import EXIT_REFUSED, LOCAL, machine_name_error
 from actors.settings import MACHINE_ENV, PARENT_PID_ENV
-from actors.worker import EXIT_REFUSED
 from bus.endpoints import EndpointError, Endpoints
 from bus.security import ClientKeys, CredentialError
 

@@ -308,14 +308,15 @@ class Dispatcher:
             worker.control_id = peer
 
     def _register(self, peer: bytes, ready: Ready) -> None:
-        self._told.discard(peer)
         if ready.role not in ROLES or ready.capacity < 1:
             log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
             return
-        problem = machine_name_error(ready.machine) if ready.machine else None
+        problem = _machine_problem(ready.machine, self.work.user_id)
         if problem is not None:
+            # Not registered, and (kept in `_told`) asked to re-announce once at most.
             log.warning("worker %r refused: %s", peer, problem)
             return
+        self._told.discard(peer)
         old = self.workers.get(peer)
         if old is not None:
             # Re-announced (it lost us for a while): whatever it ran is lost with its state.
@@ -449,6 +450,21 @@ class Dispatcher:
     def session_jobs(self, sid: str) -> int:
         """Jobs of session `sid` that a worker still holds or that wait for one."""
         return sum(1 for j in self.jobs.values() if j.env.sid == sid)
+
+
+def _machine_problem(machine: str, user_id: str | None) -> str | None:
+    """Why a worker may not serve as `machine`, or None. Over CURVE its key decides: a
+    `worker:NAME` key may serve machine NAME (or, unnamed, as `local`), no other, so a
+    key cannot take the tool calls aimed at another machine."""
+    if not machine:
+        return None
+    problem = machine_name_error(machine)
+    if problem is None and machine == LOCAL:
+        problem = f"{LOCAL!r} is the host's own machine"
+    key_role, _, key_name = (user_id or "").partition(":")
+    if problem is None and key_role == "worker" and key_name != machine:
+        problem = f"its key {key_name!r} may serve machine {key_name!r}, not {machine!r}"
+    return problem
 
 
 def _ip(address: str | None) -> str:

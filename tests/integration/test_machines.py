@@ -221,3 +221,23 @@ def test_a_refused_key_stops_oploop_worker_with_one_line(lab):
         assert "D" not in asyncio.run(machines(home))
     finally:
         remove_home(far)
+
+
+def test_a_worker_key_serves_its_own_machine_only(lab):
+    lab, home, _ = lab
+    keys = Path(home) / "keys" / "issued" / "B"  # B's key, claiming to be machine C
+    c = lab.machines["C"]
+    far = Path(make_home("opc-"))
+    impostor = WorkerMachineProc(lab, "C", far, keys)
+    try:
+        log = Path(home) / "host.log"
+        wait_until(lambda: "may serve machine 'B', not 'C'" in log.read_text(),
+                   "the supervisor to refuse the impostor")
+        assert "C" not in asyncio.run(machines(home))
+        events = run(home, "run `cat /proc/net/dev`", machine="C")
+        end = of_type(events, "TOOL_END")[0]["data"]
+        assert end["output"] == "machine C has no executor connected"
+        assert c.iface not in end["output"]
+    finally:
+        impostor.stop()
+        remove_home(far)
