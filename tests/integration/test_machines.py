@@ -88,6 +88,9 @@ def test_tools_aimed_at_a_machine_run_there_and_others_here(lab):
     assert listed["B"]["workers"] == {"tool": 1} and listed["B"]["key"] == "worker:B"
     assert listed["B"]["last_heartbeat_ago_s"] < 30
     assert listed["local"]["workers"] == {"tool": 1, "llm": 1}
+    cli = subprocess.run([*OPLOOP, "run", "--machine", "B", "run `cat /proc/net/dev`"],
+                         env=_env(home), capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and "(on B)" in cli.stdout, cli.stdout + cli.stderr
     text = subprocess.run([*OPLOOP, "status"], env=_env(home), capture_output=True,
                           text=True, timeout=60, check=True).stdout
     assert any(line.split()[:2] == ["B", b.address] and line.endswith("up")
