@@ -9,7 +9,6 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import psutil
 
 from actors.config import ConfigError
 from actors.host import lease
-from actors.host.children import Child, StartFailed, keep_alive, spawn, stop_all
+from actors.host.children import Child, StartFailed, keep_alive, spawn, start_all, stop_all
 from actors.runtime import notify_ready, run_actor
 from actors.settings import (
     EMBEDDED_ENV,
@@ -120,7 +119,7 @@ class Host:
             if self.gateway:
                 others.append(Child("gateway", "actors.gateway", env=base))
             self.children += others
-            await _all_or_none(
+            await start_all(
                 [*(self._spawn(c) for c in others), self._start_llm_callers(base, model)]
             )
             for child in self.children:
@@ -139,7 +138,7 @@ class Host:
         callers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model},
                          model_env=True) for i in range(self.llm_callers)]
         self.children += callers
-        await _all_or_none([self._spawn(c) for c in callers])
+        await start_all([self._spawn(c) for c in callers])
 
     async def _start_offline_model(self, base: dict[str, str]) -> dict[str, str]:
         port_file = self.run_dir / OFFLINE_PORT_FILE
@@ -251,19 +250,6 @@ class Host:
                 os.close(held)
         finally:
             await asyncio.shield(self.stop())
-
-
-async def _all_or_none(starts: list[Coroutine[Any, Any, None]]) -> None:
-    """Await every start; when one fails, cancel the rest before raising, so that
-    every process started so far is known (`child.proc`) to the `stop()` that follows."""
-    tasks = [asyncio.ensure_future(s) for s in starts]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def read_state(home: Path | None = None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -96,6 +96,19 @@ async def spawn(child: Child, env: Mapping[str, str], stderr: IO[bytes] | None =
         code = await child.proc.wait()
         raise StartFailed(f"{child.name} exited with status {code} before it was ready")
     child.state = "running"
+
+
+async def start_all(starts: list[Coroutine[Any, Any, None]]) -> None:
+    """Await every start; when one fails, cancel the rest before raising, so that
+    every process started so far is known (`child.proc`) to the `stop()` that follows."""
+    tasks = [asyncio.ensure_future(s) for s in starts]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def keep_alive(child: Child, start: Callable[[Child], Awaitable[None]], *,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from actors.host.children import Child, StartFailed, keep_alive, spawn, stop_all
+from actors.host.children import Child, StartFailed, keep_alive, spawn, start_all, stop_all
 from actors.machines import EXIT_REFUSED, LOCAL, machine_name_error
 from actors.settings import MACHINE_ENV, PARENT_PID_ENV
 from bus.endpoints import EndpointError, Endpoints
@@ -116,7 +116,7 @@ class WorkerMachine:
                 + [Child(f"llm-{i + 1}", "actors.llm_caller", model_env=True)
                    for i in range(self.spec.llm_callers)])
             try:
-                await asyncio.gather(*(self._start(c) for c in self.children))
+                await start_all([self._start(c) for c in self.children])
             except StartFailed as exc:
                 raise WorkerMachineError(f"{exc} (see {self.home / LOG_FILE})") from None
             print(f"oploop worker: machine {self.spec.machine}: {self.spec.executors} "
