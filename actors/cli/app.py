@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     up.set_defaults(fn=_home_checked(hostcmds.cmd_up, create=True))
     sub.add_parser("down", help="stop the host").set_defaults(
         fn=_home_checked(hostcmds.cmd_down, create=False))
-    st = sub.add_parser("status", help="actors and sessions")
+    st = sub.add_parser("status", help="actors, worker machines and sessions")
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(fn=_home_checked(hostcmds.cmd_status, create=False))
     wk = sub.add_parser(
