@@ -511,6 +511,14 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
         raise ConfigError(f"{source}: agents.{name}.temperature: must be within 0..1")
     if agent.deadline_s < 0 or agent.tool_timeout_s <= 0:
         raise ConfigError(f"{source}: agents.{name}: deadline_s >= 0 and tool_timeout_s > 0")
+    if agent.target_machine:
+        from actors.machines import LOCAL, machine_name_error
+
+        problem = machine_name_error(agent.target_machine)
+        if problem is None and agent.target_machine == LOCAL:
+            problem = f"{LOCAL!r} is the host's own machine: leave target_machine empty"
+        if problem is not None:
+            raise ConfigError(f"{source}: agents.{name}.target_machine: {problem}")
     return agent
 
 

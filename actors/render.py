@@ -113,7 +113,10 @@ class Renderer:
 
     def _on_TOOL_START(self, data: dict[str, Any]) -> None:  # noqa: N802
         self._running[str(data.get("tool_use_id", ""))] = (data["name"], time.monotonic())
-        self._line(f"→ {data['name']} {_brief(data.get('input'))}")
+        machine = data.get("machine")
+        # Said only for a worker machine: the host's own ("local") is the usual case.
+        where = f" (on {machine})" if machine and machine != "local" else ""
+        self._line(f"→ {data['name']} {_brief(data.get('input'))}{where}")
 
     def _on_TOOL_END(self, data: dict[str, Any]) -> None:  # noqa: N802
         self._running.pop(str(data.get("tool_use_id", "")), None)

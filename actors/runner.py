@@ -280,6 +280,10 @@ class _LocalIO(Generic[Deps]):
             why = answer if isinstance(answer, str) and answer else "denied by on_approval"
             driver.decide(data["call_id"], "deny", "on_approval", why)
 
+    def tool_machine(self, session: Session) -> str:
+        """Not said: the tools run in this process."""
+        return ""
+
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 

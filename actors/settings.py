@@ -10,6 +10,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_HOME` | `~/.oploop` | the host's home (read in `bus.endpoints`: bus imports no actors) |
 | `OPLOOP_CONFIG` | | the `oploop.toml` (else `$OPLOOP_HOME/oploop.toml`, `./oploop.toml`) |
 | `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`bus.endpoints`) |
+| `OPLOOP_MACHINE` | | the worker machine a worker says it runs on (`oploop worker --machine`) |
 | `OPLOOP_LOG_LEVEL` | WARNING | DEBUG, INFO, WARNING, ERROR or CRITICAL |
 | `OPLOOP_INTENT_ROUTER` | | `on` / `off` overrides `[router] enabled` |
 | `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
@@ -54,6 +55,7 @@ from actors.config import (
     load_config,
     parse_http_listen,
 )
+from actors.machines import LOCAL, machine_name_error
 from bus.endpoints import Endpoints, oploop_home
 
 READY_FD_ENV = "OPLOOP_READY_FD"
@@ -61,6 +63,7 @@ PARENT_PID_ENV = "OPLOOP_PARENT_PID"
 EMBEDDED_ENV = "OPLOOP_EMBEDDED"
 RESTARTED_ENV = "OPLOOP_RESTARTED"
 CONFIG_ENV = "OPLOOP_CONFIG"
+MACHINE_ENV = "OPLOOP_MACHINE"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LLM_BACKENDS = ("anthropic", "scripted")
@@ -103,6 +106,8 @@ class Settings:
     #: `OPLOOP_CONNECT` / `OPLOOP_KEYS`: a host elsewhere ("" : this home's).
     connect: str = ""
     keys: str = ""
+    #: `OPLOOP_MACHINE`: the worker machine this worker belongs to ("": the host's own).
+    machine: str = ""
     ready_fd: int | None = None
     parent_pid: int | None = None
     #: Part of an embedded host (`oploop run` with no host up): runs end with the host.
@@ -156,11 +161,24 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         memtrace_s=reader.get("OPLOOP_MEMTRACE", float, 0.0, at_least=0),
         connect=env.get("OPLOOP_CONNECT", ""),
         keys=env.get("OPLOOP_KEYS", ""),
+        machine=_machine(env.get(MACHINE_ENV, "")),
         ready_fd=reader.optional(READY_FD_ENV, int),
         parent_pid=reader.optional(PARENT_PID_ENV, int),
         embedded=env.get(EMBEDDED_ENV, "") == "1",
         restarted=env.get(RESTARTED_ENV, "") == "1",
     )
+
+
+def _machine(name: str) -> str:
+    """`OPLOOP_MACHINE`, checked: a worker machine's name, never `local`."""
+    if not name:
+        return ""
+    problem = machine_name_error(name)
+    if problem is None and name == LOCAL:
+        problem = f"{LOCAL!r} is the host's own machine: name this one otherwise"
+    if problem is not None:
+        raise ConfigError(f"OPLOOP_MACHINE: {problem}")
+    return name
 
 
 def _with_env(config: Config, reader: _Reader) -> Config:

@@ -18,12 +18,14 @@ import itertools
 import logging
 import os
 import secrets
+import sys
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from typing import Any
 
 import zmq
 
+from actors.machines import EXIT_REFUSED
 from actors.runtime import notify_ready
 from bus.codec import MAX_FRAME_BYTES, encode
 from bus.endpoints import Endpoints
@@ -77,6 +79,9 @@ class Worker(ABC):
 
     def __init__(self, endpoints: Endpoints) -> None:
         self.endpoints = endpoints
+        #: The worker machine this worker runs on, said in `Ready` (`OPLOOP_MACHINE`;
+        #: "" for the host's own workers). Set before `serve`.
+        self.machine = ""
         self.worker_id = f"{self.role}-{os.getpid()}-{secrets.token_hex(2)}"
         self.reactor = Reactor()
         ident = self.worker_id.encode()
@@ -186,7 +191,7 @@ class Worker(ABC):
             log.warning("%s: %d unsent replies dropped: announcing again",
                         self.worker_id, len(self._unsent))
             self._unsent.clear()
-        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools()))
+        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools(), self.machine))
         with contextlib.suppress(BusError):
             self.control.send(Envelope(ControlHello(self.worker_id)))
 
@@ -318,7 +323,10 @@ class Worker(ABC):
                 group.create_task(self._beat(), name="heartbeat")
                 group.create_task(self._until_refused(), name="refusal")
         except* WorkerRefused as refused:
-            raise SystemExit(f"oploop {self.role} worker: {refused.exceptions[0]}") from None
+            # A status of its own, so a supervising `oploop worker` stops (not restarts).
+            print(f"oploop {self.role} worker: {refused.exceptions[0]}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(EXIT_REFUSED) from None
         finally:
             with contextlib.suppress(BusError):
                 self.work.send(Envelope(Disconnect()))

@@ -161,8 +161,10 @@ class Client:
         cwd: str | None = None,
         timeout: float = 10.0,
         lease_s: float = 0.0,
+        machine: str = "",
     ) -> RunStarted:
-        """Start a run (a new session, or a follow-up in `session`).
+        """Start a run (a new session, or a follow-up in `session`); `machine`: the
+        session's tools run on that worker machine only.
 
         Sent again every `START_RESEND_S` without a reply, until `timeout`: a
         supervisor restarting loses what it had not answered. Every resend carries
@@ -170,7 +172,7 @@ class Client:
         run is cancelled unless `renew` keeps it, at least that often.
         """
         body = StartRun(prompt, session, agent, max_turns, deadline_s, cwd or os.getcwd(),
-                        key=secrets.token_hex(8), lease_s=lease_s)
+                        key=secrets.token_hex(8), lease_s=lease_s, machine=machine)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while True:

@@ -83,6 +83,8 @@ class StartRun(Body):
     supervisor that restarted may have lost the request, or the reply): a
     `StartRun` whose key the supervisor knows is answered with that run's
     `RunStarted` again, never started twice.
+    `machine`: run the session's tools on that worker machine only (the agent's
+    `target_machine` for this session); empty keeps the agent's own.
     Reply: `RunStarted` or `ErrorReply`, sent once the run is journaled.
     """
 
@@ -95,6 +97,7 @@ class StartRun(Body):
     cwd: str = ""
     key: str = ""
     lease_s: float = 0.0
+    machine: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,14 +363,17 @@ class Abort(Body):
 class Ready(Body):
     """Worker -> supervisor `work`: I serve `role` with `capacity` concurrent jobs.
 
-    Executors list the tools they run (ToolSpec wire dicts). Sent on connect and
-    whenever the supervisor says `Disconnect`. No reply.
+    Executors list the tools they run (ToolSpec wire dicts). `machine` names the
+    worker machine this worker runs on (`oploop worker --machine NAME`); empty for
+    the host's own workers (and unnamed ones), which serve as "local". Sent on
+    connect and whenever the supervisor says `Disconnect`. No reply.
     """
 
     KIND: ClassVar[str] = "ready"
     role: str
     capacity: int
     tools: list[dict[str, Any]] = field(default_factory=list)
+    machine: str = ""
 
 
 @dataclass(frozen=True, slots=True)

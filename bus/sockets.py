@@ -106,6 +106,9 @@ class Port:
         self.identify = False
         #: The User-Id of the message being handled (`identify` ports; None otherwise).
         self.user_id: str | None = None
+        #: Where the message being handled came from (`identify` ports over TCP:
+        #: "IP" as libzmq's Peer-Address gives it; None otherwise).
+        self.peer_address: str | None = None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -201,6 +204,10 @@ class Port:
             self.user_id = parts[-1].get("User-Id")
         except zmq.ZMQError:  # no ZAP on that connection (ipc without CURVE)
             self.user_id = None
+        try:
+            self.peer_address = parts[-1].get("Peer-Address") or None
+        except zmq.ZMQError:  # not a TCP connection (ipc)
+            self.peer_address = None
         return [part.bytes for part in parts]
 
     def _dispatch(self, frames: list[bytes]) -> None:

@@ -108,9 +108,25 @@ def parser() -> argparse.ArgumentParser:
                            "their images stay and the next call mounts them again), so "
                            "that `rm -r $OPLOOP_HOME` can remove the home")
     down.set_defaults(fn=_home_checked(hostcmds.cmd_down, create=False))
-    st = sub.add_parser("status", help="actors and sessions")
+    st = sub.add_parser("status", help="actors, worker machines and sessions")
     st.add_argument("--json", action="store_true", help="one JSON object")
     st.set_defaults(fn=_home_checked(hostcmds.cmd_status, create=False))
+    wk = sub.add_parser(
+        "worker", help="serve a host elsewhere as a worker machine (its executors, llm callers)",
+        description="Start this machine's workers for the host at --connect (TCP + CURVE, "
+                    "the worker key in --keys), keep them alive, and stop on Ctrl-C/SIGTERM. "
+                    "Sessions aimed at --machine NAME run their tools here.")
+    wk.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
+                    help="the host's [network] listen address")
+    wk.add_argument("--keys", required=True, metavar="DIR",
+                    help="the folder of `oploop keys add NAME --role worker` on the host")
+    wk.add_argument("--machine", required=True, metavar="NAME", help="this machine's name")
+    wk.add_argument("--executors", type=_count, default=1, metavar="N",
+                    help="executor processes (32 tool calls at once each; default 1)")
+    wk.add_argument("--llm-callers", type=_count, default=0, metavar="N",
+                    help="llm caller processes (they need this machine's model settings; "
+                         "default 0)")
+    wk.set_defaults(fn=_home_checked(hostcmds.cmd_worker, create=True))
     keys = sub.add_parser("keys", help="CURVE keys of TCP workers, clients and viewers")
     keys.add_argument("action", choices=("add", "list", "revoke"))
     keys.add_argument("name", nargs="?")
@@ -132,6 +148,9 @@ def parser() -> argparse.ArgumentParser:
                      help="stop after N model turns (0: the agent's limit)")
     run.add_argument("--deadline", type=_seconds, metavar="SECONDS",
                      help="cancel the run (mode deadline) if not done in this many seconds")
+    run.add_argument("--machine", metavar="NAME",
+                     help="run the session's tools on worker machine NAME only "
+                          "(see `oploop worker`)")
     out = run.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one event object per line")
     out.add_argument("-q", "--quiet", action="store_true",

@@ -87,6 +87,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run this machine's workers for a host elsewhere (`actors.host.workers`)."""
+    from actors.host.workers import WorkerMachineError, WorkerMachineSpec, run_worker_machine
+
+    spec = WorkerMachineSpec(args.connect, Path(args.keys).expanduser(), args.machine,
+                             args.executors, args.llm_callers)
+    try:
+        return run_worker_machine(spec, oploop_home())
+    except WorkerMachineError as exc:
+        raise CliError(f"worker: {exc}") from None
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the running host and wait until it is gone (`--unmount`: then unmount
     the workspaces, which a stopped host keeps mounted where an operator looks)."""
@@ -177,13 +189,27 @@ async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
         return await client.sessions(timeout=wait_s)
 
 
-async def _sessions_and_servers(wait_s: float = 5.0
-                                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`_sessions`, and the MCP servers of its executors (their states)."""
+async def _host_view(wait_s: float = 5.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                list[dict[str, Any]]]:
+    """The sessions, the worker machines and the MCP servers (their states) of the host
+    in `$OPLOOP_HOME`."""
     async with Client.connect(oploop_home()) as client:
         sessions = await client.sessions(timeout=wait_s)
-        servers = (await client.stats(timeout=wait_s)).get("mcp", [])
-    return sessions, servers
+        stats = await client.stats(timeout=wait_s)
+    return sessions, stats.get("machines", []), stats.get("mcp", [])
+
+
+def _machine_lines(machines: list[dict[str, Any]]) -> list[str]:
+    """`oploop status`'s machines: name, address, workers by role, last beat, state."""
+    lines = [f"{'machine':<16}{'address':<18}{'executors':>10}{'llm':>5}"
+             f"{'last beat':>11}  state"]
+    for m in machines:
+        ago = m.get("last_heartbeat_ago_s")
+        workers = m.get("workers", {})
+        lines.append(f"{m['name']:<16}{m.get('address') or '-':<18}"
+                     f"{workers.get('tool', 0):>10}{workers.get('llm', 0):>5}"
+                     f"{'-' if ago is None else f'{ago:.1f} s ago':>11}  {m['state']}")
+    return lines
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -193,9 +219,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     rows = actor_rows(state)
     try:
-        sessions, servers = asyncio.run(_sessions_and_servers())
+        sessions, machines, servers = asyncio.run(_host_view())
     except BusError as exc:
-        sessions, servers = [], []
+        sessions, machines, servers = [], [], []
         print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
     from actors.sandbox import layers_report  # only status needs it
 
@@ -203,7 +229,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
-                          "sessions": sessions, "mcp": servers, "sandbox": layers}))
+                          "sessions": sessions, "machines": machines, "mcp": servers,
+                          "sandbox": layers}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else "")
@@ -225,6 +252,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{r['name']} FAILED: it kept dying, so the host stopped restarting it "
                   f"(the others go on; see {state['home']}/host.log, then `oploop down` "
                   f"and `oploop up`)")
+    for line in _machine_lines(machines):
+        print(line)
     running = sum(1 for s in sessions if s["state"] == "running")
     print(f"sessions: {len(sessions)} ({running} running)")
     for s in sessions:

@@ -219,6 +219,7 @@ async def _main(settings: Settings) -> None:
         executor = Executor(endpoints, config=settings.config)
     except PolicyError as exc:
         raise SystemExit(f"executor: bad sandbox configuration: {exc}") from exc
+    executor.machine = settings.machine
     await executor.serve()
 
 

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +16,12 @@ import psutil
 
 from actors.config import ConfigError
 from actors.host import lease
-from actors.host.policy import RestartPolicy
+from actors.host.children import Child, StartFailed, keep_alive, spawn, start_all, stop_all
 from actors.runtime import notify_ready, run_actor
 from actors.settings import (
     EMBEDDED_ENV,
+    MACHINE_ENV,
     PARENT_PID_ENV,
-    READY_FD_ENV,
-    RESTARTED_ENV,
     Settings,
     load_settings,
 )
@@ -36,11 +30,6 @@ from bus.endpoints import NETWORK_FILE, REMOTE_ENV, Endpoints, Network, oploop_h
 from bus.security import CredentialError, Keyring
 
 log = logging.getLogger("oploop.host")
-
-#: How long a child may take to say it is ready.
-READY_TIMEOUT_S = 30.0
-#: How long a child gets between SIGTERM and SIGKILL.
-STOP_GRACE_S = 3.0
 
 STATE_FILE = "host.json"
 LOCK_FILE = "host.lock"
@@ -51,38 +40,6 @@ WEB_URL_FILE = "web.url"
 
 class HostError(Exception):
     """The host cannot start (another host runs here, a child never came up, ...)."""
-
-
-@dataclass
-class Child:
-    """One actor process the host keeps alive."""
-
-    name: str
-    module: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    #: File descriptors of the host's that every incarnation inherits (as numbered).
-    fds: tuple[int, ...] = ()
-    proc: asyncio.subprocess.Process | None = None
-    started: float = 0.0
-    restarts: int = 0
-    state: str = "new"
-    policy: RestartPolicy = field(default_factory=RestartPolicy)
-    #: Whether it inherits the model's settings (`ANTHROPIC_*`): only the llm callers
-    #: call the model; an executor must not hold the key a tool could read.
-    model_env: bool = False
-
-    def describe(self) -> dict[str, Any]:
-        """The child as written to the state file (no pid while it is not alive: a
-        dead one's pid may already be another process's)."""
-        alive = self.proc is not None and self.proc.returncode is None
-        return {
-            "name": self.name,
-            "pid": self.proc.pid if alive and self.proc else None,
-            "restarts": self.restarts,
-            "state": self.state,
-            "started": self.started,
-        }
 
 
 #: The model's settings in the environment (the SDK's variables): the llm callers' only.
@@ -162,7 +119,7 @@ class Host:
             if self.gateway:
                 others.append(Child("gateway", "actors.gateway", env=base))
             self.children += others
-            await _all_or_none(
+            await start_all(
                 [*(self._spawn(c) for c in others), self._start_llm_callers(base, model)]
             )
             for child in self.children:
@@ -181,7 +138,7 @@ class Host:
         callers = [Child(f"llm-{i + 1}", "actors.llm_caller", env={**base, **model},
                          model_env=True) for i in range(self.llm_callers)]
         self.children += callers
-        await _all_or_none([self._spawn(c) for c in callers])
+        await start_all([self._spawn(c) for c in callers])
 
     async def _start_offline_model(self, base: dict[str, str]) -> dict[str, str]:
         port_file = self.run_dir / OFFLINE_PORT_FILE
@@ -207,38 +164,22 @@ class Host:
         # caller takes exactly the code path it takes for the real API.
         return {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "offline"}
 
+    @staticmethod
+    def _env(child: Child) -> dict[str, str]:
+        """The environment `child` starts with (before its own additions)."""
+        # A host's own actors always serve it: never the host OPLOOP_CONNECT names
+        # (set in the user's shell for the CLI, it must not carry over to them), nor as
+        # a worker machine's.
+        return {k: v for k, v in os.environ.items() if k not in REMOTE_ENV
+                and k != MACHINE_ENV
+                and (child.model_env or not k.startswith(MODEL_ENV_PREFIX))}
+
     async def _spawn(self, child: Child) -> None:
         """Start `child` and wait until it says ready (or dies, or times out)."""
-        rfd, wfd = os.pipe()
-        # A host's own actors always serve it: never the host OPLOOP_CONNECT names
-        # (set in the user's shell for the CLI, it must not carry over to them).
-        env = {k: v for k, v in os.environ.items() if k not in REMOTE_ENV
-               and (child.model_env or not k.startswith(MODEL_ENV_PREFIX))}
-        env.update(child.env, **{READY_FD_ENV: str(wfd)})
         try:
-            # A session of its own: a terminal's Ctrl-C (sent to its foreground process
-            # group) reaches the host alone, which stops its actors in order, instead of
-            # every actor at once, each printing its own KeyboardInterrupt.
-            child.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", child.module, *child.args,
-                env=env, pass_fds=(wfd, *child.fds), stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            os.close(wfd)
-        child.started = time.monotonic()
-        child.state = "starting"
-        try:
-            line = await asyncio.wait_for(asyncio.to_thread(_read_line, rfd), READY_TIMEOUT_S)
-        except TimeoutError:
-            raise HostError(f"{child.name} did not become ready in {READY_TIMEOUT_S:g} s") from None
-        finally:
-            os.close(rfd)
-        if line != b"ready\n":
-            code = await child.proc.wait()
-            raise HostError(f"{child.name} exited with status {code} before it was ready")
-        child.state = "running"
-
+            await spawn(child, self._env(child))
+        except StartFailed as exc:
+            raise HostError(str(exc)) from None
     def _take_lock(self) -> None:
         fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -254,31 +195,9 @@ class Host:
 
     async def _watch(self, child: Child) -> None:
         """Restart `child` whenever it dies, until the policy says it has failed."""
-        while not self._stopping:
-            assert child.proc is not None
-            code = await child.proc.wait()
-            if self._stopping:
-                return
-            ran = time.monotonic() - child.started
-            delay = child.policy.on_death(time.monotonic(), ran)
-            log.warning("%s (pid %d) exited with %s after %.1fs", child.name, child.proc.pid, code, ran)
-            if delay is None:
-                child.state = "failed"
-                log.error("%s restarted too often: marked failed", child.name)
-                self._write_state("degraded")
-                return
-            child.state = "restarting"
-            self._write_state("ready")
-            await asyncio.sleep(delay)
-            child.env = {**child.env, RESTARTED_ENV: "1"}
-            try:
-                await self._spawn(child)
-            except HostError as exc:
-                log.error("restart of %s failed: %s", child.name, exc)
-                continue
-            child.restarts += 1
-            self._write_state("ready")
-
+        await keep_alive(child, lambda c: spawn(c, self._env(c)),
+                         changed=lambda: self._write_state("ready"),
+                         stopping=lambda: self._stopping)
     def _write_state(self, state: str) -> None:
         if state == "ready" and any(c.state == "failed" for c in self.children):
             state = "degraded"  # until the host stops: a failed actor stays failed
@@ -303,29 +222,7 @@ class Host:
         self._stopping = True
         for task in self._watchers:
             task.cancel()
-        procs = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
-        # Descendants are waited on with psutil; direct children only through asyncio,
-        # whose child watcher must be the one to reap them.
-        descendants = _descendants([p.pid for p in procs])
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        waits = asyncio.gather(*(proc.wait() for proc in procs))
-        try:
-            await asyncio.wait_for(asyncio.shield(waits), STOP_GRACE_S)
-        except TimeoutError:
-            for proc in procs:
-                if proc.returncode is None:
-                    log.warning("pid %d ignored SIGTERM: killing it", proc.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            await waits
-        _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, 0.5)
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        for c in self.children:
-            c.state = "stopped"
+        await stop_all(self.children)
         self.endpoints.remove_stale()
         for name in (STATE_FILE, OFFLINE_PORT_FILE, WEB_URL_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
@@ -353,41 +250,6 @@ class Host:
                 os.close(held)
         finally:
             await asyncio.shield(self.stop())
-
-
-async def _all_or_none(starts: list[Coroutine[Any, Any, None]]) -> None:
-    """Await every start; when one fails, cancel the rest before raising, so that
-    every process started so far is known (`child.proc`) to the `stop()` that follows."""
-    tasks = [asyncio.ensure_future(s) for s in starts]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-def _read_line(fd: int) -> bytes:
-    """Read one short line from a pipe (b"" when the writer closed without one)."""
-    out = b""
-    while not out.endswith(b"\n"):
-        chunk = os.read(fd, 64)
-        if not chunk:
-            break
-        out += chunk
-    return out
-
-
-def _descendants(pids: list[int]) -> list[psutil.Process]:
-    """All descendants of the processes `pids` (not the processes themselves)."""
-    out: list[psutil.Process] = []
-    for pid in pids:
-        try:
-            out += psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            continue
-    return out
 
 
 def read_state(home: Path | None = None) -> dict[str, Any] | None:

@@ -116,6 +116,7 @@ async def _main(settings: Settings) -> None:
     backend = backend_for(settings)
     caller = LlmCaller(settings.endpoints(), backend, RetryPolicy.from_settings(settings.retry),
                        settings.token_batch_s)
+    caller.machine = settings.machine
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(caller.serve(), name="llm-caller")

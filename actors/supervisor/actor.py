@@ -122,6 +122,8 @@ class Supervisor:
         self.asker = Asker(self.config.peers)
         work = self.reactor.add(zmq.ROUTER, "work", None, bind=endpoints.binds("work"),
                                 secure=endpoints.server_side("work"))
+        # Over TCP, who a worker machine's workers are (their key) and where they are.
+        work.identify = endpoints.network is not None
         self.dispatcher = Dispatcher(work, self.control)
         work.handler = self.dispatcher.handle_work
         self.events: Port = self.reactor.add(

@@ -1,16 +1,21 @@
 """Job dispatch to workers (Majordomo style) and their liveness (Paranoid Pirate).
 
-Workers announce a role and a capacity with `Ready`; a job goes to the live
-worker of its role with the most free slots, or waits in a bounded queue.
+Workers announce a role, a capacity and their machine with `Ready`; a job goes
+to the live worker of its role with the most free slots, or waits in a bounded
+queue. A job may be bound to one machine (a session's `target_machine`: its
+tool calls run there and nowhere else): it waits in that machine's queue, and
+fails at once when the machine has no worker of its role connected.
 A worker missing three heartbeats (or one we cannot route to) is dead: its
 llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
-"executor died" (tools have side effects: never run one twice).
+"executor died", or "machine NAME lost" for a worker machine's (tools have side
+effects: never run one twice).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import logging
 import os
@@ -19,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.machines import LOCAL, machine_name_error, machine_of
+from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
@@ -53,6 +60,10 @@ MAX_TOLD = 10_000
 
 ROLES = ("llm", "tool")
 
+#: How often the supervisor looks for silent workers: a few times per heartbeat, so
+#: that a lost machine is told within 3 heartbeats and a quarter, not 4.
+EXPIRY_CHECKS_PER_BEAT = 4
+
 OnProgress = Callable[[Envelope], None]
 
 
@@ -72,6 +83,8 @@ class WorkerState:
     control_id: bytes | None = None
     #: Its MCP servers' states (`ToolsChanged.servers`), for `oploop status` and `tools`.
     servers: list[dict[str, Any]] = field(default_factory=list)
+    #: The worker machine it runs on (`LOCAL` for the host's own).
+    machine: str = LOCAL
 
     @property
     def free(self) -> int:
@@ -94,6 +107,13 @@ class Job:
     aborted: bool = False
     #: The body as one worker should receive it (history deltas), else `env.body`.
     for_worker: Callable[[bytes], Body] | None = None
+    #: Only workers of this machine may take it (None: any worker of its role).
+    machine: str | None = None
+
+    @property
+    def queue(self) -> tuple[str, str | None]:
+        """The key of the queue it waits in: its role and machine."""
+        return self.role, self.machine
 
 
 #: MCP server states kept per executor (a bound: they come from a worker).
@@ -121,7 +141,10 @@ class Dispatcher:
         self.max_redispatch = max_redispatch
         self.workers: dict[bytes, WorkerState] = {}
         self.jobs: dict[str, Job] = {}
-        self.queues: dict[str, deque[Job]] = {role: deque() for role in ROLES}
+        #: Waiting jobs by (role, machine); machine None: any worker of the role.
+        self.queues: dict[tuple[str, str | None], deque[Job]] = {
+            (role, None): deque() for role in ROLES}
+        self.machines = Machines()
         self.liveness: Liveness[bytes] = Liveness()
         self.catalogue_changed = asyncio.Event()
         self._ids = itertools.count(1)
@@ -133,20 +156,33 @@ class Dispatcher:
 
     def submit(self, role: str, body: Body, *, sid: str, deadline: float,
                on_progress: OnProgress,
-               for_worker: Callable[[bytes], Body] | None = None) -> Job:
+               for_worker: Callable[[bytes], Body] | None = None,
+               machine: str | None = None) -> Job:
         """Queue a job for a worker of `role`; await `job.future` for the final reply.
 
-        `for_worker(worker_id)`, if given, makes the body sent to that worker."""
-        if len(self.queues[role]) >= MAX_QUEUED:
+        `for_worker(worker_id)`, if given, makes the body sent to that worker.
+        `machine`: only a worker of that machine may take it; a worker machine
+        with no worker of `role` connected fails it at once (never elsewhere), while
+        `LOCAL` jobs wait for the host to (re)start its own."""
+        key = (role, machine)
+        if len(self.queues.get(key, ())) >= MAX_QUEUED:
             raise NoCapacity(f"{MAX_QUEUED} {role} jobs already waiting")
         jid = f"{self._prefix}{next(self._ids):x}"
         env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline)
         job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress,
-                  for_worker=for_worker)
+                  for_worker=for_worker, machine=machine)
+        if machine not in (None, LOCAL) and not self._serves(role, machine):
+            # (no queue made for it: a name no worker has costs nothing to remember)
+            job.future.set_result(Envelope(_absent(role, machine), job=jid))
+            return job
         self.jobs[jid] = job
-        self.queues[role].append(job)
-        self._pump(role)
+        self.queues.setdefault(key, deque()).append(job)
+        self._pump(key)
         return job
+
+    def _serves(self, role: str, machine: str) -> bool:
+        """Whether machine `machine` has a live worker of `role`."""
+        return any(w.role == role and w.machine == machine for w in self.workers.values())
 
     def abort(self, job: Job) -> None:
         """Ask the job's worker to stop it now, over its control pipe; do not wait.
@@ -162,8 +198,9 @@ class Dispatcher:
         worker = self.workers.get(job.worker) if job.worker else None
         if worker is None:  # still queued (or its worker is gone): nothing runs it
             self.jobs.pop(job.id, None)
-            if job in self.queues[job.role]:
-                self.queues[job.role].remove(job)
+            queue = self.queues.get(job.queue)
+            if queue is not None and job in queue:
+                queue.remove(job)
             return
         job.aborted = True
         target = worker.control_id
@@ -175,12 +212,14 @@ class Dispatcher:
             log.info("abort of %s not delivered (%s): freeing its slot", job.id, exc)
             self._acknowledged(job, worker)
 
-    def _pump(self, role: str) -> None:
-        """Send waiting jobs of `role` to workers with free slots."""
-        queue = self.queues[role]
+    def _pump(self, key: tuple[str, str | None]) -> None:
+        """Send the jobs waiting in queue `key` (role, machine) to workers with free slots."""
+        role, machine = key
+        queue = self.queues.get(key)
         while queue:
             worker = max(
-                (w for w in self.workers.values() if w.role == role and w.free > 0),
+                (w for w in self.workers.values() if w.role == role and w.free > 0
+                 and (machine is None or w.machine == machine)),
                 key=lambda w: w.free, default=None,
             )
             if worker is None:
@@ -208,6 +247,11 @@ class Dispatcher:
             job.dispatches += 1
             worker.inflight.add(job.id)
 
+    def _pump_for(self, worker: WorkerState) -> None:
+        """Send waiting jobs `worker` could take: its machine's, then anyone's."""
+        self._pump((worker.role, worker.machine))
+        self._pump((worker.role, None))
+
     # -- what workers send -------------------------------------------------------------
 
     def handle_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
@@ -231,6 +275,7 @@ class Dispatcher:
                 # Its number tells the worker whether this predates its latest Ready.
                 self._send_quiet(peer, Disconnect(), answering=env.id)
             return
+        self.machines.heard(worker.machine)
         if isinstance(body, Heartbeat):
             return
         if isinstance(body, ToolsChanged):
@@ -250,7 +295,7 @@ class Dispatcher:
         elif isinstance(body, LlmResult | ToolResult | JobFailed):
             self._finish(job, env)
             worker.inflight.discard(job.id)
-            self._pump(worker.role)
+            self._pump_for(worker)
 
     def abort_session(self, sid: str) -> int:
         """Abort every job of session `sid`; returns how many."""
@@ -264,7 +309,7 @@ class Dispatcher:
         self.jobs.pop(job.id, None)
         worker.inflight.discard(job.id)
         self.aborts_acked += 1
-        self._pump(worker.role)
+        self._pump_for(worker)
 
     def handle_control_hello(self, peer: bytes, hello: ControlHello) -> None:
         """Remember the control pipe of a worker."""
@@ -273,21 +318,29 @@ class Dispatcher:
             worker.control_id = peer
 
     def _register(self, peer: bytes, ready: Ready) -> None:
-        self._told.discard(peer)
         if ready.role not in ROLES or ready.capacity < 1:
             log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
             return
+        problem = _machine_problem(ready.machine, self.work.user_id)
+        if problem is not None:
+            # Not registered, and (kept in `_told`) asked to re-announce once at most.
+            log.warning("worker %r refused: %s", peer, problem)
+            return
+        self._told.discard(peer)
         old = self.workers.get(peer)
         if old is not None:
             # Re-announced (it lost us for a while): whatever it ran is lost with its state.
             self._worker_died(peer, reason="re-announced")
-        self.workers[peer] = WorkerState(peer, ready.role, ready.capacity,
-                                         _valid_specs(peer, ready.tools),
-                                         control_id=peer + b".ctl")
-        log.info("worker %s ready: %s x%d", peer.decode(errors="replace"), ready.role, ready.capacity)
+        worker = self.workers[peer] = WorkerState(
+            peer, ready.role, ready.capacity, _valid_specs(peer, ready.tools),
+            control_id=peer + b".ctl", machine=machine_of(ready.machine))
+        self.machines.joined(worker.machine, worker.role, peer.decode(errors="replace"),
+                             _ip(self.work.peer_address), self.work.user_id or "")
+        log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
+                 ready.capacity, worker.machine)
         if ready.role == "tool":
             self.catalogue_changed.set()
-        self._pump(ready.role)
+        self._pump_for(worker)
 
     def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
         """An executor's tools changed (its MCP servers): the next turns offer the new set;
@@ -315,8 +368,10 @@ class Dispatcher:
         if worker is None:
             return
         level = logging.INFO if reason == "left" and not worker.inflight else logging.WARNING
-        log.log(level, "worker %s %s with %d job(s)", peer.decode(errors="replace"), reason,
-                len(worker.inflight))
+        log.log(level, "worker %s (%s) %s with %d job(s)", peer.decode(errors="replace"),
+                worker.machine, reason, len(worker.inflight))
+        self.machines.left(worker.machine, worker.role, peer.decode(errors="replace"),
+                           "left" if reason in ("left", "re-announced") else "lost")
         for jid in list(worker.inflight):
             job = self.jobs.get(jid)
             if job is None:
@@ -330,13 +385,26 @@ class Dispatcher:
                     Retrying(job.dispatches, f"llm caller {reason}", 0.0), sid=job.env.sid, job=jid,
                 ))
                 self._rename(job)
-                self.queues["llm"].appendleft(job)
+                self.queues.setdefault(job.queue, deque()).appendleft(job)
             else:
-                what = "executor" if worker.role == "tool" else "llm caller"
-                self._finish(job, Envelope(JobFailed("worker_died", f"{what} {reason}"), job=jid))
+                self._finish(job, Envelope(_lost(worker, reason), job=jid))
         if worker.role == "tool":
             self.catalogue_changed.set()
-        self._pump(worker.role)
+        # (a worker announcing itself again is back at once: what waits for it, waits)
+        if (worker.machine != LOCAL and reason != "re-announced"
+                and not self._serves(worker.role, worker.machine)):
+            self._fail_waiting((worker.role, worker.machine))
+        self._pump_for(worker)
+
+    def _fail_waiting(self, key: tuple[str, str | None]) -> None:
+        """Fail the jobs waiting for machine `key[1]`, which has no worker of their role
+        left: they must not wait for it (nor ever run elsewhere)."""
+        queue = self.queues.pop(key, None)
+        role, machine = key
+        while queue:
+            job = queue.popleft()
+            assert machine is not None
+            self._finish(job, Envelope(_absent(role, machine), job=job.id))
 
     def _rename(self, job: Job) -> None:
         """Give a job about to be re-issued a new id. A worker declared dead may be
@@ -357,11 +425,14 @@ class Dispatcher:
     # -- liveness ----------------------------------------------------------------------
 
     async def beat(self) -> None:
-        """Every second: a heartbeat to each worker; declare the silent ones dead."""
-        while True:
-            await asyncio.sleep(INTERVAL_S)
+        """Every second: a heartbeat to each worker; a few times a second: declare the
+        silent ones dead."""
+        for tick in itertools.count(1):
+            await asyncio.sleep(INTERVAL_S / EXPIRY_CHECKS_PER_BEAT)
             for peer in self.liveness.expired():
                 self._worker_died(peer, reason="missed 3 heartbeats")
+            if tick % EXPIRY_CHECKS_PER_BEAT:
+                continue
             for peer in list(self.workers):
                 try:
                     self.work.send(Envelope(Heartbeat()), peer)
@@ -388,14 +459,56 @@ class Dispatcher:
             by_role[w.role] += 1
         waiting = sum(len(q) for q in self.queues.values())
         aborting = sum(1 for j in self.jobs.values() if j.aborted)
+        by_queue: dict[str, int] = {role: 0 for role in ROLES}
+        for (role, _), queue in self.queues.items():
+            by_queue[role] += len(queue)
         return {
             "workers": by_role,
             "jobs_inflight": len(self.jobs) - waiting - aborting,
             "jobs_aborting": aborting,
             "aborts_acked": self.aborts_acked,
-            "jobs_waiting": {role: len(q) for role, q in self.queues.items()},
+            "jobs_waiting": by_queue,
+            "machines": self.machines.describe(),
         }
 
     def session_jobs(self, sid: str) -> int:
         """Jobs of session `sid` that a worker still holds or that wait for one."""
         return sum(1 for j in self.jobs.values() if j.env.sid == sid)
+
+
+def _machine_problem(machine: str, user_id: str | None) -> str | None:
+    """Why a worker may not serve as `machine`, or None. Over CURVE its key decides: a
+    `worker:NAME` key may serve machine NAME (or, unnamed, as `local`), no other, so a
+    key cannot take the tool calls aimed at another machine."""
+    if not machine:
+        return None
+    problem = machine_name_error(machine)
+    if problem is None and machine == LOCAL:
+        problem = f"{LOCAL!r} is the host's own machine"
+    key_role, _, key_name = (user_id or "").partition(":")
+    if problem is None and key_role == "worker" and key_name != machine:
+        problem = f"its key {key_name!r} may serve machine {key_name!r}, not {machine!r}"
+    return problem
+
+
+def _ip(address: str | None) -> str:
+    """A worker's address if it is an IP one (TCP); "" over ipc, whose Peer-Address is
+    no address of a machine."""
+    try:
+        return str(ipaddress.ip_address(address or ""))
+    except ValueError:
+        return ""
+
+
+def _absent(role: str, machine: str) -> JobFailed:
+    """The failure of a job bound to a machine with no worker of its role."""
+    what = "executor" if role == "tool" else "llm caller"
+    return JobFailed("no_worker", f"machine {machine} has no {what} connected")
+
+
+def _lost(worker: WorkerState, reason: str) -> JobFailed:
+    """The failure of a job whose worker went away while it ran (never re-run)."""
+    if worker.machine != LOCAL:
+        return JobFailed("machine_lost", f"machine {worker.machine} lost ({reason})")
+    what = "executor" if worker.role == "tool" else "llm caller"
+    return JobFailed("worker_died", f"{what} {reason}")

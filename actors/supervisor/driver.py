@@ -98,6 +98,11 @@ class LoopIO(Protocol):
         """The tool specs (wire dicts) the executors offer now."""
         ...
 
+    def tool_machine(self, session: Session) -> str:
+        """The machine `session`'s tool calls run on, as `TOOL_START` names it ("": not
+        said)."""
+        ...
+
 
 class RunDriver:
     """Drives one run of `session` through the machine (`start` or `resume`, then `run`).
@@ -312,7 +317,7 @@ class RunDriver:
 
     async def _tool(self, job: ToolJob) -> None:
         call = job.call
-        self.feed(ToolStarted(call.id))
+        self.feed(ToolStarted(call.id, self.io.tool_machine(self.session)))
         if self.state.phase != "tools" or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
         if job.refusal is not None:  # hidden or unknown: never run

@@ -159,7 +159,14 @@ def _agent(raw: dict[str, Any], agents: dict[str, Agent]) -> Agent:
     raw = dict(raw)
     raw["category_allowlist"] = tuple(raw.get("category_allowlist", ()))
     raw["permissions"] = tuple(tuple(r) for r in raw.get("permissions", ()))
-    return agents.get(raw.get("name", "")) or Agent(**raw)
+    configured = agents.get(raw.get("name", ""))
+    if configured is None:
+        return Agent(**raw)
+    # A session aimed at a machine (`oploop run --machine`) stays aimed there.
+    target = str(raw.get("target_machine", "") or "")
+    if target and target != configured.target_machine:
+        return dataclasses.replace(configured, target_machine=target)
+    return configured
 
 
 def restore(blob: bytes, agents: dict[str, Agent]) -> Session:

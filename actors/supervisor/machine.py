@@ -155,9 +155,11 @@ class ModelFailed:
 
 @dataclass(frozen=True, slots=True)
 class ToolStarted:
-    """The driver is about to run call `call_id` (its parallelism gate let it in)."""
+    """The driver is about to run call `call_id` (its parallelism gate let it in) on
+    `machine` ("": not said)."""
 
     call_id: str
+    machine: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,7 +440,7 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         else:
             out.emit("ERROR", state.turns, {"error": event.error, "message": event.message})
     elif isinstance(event, ToolStarted) and state.phase == "tools":
-        _tool_started(out, event.call_id)
+        _tool_started(out, event.call_id, event.machine)
     elif isinstance(event, ToolFinished) and state.phase == "tools":
         _tool_finished(out, event.call_id, event.outcome)
     elif isinstance(event, Decide) and state.phase == "tools":
@@ -625,13 +627,15 @@ def _decide(out: _Out, ev: Decide) -> None:
             _decide(out, Decide(other.id, "approve", ev.by, f"always {call.name} (session)"))
 
 
-def _tool_started(out: _Out, call_id: str) -> None:
+def _tool_started(out: _Out, call_id: str, machine: str) -> None:
     s = out.s
     call = next((c for c in s.calls if c.id == call_id), None)
     if call is None or call_id in s.started:
         return
-    out.emit("TOOL_START", s.turn, {"tool_use_id": call.id, "name": call.name,
-                                    "input": call.input})
+    data: dict[str, Any] = {"tool_use_id": call.id, "name": call.name, "input": call.input}
+    if machine:
+        data["machine"] = machine
+    out.emit("TOOL_START", s.turn, data)
     out.s = replace(out.s, started=out.s.started + (call_id,))
 
 
@@ -641,12 +645,15 @@ def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
     if call is None or call_id not in s.started or call_id in dict(s.outcomes):
         return
     outcomes = (*s.outcomes, (call_id, outcome))
-    out.emit("TOOL_END", s.turn, {
+    data: dict[str, Any] = {
         "tool_use_id": call.id, "name": call.name, "is_error": outcome.is_error,
         "output": outcome.output, "duration_ms": outcome.duration_ms,
         # (only when there are: the fold rebuilds the tool_result from this event)
         **({"images": list(outcome.images)} if outcome.images else {}),
-    })
+    }
+    if outcome.machine:
+        data["machine"] = outcome.machine
+    out.emit("TOOL_END", s.turn, data)
     if len(outcomes) < len(s.calls):
         out.s = replace(s, outcomes=outcomes)
         return

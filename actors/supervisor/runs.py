@@ -10,6 +10,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from actors.machines import LOCAL, machine_name_error
 from actors.sessionlog import JournalError
 from actors.supervisor.driver import RunDriver, decision_error
 from actors.supervisor.session import Session
@@ -87,6 +88,12 @@ class Runs:
             return "bad_request", "max_turns and deadline_s must be >= 0"
         if req.lease_s < 0 or req.lease_s != req.lease_s:
             return "bad_request", "lease_s must be >= 0"
+        if req.machine:
+            problem = machine_name_error(req.machine)
+            if problem is None and req.machine == LOCAL:
+                problem = f"{LOCAL!r} is the host's own machine: leave the machine out"
+            if problem is not None:
+                return "bad_request", problem
         low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
         if low or self.sup._journal_failing:
             return "disk_full", low or "the session log cannot be written: try again later"
@@ -159,6 +166,10 @@ class Runs:
             assert agent is not None
             session = Session(secrets.token_hex(6), agent, req.cwd)
             self.sup.sessions[session.id] = session
+        if req.machine and req.machine != session.agent.target_machine:
+            # The session's tools go there from this run on (its agent, as journaled in
+            # the session's row, says so: a resume keeps it).
+            session.agent = dataclasses.replace(session.agent, target_machine=req.machine)
         # A cancelled run's task may still be unwinding: the new one waits for it.
         previous = session.task if session.task and not session.task.done() else None
         from_seq = session.next_seq

@@ -24,13 +24,15 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """What running a tool call gave: output text, error flag, how long it took, and
-    image blocks to send beside the text (an MCP tool's)."""
+    """What running a tool call gave: output text, error flag, how long it took, the
+    image blocks to send beside the text (an MCP tool's), and the machine it ran on
+    ("": not said, as for the calls of an in-process run)."""
 
     output: str
     is_error: bool
     duration_ms: float = 0.0
     images: tuple[dict[str, Any], ...] = ()
+    machine: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.ask.tool import NAME as ASK_TOOL
+from actors.machines import LOCAL
 from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
 from actors.supervisor.driver import ModelError, Progress
@@ -28,6 +29,9 @@ from bus.messages import (
 
 if TYPE_CHECKING:
     from actors.supervisor.actor import Supervisor
+
+#: `JobFailed` tags whose message says all: the call's machine is gone or absent.
+MACHINE_ERRORS = ("machine_lost", "no_worker")
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
@@ -57,6 +61,10 @@ class WorkerIO:
         specs = self.sup.dispatcher.tool_specs()
         ask = self.sup.asker.tool_spec()  # offered only when `[peers]` are configured
         return specs if ask is None else [*specs, ask]
+
+    def tool_machine(self, session: Session) -> str:
+        """The agent's `target_machine` (for this session), else the host's own."""
+        return session.agent.target_machine or LOCAL
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
                          turn: int, progress: Progress, route: bool = False) -> Message:
@@ -89,18 +97,23 @@ class WorkerIO:
             return await self._ask(session, call)
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
                       list(session.agent.read_paths), session.agent.name)
+        machine = self.tool_machine(session)
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None)
+            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None,
+                                    machine=machine)
         except ModelError as exc:
-            return ToolOutcome(f"{exc.error}: {exc.message}", True)
+            return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
         body = reply.body
         if isinstance(body, ToolResult):
             return ToolOutcome(body.output, body.is_error, body.duration_ms,
-                               tuple(body.images))
+                               tuple(body.images), machine)
+        if isinstance(body, JobFailed) and body.error in MACHINE_ERRORS:
+            # "machine B lost ...", "machine B has no executor connected": said as is.
+            return ToolOutcome(body.message, True, machine=machine)
         if isinstance(body, JobFailed):
-            return ToolOutcome(f"{call.name} failed: {body.message}", True)
-        return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True)
+            return ToolOutcome(f"{call.name} failed: {body.message}", True, machine=machine)
+        return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True, machine=machine)
 
     async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
         """`ask_machine`, run here (it talks to another host; nothing to sandbox): the
@@ -118,7 +131,7 @@ class WorkerIO:
         return ToolOutcome(output, is_error, round((time.perf_counter() - started) * 1000, 3))
 
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
-                   progress: Any, for_worker: Any = None) -> Envelope:
+                   progress: Any, for_worker: Any = None, machine: str | None = None) -> Envelope:
         dispatcher = self.sup.dispatcher
         # The session's deadline bounds its jobs too, so workers can plan for it
         # (the llm caller falls back to a non-streaming call close to it).
@@ -127,7 +140,8 @@ class WorkerIO:
             deadline = min(deadline, session.deadline)
         try:
             job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
-                                    on_progress=progress, for_worker=for_worker)
+                                    on_progress=progress, for_worker=for_worker,
+                                    machine=machine)
         except NoCapacity as exc:
             raise ModelError("busy", str(exc)) from exc
         try:

@@ -114,6 +114,9 @@ class FakeIO:
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [SHELL]
 
+    def tool_machine(self, session):
+        return ""
+
 
 def check_events(events: list[tuple[int, str, dict[str, Any]]]) -> None:
     """Seqs without gap; runs that do not overlap, each with one terminal event and

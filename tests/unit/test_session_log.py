@@ -119,6 +119,9 @@ class LoggedIO:
     def tool_catalogue(self) -> list[dict[str, Any]]:
         return [SHELL]
 
+    def tool_machine(self, session):
+        return ""
+
 
 def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool = False) -> None:
     async def go() -> None:

@@ -56,6 +56,9 @@ class ScriptedIO:
     def tool_catalogue(self):
         return [SHELL]
 
+    def tool_machine(self, session):
+        return ""
+
     def assert_complete(self):
         assert not self.replies, f"{len(self.replies)} scripted replies never asked for"
 

@@ -1,0 +1,141 @@
+"""Dispatch by machine (issue 20 item 2), on the real `Dispatcher` over real (inproc)
+sockets, with workers played by hand: DEALER sockets saying `Ready` with a machine.
+
+Model calls go to any llm caller and are re-issued on another when theirs goes;
+tool calls go only to their machine's executors, fail at once when it has none,
+and end "machine NAME lost" (never re-run) when it goes mid-call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+
+import zmq
+from hostkit import until
+
+from actors.supervisor.dispatch import Dispatcher, Job
+from bus.codec import decode, encode
+from bus.messages import Disconnect, Envelope, JobFailed, LlmJob, Ready, Retrying, ToolJob
+from bus.sockets import Reactor
+
+WAIT_S = 30.0  # a bound on waits that went wrong, never a timing under test
+
+
+class HandWorker:
+    """A worker played by the test: a DEALER on the dispatcher's work socket."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, role: str,
+                 machine: str = "", capacity: int = 1) -> None:
+        self.id = f"{role}-{machine or 'local'}-{secrets.token_hex(2)}".encode()
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTING_ID, self.id)
+        self.sock.connect(address)
+        self.sock.send(encode(Envelope(Ready(role, capacity, [], machine), id="1")))
+
+    async def job(self) -> Envelope:
+        """The next job sent to this worker."""
+        while True:
+            await until(lambda: self.sock.poll(0), "a job for this worker", WAIT_S)
+            env = decode(self.sock.recv())
+            if isinstance(env.body, LlmJob | ToolJob):
+                return env
+
+    def leave(self) -> None:
+        self.sock.send(encode(Envelope(Disconnect(), id="2")))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def with_dispatcher(body: Callable[[Dispatcher, Callable[..., HandWorker]],
+                                         Awaitable[None]]) -> None:
+    reactor = Reactor()
+    address = f"inproc://work-{secrets.token_hex(4)}"
+    box: list[Dispatcher] = []
+    work = reactor.add(zmq.ROUTER, "work", lambda *a: box[0].handle_work(*a), bind=address)
+    control = reactor.add(zmq.ROUTER, "control", None, bind=f"{address}-control")
+    dispatcher = Dispatcher(work, control)
+    box.append(dispatcher)
+    workers: list[HandWorker] = []
+
+    def worker(role: str, machine: str = "", capacity: int = 1) -> HandWorker:
+        made = HandWorker(reactor.ctx, address, role, machine, capacity)
+        workers.append(made)
+        return made
+
+    serving = asyncio.get_running_loop().create_task(reactor.run())
+    try:
+        await body(dispatcher, worker)
+    finally:
+        serving.cancel()
+        for made in workers:
+            made.close()
+        reactor.close()
+
+
+async def registered(dispatcher: Dispatcher, *workers: HandWorker) -> None:
+    await until(lambda: all(w.id in dispatcher.workers for w in workers), "Ready", WAIT_S)
+
+
+def tool(dispatcher: Dispatcher, machine: str) -> Job:
+    return dispatcher.submit("tool", ToolJob("shell", {"command": "true"}), sid="s",
+                             deadline=0.0, on_progress=lambda env: None, machine=machine)
+
+
+def test_tool_calls_go_to_their_machine_only():
+    async def body(dispatcher, worker):
+        e = worker("tool", "E")
+        await registered(dispatcher, e)
+        local_job = tool(dispatcher, "local")
+        e_job = tool(dispatcher, "E")
+        assert (await e.job()).job == e_job.id  # E's executor takes E's call ...
+        assert not local_job.future.done() and local_job.worker is None  # ... not local's
+        assert dispatcher.statistics()["jobs_waiting"]["tool"] == 1
+        here = worker("tool")  # the host's own executor comes (back): the call goes there
+        assert (await here.job()).job == local_job.id
+        absent = tool(dispatcher, "F")  # no executor on F: failed at once, never elsewhere
+        reply = absent.future.result()
+        assert isinstance(reply.body, JobFailed)
+        assert reply.body.message == "machine F has no executor connected"
+
+    asyncio.run(with_dispatcher(body))
+
+
+def test_a_machine_gone_mid_call_fails_its_calls_and_those_waiting_for_it():
+    async def body(dispatcher, worker):
+        e = worker("tool", "E", capacity=1)
+        await registered(dispatcher, e)
+        running, waiting = tool(dispatcher, "E"), tool(dispatcher, "E")
+        await e.job()
+        e.leave()
+        lost = (await asyncio.wait_for(running.future, WAIT_S)).body
+        assert isinstance(lost, JobFailed) and lost.error == "machine_lost"
+        assert lost.message.startswith("machine E lost")
+        never = (await asyncio.wait_for(waiting.future, WAIT_S)).body
+        assert never.message == "machine E has no executor connected"
+        [machine] = [m for m in dispatcher.statistics()["machines"] if m["name"] == "E"]
+        assert machine["state"] == "left" and machine["workers"] == {}
+
+    asyncio.run(with_dispatcher(body))
+
+
+def test_a_model_call_on_a_lost_machine_is_reissued_on_another_llm_caller():
+    async def body(dispatcher, worker):
+        e = worker("llm", "E")
+        await registered(dispatcher, e)
+        progress: list[Envelope] = []
+        job = dispatcher.submit("llm", LlmJob({"messages": []}, True), sid="s", deadline=0.0,
+                                on_progress=progress.append)
+        first = await e.job()
+        here = worker("llm")
+        await registered(dispatcher, here)
+        e.leave()
+        again = await here.job()
+        assert again.job == job.id != first.job  # the same call, under a new id
+        assert [type(p.body) for p in progress] == [Retrying]
+        assert not job.future.done()
+
+    asyncio.run(with_dispatcher(body))
