@@ -280,11 +280,11 @@ class _LocalIO(Generic[Deps]):
             why = answer if isinstance(answer, str) and answer else "denied by on_approval"
             driver.decide(data["call_id"], "deny", "on_approval", why)
 
-    def tool_machine(self, session: Session) -> str:
+    def tool_machine(self, session: Session, tool: str = "") -> str:
         """Not said: the tools run in this process."""
         return ""
 
-    def tool_catalogue(self) -> list[dict[str, Any]]:
+    def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,

@@ -262,7 +262,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if servers:
         print("MCP servers:")
     for m in servers:
-        print(f"  {m['name']:<16}{m['transport']:<6}{m['state']:<9}restarts {m['restarts']}"
+        on = f" (on {m['machine']})" if m.get("machine", "local") != "local" else ""
+        print(f"  {m['name'] + on:<16}{m['transport']:<6}{m['state']:<9}restarts {m['restarts']}"
               f"  tools {m['tools']}" + (f"  {m['error']}" if m.get("error") else ""))
         if m["state"] == "failed":
             print(f"  {m['name']} FAILED: it kept failing (a crash loop); calls to it fail "

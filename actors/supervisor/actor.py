@@ -14,6 +14,7 @@ import zmq
 
 from actors.ask.asker import Asker
 from actors.config import Config
+from actors.machines import LOCAL
 from actors.permissions import rule_of_tool
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
@@ -364,11 +365,13 @@ class Supervisor:
             if agent is None:
                 port.reply_error(peer, env.id, "unknown_agent", self._no_agent(body.agent))
                 return
-            tools = self.io.tool_catalogue()
+            tools = self.io.tool_catalogue(agent.target_machine or LOCAL)
             hidden = self.config.hidden
             first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
             later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
-            states = {s.get("name"): s.get("state") for s in self.dispatcher.mcp_servers()}
+            where = agent.target_machine or LOCAL
+            states = {s.get("name"): s.get("state") for s in self.dispatcher.mcp_servers()
+                      if s.get("machine") == where}
             listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later,
                            rule=rule_of_tool(agent.permissions, t["name"]),
                            **({"state": states.get(t["server"], "unknown")}

@@ -352,8 +352,10 @@ class Dispatcher:
         self.catalogue_changed.set()
 
     def mcp_servers(self) -> list[dict[str, Any]]:
-        """The MCP servers of the live executors, with the executor each runs in."""
-        return [dict(server, executor=worker.id.decode(errors="replace"))
+        """The MCP servers of the live executors, with the executor and the machine each
+        runs on (each machine's executors read that machine's own `[mcp]` tables)."""
+        return [dict(server, executor=worker.id.decode(errors="replace"),
+                     machine=worker.machine)
                 for worker in self.workers.values() for server in worker.servers]
 
     def _finish(self, job: Job, env: Envelope) -> None:
@@ -441,11 +443,12 @@ class Dispatcher:
                 except BusError:
                     pass
 
-    def tool_specs(self) -> list[dict[str, Any]]:
-        """The union of the tools live executors offer, first announcer's spec per name."""
+    def tool_specs(self, machine: str | None = None) -> list[dict[str, Any]]:
+        """The union of the tools live executors (of `machine`, or of any) offer, first
+        announcer's spec per name."""
         seen: dict[str, dict[str, Any]] = {}
         for worker in self.workers.values():
-            if worker.role == "tool":
+            if worker.role == "tool" and machine in (None, worker.machine):
                 for spec in worker.tools:
                     name = spec.get("name")
                     if isinstance(name, str) and name not in seen:

@@ -94,13 +94,14 @@ class LoopIO(Protocol):
         """Run one tool call; failures are outcomes with `is_error`."""
         ...
 
-    def tool_catalogue(self) -> list[dict[str, Any]]:
-        """The tool specs (wire dicts) the executors offer now."""
+    def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
+        """The tool specs (wire dicts) offered now to a session whose calls run on
+        `machine` (`tool_machine`)."""
         ...
 
-    def tool_machine(self, session: Session) -> str:
-        """The machine `session`'s tool calls run on, as `TOOL_START` names it ("": not
-        said)."""
+    def tool_machine(self, session: Session, tool: str = "") -> str:
+        """The machine `session`'s call of `tool` runs on, as `TOOL_START` names it ("":
+        not said)."""
         ...
 
 
@@ -283,7 +284,8 @@ class RunDriver:
             self.feed(Routed(route, of_reply(reply), reason))
             return
         agent = session.agent
-        tools = [] if work.direct else resolve_tools(io.tool_catalogue(), agent, work.turn,
+        tools = [] if work.direct else resolve_tools(io.tool_catalogue(io.tool_machine(session)),
+                                                     agent, work.turn,
                                                      config.hidden)
         request = build_request(agent, session.turn_cache.sanitized(session.history), tools,
                                 session=session.id, cwd=session.cwd, aliases=config.aliases)
@@ -317,7 +319,7 @@ class RunDriver:
 
     async def _tool(self, job: ToolJob) -> None:
         call = job.call
-        self.feed(ToolStarted(call.id, self.io.tool_machine(self.session)))
+        self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
         if self.state.phase != "tools" or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
         if job.refusal is not None:  # hidden or unknown: never run

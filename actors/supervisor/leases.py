@@ -18,6 +18,9 @@ log = logging.getLogger("oploop.supervisor")
 
 #: The longest lease a caller may ask for (a bound on how long a run outlives it).
 MAX_LEASE_S = 600.0
+#: The lease of a peer's run that asked for none: a run another host started always
+#: ends when that host goes silent, whatever its client sent.
+PEER_DEFAULT_LEASE_S = 10.0
 
 
 class Leases:

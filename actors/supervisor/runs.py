@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from actors.machines import LOCAL, machine_name_error
 from actors.sessionlog import JournalError
 from actors.supervisor.driver import RunDriver, decision_error
+from actors.supervisor.leases import PEER_DEFAULT_LEASE_S
 from actors.supervisor.session import Session
 from bus.messages import (
     Cancel,
@@ -136,10 +137,19 @@ class Runs:
                 self.sup.api.reply_error(peer, env.id, "forbidden",
                                          "a peer key starts new sessions only")
                 return
+            if req.machine:
+                # Which machine's files, network and processes the tools act on is this
+                # host's agent's to say (its `target_machine`), as the directory is.
+                self.sup.api.reply_error(peer, env.id, "forbidden",
+                                         "a peer key cannot choose the machine its run's "
+                                         "tools act on (the asked host's agent says)")
+                return
             # Another host's path means nothing here, and must never choose what this
             # host's tools may read: its runs get no directory (the agent's own
-            # read_paths and the session's workspace only).
-            req = dataclasses.replace(req, cwd="")
+            # read_paths and the session's workspace only). And a peer's run always has
+            # a lease, whatever its client sent.
+            req = dataclasses.replace(req, cwd="",
+                                      lease_s=req.lease_s or PEER_DEFAULT_LEASE_S)
         known = self._known_start(req.key)
         if known is not None:  # a resend: the first one started the run
             self.sup._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
@@ -230,10 +240,12 @@ class Runs:
                    previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait([previous])
-        if not self.sup.dispatcher.tool_specs():
+        # The host's own executors may not have announced their tools yet (a session aimed
+        # at a worker machine does not wait: a call there without one fails at once).
+        if not session.agent.target_machine and not self.sup.dispatcher.tool_specs(LOCAL):
             try:
                 async with asyncio.timeout(CATALOGUE_WAIT_S):
-                    while not self.sup.dispatcher.tool_specs():
+                    while not self.sup.dispatcher.tool_specs(LOCAL):
                         self.sup.dispatcher.catalogue_changed.clear()
                         await self.sup.dispatcher.catalogue_changed.wait()
             except TimeoutError:

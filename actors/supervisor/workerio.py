@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.ask.tool import NAME as ASK_TOOL
 from actors.machines import LOCAL
+from actors.supervisor.images import accepted
 from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
 from actors.supervisor.driver import ModelError, Progress
@@ -57,13 +58,22 @@ class WorkerIO:
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
         self.sup.emit(session, type_, turn, data)
 
-    def tool_catalogue(self) -> list[dict[str, Any]]:
-        specs = self.sup.dispatcher.tool_specs()
+    def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
+        """What the executors of `machine` offer (each machine reads its own config: its
+        MCP servers differ), and `ask_machine` when `[peers]` are configured. A worker
+        machine with no executor connected yet is offered the host's own catalogue: its
+        calls then fail at once, saying so, rather than the model being told of no tools."""
+        specs = self.sup.dispatcher.tool_specs(machine)
+        if not specs and machine != LOCAL:
+            specs = self.sup.dispatcher.tool_specs(LOCAL)
         ask = self.sup.asker.tool_spec()  # offered only when `[peers]` are configured
         return specs if ask is None else [*specs, ask]
 
-    def tool_machine(self, session: Session) -> str:
-        """The agent's `target_machine` (for this session), else the host's own."""
+    def tool_machine(self, session: Session, tool: str = "") -> str:
+        """The agent's `target_machine` (for this session), else the host's own;
+        `ask_machine` runs here, in the supervisor, wherever the session is aimed."""
+        if tool == ASK_TOOL and self.sup.asker.peers:
+            return LOCAL
         return session.agent.target_machine or LOCAL
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
@@ -106,8 +116,9 @@ class WorkerIO:
             return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
         body = reply.body
         if isinstance(body, ToolResult):
-            return ToolOutcome(body.output, body.is_error, body.duration_ms,
-                               tuple(body.images), machine)
+            images, dropped = accepted(body.images)  # checked: the history carries them
+            output = "\n".join([body.output, *dropped]) if dropped else body.output
+            return ToolOutcome(output, body.is_error, body.duration_ms, images, machine)
         if isinstance(body, JobFailed) and body.error in MACHINE_ERRORS:
             # "machine B lost ...", "machine B has no executor connected": said as is.
             return ToolOutcome(body.message, True, machine=machine)
@@ -128,7 +139,8 @@ class WorkerIO:
 
         started = time.perf_counter()
         output, is_error = await self.sup.asker.ask(call.input, call.id, emit)
-        return ToolOutcome(output, is_error, round((time.perf_counter() - started) * 1000, 3))
+        return ToolOutcome(output, is_error, round((time.perf_counter() - started) * 1000, 3),
+                           machine=LOCAL)
 
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
                    progress: Any, for_worker: Any = None, machine: str | None = None) -> Envelope:

@@ -321,6 +321,8 @@ def test_a_peer_key_can_do_no_more_than_its_role(hosts):
                     ("cancel via api", client.cancel(mine.session, via="api")),
                     ("approve", client.approve(mine.session, all=True)),
                     ("renew", client.renew(mine.session, 5.0)),
+                    # which machine's files the tools act on is the asked host's to say
+                    ("choose a machine", client.start("#slow wait", machine="db1")),
                 ]:
                     with pytest.raises(RemoteError) as refused:
                         await call

@@ -16,6 +16,7 @@ import zmq
 from hostkit import until
 
 from actors.supervisor.dispatch import Dispatcher, Job
+from actors.tools.spec import ToolSpec
 from bus.codec import decode, encode
 from bus.messages import Disconnect, Envelope, JobFailed, LlmJob, Ready, Retrying, ToolJob
 from bus.sockets import Reactor
@@ -27,13 +28,14 @@ class HandWorker:
     """A worker played by the test: a DEALER on the dispatcher's work socket."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, role: str,
-                 machine: str = "", capacity: int = 1) -> None:
+                 machine: str = "", capacity: int = 1,
+                 tools: list[dict[str, object]] | None = None) -> None:
         self.id = f"{role}-{machine or 'local'}-{secrets.token_hex(2)}".encode()
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTING_ID, self.id)
         self.sock.connect(address)
-        self.sock.send(encode(Envelope(Ready(role, capacity, [], machine), id="1")))
+        self.sock.send(encode(Envelope(Ready(role, capacity, tools or [], machine), id="1")))
 
     async def job(self) -> Envelope:
         """The next job sent to this worker."""
@@ -61,8 +63,9 @@ async def with_dispatcher(body: Callable[[Dispatcher, Callable[..., HandWorker]]
     box.append(dispatcher)
     workers: list[HandWorker] = []
 
-    def worker(role: str, machine: str = "", capacity: int = 1) -> HandWorker:
-        made = HandWorker(reactor.ctx, address, role, machine, capacity)
+    def worker(role: str, machine: str = "", capacity: int = 1,
+               tools: list[dict[str, object]] | None = None) -> HandWorker:
+        made = HandWorker(reactor.ctx, address, role, machine, capacity, tools)
         workers.append(made)
         return made
 
@@ -137,5 +140,24 @@ def test_a_model_call_on_a_lost_machine_is_reissued_on_another_llm_caller():
         assert again.job == job.id != first.job  # the same call, under a new id
         assert [type(p.body) for p in progress] == [Retrying]
         assert not job.future.done()
+
+    asyncio.run(with_dispatcher(body))
+
+
+def spec(name: str) -> dict[str, object]:
+    return ToolSpec(name, name, {"type": "object", "properties": {}}, (), False, False).to_wire()
+
+
+def test_each_machine_offers_its_own_executors_tools():
+    """Each machine's executors read their own config (their MCP servers differ): a
+    session is offered its machine's tools, not the union of every machine's."""
+    async def body(dispatcher, worker):
+        here = worker("tool", tools=[spec("shell"), spec("mcp__time__now")])
+        there = worker("tool", "E", tools=[spec("shell"), spec("mcp__db__query")])
+        await registered(dispatcher, here, there)
+        names = {m: sorted(s["name"] for s in dispatcher.tool_specs(m)) for m in ("local", "E")}
+        assert names == {"local": ["mcp__time__now", "shell"], "E": ["mcp__db__query", "shell"]}
+        assert dispatcher.tool_specs("F") == []
+        assert len(dispatcher.tool_specs()) == 3  # (any machine: the union)
 
     asyncio.run(with_dispatcher(body))

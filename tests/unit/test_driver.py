@@ -111,10 +111,10 @@ class FakeIO:
         finally:
             self.tools.pop(call.id, None)
 
-    def tool_catalogue(self) -> list[dict[str, Any]]:
+    def tool_catalogue(self, machine: str = "") -> list[dict[str, Any]]:
         return [SHELL]
 
-    def tool_machine(self, session):
+    def tool_machine(self, session, tool=""):
         return ""
 
 

@@ -116,10 +116,10 @@ class LoggedIO:
         asyncio.get_running_loop().call_soon(session.driver.feed, Cancel(mode))
         await asyncio.Event().wait()  # (the work in flight, until the cancel aborts it)
 
-    def tool_catalogue(self) -> list[dict[str, Any]]:
+    def tool_catalogue(self, machine: str = "") -> list[dict[str, Any]]:
         return [SHELL]
 
-    def tool_machine(self, session):
+    def tool_machine(self, session, tool=""):
         return ""
 
 

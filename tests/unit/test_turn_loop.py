@@ -53,10 +53,10 @@ class ScriptedIO:
         self.tool_calls.append(call)
         return ToolOutcome(f"ran {call.input['command']}", False, 1.0)
 
-    def tool_catalogue(self):
+    def tool_catalogue(self, machine=""):
         return [SHELL]
 
-    def tool_machine(self, session):
+    def tool_machine(self, session, tool=""):
         return ""
 
     def assert_complete(self):
@@ -178,7 +178,7 @@ def test_target_machine_suppresses_the_environment_reminder():
 
 def test_no_tools_means_the_honesty_reminder():
     class NoTools(ScriptedIO):
-        def tool_catalogue(self):
+        def tool_catalogue(self, machine=""):
             return []
 
     io = NoTools([text_reply("hi")])
