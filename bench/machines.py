@@ -8,8 +8,11 @@ machines in namespaces of their own (`bench.netlink`), over TCP + CURVE.
 - link cut: a `shell` call sleeping on machine B, B's link taken down (`ip link
   set down`): seconds from the cut to the call's `TOOL_END` "machine B lost"
   (goal: within 3 heartbeats, <= 3.5 s); B is let back in between samples.
-- 20 ms added latency (`tc netem`): only where the kernel has sch_netem; else
-  the output says why not.
+- 20 ms added latency: machine L reaches the host through `bench.delayrelay`, which
+  holds every chunk 10 ms each way (the round trip +20 ms; this kernel has no
+  sch_netem for `tc netem`): its per-turn p50 against B's (the overhead a turn pays
+  on such a link), and, during a tool on L, a UI cancel to `CANCELLED` and to the
+  tool's process gone (p50, p99).
 Each figure the median of several runs; the load average is in the report.
 """
 
@@ -34,6 +37,10 @@ from bench.stats import table as text_table
 from bus.client import Client
 
 PORT = 7600
+#: Where machine L's relay listens (in the hub), and what it adds each way.
+RELAY_PORT = 7700
+ONE_WAY_MS = 10
+CANCELS = 20
 TURNS = 10
 SESSIONS = 6
 MARK = "oploop-bench-cut"
@@ -69,7 +76,7 @@ class HubHost(BenchHost):
 class BenchMachine:
     """`oploop worker` for machine `name` (one executor), apart from the bench."""
 
-    def __init__(self, lab: Lab, host: HubHost, name: str) -> None:
+    def __init__(self, lab: Lab, host: HubHost, name: str, port: int = PORT) -> None:
         machine = lab.machines[name]
         # Apart from the host's directory: its sandbox hides its own home from tools.
         self.home = Path(tempfile.mkdtemp(prefix=f"oploop-bench-{name}-"))
@@ -82,7 +89,7 @@ class BenchMachine:
         started = subprocess.run(
             ["sh", "-c", 'setsid "$@" >>"$LOG" 2>&1 </dev/null & echo $!', "sh",
              *lab.in_ns(machine.ns), sys.executable, "-m", "actors.cli", "worker",
-             "--connect", f"tcp://{machine.hub_address}:{PORT}", "--keys", str(keys),
+             "--connect", f"tcp://{machine.hub_address}:{port}", "--keys", str(keys),
              "--machine", name], env=env, capture_output=True, text=True, check=True)
         self.proc = psutil.Process(int(started.stdout.split()[0]))
 
@@ -159,6 +166,51 @@ async def _cut_sample(client: Client, lab: Lab, cwd: str) -> float:
     return lost_after
 
 
+class Relay:
+    """`bench.delayrelay` in the hub: RELAY_PORT.. -> the host's PORT.., delayed."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.proc = subprocess.Popen(
+            [*lab.in_ns(lab.hub), sys.executable, "-m", "bench.delayrelay", "0.0.0.0",
+             str(RELAY_PORT), "127.0.0.1", str(PORT), "5", str(ONE_WAY_MS)],
+            stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.stop()
+            raise RuntimeError("the delay relay did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def _cancel_sample(client: Client, cwd: str, machine: str) -> tuple[float, float]:
+    """Seconds from a UI cancel during a tool on `machine` to `CANCELLED`, and to the
+    tool's process gone."""
+    started = await client.start("#cut sleep there", cwd=cwd, machine=machine, timeout=60)
+    sent = 0.0
+    cancelled = float("nan")
+    async for event in client.events(started.session, stop_at="first"):
+        if event["type"] == "TOOL_START":
+            end = time.monotonic() + 60
+            while not _running(MARK):  # noqa: ASYNC110 (a process to poll for)
+                if time.monotonic() > end:
+                    raise RuntimeError(f"the tool never ran on {machine}")
+                await asyncio.sleep(0.005)
+            sent = time.monotonic()
+            await client.cancel(started.session)
+        elif event["type"] == "CANCELLED":
+            cancelled = time.monotonic() - sent
+    end = time.monotonic() + 60
+    while _running(MARK) and time.monotonic() < end:  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+    return cancelled, time.monotonic() - sent
+
+
 def _running(mark: str) -> bool:
     return any(mark in " ".join(p.info["cmdline"] or ())
                for p in psutil.process_iter(["cmdline"]))
@@ -179,6 +231,12 @@ async def _measure(host: HubHost, lab: Lab, quick: bool) -> dict[str, Any]:
         local = [_turn_p50(await _session(client, cwd, "", 20)) for _ in range(rounds)]
         remote = [_turn_p50(await _session(client, cwd, "B", 20)) for _ in range(rounds)]
         out["turn_p50_local_s"], out["turn_p50_machine_s"] = median(local), median(remote)
+        await _machine_up(client, "L")
+        slow = [_turn_p50(await _session(client, cwd, "L", 20)) for _ in range(rounds)]
+        out["turn_p50_latency_s"] = median(slow)
+        samples = [await _cancel_sample(client, cwd, "L") for _ in range(CANCELS)]
+        out["latency_cancel_to_event_s"] = sorted(c for c, _ in samples)
+        out["latency_cancel_to_gone_s"] = sorted(g for _, g in samples)
         cuts = [await _cut_sample(client, lab, cwd) for _ in range(3 if quick else 5)]
         out["cut_to_error_s"] = median(cuts)
         out["cut_to_error_max_s"] = max(cuts)
@@ -194,19 +252,22 @@ def run(quick: bool) -> dict[str, Any]:
     netem = netem_unavailable()
     load = list(Path("/proc/loadavg").read_text().split()[:3])
     with Lab() as lab:
-        for name in ("B", "C", "D"):
+        for name in ("B", "C", "D", "L"):
             lab.add_machine(name)
         with HubHost(lab) as host:
+            relay = Relay(lab)
             machines = [BenchMachine(lab, host, name) for name in ("B", "C", "D")]
+            machines.append(BenchMachine(lab, host, "L", port=RELAY_PORT))
             try:
                 result = asyncio.run(_measure(host, lab, quick))
             finally:
                 for machine in machines:
                     machine.stop()
+                relay.stop()
                 from actors.sandbox.workspaces import remove_home
                 for machine in machines:
                     remove_home(machine.home)
-    result["netem"] = netem or "available (not yet measured: see the note)"
+    result["netem"] = netem or "available (measured with the relay all the same)"
     result["load_at_start"] = load
     result["load_at_end"] = list(Path("/proc/loadavg").read_text().split()[:3])
     return result
@@ -224,7 +285,16 @@ def table(result: dict[str, Any]) -> str:
              ["link cut -> 'machine B lost' (median; max)",
               f"{result['cut_to_error_s']:.2f} s; {result['cut_to_error_max_s']:.2f} s "
               "(goal <= 3.5 s)"],
-             ["20 ms added latency (tc netem)", result["netem"]],
+             ["turn p50, machine L: round trip +20 ms (relay)",
+              f"{ms(result['turn_p50_latency_s'])} "
+              f"(+{ms(result['turn_p50_latency_s'] - result['turn_p50_machine_s'])} on B's)"],
+             ["L: UI cancel -> CANCELLED, p50 / max of 20",
+              f"{ms(median(result['latency_cancel_to_event_s']))} / "
+              f"{ms(result['latency_cancel_to_event_s'][-1])}"],
+             ["L: UI cancel -> its tool process gone, p50 / max",
+              f"{ms(median(result['latency_cancel_to_gone_s']))} / "
+              f"{ms(result['latency_cancel_to_gone_s'][-1])}"],
+             ["tc netem", result["netem"]],
              ["load average at start / end",
               f"{' '.join(result['load_at_start'])} / {' '.join(result['load_at_end'])}"]]
     return text_table(["machines", "figure"], rows)
