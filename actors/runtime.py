@@ -67,6 +67,18 @@ def notify_ready() -> None:
         pass
 
 
+def read_ready_line(fd: int) -> bytes:
+    """The other end of `notify_ready`: one short line read from the ready pipe (b""
+    when the child closed it, or died, without saying it). Blocking: run it in a thread."""
+    out = b""
+    while not out.endswith(b"\n"):
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def heap_trimmer() -> Callable[[], int] | None:
     """glibc's `malloc_trim(0)` (every arena's free memory back to the OS), or None
     where there is no glibc."""

@@ -27,6 +27,7 @@ import psutil
 from actors.cli.errors import CliError, HostGone
 from actors.host import lease
 from actors.host.actor import read_state
+from actors.runtime import read_ready_line
 from actors.settings import EMBEDDED_ENV, READY_FD_ENV, Settings
 from bus.client import Client
 from bus.endpoints import Endpoints
@@ -75,7 +76,7 @@ async def spawn_host(home: Path, *, embedded: bool) -> Started:
     loop = asyncio.get_running_loop()
     # Read in a thread: if we are cancelled, the host is stopped, its end of the
     # pipe closes and the read returns, so the thread never outlives us.
-    reading = loop.run_in_executor(None, _read_line, rfd)
+    reading = loop.run_in_executor(None, read_ready_line, rfd)
     try:
         line = await asyncio.shield(reading)
     except BaseException:
@@ -96,16 +97,6 @@ async def spawn_host(home: Path, *, embedded: bool) -> Started:
 def _stop_starting(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.terminate()
-
-
-def _read_line(fd: int) -> bytes:
-    out = b""
-    while not out.endswith(b"\n"):
-        chunk = os.read(fd, 64)
-        if not chunk:
-            break
-        out += chunk
-    return out
 
 
 def _last_line(log: Path) -> str:

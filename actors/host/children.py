@@ -21,6 +21,7 @@ from typing import IO, Any
 import psutil
 
 from actors.host.policy import RestartPolicy
+from actors.runtime import read_ready_line
 from actors.settings import READY_FD_ENV, RESTARTED_ENV
 
 log = logging.getLogger("oploop.host")
@@ -87,7 +88,7 @@ async def spawn(child: Child, env: Mapping[str, str], stderr: IO[bytes] | None =
     child.started = time.monotonic()
     child.state = "starting"
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(_read_line, rfd), READY_TIMEOUT_S)
+        line = await asyncio.wait_for(asyncio.to_thread(read_ready_line, rfd), READY_TIMEOUT_S)
     except TimeoutError:
         raise StartFailed(f"{child.name} did not become ready in {READY_TIMEOUT_S:g} s") from None
     finally:
@@ -173,17 +174,6 @@ async def stop_all(children: list[Child]) -> None:
             p.kill()
     for c in children:
         c.state = "stopped"
-
-
-def _read_line(fd: int) -> bytes:
-    """Read one short line from a pipe (b"" when the writer closed without one)."""
-    out = b""
-    while not out.endswith(b"\n"):
-        chunk = os.read(fd, 64)
-        if not chunk:
-            break
-        out += chunk
-    return out
 
 
 def _descendants(pids: list[int]) -> list[psutil.Process]:

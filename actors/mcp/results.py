@@ -18,8 +18,7 @@ from typing import Any
 
 import mcp_types as types
 
-#: Image types the Messages API takes in a tool_result; another is named, not sent.
-IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+from actors.images import MEDIA_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ def outcome_of(result: types.CallToolResult) -> McpOutcome:
         if isinstance(block, types.TextContent):
             texts.append(block.text)
         elif isinstance(block, types.ImageContent):
-            if block.mime_type in IMAGE_TYPES:
+            if block.mime_type in MEDIA_TYPES:
                 images.append({"type": "image", "source": {
                     "type": "base64", "media_type": block.mime_type, "data": block.data}})
             else:

@@ -7,8 +7,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.ask.tool import NAME as ASK_TOOL
+from actors.images import accepted
 from actors.machines import LOCAL
-from actors.supervisor.images import accepted
 from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
 from actors.supervisor.driver import ModelError, Progress

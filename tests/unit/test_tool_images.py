@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from actors.supervisor.images import MAX_IMAGE_BYTES, MAX_IMAGES, accepted
+from actors.images import MAX_IMAGE_BYTES, MAX_IMAGES, accepted
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
 

@@ -14,7 +14,8 @@ import base64
 import binascii
 from typing import Any
 
-#: Image types the Messages API takes in a tool_result.
+#: Image types the Messages API takes in a tool_result (an MCP server's image of
+#: another type is named in the text, not sent: `actors/mcp/results.py`).
 MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 #: The API's limit on one image, decoded.
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
