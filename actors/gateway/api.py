@@ -144,6 +144,8 @@ async def read_object(request: web.Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "bad_request", f"malformed JSON: {exc}") from None
+    except RecursionError:  # e.g. 100,000 nested arrays: the parser's stack, not ours
+        raise ApiError(400, "bad_request", "malformed JSON: nested too deep") from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_request", "expected a JSON object")
     return body

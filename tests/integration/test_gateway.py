@@ -377,6 +377,9 @@ def test_bad_input_gets_a_json_error(host):
                 assert "malformed JSON" in (await resp.json())["message"]
             async with http.post(f"{url}api/sessions", json=["list"]) as resp:
                 assert resp.status == 400
+            deep = b'{"prompt": ' + b"[" * 3_000 + b"]" * 3_000 + b"}"  # past the parser's stack
+            async with http.post(f"{url}api/sessions", data=deep) as resp:
+                assert resp.status == 400 and "too deep" in (await resp.json())["message"]
             async with http.post(f"{url}api/sessions", json={"prompt": 3}) as resp:
                 assert resp.status == 400 and "prompt" in (await resp.json())["message"]
             async with http.post(f"{url}api/sessions",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from actors.images import MAX_IMAGE_BYTES, MAX_IMAGES, accepted
+from actors.images import MAX_IMAGE_BYTES, MAX_IMAGES, MAX_RESULT_BYTES, accepted
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
 
@@ -44,3 +44,23 @@ def test_at_most_so_many_images_per_result() -> None:
     assert len(kept) == MAX_IMAGES
     assert notes == [f"[image {MAX_IMAGES + n} dropped: more than {MAX_IMAGES} images in one "
                      "result]" for n in (1, 2)]
+
+
+def test_bytes_of_another_type_than_said_are_dropped() -> None:
+    gif = base64.b64encode(b"GIF89a" + b"\0" * 16).decode()
+    riff = base64.b64encode(b"RIFF\0\0\0\0WAVE").decode()
+    webp = base64.b64encode(b"RIFF\0\0\0\0WEBPVP8 ").decode()
+    kept, notes = accepted([image(gif), image(gif, "image/gif"), image(riff, "image/webp"),
+                            image(webp, "image/webp")])
+    assert kept == (image(gif, "image/gif"), image(webp, "image/webp"))
+    assert notes == ["[image 1 dropped: its bytes are not image/png]",
+                     "[image 3 dropped: its bytes are not image/webp]"]
+
+
+def test_a_results_images_stay_under_a_total() -> None:
+    size = MAX_RESULT_BYTES // 2 - 1024
+    big = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * size).decode()
+    kept, notes = accepted([image(big), image(big), image(big), image()])
+    assert kept == (image(big), image(big), image())
+    assert notes == [f"[image 3 dropped: the result's images would pass "
+                     f"{MAX_RESULT_BYTES >> 20} MB together]"]
