@@ -94,6 +94,8 @@ class Start:
     #: `ask` waits for a `Decide` for at most `approval_timeout_s` (the driver's timer).
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
+    #: The session's working directory: the rules judge a call's paths against it.
+    cwd: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +220,7 @@ class Resume:
     check: Callable[[str], str | None] | None = None
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
+    cwd: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +337,8 @@ class RunState(NamedTuple):
     #: The agent's permission rules (`actors.permissions`) and how long an `ask` waits.
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
+    #: The session's working directory, against which the rules judge a call's paths.
+    cwd: str = ""
     #: The current reply's calls waiting for a decision: `(call_id, expires_at)`.
     asks: tuple[tuple[str, float], ...] = ()
     #: The run's decisions so far: `(call_id, decision, by)` ("already decided by").
@@ -489,7 +494,7 @@ def _start(out: _Out, ev: Start) -> None:
     out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
-                    started=(), outcomes=(), rules=ev.rules,
+                    started=(), outcomes=(), rules=ev.rules, cwd=ev.cwd,
                     approval_timeout_s=ev.approval_timeout_s, asks=(), decided=())
     out.add("user", [{"type": "text", "text": ev.prompt}])
     out.emit("SESSION_START", 0, {
@@ -572,7 +577,7 @@ def _jobs(s: RunState, calls: tuple[ToolCall, ...]) -> tuple[ToolJob, ...]:
         if c.name not in offered:
             refusal = ToolOutcome(unavailable_message(c.name), True)
         elif s.rules:
-            verdict, key = decide(s.rules, c.name, c.input)
+            verdict, key = decide(s.rules, c.name, c.input, s.cwd)
             if verdict == "deny":
                 refusal = ToolOutcome(denial(c.name, key), True)
         jobs.append(ToolJob(c, refusal))
@@ -586,7 +591,7 @@ def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...
     asks: list[tuple[str, float]] = []
     for job in jobs:
         c = job.call
-        verdict, key = ("allow", "") if job.refusal else decide(s.rules, c.name, c.input)
+        verdict, key = ("allow", "") if job.refusal else decide(s.rules, c.name, c.input, s.cwd)
         if verdict != "ask" or c.name in s.always:
             run.append(job)
             continue
@@ -737,7 +742,7 @@ def _resume(out: _Out, ev: Resume) -> None:
     if not s.running:
         return
     out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False,
-                    rules=ev.rules, approval_timeout_s=ev.approval_timeout_s)
+                    rules=ev.rules, approval_timeout_s=ev.approval_timeout_s, cwd=ev.cwd)
     out.emit("RESUMED", s.turn, {"reason": ev.reason})
     last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
