@@ -132,6 +132,8 @@ class Retry:
     attempt: int = 0
     error: str = ""
     wait_s: float = 0.0
+    #: After a stall, the bound that fired (the `RETRY` event's `stall_bound_s`).
+    stall_bound_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,8 +433,11 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _turn(out, 1)
     elif isinstance(event, Retry) and state.phase in ("model", "route"):
         out.s = replace(state, partial=())
-        out.emit("RETRY", state.turn if state.phase == "model" else 0, {
-            "attempt": event.attempt, "error": event.error, "wait_s": event.wait_s})
+        retry: dict[str, Any] = {"attempt": event.attempt, "error": event.error,
+                                 "wait_s": event.wait_s}
+        if event.stall_bound_s:
+            retry["stall_bound_s"] = event.stall_bound_s
+        out.emit("RETRY", state.turn if state.phase == "model" else 0, retry)
     elif isinstance(event, ModelReplied) and state.phase == "model":
         if event.offered is not None:
             out.s = replace(state, offered=event.offered)
