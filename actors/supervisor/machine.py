@@ -31,10 +31,12 @@ before the event is published (the session log journals them with it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from actors.finite import finite_reply
+from actors.finite import refusal as nonfinite_refusal
 from actors.permissions import Rule, decide, denial
 from actors.supervisor.catalogue import unavailable_message
 from actors.supervisor.history import Message, blocks
@@ -528,6 +530,7 @@ def _turn(out: _Out, turn: int) -> None:
 
 def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
     s = out.s
+    reply, nonfinite = finite_reply(reply)  # NaN/Infinity never enter the history
     out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
     out.add("assistant", blocks(stored_reply(reply)))
     nxt = next_step(reply)
@@ -551,7 +554,7 @@ def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
         if s.stop_request:
             _finish_cancelled(out, s.stop_request, "")
             return
-        jobs = _jobs(out.s, nxt.calls)
+        jobs = _jobs(out.s, nxt.calls, nonfinite)
         out.s = replace(out.s, phase="tools", calls=nxt.calls, started=(), outcomes=())
         if s.rules:
             jobs = _ask(out, jobs, now)
@@ -573,13 +576,17 @@ def _take_said(out: _Out, turn: int) -> None:
         out.emit("USER_MESSAGE", turn, {"text": text, "by": by})
 
 
-def _jobs(s: RunState, calls: tuple[ToolCall, ...]) -> tuple[ToolJob, ...]:
-    """A reply's calls as jobs: one not offered, or under a `deny` rule, is refused."""
+def _jobs(s: RunState, calls: tuple[ToolCall, ...],
+          nonfinite: Mapping[str, list[str]] | None = None) -> tuple[ToolJob, ...]:
+    """A reply's calls as jobs: one not offered, with NaN/Infinity in its input, or
+    under a `deny` rule, is refused."""
     offered = set() if s.direct else s.offered
     jobs = []
     for c in calls:
         refusal = None
-        if c.name not in offered:
+        if nonfinite and c.id in nonfinite:
+            refusal = ToolOutcome(nonfinite_refusal(c.name, nonfinite[c.id]), True)
+        elif c.name not in offered:
             refusal = ToolOutcome(unavailable_message(c.name), True)
         elif s.rules:
             verdict, key = decide(s.rules, c.name, c.input, s.cwd)

@@ -9,6 +9,7 @@ and a pause with pings, each several times the idle bound, succeed)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,12 @@ SCRIPTS = {
     "fallback": [stall(4, reply="words of a void attempt"), OK],
     "void": [stall(5, reply="words of a void attempt"), OK],
     "longwait": [status(429, **{"retry-after": "200"}), OK],
+    # NaN/Infinity in a tool input (the SDK parses them): an error result, and the
+    # next request of the session still encodes
+    "nan": [{"reply": [{"type": "tool_use", "name": "shell",
+                        "input": {"command": "echo never-ran", "timeout_s": float("nan"),
+                                  "env": [float("inf")]}}]},
+            {"reply": "recovered", "stop_reason": "end_turn"}],
     # every event sent but message_stop (after message_delta): truncated, retried
     "nostop": [{"fault": "truncate", "after_events": 99, "reply": "cut short"}, OK],
     "overloaded6": [status(529)] * 6,
@@ -134,6 +141,20 @@ def test_a_stall_in_every_phase_is_retried_naming_its_bound(host, phase):
     assert retry["stall_bound_s"] == {"OPLOOP_STREAM_IDLE_S": 0.5, "OPLOOP_STREAM_FIRST_S": 4,
                                       "OPLOOP_STREAM_PAUSE_S": 3}[setting], retry
     assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "all good"
+
+
+def test_nan_in_a_tool_input_is_an_error_result_and_never_poisons_the_session(host):
+    events = run(host, "#nan go")
+    assert not retries(events)
+    (end,) = of_type(events, "TOOL_END")
+    assert end["data"]["is_error"], end
+    assert "timeout_s = NaN" in end["data"]["output"]
+    assert "env[0] = Infinity" in end["data"]["output"]
+    assert "never-ran" not in end["data"]["output"]
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "recovered"
+    info = asyncio.run(_inspect(host, events[0]["session"]))
+    json.dumps(info.history, allow_nan=False)  # every later request encodes
+    assert info.history[1]["content"][0]["input"]["timeout_s"] == "NaN"
 
 
 def test_a_stream_without_message_stop_is_retried_as_truncated(host):
