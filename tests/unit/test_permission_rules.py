@@ -202,3 +202,21 @@ def test_the_executor_follows_symlinks_before_it_runs_a_call(tmp_path):
     # Asked and approved by its real name: runs.
     assert refusal_here(rules, "list_dir", {"path": f"{tmp_path}/secret"}, "/") is None
     assert refusal_here(rules, "read_file", {"path": "other"}, str(tmp_path)) is None
+
+
+def test_the_readmes_rules_and_table_as_written():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    toml = re.search(r"```toml\n(\[models\].*?)```", readme, re.DOTALL)
+    assert toml is not None
+    rules = parse_config(tomllib.loads(toml.group(1)), "README.md").agent("ops").permissions
+    section = readme.split("**Permission rules judge what a call does**", 1)[1]
+    table = section.split("What the parser cannot decide", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` `(.+?)` \| (\w+) \|$", table, re.MULTILINE)
+    assert len(rows) >= 8
+    for tool, value, expected in rows:
+        key = "command" if tool == "shell" else "path"
+        assert decide(rules, tool, {key: value}, CWD)[0] == expected, (tool, value)
