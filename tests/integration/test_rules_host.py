@@ -66,8 +66,13 @@ def host(tmp_path_factory):
 
     home = make_home("opr-")
     (Path(home) / "oploop.toml").write_text(config())
+    files = tmp_path_factory.mktemp("rules")
+    # A name the supervisor cannot see through: only the executor, following the
+    # symlink just before it reads, finds /etc/passwd behind it.
+    (files / "innocent").symlink_to("/etc/passwd")
+    scripts = {**SCRIPTS, "symlink": call("read_file", path=str(files / "innocent"))}
     try:
-        with scripted_host(home, SCRIPTS, tmp_path_factory.mktemp("rules")) as running:
+        with scripted_host(home, scripts, files) as running:
             wait_tools(running, {"mcp__test__echo"})
             yield running
     finally:
@@ -111,6 +116,13 @@ def test_the_injected_commands_wait_for_approval(host):
     allowed = [e for e in ends.values() if not e["is_error"]]
     assert len(allowed) == 1, ends  # `ls -a` ran unasked
     assert seen[-1]["type"] == "DONE"
+
+
+def test_a_symlink_to_a_denied_path_is_denied_by_the_executor(host):
+    seen = asyncio.run(_run(host, "#symlink go"))
+    end = next(e["data"] for e in seen if e["type"] == "TOOL_END")
+    assert end["is_error"] and "denied by the permission rule" in end["output"], end
+    assert "resolves to /etc/passwd" in end["output"] and "root:" not in end["output"]
 
 
 def test_a_server_wildcard_denies_the_tools_it_adds_later(host):
