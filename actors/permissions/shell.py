@@ -7,7 +7,9 @@ never matched as a string. Each simple command is found wherever it sits: after 
 `{ ...; }`, function bodies, `if`/`while`/`for`/`case`, strings and heredocs. Its
 name is what bash would look up (`\\rm`, `'r'm`, `"rm"` and `/bin/rm` all name `rm`).
 Wrappers (`sudo`, `env`, `nice`, `timeout`, `xargs`, `exec`, `command`, `builtin`,
-...) are looked through to the command they run; the code given to `eval`,
+`coproc`, ...) are looked through to the command they run; a line with a line
+continuation (`r\\<newline>m`) is judged both as the grammar reads it and joined,
+as bash reads it; the code given to `eval`,
 `bash -c`/`sh -c` and `trap` is parsed in turn when it is written out literally.
 
 What is left `undecided` (the rules make it `ask`, never `allow`): a line that does not
@@ -62,6 +64,7 @@ class Wrapper:
 
 WRAPPERS: dict[str, Wrapper] = {
     "command": Wrapper(), "builtin": Wrapper(), "nohup": Wrapper(), "time": Wrapper(),
+    "coproc": Wrapper(),  # (the grammar knows no `coproc` keyword: it is a command here)
     "exec": Wrapper(frozenset({"-a"})),
     "nice": Wrapper(frozenset({"-n", "--adjustment"})),
     "timeout": Wrapper(frozenset({"-s", "--signal", "-k", "--kill-after"}), leading=1),
@@ -108,7 +111,12 @@ def _parser() -> Parser:
 def parse(line: str, cwd: str = "") -> Parsed:
     """Every simple command, write and undecidable part of `line` (paths against `cwd`)."""
     out = Parsed()
-    _Walk(out, cwd).line(line, 0)
+    walk = _Walk(out, cwd)
+    walk.line(line, 0)
+    if "\\\n" in line:
+        # bash joins `r\<newline>m` into `rm` before it reads words; the grammar splits
+        # it. Judged both ways (outside quotes bash's reading is the joined one).
+        walk.line(line.replace("\\\n", ""), 0)
     return out
 
 

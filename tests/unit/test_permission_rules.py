@@ -111,6 +111,18 @@ COMMANDS = [
     ("cat <<EOF\n$(rm x)\nEOF\n", "deny"),
     ("trap 'rm -rf /' EXIT", "deny"),
     ("rm", "deny"),
+    ("r\\\nm -rf /", "deny"),  # bash joins a line continuation before reading words
+    ("coproc rm x", "deny"),
+    ("! rm x", "deny"),
+    ("ls |& rm x", "deny"),
+    ("ls ${x:-$(rm y)}", "deny"),
+    ("a=$(rm x)", "deny"),
+    ("ls > >(rm x)", "deny"),
+    ("cat <<< $(rm x)", "deny"),
+    ("x=rm; $x -rf /", "ask"),
+    ("ls \\\n -l", "allow"),
+    ("ls #; rm x", "allow"),  # a comment
+    ("ls \\; rm x", "allow"),  # an escaped `;` is an argument of ls
 ]
 
 
