@@ -83,7 +83,8 @@ class WorkerIO:
             if isinstance(body, Delta):
                 progress(machine.Delta(body.text, body.channel))
             elif isinstance(body, Retrying):  # that attempt's text is void (see RETRY)
-                progress(machine.Retry(body.attempt, body.error, body.wait_s))
+                progress(machine.Retry(body.attempt, body.error, body.wait_s,
+                                       body.stall_bound_s))
 
         if route:  # the router's small request, not the session's history: no delta
             router = self.config.router
