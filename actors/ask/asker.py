@@ -18,10 +18,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from actors.ask import link
-from actors.bounds import MAX_RESULT_CHARS, cut_text
 from actors.ask.peers import Peer
 from actors.ask.relay import Relay
 from actors.ask.tool import NAME, check, spec
+from actors.bounds import MAX_RESULT_CHARS, cut_text
 from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.errors import BusError, RemoteError, RequestTimeout

@@ -36,7 +36,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.bounds import cut_line, schema_chars
+from actors.bounds import cut_line, cut_text, schema_chars
 from actors.tools.spec import ToolSpec
 
 from .config import McpServerConfig
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
     from actors.config import Limits
-
     from actors.sandbox.sandbox import Sandbox, SandboxedChild
 
 log = logging.getLogger("oploop.mcp")
@@ -196,7 +195,9 @@ class McpHub:
             result = await server.call(tool, arguments, bound)
         except McpServerError as exc:
             self._on_change()  # its state changed
-            return McpOutcome(f"{name} failed: {exc}", True)
+            # (the server's own error message may be of any size)
+            return McpOutcome(cut_text(f"{name} failed: {exc}", self.limits.max_result_chars),
+                              True)
         return outcome_of(result, self.limits.max_result_chars)
 
     # -- transports --------------------------------------------------------------------

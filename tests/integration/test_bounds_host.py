@@ -129,8 +129,8 @@ def test_a_catalogue_of_3000_tools_of_5_kb_is_bounded(host):
     assert size < 600_000, size  # against 15.8 MB before
     status = json.loads(oploop(host, "status", "--json").stdout)
     (server,) = [s for s in status["mcp"] if s["name"] == "many"]
-    assert server["left_out"] == [f"{server['tools'] - len(many)} more tool(s): the catalogue holds at "
-                                  f"most {bounds.MAX_TOOLS} MCP tools (limits.max_tools)"]
+    assert server["left_out"] == [f"{server['tools'] - len(many)} more tool(s): the catalogue "
+                                  f"holds at most {bounds.MAX_TOOLS} MCP tools (limits.max_tools)"]
     events = run(host, "#many")
     assert tool_end(events)["output"] == "many: hi"
     assert events[-1]["type"] == "DONE"
