@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from actors import bounds
-from actors.bounds import cut_line, cut_reason, cut_text, fit_messages, size_of
+from actors.bounds import cut_line, cut_reason, cut_text, estimate, fit_messages, size_of
 from actors.config import Agent, ConfigError, Limits, parse_config
 from actors.mcp.hub import McpHub
 from actors.mcp.results import outcome_of
@@ -42,13 +42,14 @@ def test_cut_line_and_reason() -> None:
     assert out.endswith(f"[{len(reason) - bounds.MAX_REASON_CHARS} chars cut]")
 
 
-def test_size_of_is_an_upper_estimate_of_msgpack() -> None:
+def test_size_of_is_msgpacks_and_an_upper_estimate_where_msgpack_fails() -> None:
     value = {"a": ["é" * 1000, 1, 2.5, None, True, {"b": b"xyz"}], "c": "x" * 70000}
-    assert size_of(value) >= len(msgpack.packb(value, use_bin_type=True))
+    assert size_of(value) == len(msgpack.packb(value, use_bin_type=True)) <= estimate(value)
     deep: Any = "x"
-    for _ in range(5000):  # no recursion limit
+    for _ in range(5000):  # past msgpack's nesting limit; no recursion here
         deep = [deep]
-    assert size_of(deep) > 5000
+    assert size_of(deep) == estimate(deep) > 5000
+    assert size_of(["\ud800" * 10]) == estimate(["\ud800" * 10]) >= 30  # a lone surrogate
 
 
 def _result(n: int, size: int) -> list[dict[str, Any]]:
@@ -158,3 +159,20 @@ def test_limits_are_configurable_and_checked() -> None:
     assert Limits().max_result_chars == bounds.MAX_RESULT_CHARS
     with pytest.raises(ConfigError, match="limits.max_tool_schema_chars: must be at least 1"):
         parse_config({"limits": {"max_tool_schema_chars": 0}})
+
+
+def test_a_request_carries_at_most_100_images_the_latest() -> None:
+    png = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                       "data": "iVBORw0KGgo="}}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(13):  # 8 images a result: 104 in all
+        history += _result(n, 10)
+        history[-1]["content"][0]["content"] = [{"type": "text", "text": "r"}] + [png] * 8
+    fitted = fit_messages(history, 10**9)
+    kinds = [b["type"] for m in fitted[2::2] for b in m["content"][0]["content"]]
+    assert kinds.count("image") == 100
+    assert kinds[:9] == ["text"] * 5 + ["image"] * 4  # the oldest four went
+    assert "at most 100 images" in fitted[2]["content"][0]["content"][1]["text"]
+    assert fitted[4] is history[4] and history[2]["content"][0]["content"][1] is png
+    few = history[:5]
+    assert fit_messages(few, 10**9) is few
