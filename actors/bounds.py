@@ -8,6 +8,9 @@ is bounded here, the same way, where it enters:
   images by `actors/images.py` (checked on the executor too, so an oversize image
   never makes the reply frame oversize);
 - an `ask_machine` answer (`actors/ask/asker.py`): to `max_result_chars`;
+- any tool's result, as the host takes it from an executor (`cut_result`, in the
+  supervisor, beside its check of the images): to `max_result_chars` and the room of
+  the tools' own notes, whatever the executor's machine configured;
 - a deny reason (the supervisor's `decide`): to `MAX_REASON_CHARS`;
 - the MCP tool catalogue (`actors/mcp/hub.py`): at most `max_tools` tools, each
   description cut to `max_tool_description_chars`, a tool whose input schema is
@@ -47,6 +50,8 @@ MAX_REASON_CHARS = 2000
 #: Bytes a request may take on the bus (`size_of`): the frame limit with
 #: room for the envelope and the job's other fields.
 MAX_REQUEST_BYTES = MAX_FRAME_BYTES - 512 * 1024
+#: Characters a tool's own notes may add to a result past `max_result_chars` (`cut_result`).
+NOTE_ROOM = 1024
 #: Images a request may carry (the Messages API's limit, all turns included).
 MAX_REQUEST_IMAGES = 100
 #: A text block shorter than this is never replaced by `fit_messages` (it would not help).
@@ -61,6 +66,13 @@ def cut_text(text: str, limit: int, what: str = "chars") -> str:
     keep = max(0, limit)
     head, tail = text[:keep // 2], text[len(text) - (keep - keep // 2):]
     return f"{head}\n[truncated: {len(text) - len(head) - len(tail)} {what} omitted]\n{tail}"
+
+
+def cut_result(text: str, limit: int) -> str:
+    """A tool result's text as the host takes it from any executor (a worker machine's
+    may have other limits, or none): cut beyond `limit` and the room the tools' own
+    notes take (`read_file`'s 256 KiB and its `[truncated: ...]` line pass whole)."""
+    return cut_text(text, limit + NOTE_ROOM)
 
 
 def cut_line(text: str, limit: int) -> str:

@@ -65,12 +65,11 @@ def outcome_of(result: types.CallToolResult,
     structured = result.structured_content
     if structured is not None and not any(_said(t, structured) for t in texts):
         texts.append(json.dumps(structured, ensure_ascii=False))
-    output = cut_text("\n".join(texts), max_chars)
-    kept, dropped = accepted(images)
+    kept, dropped = accepted(images)  # (a note per image dropped: cut with the text)
+    output = "\n".join([*texts, *dropped])
     if not output and kept:
         output = f"[{len(kept)} image(s)]"
-    output = "\n".join([*([output] if output else []), *dropped])
-    return McpOutcome(output, bool(result.is_error), list(kept))
+    return McpOutcome(cut_text(output, max_chars), bool(result.is_error), list(kept))
 
 
 def _said(text: str, value: Any) -> bool:

@@ -15,7 +15,15 @@ import pytest
 from homes import make_home
 from hostkit import assert_one_run, of_type, oploop, run, running_host
 from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results, tools_of, wait_tools
-from peerkit import ask, free_ports, issue_peer_key, network_config, peer_config, write_home
+from peerkit import (
+    ask,
+    free_ports,
+    issue_peer_key,
+    network_config,
+    peer_config,
+    tool_use,
+    write_home,
+)
 
 from actors import bounds
 from actors.sandbox.workspaces import remove_home
@@ -187,18 +195,28 @@ def test_said_messages_past_the_frame_in_all_leave_the_session_callable(host):
 # -- ask_machine: another host's 3,000,000-character answer -----------------------------
 
 
+#: A's `[limits] max_result_chars`: its own, applied to what B answers and to its
+#: built-ins' results too.
+A_LIMIT = 10_000
+A_SCRIPTS = {
+    "askb": [{"reply": [ask("b", "#long answer")]}, {"reply": "A is done"}],
+    "shellbig": [{"reply": [tool_use("shell", command="head -c 50000 /dev/zero | tr '\\0' x")]},
+                 {"reply": "A is done"}],
+}
+
+
 @pytest.fixture(scope="module")
 def pair():
-    """A (peer b), B on 127.0.0.2 whose agent answers with 3,000,000 characters."""
+    """A (peer b; max_result_chars 10,000), B on 127.0.0.2 whose agent answers with
+    3,000,000 characters."""
     homes = {name: make_home(f"bnd{name}-") for name in "ab"}
     listen = f"tcp://127.0.0.2:{free_ports('127.0.0.2')}"
     try:
         env_b = write_home(homes["b"], {"long": [{"reply": "y" * 3_000_000}]},
                            network_config(listen))
         key = issue_peer_key(homes["b"], "host-a")
-        env_a = write_home(homes["a"], {"askb": [{"reply": [ask("b", "#long answer")]},
-                                                 {"reply": "A is done"}]},
-                           peer_config("b", listen, key))
+        env_a = write_home(homes["a"], A_SCRIPTS, f"[limits]\nmax_result_chars = {A_LIMIT}\n"
+                           + peer_config("b", listen, key))
         with running_host(homes["b"], env_b), running_host(homes["a"], env_a):
             yield homes
     finally:
@@ -211,10 +229,19 @@ def test_a_3_000_000_character_ask_machine_answer_enters_cut(pair):
     (end,) = [e["data"] for e in of_type(events, "TOOL_END") if e["data"]["name"] == "ask_machine"]
     assert not end["is_error"], end
     out = end["output"]
-    assert len(out) < bounds.MAX_RESULT_CHARS + 100
-    assert f"[truncated: {3_000_000 - bounds.MAX_RESULT_CHARS} chars omitted]" in out
+    assert len(out) < A_LIMIT + 100
+    assert f"[truncated: {3_000_000 - A_LIMIT} chars omitted]" in out
     (result,) = tool_results(asyncio.run(history_of(pair["a"], events[0]["session"])))
     assert result["content"] == out
     assert max(len(json.dumps(e)) for e in events) < 2 * bounds.MAX_RESULT_CHARS
     assert events[-1]["type"] == "DONE"
     follow_up_works(pair["a"], events[0]["session"])
+
+
+def test_the_hosts_limit_applies_to_every_tool_result_the_built_ins_too(pair):
+    # shell keeps 64 KiB itself; A takes at most max_result_chars and 1 KiB of notes
+    events = run(pair["a"], "#shellbig")
+    out = tool_end(events)["output"]
+    cut = 50_000 - A_LIMIT - bounds.NOTE_ROOM
+    assert out == "x" * 5512 + f"\n[truncated: {cut} chars omitted]\n" + "x" * 5512
+    assert events[-1]["type"] == "DONE"

@@ -33,6 +33,12 @@ def test_cut_text_keeps_head_and_tail_and_says_how_much() -> None:
     assert cut_text("x" * 11, 0) == "\n[truncated: 11 chars omitted]\n"
 
 
+def test_cut_result_leaves_room_for_the_tools_own_notes() -> None:
+    read = "r" * (256 * 1024) + "\n[truncated: 1000 bytes more]"
+    assert bounds.cut_result(read, 256 * 1024) == read
+    assert len(bounds.cut_result("x" * 10**6, 1000)) < 1000 + bounds.NOTE_ROOM + 40
+
+
 def test_cut_line_and_reason() -> None:
     assert cut_line("abcdef", 3) == "abc… [3 chars cut]"
     assert cut_line("abc", 3) == "abc"
@@ -117,13 +123,17 @@ def test_mcp_result_text_and_images_are_bounded() -> None:
         types.ImageContent(type="image", data=png, mime_type="image/png"),
     ])
     out = outcome_of(result, 1000)
-    assert len(out.output) < 1200
-    assert "[truncated: 9999000 chars omitted]" in out.output
-    assert "[image 1 dropped: larger than 5 MB]" in out.output
+    assert len(out.output) < 1100
+    note = "[image 1 dropped: larger than 5 MB]"
+    assert f"[truncated: {10_000_000 + 1 + len(note) - 1000} chars omitted]" in out.output
+    assert out.output.endswith(note)
     assert len(out.images) == 1 and out.images[0]["source"]["data"] == png
     only_image = outcome_of(types.CallToolResult(content=[
         types.ImageContent(type="image", data=huge_png, mime_type="image/png")]))
-    assert only_image.output == "[image 1 dropped: larger than 5 MB]" and not only_image.images
+    assert only_image.output == note and not only_image.images
+    many = outcome_of(types.CallToolResult(content=[
+        types.ImageContent(type="image", data=png, mime_type="image/png")] * 10_000), 1000)
+    assert len(many.images) == 8 and len(many.output) < 1100  # 9,992 notes, cut
 
 
 def _hub(tools: list[types.Tool], limits: Limits) -> McpHub:
