@@ -192,7 +192,8 @@ class Limits:
     compact_every_kb: int = 4096
     #: What enters a history from outside the built-ins is cut to these, with a note
     #: saying how much was cut (`actors.bounds`): an MCP result's text and an
-    #: `ask_machine` answer (characters); the MCP tools one executor offers, each
+    #: `ask_machine` answer (characters; the host also cuts every tool result it takes
+    #: to this, and 1 KiB of the tools' own notes); the MCP tools one executor offers, each
     #: description (characters), each input schema (characters of JSON; a tool over it
     #: is left out, and its server's status says so).
     max_result_chars: int = bounds.MAX_RESULT_CHARS
