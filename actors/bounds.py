@@ -15,7 +15,8 @@ is bounded here, the same way, where it enters:
 - the MCP tool catalogue (`actors/mcp/hub.py`): at most `max_tools` tools, each
   description cut to `max_tool_description_chars`, a tool whose input schema is
   longer than `max_tool_schema_chars` (as JSON) left out (a cut schema is no schema);
-- a prompt or a said message is refused over `limits.max_prompt_chars` (not cut).
+- a prompt or a said message is refused over `limits.max_prompt_chars` (not cut);
+- what an executor announces, on the host (`fit_catalogue`): `MAX_CATALOGUE_BYTES`.
 
 Each figure is a `[limits]` key of oploop.toml (`actors.config.Limits`, whose defaults
 are the constants below). What they bound together may still outgrow the bus: a
@@ -50,6 +51,9 @@ MAX_REASON_CHARS = 2000
 #: Bytes a request may take on the bus (`size_of`): the frame limit with
 #: room for the envelope and the job's other fields.
 MAX_REQUEST_BYTES = MAX_FRAME_BYTES - 512 * 1024
+#: Bytes of tool definitions the host takes from one executor, whatever it announces (a
+#: quarter of a frame: 200 tools of the default bounds are 3.7 MB at most).
+MAX_CATALOGUE_BYTES = MAX_FRAME_BYTES // 4
 #: Characters a tool's own notes may add to a result past `max_result_chars` (`cut_result`).
 NOTE_ROOM = 1024
 #: Images a request may carry (the Messages API's limit, all turns included).
@@ -94,6 +98,19 @@ def schema_chars(schema: Any) -> int:
         return len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
     except (TypeError, ValueError, RecursionError):
         return 1 << 62  # not JSON at all: never within a bound
+
+
+def fit_catalogue(specs: list[dict[str, Any]], max_bytes: int = MAX_CATALOGUE_BYTES
+                  ) -> tuple[list[dict[str, Any]], int]:
+    """The first tool specs of `specs` that fit in `max_bytes` together, and how many
+    were left out: the host's own bound on an executor's catalogue (one of a worker
+    machine may have other limits, or an older version none)."""
+    total = 0
+    for n, spec in enumerate(specs):
+        total += size_of(spec)
+        if total > max_bytes:
+            return specs[:n], len(specs) - n
+    return specs, 0
 
 
 # -- the last resort: a request that fits the bus ---------------------------------------

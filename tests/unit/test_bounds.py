@@ -186,3 +186,18 @@ def test_a_request_carries_at_most_100_images_the_latest() -> None:
     assert fitted[4] is history[4] and history[2]["content"][0]["content"][1] is png
     few = history[:5]
     assert fit_messages(few, 10**9) is few
+
+
+def test_the_host_takes_at_most_a_quarter_frame_of_an_executors_catalogue() -> None:
+    spec = {"name": "t", "description": "d" * 5000, "input_schema": {"type": "object"},
+            "tags": [], "risky": False, "core": False}
+    specs = [dict(spec, name=f"t{n}") for n in range(3000)]  # 15 MB
+    kept, over = bounds.fit_catalogue(specs)
+    assert 0 < len(kept) < 3000 and over == 3000 - len(kept)
+    assert sum(len(msgpack.packb(s)) for s in kept) <= bounds.MAX_CATALOGUE_BYTES
+    assert bounds.fit_catalogue(specs[:10]) == (specs[:10], 0)
+    # what one executor offers under the default bounds fits whole
+    widest = dict(spec, name="x" * 64, description="d" * bounds.MAX_TOOL_DESCRIPTION_CHARS,
+                  input_schema={"type": "object", "description": "s" * 16_000},
+                  server="s" * 64)
+    assert bounds.fit_catalogue([widest] * bounds.MAX_TOOLS)[1] == 0
