@@ -118,7 +118,7 @@ class Executor(Worker):
             from actors.mcp.hub import McpHub
 
             self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
-                              reserved=frozenset(self.catalogue))
+                              reserved=frozenset(self.catalogue), limits=self.config.limits)
 
     def tools(self) -> list[dict[str, Any]]:
         """The specs of every tool this executor runs (its MCP servers' included)."""
