@@ -546,7 +546,11 @@ class Event(Body):
 @dataclass(frozen=True, slots=True)
 class ForgetSessions(Body):
     """Supervisor PUSH -> broadcaster `ingest`: these sessions were deleted; drop their
-    event logs. It travels behind every event of theirs already pushed. No reply."""
+    event logs. It travels behind every event of theirs already pushed. No reply.
+
+    Broadcaster PUB `events` -> viewers, one session at a time on its topic: that
+    session was deleted; a viewer following it stops (`Client.events` raises
+    `SessionRemoved`)."""
 
     KIND: ClassVar[str] = "forget_sessions"
     sessions: list[str]
