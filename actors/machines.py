@@ -16,6 +16,9 @@ LOCAL = "local"
 #: The exit status of a worker whose key the host refused (EX_NOPERM): whoever
 #: supervises it (`oploop worker`) stops restarting it and says why.
 EXIT_REFUSED = 77
+#: The exit status of a worker whose key the host admitted but not for the machine
+#: it names (a worker key serves only its own machine; EX_CONFIG).
+EXIT_MACHINE_REFUSED = 78
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
