@@ -376,7 +376,7 @@ def test_the_page_says_a_session_was_removed(hosts):
                 rm = await asyncio.to_thread(oploop, a, "rm", sid)
                 assert rm.returncode == 0, rm.stderr
                 await page.wait_for_function(
-                    "document.getElementById('notice').textContent.includes('removed')")
+                    "() => document.getElementById('notice').textContent.includes('removed')")
                 assert await page.inner_text("#state") == "removed"
             finally:
                 await browser.close()
