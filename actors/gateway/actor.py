@@ -17,7 +17,19 @@ from aiohttp import web
 from actors.config import HttpConfig
 from actors.gateway import access, api
 from actors.gateway.feed import Feed
-from actors.gateway.limits import HEADER_S, Limiter, LimitedSite, Quiet, on_loop_exception
+from actors.gateway.limits import (
+    HEADER_S,
+    MAX_CONNECTIONS,
+    MAX_PER_ADDRESS,
+    RESERVE_FDS,
+    STREAM_FDS,
+    LimitedSite,
+    Limiter,
+    Quiet,
+    descriptors_left,
+    fitted,
+    on_loop_exception,
+)
 from actors.gateway.metrics import Metrics
 from actors.gateway.urls import WEB_URL_FILE, page_host
 from actors.runtime import notify_ready, run_actor
@@ -57,17 +69,22 @@ class Gateway:
         self.page_host = page_host(self.token)
         #: Overloads (connections, descriptors, slow clients) in one log line an interval.
         self.quiet = Quiet()
-        self.limiter = Limiter()
+        self.limiter = Limiter(MAX_CONNECTIONS, MAX_PER_ADDRESS)
         self.limiter.quiet = self.quiet
         self.streams = 0
 
     @contextlib.contextmanager
     def stream_slot(self) -> Iterator[None]:
-        """Hold one of the `api.MAX_STREAMS` SSE streams while the block runs; a 503 when
-        none is free."""
-        if self.streams >= api.MAX_STREAMS:
-            self.quiet.warn("streams", f"{api.MAX_STREAMS} SSE streams open: refused another")
-            raise api.ApiError(503, "unavailable", f"{api.MAX_STREAMS} streams are open: "
+        """Hold one of the `api.MAX_STREAMS` SSE streams (fewer under a low descriptor
+        limit) while the block runs; a 503 when none is free, or descriptors run short."""
+        cap = fitted(api.MAX_STREAMS, STREAM_FDS)  # under the descriptor limit of now
+        if self.streams >= cap:
+            self.quiet.warn("streams", f"{cap} SSE streams open: refused another")
+            raise api.ApiError(503, "unavailable", f"{cap} streams are open: "
+                               "try again later")
+        if descriptors_left() < RESERVE_FDS:
+            self.quiet.warn("descriptors", "too few descriptors left: refused an SSE stream")
+            raise api.ApiError(503, "unavailable", "the gateway is out of descriptors: "
                                "try again later")
         self.streams += 1
         try:

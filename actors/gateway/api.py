@@ -384,6 +384,13 @@ async def _session_stream(request: web.Request, gw: Gateway, sid: str, from_seq:
         return resp
     except ConnectionResetError:
         return resp
+    except Exception as exc:  # begun already: no 503 can be sent, the stream ends
+        if not out_of_descriptors(exc):
+            raise
+        gw.quiet.warn("descriptors", f"out of descriptors in an SSE stream: {exc}")
+        if request.transport is not None:
+            request.transport.abort()  # an EventSource comes back with Last-Event-ID
+        return resp
     finally:
         gw.metrics.sse_clients.dec()
 

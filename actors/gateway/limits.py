@@ -12,10 +12,14 @@
   connections gives way to a client that sends its request at once. Only when
   every connection at the cap is serving a request (SSE streams) is the new one
   answered 503 and closed.
-- **Out of descriptors**: a request that fails for want of one (`EMFILE`,
-  `ENFILE`, or zmq's socket limit) is a 503; the gateway logs one line per
-  `LOG_EVERY_S` saying how many there were, never a traceback per request
-  (`Quiet`). The same holds for `accept()` failing (asyncio's own report).
+- **Descriptors**: the caps are cut to fit under the process's descriptor limit
+  (`fitted`); a stream is refused (503) when fewer than `RESERVE_FDS` are left
+  (`descriptors_left`), whatever else took them. A request that still fails for
+  want of one (`EMFILE`, `ENFILE`, or zmq's "Too many open files") is a 503, or, in
+  a stream already begun, the end of that stream (the browser reconnects); the
+  gateway logs one line per `LOG_EVERY_S` saying how many there were, never a
+  traceback per request (`Quiet`). The same holds for `accept()` failing (the
+  loop's exception handler, `on_loop_exception`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
+import resource
 import time
 from collections import OrderedDict
 from typing import Any, cast
@@ -38,6 +44,12 @@ BODY_S = 30.0
 #: Connections open at once, in all and from one address.
 MAX_CONNECTIONS = 2_048
 MAX_PER_ADDRESS = 1_024
+#: Descriptors kept free: a stream is refused (503) with fewer left than this, and the
+#: caps are cut to fit under the process's limit (`fitted`).
+RESERVE_FDS = 64
+#: Descriptors one SSE stream may hold: its connection, its zmq socket and the
+#: socket's connection in libzmq's I/O thread, and some to spare.
+STREAM_FDS = 4
 #: At most one log line per kind of overload this often.
 LOG_EVERY_S = 10.0
 #: Errno values that mean "no descriptor left".
@@ -64,6 +76,20 @@ class Quiet:
         count, self._since[kind] = self._since[kind], 0
         self._last[kind] = now
         log.warning("%s (%d time(s) in the last %g s at most)", message, count, LOG_EVERY_S)
+
+
+def descriptor_limit() -> int:
+    """This process's soft limit on open descriptors."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def descriptors_left() -> int:
+    """Descriptors this process may still open (a large number where it cannot tell)."""
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 1 << 30
+    return descriptor_limit() - used
 
 
 def out_of_descriptors(exc: BaseException) -> bool:
@@ -128,6 +154,13 @@ class _Guarded(asyncio.Protocol):
             self.transport.abort()
 
 
+def fitted(cap: int, per: int, limit: int | None = None) -> int:
+    """`cap`, cut so that `cap` things of `per` descriptors each fit under `limit`
+    (default: this process's) with `RESERVE_FDS` to spare; at least 1."""
+    limit = descriptor_limit() if limit is None else limit
+    return max(1, min(cap, (limit - RESERVE_FDS) // per))
+
+
 class Limiter:
     """The connections open, by address, and which of them are still sending a head."""
 
@@ -147,12 +180,15 @@ class Limiter:
         return lambda: _Guarded(self, server())
 
     def admit(self, conn: _Guarded) -> bool:
-        """Count `conn` in, evicting a slow one at a cap; False: refuse it."""
-        if self.open.get(conn.address, 0) >= self.per_address \
-                and not self._evict(conn.address):
-            return self._refuse(f"{conn.address} holds {self.per_address} connections")
-        if self.count >= self.total and not self._evict(None):
-            return self._refuse(f"{self.total} connections open")
+        """Count `conn` in, evicting a slow one at a cap; False: refuse it. The caps are
+        cut to the descriptor limit of the moment (`fitted`: it may be lowered live)."""
+        limit = descriptor_limit()
+        per_address = fitted(self.per_address, 2, limit)
+        total = fitted(self.total, 2, limit)
+        if self.open.get(conn.address, 0) >= per_address and not self._evict(conn.address):
+            return self._refuse(f"{conn.address} holds {per_address} connections")
+        if self.count >= total and not self._evict(None):
+            return self._refuse(f"{total} connections open")
         self.open[conn.address] = self.open.get(conn.address, 0) + 1
         self.count += 1
         conn.counted = True

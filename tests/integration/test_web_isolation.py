@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 from aiohttp import web
 from conftest import remove_home
@@ -382,3 +383,49 @@ def test_the_page_says_a_session_was_removed(hosts):
                 await browser.close()
 
     asyncio.run(main())
+
+
+def test_out_of_descriptors_is_a_503_and_one_log_line(hosts):
+    """The gateway's descriptor limit lowered live to 150 (others' use leaves it few):
+    300 streams at once get a stream or a 503, the log a line or two, no traceback."""
+    _, b = hosts
+    url = url_of(b)
+    state = json.loads((Path(b) / "run" / "host.json").read_text())
+    gateway = psutil.Process(next(a["pid"] for a in state["actors"] if a["name"] == "gateway"))
+    sid = asyncio.run(start_session(b))
+    lines_before = len(log_of(b).splitlines())
+    old = gateway.rlimit(psutil.RLIMIT_NOFILE)
+    gateway.rlimit(psutil.RLIMIT_NOFILE, (150, old[1]))  # the soft limit
+
+    async def main() -> list[Any]:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(headers=bearer(b), connector=connector) as http:
+            async def open_stream() -> tuple[Any, aiohttp.ClientResponse | None]:
+                try:
+                    resp = await http.get(f"{url}api/sessions/{sid}/events")
+                except aiohttp.ClientError as exc:
+                    return type(exc).__name__, None
+                if resp.status != 200:
+                    resp.release()
+                    return resp.status, None
+                return 200, resp
+
+            opened = await asyncio.gather(*(open_stream() for _ in range(300)))
+            try:
+                async with http.get(f"{url}api/sessions") as resp:  # still served
+                    assert resp.status == 200
+            finally:
+                for _, resp in opened:
+                    if resp is not None:
+                        resp.close()
+            return [status for status, _ in opened]
+
+    try:
+        statuses = asyncio.run(main())
+    finally:
+        gateway.rlimit(psutil.RLIMIT_NOFILE, old)
+    assert set(statuses) <= {200, 503}, sorted(set(map(str, statuses)))
+    assert statuses.count(503) >= 100 and statuses.count(200) >= 1
+    new = log_of(b).splitlines()[lines_before:]
+    assert "Traceback" not in "\n".join(new)
+    assert len(new) < 10, new
