@@ -47,7 +47,8 @@ so a typo fails there with a message naming the key, never mid-session::
     [peers.b]                     # another host this one may ask (ask_machine)
     connect = "tcp://10.0.0.2:7400"
     keys = "keys/b"               # issued by b: oploop keys add A --role peer
-    agent = ""                    # b's agent (default: b's default agent)
+    agent = ""                    # b's agent (default: b's default agent): the one
+                                  # b bound the key to (keys add A --role peer --agent)
     timeout_s = 600
 
     [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
