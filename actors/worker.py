@@ -363,8 +363,7 @@ class Worker(ABC):
             # A status of its own, so a supervising `oploop worker` stops (not restarts).
             print(f"oploop {self.role} worker: {refused.exceptions[0]}", file=sys.stderr,
                   flush=True)
-            raise SystemExit(EXIT_MACHINE_REFUSED if refused.exceptions[0].why
-                             else EXIT_REFUSED) from None
+            raise SystemExit(EXIT_MACHINE_REFUSED if self.why else EXIT_REFUSED) from None
         finally:
             with contextlib.suppress(BusError):
                 self.work.send(Envelope(Disconnect()))

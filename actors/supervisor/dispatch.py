@@ -329,7 +329,8 @@ class Dispatcher:
         if ready.role not in ROLES or ready.capacity < 1:
             log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
             return
-        problem = _machine_problem(ready.machine, self.work.user_id, self.local_worker_keys)
+        problem = _machine_problem(ready.machine, self.work.user_id,
+                                   self.local_worker_keys)
         if problem is not None:
             # Not registered, and told why: it stops (`oploop worker` exits saying so).
             log.warning("worker %r refused: %s", peer, problem)

@@ -186,9 +186,9 @@ def test_the_cookie_reaches_no_other_local_service_and_no_page_frames_the_view(h
 
 
 async def sessions_of(home: str) -> list[str]:
-    async with aiohttp.ClientSession(headers=bearer(home)) as http:
-        async with http.get(f"{url_of(home)}api/sessions") as resp:
-            return sorted(s["session"] for s in (await resp.json())["sessions"])
+    async with aiohttp.ClientSession(headers=bearer(home)) as http, \
+            http.get(f"{url_of(home)}api/sessions") as resp:
+        return sorted(s["session"] for s in (await resp.json())["sessions"])
 
 
 def test_headers_and_no_redirect_off_the_gateway(hosts):
@@ -241,9 +241,9 @@ def test_slow_connections_do_not_keep_an_authenticated_request_out(hosts):
 
     async def timed_request() -> float:
         began = time.monotonic()
-        async with aiohttp.ClientSession(headers=bearer(a)) as http:
-            async with http.get(f"{url}api/sessions") as resp:
-                assert resp.status == 200
+        async with aiohttp.ClientSession(headers=bearer(a)) as http, \
+                http.get(f"{url}api/sessions") as resp:
+            assert resp.status == 200
         return time.monotonic() - began
 
     slow = [connect() for _ in range(200)]
@@ -311,24 +311,24 @@ def test_a_removed_sessions_sse_viewer_is_told(hosts):
 
     async def main() -> None:
         sid = await start_session(a)
-        async with aiohttp.ClientSession(headers=bearer(a)) as http:
-            # No stop_at: the page's way, following the session across its runs.
-            async with http.get(f"{url}api/sessions/{sid}/events") as resp:
-                assert resp.status == 200
-                lines: list[str] = []
+        done = asyncio.Event()
+        async with aiohttp.ClientSession(headers=bearer(a)) as http, \
+                http.get(f"{url}api/sessions/{sid}/events") as resp:  # no stop_at: the page's
+            assert resp.status == 200
+            lines: list[str] = []
 
-                async def read() -> None:
-                    async for raw in resp.content:
-                        lines.append(raw.decode().rstrip("\n"))
+            async def read() -> None:
+                async for raw in resp.content:
+                    lines.append(raw.decode().rstrip("\n"))
+                    if '"DONE"' in lines[-1]:
+                        done.set()
 
-                reader = asyncio.create_task(read())
-                await asyncio.sleep(0)
-                while not any('"DONE"' in line for line in lines):
-                    await asyncio.sleep(0.05)
-                rm = await asyncio.to_thread(oploop, a, "rm", sid)
-                assert rm.returncode == 0, rm.stderr
-                async with asyncio.timeout(10):
-                    await reader  # the stream ends
+            reader = asyncio.create_task(read())
+            await done.wait()  # replayed to its end: it follows the session now
+            rm = await asyncio.to_thread(oploop, a, "rm", sid)
+            assert rm.returncode == 0, rm.stderr
+            async with asyncio.timeout(10):
+                await reader  # the stream ends
         assert "event: removed" in lines, lines[-5:]
         assert lines[lines.index("event: removed") + 1] == f'data: {{"session":"{sid}"}}'
 
