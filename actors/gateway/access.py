@@ -37,6 +37,10 @@ from actors.gateway.urls import TOKEN_FILE, cookie_name, hostname, page_host
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: The cookie older gateways set on 127.0.0.1 (every local service received it):
+#: deleted when a browser that still holds it comes by.
+LEGACY_COOKIE = "oploop_token"
+
 
 def load_token(home: Path) -> str:
     """The home's web token, made (0600) if there is none yet."""
@@ -83,8 +87,11 @@ def require(token: str, *, secure: bool = False, loopback: bool = True) -> Middl
             if loopback and hostname(request.host) != own_host:
                 # To the page's own name, token and all; the cookie is set there.
                 port = request.url.port
-                raise web.HTTPFound(request.url.with_host(own_host).with_port(port)
-                                    .with_path(path).with_query(request.query))
+                moved = web.HTTPFound(request.url.with_host(own_host).with_port(port)
+                                      .with_path(path).with_query(request.query))
+                if LEGACY_COOKIE in request.cookies:  # set here by an older gateway: gone
+                    moved.del_cookie(LEGACY_COOKIE, path="/")
+                raise moved
             # A first visit: keep the token in a cookie, and take it out of the address
             # (and so of the history and of what the page's links pass on).
             query = {k: v for k, v in request.query.items() if k != "token"}

@@ -223,6 +223,12 @@ def test_headers_and_no_redirect_off_the_gateway(hosts):
                                     allow_redirects=False) as resp:  # at 127.0.0.1
                     location = resp.headers["Location"]
                     assert location.startswith(f"http://{own}/"), location
+            # The cookie an older gateway left on 127.0.0.1 is deleted on the way.
+            async with http.get(f"{url}?token={token}", allow_redirects=False,
+                                headers={"Cookie": "oploop_token=old"}) as resp:
+                assert resp.status == 302
+                assert 'oploop_token=""' in resp.headers["Set-Cookie"]
+                assert "Max-Age=0" in resp.headers["Set-Cookie"]
 
     asyncio.run(main())
 
