@@ -3,7 +3,8 @@
 A worker machine is a group of workers (`oploop worker --machine NAME`) that
 connects to a host over TCP + CURVE. Its workers say the name in `Ready`; a
 session whose agent has a `target_machine` runs its tools only on executors of
-that machine. The host's own workers (and unnamed ones) are the machine `local`.
+that machine. The host's own workers (and unnamed ones a host admits by key:
+`[network] local_worker_keys`) are the machine `local`.
 """
 
 from __future__ import annotations

@@ -365,8 +365,10 @@ class Ready(Body):
 
     Executors list the tools they run (ToolSpec wire dicts). `machine` names the
     worker machine this worker runs on (`oploop worker --machine NAME`); empty for
-    the host's own workers (and unnamed ones), which serve as "local". Sent on
-    connect and whenever the supervisor says `Disconnect`. No reply.
+    the host's own workers (and unnamed ones the host admits), which serve as "local"
+    (a worker key's `Ready` naming another machine, or none unless allowed, is answered
+    `ErrorReply("refused", why)`; an accepted one gets a `Heartbeat` at once). Sent on
+    connect and whenever the supervisor says `Disconnect`.
     """
 
     KIND: ClassVar[str] = "ready"
