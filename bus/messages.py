@@ -59,7 +59,8 @@ class ErrorReply(Body):
     """Any request socket -> requester: the request failed or was refused.
 
     `code` is a stable tag (`bad_frame`, `unknown_session`, `busy`, ...),
-    `message` one human-readable line.
+    `message` one human-readable line. Also supervisor `work` -> worker, code
+    `refused`: its `Ready` is refused (its key may not serve that machine); it stops.
     """
 
     KIND: ClassVar[str] = "error"
