@@ -38,6 +38,7 @@ so a typo fails there with a message naming the key, never mid-session::
     [network]                     # also serve on TCP (workers, clients elsewhere)
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
+    local_worker_keys = []        # worker keys that may serve unnamed, as the host's own
 
     [mcp.time]                    # an MCP tool server (actors/mcp/config.py, docs/mcp.md)
     command = ["mcp-server-time"]
@@ -50,7 +51,8 @@ so a typo fails there with a message naming the key, never mid-session::
     [peers.b]                     # another host this one may ask (ask_machine)
     connect = "tcp://10.0.0.2:7400"
     keys = "keys/b"               # issued by b: oploop keys add A --role peer
-    agent = ""                    # b's agent (default: b's default agent)
+    agent = ""                    # b's agent (default: b's default agent): the one
+                                  # b bound the key to (keys add A --role peer --agent)
     timeout_s = 600
 
     [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
@@ -291,6 +293,9 @@ class Config:
     retention: Retention = Retention()
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
+    #: Worker keys that may serve unnamed, as the host's own machine (`[network]
+    #: local_worker_keys`); every other worker key serves only the machine it names.
+    local_worker_keys: frozenset[str] = frozenset()
     http: HttpConfig = HttpConfig()
     #: USD per million tokens, by model id (`actors.usage.price_for` looks models up).
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
@@ -347,6 +352,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         limits=_limits(data.get("limits", {}), source),
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
+        local_worker_keys=_local_worker_keys(data.get("network"), source),
         http=_http(data.get("http", {}), source),
         prices=_prices(data.get("prices", {}), source),
         peers=_peers(data.get("peers", {}), source),
@@ -414,7 +420,7 @@ def _network(raw: Any, source: str) -> Network | None:
     if raw is None:
         return None
     table = _table(raw, source, "network")
-    _no_unknown(table, {"listen", "curve"}, source, "network")
+    _no_unknown(table, {"listen", "curve", "local_worker_keys"}, source, "network")
     if "listen" not in table:
         raise ConfigError(f"{source}: network.listen: required (tcp://HOST:PORT)")
     listen = _check(str, table["listen"], source, "network.listen")
@@ -424,6 +430,16 @@ def _network(raw: Any, source: str) -> Network | None:
     except EndpointError as exc:
         key = "network.curve" if isinstance(exc, PlainTcpRefused) else "network.listen"
         raise ConfigError(f"{source}: {key}: {exc}") from exc
+
+
+def _local_worker_keys(raw: Any, source: str) -> frozenset[str]:
+    """`[network] local_worker_keys`: names of worker keys (`oploop keys add NAME --role
+    worker`) allowed to serve without `--machine`, as the host's own executors do."""
+    names = _table(raw, source, "network").get("local_worker_keys", []) if raw else []
+    where = f"{source}: network.local_worker_keys"
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}: expected a list of key names")
+    return frozenset(names)
 
 
 def _http(raw: Any, source: str) -> HttpConfig:

@@ -142,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
                       help="control: start, cancel, say, watch; worker: serve jobs; viewer: "
                            "watch only; peer: another host's ask_machine (new runs, its own "
                            "cancels)")
+    keys.add_argument("--agent", help="peer keys: the one agent of this host the key may "
+                                      "start runs on (default: the default agent)")
     keys.set_defaults(fn=_home_checked(hostcmds.cmd_keys, create=True))
     run = sub.add_parser(
         "run", help="run a session and stream it (starts an embedded host if none is up)",

@@ -126,6 +126,7 @@ class Supervisor:
         # Over TCP, who a worker machine's workers are (their key) and where they are.
         work.identify = endpoints.network is not None
         self.dispatcher = Dispatcher(work, self.control)
+        self.dispatcher.local_worker_keys = self.config.local_worker_keys
         work.handler = self.dispatcher.handle_work
         self.events: Port = self.reactor.add(
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,

@@ -138,6 +138,13 @@ class Runs:
                 self.sup.api.reply_error(peer, env.id, "forbidden",
                                          "a peer key starts new sessions only")
                 return
+            bound = self.sup.gate.keyring.peer_agent(_by(user)) if self.sup.gate else "default"
+            if (req.agent or "default") != bound:
+                # Which agent (tools, rules) answers is this host's to say, per key.
+                self.sup.api.reply_error(peer, env.id, "forbidden",
+                                         f"this peer key may start runs on agent {bound!r} "
+                                         f"only, not {req.agent or 'default'!r}")
+                return
             if req.machine:
                 # Which machine's files, network and processes the tools act on is this
                 # host's agent's to say (its `target_machine`), as the directory is.

@@ -34,9 +34,11 @@ def write_home(home: str, scripts: dict[str, Any], config: str) -> dict[str, str
     return {"OPLOOP_OFFLINE_SCENARIO": str(scenario), "OPLOOP_EXECUTORS": "1"}
 
 
-def issue_peer_key(home: str, name: str) -> Path:
-    """`oploop keys add NAME --role peer` on the host in `home`: the folder to give."""
-    out = oploop(home, "keys", "add", name, "--role", "peer")
+def issue_peer_key(home: str, name: str, agent: str = "") -> Path:
+    """`oploop keys add NAME --role peer [--agent AGENT]` on the host in `home`: the
+    folder to give (the key starts runs on that agent only; default: the default one)."""
+    out = oploop(home, "keys", "add", name, "--role", "peer",
+                 *(("--agent", agent) if agent else ()))
     assert out.returncode == 0, out.stderr
     return Path(home) / "keys" / "issued" / name
 

@@ -30,7 +30,9 @@ REFUSED_WITHIN_S = 30  # a refusal is told at once; this only bounds a wait that
 @pytest.fixture
 def tcp_host(short_home):
     listen = f"tcp://127.0.0.1:{free_ports()}"
-    Path(short_home, "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
+    # "far" may serve unnamed, as the host's own executors do; no other worker key may.
+    Path(short_home, "oploop.toml").write_text(
+        f'[network]\nlisten = "{listen}"\nlocal_worker_keys = ["far"]\n')
     with running_host(short_home, {"OPLOOP_EXECUTORS": "1"}) as home:
         yield home, listen
 
@@ -117,10 +119,14 @@ def test_a_worker_elsewhere_serves_jobs_with_a_worker_key_only(tcp_host, tmp_pat
     home, listen = tcp_host
     worker_keys = issue(home, "far", "worker")
     viewer_keys = issue(home, "eyes", "viewer")
+    stray_keys = issue(home, "stray", "worker")  # a worker key not listed as local
     with remote_executor(tmp_path / "far", listen, worker_keys) as (far, _), \
-            remote_executor(tmp_path / "eyes", listen, viewer_keys) as (eyes, proc):
+            remote_executor(tmp_path / "eyes", listen, viewer_keys) as (eyes, proc), \
+            remote_executor(tmp_path / "stray", listen, stray_keys) as (stray, stray_proc):
         assert proc.wait(timeout=30) != 0  # refused: it says why and stops
         assert "refused this worker's key" in (eyes / "executor.log").read_text()
+        assert stray_proc.wait(timeout=30) == 78  # EXIT_MACHINE_REFUSED
+        assert "serves machine 'stray' only" in (stray / "executor.log").read_text()
 
         async def registered():
             async with Client.connect(Path(home)) as local:
@@ -131,7 +137,7 @@ def test_a_worker_elsewhere_serves_jobs_with_a_worker_key_only(tcp_host, tmp_pat
                     await asyncio.sleep(0.05)
 
         stats = asyncio.run(asyncio.wait_for(registered(), 30))
-        assert stats["workers"]["tool"] == 2  # the local executor and "far", not "eyes"
+        assert stats["workers"]["tool"] == 2  # the local executor and "far", not the others
         # Two tool calls in one reply go to the two idle executors, one each.
         events = run(home, "write near to a.txt and write far to b.txt")
         assert events[-1]["type"] == "DONE"
