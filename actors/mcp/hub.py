@@ -9,7 +9,8 @@ order, tools in the server's order) is left out, and the server's status says
 which. A tool whose input schema is not an object schema is left out likewise.
 
 Stdio servers run in the executor's sandbox under `shell`'s policy (the network
-only with `sandbox.network = true`), in a workspace of their own
+as its `network` says: "none", "all", or hosts through the host's proxy), in a
+workspace of their own
 (`workspaces/mcp-NAME`, its own uid) unless `cwd` says where, seeing besides the
 system's paths the program's own installation and `read_paths`, and writing
 only there and in `write_paths`.
@@ -62,8 +63,11 @@ class McpHub:
     """Every configured server of an executor, and the routes from tool names to them."""
 
     def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
-                 on_change: Callable[[], None], reserved: frozenset[str] = frozenset()) -> None:
+                 on_change: Callable[[], None], reserved: frozenset[str] = frozenset(),
+                 run_dir: Path | None = None) -> None:
         self.sandbox = sandbox
+        #: The host's runtime dir: its `net/` holds the network proxy's sockets.
+        self.run_dir = run_dir or Path("/nonexistent")
         self.reserved = reserved
         self._on_change = on_change
         self.servers: dict[str, McpServer] = {}
@@ -183,12 +187,12 @@ class McpHub:
             if sandbox is None:
                 raise McpServerError(config.name, "no sandbox here: a stdio server runs only "
                                                   "in an executor's sandbox")
+            from actors.sandbox.network import access
             from actors.sandbox.sandbox import Extra
 
             argv = resolved(config.command, config.name)
             policy = sandbox.config.policy("shell")
-            if config.sandbox.network:
-                policy = policy.lowered(network="host")
+            net = access(config.sandbox.network, self.run_dir, "mcp", config.name)
             if config.cwd:
                 cwd = Path(config.cwd)
             else:
@@ -203,7 +207,7 @@ class McpHub:
                     raise McpServerError(config.name, f"{path} is or holds what the sandbox "
                                                       f"hides (oploop's home, keys): refused")
             return await sandbox.launch(f"mcp.{config.name}", policy, cwd, argv=argv,
-                                        duplex=duplex, stderr=stderr, extra=extra)
+                                        duplex=duplex, stderr=stderr, extra=extra, net=net)
 
         def open_stdio(fault: Fault, tail: StderrTail
                        ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
