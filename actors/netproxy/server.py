@@ -24,6 +24,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ HEAD_S = 10.0
 HEAD_BYTES = 64 * 1024
 CONNECT_S = 10.0
 IDLE_S = 300.0
+SWEEP_S = 5.0
 _HOP_BY_HOP = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization",
     b"proxy-authenticate", b"te", b"trailer", b"upgrade",
@@ -151,85 +153,193 @@ class NetProxy:
     def __init__(self, socket_dir: Path, lists: Mapping[str, Allowlist]) -> None:
         self.socket_dir = socket_dir
         self.lists = dict(lists)
-        self.active = 0
+        #: Connections open now (each client's, its upstream's counted with it).
+        self.connections: set[_Client] = set()
+        #: The tasks opening an upstream connection: owned here, cancelled at close.
+        self.opening: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.AbstractServer] = []
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         """Bind every socket (a stale one from a dead proxy is replaced), then listen."""
         self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.socket_dir, 0o700)
+        loop = asyncio.get_running_loop()
         # Bound by name relative to the directory: a home's path may be longer than a
         # unix socket address takes (108 bytes).
         dirfd = os.open(self.socket_dir, os.O_PATH | os.O_DIRECTORY)
         try:
             for name, allow in self.lists.items():
                 sock = _bind_in(dirfd, name)
-                server = await asyncio.start_unix_server(
-                    functools.partial(self.handle, allow=allow), sock=sock, limit=HEAD_BYTES)
+                server = await loop.create_unix_server(
+                    functools.partial(_Client, self, allow), sock=sock)
                 self._servers.append(server)
         finally:
             os.close(dirfd)
+        self._sweeper = loop.call_later(SWEEP_S, self._sweep)
 
     async def aclose(self) -> None:
-        """Stop listening (connections under way end with the process)."""
+        """Stop listening; end every connection and every upstream connect under way."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for server in self._servers:
             server.close()
         self._servers.clear()
+        for task in list(self.opening):
+            task.cancel()
+        for conn in list(self.connections):
+            conn.close()
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     allow: Allowlist) -> None:
-        """One connection: one request, refused or relayed. The edge: nothing escapes."""
-        self.active += 1
-        try:
-            if self.active > MAX_CONNECTIONS:
-                writer.write(status(503, f"oploop: the network proxy holds {MAX_CONNECTIONS} "
-                                         "connections already: try again"))
-                return
-            await self._serve(reader, writer, allow)
-        except Exception as exc:  # the per-connection edge: one line, never a traceback
-            log.warning("connection ended: %s: %s", type(exc).__name__, exc)
-        finally:
-            self.active -= 1
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    def _sweep(self) -> None:
+        """End connections idle (no byte either way) for `IDLE_S`, or without a whole
+        request head after `HEAD_S`; look again in `SWEEP_S`."""
+        now = time.monotonic()
+        for conn in list(self.connections):
+            if now - conn.last > (HEAD_S if conn.upstream is None else IDLE_S):
+                conn.close()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     allow: Allowlist) -> None:
-        try:
-            async with asyncio.timeout(HEAD_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.LimitOverrunError, ValueError):
-            writer.write(status(431, f"oploop: request head over {HEAD_BYTES} bytes"))
+
+class _Upstream(asyncio.Protocol):
+    """The connection to the host a request goes to: what comes back goes to the client."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.client.last = time.monotonic()
+        self.client.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.client.eof:
+            return False  # both ways ended: close
+        if self.client.transport.can_write_eof():
+            self.client.transport.write_eof()
+        return True  # half-closed: the client may still be sending
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client.close()
+
+    def pause_writing(self) -> None:  # the client is slow to send: stop reading from it
+        self.client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.client.transport.resume_reading()
+
+
+class _Client(asyncio.Protocol):
+    """One connection from a sandbox's forwarder: its request head, then a relay.
+
+    Protocol callbacks rather than streams and a copy task per direction: the
+    proxy's own work per request is what it adds to every request."""
+
+    def __init__(self, proxy: NetProxy, allow: Allowlist) -> None:
+        self.proxy = proxy
+        self.allow = allow
+        self.head = bytearray()
+        self.upstream: _Upstream | None = None
+        self.last = time.monotonic()
+        self.eof = False
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.proxy.connections.add(self)
+        if len(self.proxy.connections) > MAX_CONNECTIONS:
+            self.answer(503, f"oploop: the network proxy holds {MAX_CONNECTIONS} connections "
+                             "already: try again")
+
+    def data_received(self, data: bytes) -> None:
+        self.last = time.monotonic()
+        if self.upstream is not None:
+            if self.upstream.transport is not None:
+                self.upstream.transport.write(data)
             return
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            return  # nothing to answer: no request came
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > HEAD_BYTES:
+                self.answer(431, f"oploop: request head over {HEAD_BYTES} bytes")
+            return
+        self.transport.pause_reading()  # until the upstream connection is made
+        head, rest = bytes(self.head[:end + 4]), bytes(self.head[end + 4:])
+        self.head = bytearray()
         try:
-            target = parse_request(head, allow)
+            target = parse_request(head, self.allow)
         except Refused as exc:
             if exc.status == 403:
                 log.info("%s", exc.reason)
-            writer.write(status(exc.status, exc.reason))
+            self.answer(exc.status, exc.reason)
             return
+        task = asyncio.get_running_loop().create_task(self._open(target, rest))
+        self.proxy.opening.add(task)
+        task.add_done_callback(self.proxy.opening.discard)
+
+    async def _open(self, target: Target, rest: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        upstream = _Upstream(self)
         try:
             async with asyncio.timeout(CONNECT_S):
-                up_r, up_w = await asyncio.open_connection(target.host, target.port)
+                await loop.create_connection(lambda: upstream, target.host, target.port)
         except TimeoutError:
-            writer.write(status(504, f"oploop: {target.host}:{target.port} did not answer "
-                                     f"in {CONNECT_S:g} s"))
+            self.answer(504, f"oploop: {target.host}:{target.port} did not answer in "
+                             f"{CONNECT_S:g} s")
             return
         except OSError as exc:
-            writer.write(status(502, f"oploop: cannot reach {target.host}:{target.port}: "
-                                     f"{exc.strerror or exc}"))
+            self.answer(502, f"oploop: cannot reach {target.host}:{target.port}: "
+                             f"{exc.strerror or exc}")
             return
-        try:
-            if target.tunnel:
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                up_w.write(target.head)
-            await _relay(reader, writer, up_r, up_w)
-        finally:
-            up_w.close()
+        assert upstream.transport is not None
+        if self.transport.is_closing():  # the client went away meanwhile
+            upstream.transport.close()
+            return
+        self.upstream = upstream
+        if target.tunnel:
+            self.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            upstream.transport.write(target.head)
+        if rest:
+            upstream.transport.write(rest)
+        self.transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        up = self.upstream.transport if self.upstream is not None else None
+        if up is None or self.upstream.eof:  # type: ignore[union-attr]
+            return False  # no request (yet), or both ways ended: close
+        if up.can_write_eof():
+            up.write_eof()
+        return True  # half-closed: the answer may still be coming
+
+    def pause_writing(self) -> None:  # the client reads slowly: stop reading upstream
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy.connections.discard(self)
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+
+    def answer(self, code: int, reason: str) -> None:
+        """Answer with an error status and close (after the answer is sent)."""
+        self.transport.write(status(code, reason))
+        self.close()
+
+    def close(self) -> None:
+        """End this connection and its upstream one."""
+        self.transport.close()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
 
 
 def _bind_in(dirfd: int, name: str) -> socket.socket:
@@ -247,28 +357,3 @@ def _bind_in(dirfd: int, name: str) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-async def _relay(c_r: asyncio.StreamReader, c_w: asyncio.StreamWriter,
-                 u_r: asyncio.StreamReader, u_w: asyncio.StreamWriter) -> None:
-    """Copy both ways until both ends are done, or either is idle for `IDLE_S`."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(_copy(c_r, u_w))
-            group.create_task(_copy(u_r, c_w))
-    except* (OSError, TimeoutError):
-        pass  # a reset or an idle end: the connection is closed by the caller
-
-
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    while True:
-        async with asyncio.timeout(IDLE_S):
-            data = await src.read(65536)
-        if not data:
-            break
-        dst.write(data)
-        async with asyncio.timeout(IDLE_S):
-            await dst.drain()
-    if dst.can_write_eof():
-        with contextlib.suppress(OSError):
-            dst.write_eof()

@@ -26,11 +26,11 @@ import _socket
 import _thread
 import fcntl
 import os
+import select
 import struct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 PORT = 3128
@@ -38,7 +38,7 @@ PORT = 3128
 MAX_CONNECTIONS = 32
 """Connections one call may hold through the forwarder at once; more are answered 503."""
 _STACK = 256 * 1024
-_CONNECT_S = 5.0  # a proxy that does not accept within this long counts as not running
+_CHUNK = 65536
 _CLONE_FS = 0x00000200
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
@@ -50,8 +50,8 @@ class Bridge:
 
     def __init__(self, conf: dict[str, Any]) -> None:
         self.name: str = conf["name"]
-        self.missing = ""
         self.port: int = conf["port"]
+        self.missing = ""
         try:
             self.dirfd = os.open(conf["dir"], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:  # no proxy ever started here: every connection gets a 503
@@ -62,8 +62,6 @@ class Bridge:
         self.listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", self.port))
         self.listener.listen(MAX_CONNECTIONS)
-        self._lock = _thread.allocate_lock()
-        self._active = 0
 
     def close(self) -> None:
         """Close this process's copies (the outer launcher's, once the init has them)."""
@@ -74,9 +72,9 @@ class Bridge:
     def serve(self) -> None:
         """Start the forwarder thread (in the init, once the tool is forked)."""
         _thread.stack_size(_STACK)
-        _thread.start_new_thread(self._accept_loop, ())
+        _thread.start_new_thread(self._run, ())
 
-    def _accept_loop(self) -> None:
+    def _run(self) -> None:
         import ctypes  # (already loaded by the lockdown)
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -84,81 +82,135 @@ class Bridge:
         # relative name, through the hidden oploop home, whatever its path's length.
         if self.dirfd >= 0 and libc.unshare(_CLONE_FS) == 0:
             os.fchdir(self.dirfd)
-        else:
+        elif self.dirfd >= 0:
             self.dirfd = -1
-            self.missing = self.missing or "cannot enter its directory"
-        while True:
-            try:
-                fd, _ = self.listener._accept()  # type: ignore[attr-defined]
-            except OSError:
-                continue
-            client = _socket.socket(fileno=fd)
-            with self._lock:
-                busy = self._active >= MAX_CONNECTIONS
-                if not busy:
-                    self._active += 1
-            if busy:
-                _answer(client, f"{MAX_CONNECTIONS} connections through the proxy at once "
-                                f"already: close one first")
-                continue
-            _thread.start_new_thread(self._forward, (client,))
+            self.missing = "cannot enter its directory"
+        _Loop(self).run()
 
-    def _forward(self, client: _socket.socket) -> None:
-        upstream = self._connect()
-        if isinstance(upstream, str):
-            _answer(client, upstream)
-            with self._lock:
-                self._active -= 1
-            return
-        left = [2]
-
-        def done() -> None:  # each direction calls it once; the last closes the pair
-            with self._lock:
-                left[0] -= 1
-                last = left[0] == 0
-                if last:
-                    self._active -= 1
-            if last:
-                client.close()
-                upstream.close()
-
-        _thread.start_new_thread(_pump, (upstream, client, done))
-        _pump(client, upstream, done)
-
-    def _connect(self) -> _socket.socket | str:
-        """A connection to the proxy, or why there is none."""
+    def connect(self) -> _socket.socket | str:
+        """A connection to the proxy (non-blocking), or why there is none."""
         if self.dirfd < 0:
             return f"no network proxy on this machine ({self.missing})"
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        sock.settimeout(_CONNECT_S)
+        sock.setblocking(False)
         try:
-            sock.connect(self.name)
+            sock.connect(self.name)  # a listening unix socket accepts at once, or refuses
         except OSError as exc:
             sock.close()
             return (f"the network proxy is not running ({exc.strerror or exc}); the host "
                     f"restarts it: try again in a moment")
-        sock.settimeout(None)
         return sock
 
 
-def _pump(src: _socket.socket, dst: _socket.socket, done: Callable[[], None]) -> None:
-    """Copy `src` to `dst` until EOF, then end `dst`'s writing side (a half-close the
-    proxy passes on). On an error both sides are shut, which ends the other direction."""
-    try:
+class _Pipe:
+    """One direction of a connection: bytes read from `src` not yet written to `dst`."""
+
+    __slots__ = ("src", "dst", "pending", "eof", "done")
+
+    def __init__(self, src: _socket.socket, dst: _socket.socket) -> None:
+        self.src = src
+        self.dst = dst
+        self.pending = b""
+        self.eof = False
+        self.done = False
+
+
+class _Loop:
+    """The forwarder: one thread, one epoll, every connection of the call (no thread
+    per connection: starting one costs more than the proxy's own work)."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.poll = select.epoll()
+        self.listener = bridge.listener
+        self.listener.setblocking(False)
+        self.poll.register(self.listener.fileno(), select.EPOLLIN)
+        #: fd -> the directions it takes part in: (reads from it, writes to it).
+        self.by_fd: dict[int, tuple[_Pipe, _Pipe]] = {}
+
+    def run(self) -> None:
         while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-        dst.shutdown(_socket.SHUT_WR)
-    except OSError:
-        for sock in (src, dst):
+            for fd, _ in self.poll.poll():
+                if fd == self.listener.fileno():
+                    self._accept()
+                elif fd in self.by_fd:
+                    self._step(fd)
+
+    def _accept(self) -> None:
+        try:
+            fd, _ = self.listener._accept()  # type: ignore[attr-defined]
+        except OSError:
+            return
+        client = _socket.socket(fileno=fd)
+        if len(self.by_fd) >= 2 * MAX_CONNECTIONS:
+            _thread.start_new_thread(_answer, (client, f"{MAX_CONNECTIONS} connections "
+                                     "through the proxy at once already: close one first"))
+            return
+        upstream = self.bridge.connect()
+        if isinstance(upstream, str):  # answered off the loop: it reads the request first
+            _thread.start_new_thread(_answer, (client, upstream))
+            return
+        # Replies come in pieces (a head, then a body): each goes out at once.
+        client.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        client.setblocking(False)
+        out, back = _Pipe(client, upstream), _Pipe(upstream, client)
+        self.by_fd[client.fileno()] = (out, back)
+        self.by_fd[upstream.fileno()] = (back, out)
+        for sock in (client, upstream):
+            self.poll.register(sock.fileno(), select.EPOLLIN)
+
+    def _step(self, fd: int) -> None:
+        reading, writing = self.by_fd[fd]
+        try:
+            for pipe in (writing, reading):  # flush what waits for this fd, then read it
+                self._move(pipe)
+        except OSError:
+            self._drop(reading)
+            return
+        if reading.done and writing.done:
+            self._drop(reading)
+            return
+        for sock in (reading.src, reading.dst):
+            self.poll.modify(sock.fileno(), self._interest(sock))
+
+    def _move(self, pipe: _Pipe) -> None:
+        if pipe.pending:
+            sent = pipe.dst.send(pipe.pending)
+            pipe.pending = pipe.pending[sent:]
+        if not pipe.pending and not pipe.eof:
+            try:
+                data = pipe.src.recv(_CHUNK)
+            except BlockingIOError:
+                data = None
+            if data == b"":
+                pipe.eof = True
+            elif data:
+                try:
+                    sent = pipe.dst.send(data)
+                except BlockingIOError:
+                    sent = 0
+                pipe.pending = data[sent:]
+        if pipe.eof and not pipe.pending and not pipe.done:
+            pipe.done = True
+            pipe.dst.shutdown(_socket.SHUT_WR)  # a half-close the proxy passes on
+
+    def _interest(self, sock: _socket.socket) -> int:
+        reading, writing = self.by_fd[sock.fileno()]
+        mask = 0  # (a hang-up or an error is reported whatever the mask: then recv says)
+        if not reading.eof and not reading.pending:
+            mask |= select.EPOLLIN
+        if writing.pending:
+            mask |= select.EPOLLOUT
+        return mask
+
+    def _drop(self, pipe: _Pipe) -> None:
+        for sock in (pipe.src, pipe.dst):
+            self.by_fd.pop(sock.fileno(), None)
             try:  # noqa: SIM105 (contextlib: an import more on the launcher's path)
-                sock.shutdown(_socket.SHUT_RDWR)
+                self.poll.unregister(sock.fileno())
             except OSError:
                 pass
-    finally:
-        done()
+            sock.close()
 
 
 def _answer(client: _socket.socket, reason: str) -> None:

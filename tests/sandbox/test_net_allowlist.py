@@ -37,8 +37,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        got = self.rfile.read(int(self.headers["Content-Length"]))
+        body = f"got {len(got)} bytes, {got.count(b'y')} of them y\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
         body = f"hello from upstream {self.path}\n".encode()
+        if self.path == "/big":
+            body = b"z" * (8 << 20)
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -129,6 +139,18 @@ import urllib.request
 print(urllib.request.urlopen("http://127.0.0.1:{upstream}/py", timeout=10).read().decode())
 """, net=proxy.net)
     assert "hello from upstream /py" in res.output, res.output
+
+
+def test_large_bodies_both_ways(host: Host, proxy: Proxy, upstream: int) -> None:
+    """8 MiB down and 4 MiB up through the forwarder and the proxy, whole (flow control
+    on both hops: neither holds more than its buffers)."""
+    need_curl()
+    res = host.run(f"curl -sS --max-time 20 http://127.0.0.1:{upstream}/big | wc -c; "
+                   f"head -c 4194304 /dev/zero | tr '\\0' y > up; "
+                   f"curl -sS --max-time 20 --data-binary @up http://127.0.0.1:{upstream}/p",
+                   net=proxy.net)
+    assert res.output.split("\n")[:2] == [str(8 << 20), "got 4194304 bytes, 4194304 of them y"
+                                          ], res.output
 
 
 def test_connect_tunnel_to_an_allowed_host(host: Host, proxy: Proxy, upstream: int) -> None:
