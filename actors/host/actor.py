@@ -287,7 +287,7 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
 
 def _wants_netproxy(settings: Settings) -> bool:
     """Whether some agent or MCP server of the configuration has a network allowlist."""
-    from actors.netproxy.server import allowlists
+    from actors.netproxy.allowlist import allowlists
 
     return bool(allowlists(settings.config))
 

@@ -20,6 +20,10 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from actors.config import Config
 
 NONE = "none"
 ALL = "all"
@@ -183,3 +187,18 @@ def socket_name(kind: str, name: str) -> str:
     if not _SAFE.match(name):
         name = "x" + hashlib.sha256(name.encode()).hexdigest()[:24]
     return f"{kind}-{name}.sock"
+
+
+def allowlists(config: Config) -> dict[str, Allowlist]:
+    """Every allowlist `config` sets, by the name of its socket: agents' `network`
+    lists and MCP servers' (none: the host runs no proxy)."""
+    out: dict[str, Allowlist] = {}
+    for name, agent in config.agents.items():
+        if isinstance(agent.network, tuple):
+            out[socket_name("agent", name)] = Allowlist.of(
+                agent.network, f"agent {name}", f"agents.{name}.network")
+    for name, server in config.mcp.items():
+        if isinstance(server.sandbox.network, tuple):
+            out[socket_name("mcp", name)] = Allowlist.of(
+                server.sandbox.network, f"MCP server {name}", f"mcp.{name}.network")
+    return out

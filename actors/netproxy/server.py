@@ -32,9 +32,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import h11
 
-from actors.config import Config
-
-from .allowlist import Allowlist, BadEntry, normal_host, socket_name, split_host_port
+from .allowlist import Allowlist, BadEntry, normal_host, split_host_port
 
 log = logging.getLogger("oploop.netproxy")
 
@@ -48,21 +46,6 @@ _HOP_BY_HOP = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization",
     b"proxy-authenticate", b"te", b"trailer", b"upgrade",
 })
-
-
-def allowlists(config: Config) -> dict[str, Allowlist]:
-    """Every allowlist `config` sets, by the name of its socket: agents' `network`
-    lists and MCP servers' (none: the host runs no proxy)."""
-    out: dict[str, Allowlist] = {}
-    for name, agent in config.agents.items():
-        if isinstance(agent.network, tuple):
-            out[socket_name("agent", name)] = Allowlist.of(
-                agent.network, f"agent {name}", f"agents.{name}.network")
-    for name, server in config.mcp.items():
-        if isinstance(server.sandbox.network, tuple):
-            out[socket_name("mcp", name)] = Allowlist.of(
-                server.sandbox.network, f"MCP server {name}", f"mcp.{name}.network")
-    return out
 
 
 class Refused(Exception):

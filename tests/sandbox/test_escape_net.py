@@ -163,7 +163,7 @@ def test_proxied_network_has_no_other_way_out(host: Host, tcp_listener: socket.s
     and the forwarder to the proxy (none runs here: it answers 503), and nothing else:
     no raw, packet, netlink, UDP, SCTP or unix socket (seccomp), no connection to the
     host's loopback nor outside (no route; Landlock: the forwarder's port only), no DNS,
-    no listening socket."""
+    no listening socket, no way into the forwarder's cwd (the proxy's socket directory)."""
     from actors.sandbox.network import Proxied
 
     if host.backend != "launcher":
@@ -189,14 +189,21 @@ for NAME, fn in [
     ("listen", lambda: S().bind(("127.0.0.1", 8080))),
 ]:
     attempt(fn)
+import os
+def forwarder_cwd():  # the forwarder thread's cwd is the proxy's socket directory
+    for tid in os.listdir("/proc/1/task"):
+        os.listdir(f"/proc/1/task/{{tid}}/cwd")
+NAME = "forwarder-cwd"
+attempt(forwarder_cwd)
 s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
 s.sendall(b"GET http://example.com/ HTTP/1.1\\r\\nHost: example.com\\r\\n\\r\\n")
 print("forwarder", s.recv(200).split(b"\\r\\n")[0].decode())
 """, net=net)
     verdicts = dict(line.split(" ", 1) for line in res.output.splitlines())
-    assert len(verdicts) == 13, res.output
+    assert len(verdicts) == 14, res.output
     assert not [k for k, v in verdicts.items() if v == "OK"], res.output
     for name in ("raw", "packet", "netlink", "udp", "udp6", "unix", "sctp"):
         assert verdicts[name].startswith("DENIED 1 "), res.output  # EPERM: seccomp, not luck
+    assert verdicts["forwarder-cwd"].startswith("DENIED 13 "), res.output  # not its uid's
     assert verdicts["forwarder"].startswith("HTTP/1.1 503 oploop: no network proxy"), res.output
     assert no_connection(tcp_listener)

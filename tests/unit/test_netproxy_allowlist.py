@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from actors.config import ConfigError, parse_config
-from actors.netproxy.allowlist import Allowlist, BadEntry, parse_entry, parse_network, socket_name
-from actors.netproxy.server import Refused, allowlists, parse_request
+from actors.netproxy.allowlist import (
+    Allowlist,
+    BadEntry,
+    allowlists,
+    parse_entry,
+    parse_network,
+    socket_name,
+)
+from actors.netproxy.server import Refused, parse_request
 
 LIST = ("pypi.org", "*.corp.example", "127.0.0.1:8080", "[::1]:9000", "Bücher.Example.")
 
