@@ -24,6 +24,10 @@ so a typo fails there with a message naming the key, never mid-session::
     max_running_sessions = 1000
     journal_reserve_mb = 64       # below this much free disk, new runs are refused
     compact_every_kb = 4096       # a running session's log is compacted every this many KB
+    max_result_chars = 262144     # an MCP result's text, an ask_machine answer (actors.bounds)
+    max_tools = 200               # MCP tools an executor offers; the rest are left out
+    max_tool_description_chars = 2048
+    max_tool_schema_chars = 16384 # a tool whose input schema (JSON) is longer is left out
 
     [retention]                   # finished sessions deleted (0: no limit); see Retention
     max_age = "30d"
@@ -84,6 +88,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors import bounds
 from actors.ask.peers import Peer, PeerConfigError, parse_peers
 from actors.mcp.config import McpConfigError, McpServerConfig, parse_servers
 from actors.netproxy.allowlist import NONE, NetworkSetting, parse_network
@@ -179,7 +184,7 @@ class RouterConfig:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What the api refuses up front, with a clear error."""
+    """What the api refuses up front, with a clear error, and what is cut where it enters."""
 
     max_prompt_chars: int = 1_000_000
     max_running_sessions: int = 1_000
@@ -191,6 +196,16 @@ class Limits:
     #: long run, once this many KB of records were logged since the last one: a
     #: restart folds at most this much (0: only at a run's end).
     compact_every_kb: int = 4096
+    #: What enters a history from outside the built-ins is cut to these, with a note
+    #: saying how much was cut (`actors.bounds`): an MCP result's text and an
+    #: `ask_machine` answer (characters; the host also cuts every tool result it takes
+    #: to this, and 1 KiB of the tools' own notes); the MCP tools one executor offers, each
+    #: description (characters), each input schema (characters of JSON; a tool over it
+    #: is left out, and its server's status says so).
+    max_result_chars: int = bounds.MAX_RESULT_CHARS
+    max_tools: int = bounds.MAX_TOOLS
+    max_tool_description_chars: int = bounds.MAX_TOOL_DESCRIPTION_CHARS
+    max_tool_schema_chars: int = bounds.MAX_TOOL_SCHEMA_CHARS
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +350,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         aliases=aliases,
         hidden=_hidden(data.get("hidden", {}), source),
         router=_record(RouterConfig, data.get("router", {}), source, "router"),
-        limits=_record(Limits, data.get("limits", {}), source, "limits"),
+        limits=_limits(data.get("limits", {}), source),
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
         http=_http(data.get("http", {}), source),
@@ -344,6 +359,15 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         mcp=_mcp(data.get("mcp", {}), source),
         source=source,
     )
+
+
+def _limits(raw: Any, source: str) -> Limits:
+    limits: Limits = _record(Limits, raw, source, "limits")
+    for name in ("max_result_chars", "max_tools", "max_tool_description_chars",
+                 "max_tool_schema_chars"):
+        if getattr(limits, name) < 1:
+            raise ConfigError(f"{source}: limits.{name}: must be at least 1")
+    return limits
 
 
 def _peers(raw: Any, source: str) -> dict[str, Peer]:

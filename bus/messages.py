@@ -456,12 +456,15 @@ class Retrying(Body):
     """Llm caller -> supervisor: attempt `attempt` failed with `error`; next in `wait_s`.
 
     Text streamed by the failed attempt is void; the supervisor tells viewers.
+    `stall_bound_s`: when the attempt stalled, the bound that fired (the next
+    attempt's is doubled, up to 30 s); 0 otherwise.
     """
 
     KIND: ClassVar[str] = "retrying"
     attempt: int
     error: str
     wait_s: float
+    stall_bound_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

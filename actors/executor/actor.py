@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.config import Agent, Config
-from actors.permissions import decide, denial
+from actors.permissions import refusal_here
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig
 from actors.sandbox.network import NetAccess, access
@@ -125,7 +125,8 @@ class Executor(Worker):
             from actors.mcp.hub import McpHub
 
             self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
-                              reserved=frozenset(self.catalogue), run_dir=endpoints.run_dir)
+                              reserved=frozenset(self.catalogue), limits=self.config.limits,
+                              run_dir=endpoints.run_dir)
 
     def catalogue_for(self, agent: Agent | None) -> Catalogue:
         """The tools a call of `agent` runs: `shell` with the agent's `network` (read
@@ -173,25 +174,26 @@ class Executor(Worker):
         if not isinstance(job, ToolJob):
             return JobFailed("bad_job", f"an executor does not run {job.KIND}")
         agent = self.config.agent(job.agent) or self.config.agent("")
-        if agent is not None and agent.permissions:
-            verdict, key = decide(agent.permissions, job.name, job.input)
-            if verdict == "deny":
-                return ToolResult(denial(job.name, key), True, 0.0)
-        if self.mcp is not None and self.mcp.owns(job.name):
-            return await self._call_mcp(env, job)
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         cwd = Path(job.cwd) if job.cwd else Path.cwd()
         workspace = self.sandbox.workspace_path(env.sid or "default")  # (no I/O)
         risky = found is not None and found.spec.risky
         if risky:
+            cwd = workspace
+        if agent is not None and agent.permissions:  # judged where the call will run
+            refusal = refusal_here(agent.permissions, job.name, job.input, str(cwd))
+            if refusal is not None:
+                return ToolResult(refusal, True, 0.0)
+        if risky:
             if job.name not in self.sandboxed:
                 return ToolResult(
                     f"{job.name}: refused: a risky tool with no sandboxed runner here", True, 0.0
                 )
             policy = self.sandbox.config.policy(job.name)
-            cwd = workspace
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
+        if self.mcp is not None and self.mcp.owns(job.name):
+            return await self._call_mcp(env, job)
         readable = ((job.cwd,) if job.cwd else ()) + tuple(job.read_paths)
         ctx: ToolContext[None] = ToolContext(cwd=cwd, deadline=env.deadline or None,
                                              private=self.private, workspace=workspace,

@@ -120,7 +120,7 @@ class Supervisor:
         #: Leases of the runs other hosts asked for (`ask_machine`): silent, cancelled.
         self.leases = Leases(self._lease_expired)
         #: This host's own `ask_machine` calls to its peers (`[peers]`).
-        self.asker = Asker(self.config.peers)
+        self.asker = Asker(self.config.peers, self.config.limits.max_result_chars)
         work = self.reactor.add(zmq.ROUTER, "work", None, bind=endpoints.binds("work"),
                                 secure=endpoints.server_side("work"))
         # Over TCP, who a worker machine's workers are (their key) and where they are.

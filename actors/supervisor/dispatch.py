@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.bounds import MAX_CATALOGUE_BYTES, fit_catalogue
 from actors.machines import LOCAL, machine_name_error, machine_of
 from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
@@ -129,6 +130,10 @@ def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
             good.append(ToolSpec.from_wire(raw).to_wire())
         except ValueError as exc:
             log.warning("worker %r announced a bad tool spec: %s", peer, exc)
+    good, over = fit_catalogue(good)  # (every definition goes in every request)
+    if over:
+        log.warning("worker %r announced %d tool(s) past %d bytes: left out", peer, over,
+                    MAX_CATALOGUE_BYTES)
     return good
 
 

@@ -10,6 +10,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from actors.bounds import cut_reason
 from actors.machines import LOCAL, machine_name_error
 from actors.sessionlog import JournalError
 from actors.supervisor.driver import RunDriver, decision_error
@@ -339,7 +340,8 @@ class Runs:
         by = _by(user)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
-                driver.decide(call_id, req.decision, by, req.reason, req.always)  # type: ignore[union-attr]
+                driver.decide(call_id, req.decision, by, cut_reason(req.reason),  # type: ignore[union-attr]
+                              req.always)
         ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
         self.sup._reply_committed(ack, peer, port)  # answered once the decision is logged
 

@@ -7,7 +7,9 @@ nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
 calls are in at once); `crash` (says why on stderr, exits 3); `garbage` (writes a
 line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a result
 with structuredContent only); `write_to`, `connect_to` and `fetch` (what the sandbox
-lets it do); `add_tool` (adds `extra`, then tells the client its list changed).
+lets it do); `add_tool` (adds `extra`, then tells the client its list changed); `big_text`
+(a text of `mb` MB) and `images` (`count` PNGs of `mb` MB each) for the bounds.
+`python mcp_testserver.py stdio many` also lists `MANY` tools of 5 KB of description each.
 """
 
 from __future__ import annotations
@@ -161,7 +163,36 @@ async def add_tool(ctx: Context) -> str:
     return "added"
 
 
+@server.tool()
+def big_text(mb: float) -> str:
+    """A text of `mb` MB (a line of digits, then x's, then a last line)."""
+    size = int(mb * 1_000_000)
+    return "first line 0123456789\n" + "x" * size + "\nlast line"
+
+
+@server.tool()
+def images(count: int, mb: float) -> list[Image]:
+    """`count` PNG images of `mb` MB each (a PNG header, then padding: the signature is
+    what the host checks)."""
+    pad = b"\0" * max(0, int(mb * 1_000_000) - len(PNG))
+    return [Image(data=PNG + pad, format="png") for _ in range(count)]
+
+
+#: How many tools `stdio many` adds.
+MANY = 3000
+
+
+def _add_many() -> None:
+    def one(q: str = "") -> str:
+        return f"many: {q}"
+
+    for n in range(MANY):
+        server.add_tool(one, name=f"many_{n:04d}", description=f"tool {n}: " + "d" * 5000)
+
+
 if __name__ == "__main__":
+    if "many" in sys.argv[2:]:
+        _add_many()
     if sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import zmq.auth
 from hostkit import assert_one_run, oploop, run, running_host, workspace
+from ports import free_ports
 
 from actors.sandbox.workspaces import release_all
 from bus.client import Client
@@ -25,29 +25,6 @@ from bus.errors import AccessDenied, RemoteError
 from bus.security import ClientKeys
 
 REFUSED_WITHIN_S = 30  # a refusal is told at once; this only bounds a wait that went wrong
-
-
-def free_ports(count: int = 5) -> int:
-    """The first of `count` consecutive free loopback ports."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 @pytest.fixture
