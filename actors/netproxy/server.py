@@ -10,9 +10,9 @@ end to end). A host not in the list gets a 403 naming the host and the
 setting to change; the proxy resolves names itself (the sandbox cannot).
 
 The request head is parsed by h11 (already a dependency); after it, bytes are
-relayed as they come. Bounded: `MAX_CONNECTIONS` at once, the head within
-`HEAD_S` and 64 KiB, the upstream connect within `CONNECT_S`, `IDLE_S` without
-a byte either way ends a connection. A failed request is a status line and one
+relayed as they come. Bounded: `MAX_CONNECTIONS` at once (`MAX_PER_LIST` of them
+for one allowlist), the head within `HEAD_S` and 64 KiB, the upstream connect
+within `CONNECT_S`, `IDLE_S` without a byte either way ends a connection. A failed request is a status line and one
 line of text, never a traceback.
 """
 
@@ -37,6 +37,8 @@ from .allowlist import Allowlist, BadEntry, normal_host, split_host_port
 log = logging.getLogger("oploop.netproxy")
 
 MAX_CONNECTIONS = 256
+#: Of those, at most this many for one allowlist: one agent's calls cannot take them all.
+MAX_PER_LIST = 128
 HEAD_S = 10.0
 HEAD_BYTES = 64 * 1024
 CONNECT_S = 10.0
@@ -138,6 +140,8 @@ class NetProxy:
         self.lists = dict(lists)
         #: Connections open now (each client's, its upstream's counted with it).
         self.connections: set[_Client] = set()
+        #: Connections open now per allowlist (by its socket's `Allowlist`).
+        self.per_list: dict[int, int] = {}
         #: The tasks opening an upstream connection: owned here, cancelled at close.
         self.opening: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.AbstractServer] = []
@@ -234,9 +238,13 @@ class _Client(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.proxy.connections.add(self)
+        mine = self.proxy.per_list[id(self.allow)] = self.proxy.per_list.get(id(self.allow), 0) + 1
         if len(self.proxy.connections) > MAX_CONNECTIONS:
             self.answer(503, f"oploop: the network proxy holds {MAX_CONNECTIONS} connections "
                              "already: try again")
+        elif mine > MAX_PER_LIST:
+            self.answer(503, f"oploop: {self.allow.owner} holds {MAX_PER_LIST} connections "
+                             "through the network proxy already: close some first")
 
     def data_received(self, data: bytes) -> None:
         self.last = time.monotonic()
@@ -309,7 +317,9 @@ class _Client(asyncio.Protocol):
             self.upstream.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.proxy.connections.discard(self)
+        if self in self.proxy.connections:
+            self.proxy.connections.discard(self)
+            self.proxy.per_list[id(self.allow)] -= 1
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
 

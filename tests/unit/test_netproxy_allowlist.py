@@ -123,3 +123,40 @@ def test_decisions() -> None:
         with pytest.raises(Refused) as refused:
             parse_request(request(bad), ops())
         assert refused.value.status == 400, bad
+
+
+def test_one_allowlist_cannot_take_every_connection(tmp_path, monkeypatch):
+    """Past MAX_PER_LIST, one list's connections get a 503 naming its owner; another
+    list's socket still serves."""
+    import asyncio
+
+    from actors.netproxy import server
+
+    monkeypatch.setattr(server, "MAX_PER_LIST", 3)
+    lists = {"agent-a.sock": Allowlist.of(("a.example",), "agent a", "agents.a.network"),
+             "agent-b.sock": Allowlist.of(("b.example",), "agent b", "agents.b.network")}
+
+    async def scenario() -> tuple[bytes, bytes]:
+        proxy = server.NetProxy(tmp_path / "net", lists)
+        await proxy.start()
+        held = []
+        try:
+            for _ in range(3):
+                held.append(await asyncio.open_unix_connection(str(tmp_path / "net/agent-a.sock")))
+            r, w = await asyncio.open_unix_connection(str(tmp_path / "net/agent-a.sock"))
+            over = await r.read()
+            w.close()
+            r, w = await asyncio.open_unix_connection(str(tmp_path / "net/agent-b.sock"))
+            w.write(b"CONNECT c.example:443 HTTP/1.1\r\nHost: c.example\r\n\r\n")
+            other = await r.read()
+            w.close()
+            return over, other
+        finally:
+            for _, writer in held:
+                writer.close()
+            await proxy.aclose()
+
+    over, other = asyncio.run(scenario())
+    assert over.startswith(b"HTTP/1.1 503 oploop: agent a holds 3 connections"), over
+    assert other.startswith(b"HTTP/1.1 403 oploop: host c.example (port 443) is not in agent b"), \
+        other
