@@ -66,6 +66,7 @@ so a typo fails there with a message naming the key, never mid-session::
     max_turns = 30
     category_allowlist = ["files"]
     approval_timeout_s = 600      # a call under "ask" is denied after this long
+    network = ["pypi.org", "*.corp.example", "127.0.0.1:8080"]  # or "none" (default), "all"
 
     [agents.ops.permissions]      # first match wins; a key is TOOL or TOOL(GLOB)
     "shell(ls *)" = "allow"       # (see actors.permissions)
@@ -92,6 +93,7 @@ from typing import Any
 from actors import bounds
 from actors.ask.peers import Peer, PeerConfigError, parse_peers
 from actors.mcp.config import McpConfigError, McpServerConfig, parse_servers
+from actors.netproxy.allowlist import NONE, NetworkSetting, parse_network
 from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
@@ -144,6 +146,10 @@ class Agent:
     permissions: tuple[tuple[str, str, str | None, str], ...] = ()
     #: Seconds a call under `ask` waits for a decision before it is denied.
     approval_timeout_s: float = 600.0
+    #: What `shell` may reach: "none" (no socket at all), "all" (the host's network), or
+    #: a tuple of allowed hosts (`actors.netproxy.allowlist`), reached through the host's
+    #: filtering proxy (docs/sandbox.md, "Network").
+    network: NetworkSetting = NONE
 
     def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""
@@ -539,8 +545,14 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
             rules = parse_rules(_table(raw.pop("permissions"), source, where))
         except BadRule as exc:
             raise ConfigError(f"{source}: {where}.{exc}") from None
+    network: NetworkSetting = NONE
+    if "network" in raw:  # "none", "all" or a list (not a field `_record` can check)
+        try:
+            network = parse_network(raw.pop("network"))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: agents.{name}.network: {exc}") from None
     agent: Agent = _record(Agent, {**raw, "name": name}, source, f"agents.{name}")
-    agent = dataclasses.replace(agent, permissions=rules)
+    agent = dataclasses.replace(agent, permissions=rules, network=network)
     if agent.approval_timeout_s <= 0:
         raise ConfigError(f"{source}: agents.{name}.approval_timeout_s: must be more than 0")
     if agent.max_turns < 1:

@@ -18,8 +18,8 @@ import bench
 from bench.stats import machine
 
 #: Sections in report order; modules written later (sandbox, fanout, ...) join if present.
-SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "fanout", "curve",
-            "history", "growth", "diskio", "idle")
+SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "netproxy", "fanout",
+            "curve", "history", "growth", "diskio", "idle")
 
 _HELPERS = {"stats", "host", "driver", "peers", "model", "against"}
 

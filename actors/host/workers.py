@@ -89,6 +89,19 @@ class WorkerMachine:
         self._log: IO[bytes] | None = None
         self._lock_fd: int | None = None
 
+    def workers(self) -> list[Child]:
+        """The processes this machine keeps: its executors and llm callers, and the
+        network proxy when its configuration has an allowlist (its executors' calls
+        reach the network through this machine's proxy, as on a host)."""
+        children = (
+            [Child(f"executor-{i + 1}", "actors.executor") for i in range(self.spec.executors)]
+            + [Child(f"llm-{i + 1}", "actors.llm_caller", model_env=True)
+               for i in range(self.spec.llm_callers)])
+        proxy = Child("netproxy", "actors.netproxy")
+        if self.spec.executors and _has_allowlist(self._env(proxy)):
+            children.append(proxy)
+        return children
+
     def _env(self, child: Child) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if child.model_env or not k.startswith(MODEL_ENV_PREFIX)}
@@ -128,11 +141,7 @@ class WorkerMachine:
         self._take_lock()
         self._log = await asyncio.to_thread(open, self.home / LOG_FILE, "ab")
         try:
-            self.children = (
-                [Child(f"executor-{i + 1}", "actors.executor")
-                 for i in range(self.spec.executors)]
-                + [Child(f"llm-{i + 1}", "actors.llm_caller", model_env=True)
-                   for i in range(self.spec.llm_callers)])
+            self.children = self.workers()
             try:
                 await start_all([self._start(c) for c in self.children])
             except StartFailed as exc:
@@ -173,6 +182,19 @@ class WorkerMachine:
             os.close(fd)
             raise WorkerMachineError(f"a worker machine already runs in {self.home}") from None
         self._lock_fd = fd
+
+
+def _has_allowlist(env: dict[str, str]) -> bool:
+    """Whether the configuration the workers started with `env` read has a network
+    allowlist (a configuration they cannot read: they say so themselves)."""
+    from actors.config import ConfigError
+    from actors.netproxy.allowlist import allowlists
+    from actors.settings import load_settings
+
+    try:
+        return bool(allowlists(load_settings(env).config))
+    except ConfigError:
+        return False
 
 
 def run_worker_machine(spec: WorkerMachineSpec, home: Path) -> int:

@@ -15,7 +15,8 @@ whose input schema is longer than `max_tool_schema_chars` (compact JSON) left ou
 A result's text is cut to `max_result_chars` (`results.outcome_of`).
 
 Stdio servers run in the executor's sandbox under `shell`'s policy (the network
-only with `sandbox.network = true`), in a workspace of their own
+as its `network` says: "none", "all", or hosts through the host's proxy), in a
+workspace of their own
 (`workspaces/mcp-NAME`, its own uid) unless `cwd` says where, seeing besides the
 system's paths the program's own installation and `read_paths`, and writing
 only there and in `write_paths`.
@@ -73,11 +74,13 @@ class McpHub:
 
     def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
                  on_change: Callable[[], None], reserved: frozenset[str] = frozenset(),
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, run_dir: Path | None = None) -> None:
         from actors.config import Limits  # (at run time: actors.config imports mcp.config)
 
         self.limits = limits or Limits()
         self.sandbox = sandbox
+        #: The host's runtime dir: its `net/` holds the network proxy's sockets.
+        self.run_dir = run_dir or Path("/nonexistent")
         self.reserved = reserved
         self._on_change = on_change
         self.servers: dict[str, McpServer] = {}
@@ -214,12 +217,12 @@ class McpHub:
             if sandbox is None:
                 raise McpServerError(config.name, "no sandbox here: a stdio server runs only "
                                                   "in an executor's sandbox")
+            from actors.sandbox.network import access
             from actors.sandbox.sandbox import Extra
 
             argv = resolved(config.command, config.name)
             policy = sandbox.config.policy("shell")
-            if config.sandbox.network:
-                policy = policy.lowered(network="host")
+            net = access(config.sandbox.network, self.run_dir, "mcp", config.name)
             if config.cwd:
                 cwd = Path(config.cwd)
             else:
@@ -234,7 +237,7 @@ class McpHub:
                     raise McpServerError(config.name, f"{path} is or holds what the sandbox "
                                                       f"hides (oploop's home, keys): refused")
             return await sandbox.launch(f"mcp.{config.name}", policy, cwd, argv=argv,
-                                        duplex=duplex, stderr=stderr, extra=extra)
+                                        duplex=duplex, stderr=stderr, extra=extra, net=net)
 
         def open_stdio(fault: Fault, tail: StderrTail
                        ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:

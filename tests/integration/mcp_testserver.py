@@ -6,8 +6,8 @@ first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
 nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
 calls are in at once); `crash` (says why on stderr, exits 3); `garbage` (writes a
 line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a result
-with structuredContent only); `write_to` and `connect_to` (what the sandbox lets it
-do); `add_tool` (adds `extra`, then tells the client its list changed); `big_text`
+with structuredContent only); `write_to`, `connect_to` and `fetch` (what the sandbox
+lets it do); `add_tool` (adds `extra`, then tells the client its list changed); `big_text`
 (a text of `mb` MB) and `images` (`count` PNGs of `mb` MB each) for the bounds.
 `python mcp_testserver.py stdio many` also lists `MANY` tools of 5 KB of description each.
 """
@@ -133,6 +133,21 @@ def connect_to(port: int) -> str:
             return "connected"
     except OSError as exc:
         return f"refused: {exc.strerror or exc}"
+
+
+@server.tool()
+def fetch(url: str) -> str:
+    """GET `url` (through HTTP_PROXY when the sandbox sets it); say what came back."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return f"status {answer.status}: {answer.read(200).decode(errors='replace')}"
+    except urllib.error.HTTPError as exc:
+        return f"status {exc.code}: {exc.read(400).decode(errors='replace').strip()}"
+    except OSError as exc:
+        return f"failed: {exc}"
 
 
 @server.tool()
