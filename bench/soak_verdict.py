@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from actors.supervisor.dispatch import MAX_REDISPATCH
 from bench.stats import machine, percentile
+from bus.vocab import TERMINAL, CancelMode
 
 if TYPE_CHECKING:
     from bench.soak import SoakConfig
 
-TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
 
 
 @dataclass
@@ -125,7 +125,7 @@ def check_cancel(run: SessionRun) -> list[str]:
     the model answered): then the cancel finds nothing running."""
     end = run.terminal()
     if run.cancel == "ack: cancelled":
-        if end != "CANCELLED" or run.views[0][-1]["data"].get("mode") != "ui":
+        if end != "CANCELLED" or run.views[0][-1]["data"].get("mode") != CancelMode.UI:
             return [f"cancel acknowledged, but the run ended {end}"]
         return []
     if end in ("DONE", "ERROR") and "not_running" in run.cancel:

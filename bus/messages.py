@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from bus.vocab import CancelMode
+
 PROTOCOL_VERSION = 1
 
 
@@ -240,7 +242,7 @@ class Cancel(Body):
 
     KIND: ClassVar[str] = "cancel"
     session: str
-    mode: str = "ui"
+    mode: str = CancelMode.UI
     reason: str = ""
 
 

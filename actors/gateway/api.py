@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from aiohttp import web
 
 from bus.errors import BusError, RemoteError, RequestTimeout
+from bus.vocab import CANCEL_MODES, CancelMode
 
 if TYPE_CHECKING:
     from actors.gateway.actor import Gateway
@@ -245,8 +246,8 @@ async def send_message(request: web.Request) -> web.Response:
 async def cancel_session(request: web.Request) -> web.Response:
     """`POST /api/sessions/{id}/cancel`: cancel the running run (`ui` by default)."""
     body = await read_object(request)
-    mode = field(body, "mode", str, "ui")
-    if mode not in ("ui", "operation"):
+    mode = field(body, "mode", str, CancelMode.UI)
+    if mode not in CANCEL_MODES:
         raise ApiError(400, "bad_request", f"mode: expected ui or operation, got {mode!r}")
     gw, sid = request.app[GATEWAY], request.match_info["sid"]
     gw.metrics.cancel_sent(sid)  # before: the CANCELLED event may come before the ack

@@ -14,19 +14,19 @@ import zmq
 
 from actors.ask.asker import Asker
 from actors.config import Config
+from actors.core.catalogue import resolve_tools
+from actors.core.session import Session
 from actors.machines import LOCAL
 from actors.permissions import rule_of_tool
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
-from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.runs import PEER, Runs
-from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
@@ -54,6 +54,7 @@ from bus.messages import (
     ToolList,
 )
 from bus.sockets import Port, Reactor
+from bus.vocab import CancelMode
 
 #: What a peer host's key may send to the api (anything else is refused, "forbidden").
 PEER_ASKS = (StartRun, ListTools, Cancel)
@@ -143,9 +144,7 @@ class Supervisor:
         """Stamp the next seq of `session` on an event and publish it: at once without a
         journal, else after the journal has committed it (at the end of this loop
         iteration, with every other event of it: one commit per iteration)."""
-        seq = session.next_seq
-        session.next_seq += 1
-        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
+        seq = session.stamp(type_, data)
         env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
         frame = encode(env)
         if self.journal is None:
@@ -337,7 +336,7 @@ class Supervisor:
             return
         self.dispatcher.abort_session(sid)
         if session.driver is not None:
-            session.driver.cancel("ui", "lease expired: the asking host went silent")
+            session.driver.cancel(CancelMode.UI, "lease expired: the asking host went silent")
         elif session.task is not None:
             session.task.cancel()
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.config import Agent
+from actors.core.session import Session
 from actors.sessionlog import (
     DEFAULT_RESERVE_MB,
     Compaction,
@@ -40,8 +41,7 @@ from actors.supervisor.fold import (
     run_extras,
     session_row,
 )
-from actors.supervisor.machine import TERMINAL
-from actors.supervisor.session import Session
+from bus.vocab import TERMINAL, EventType
 
 log = logging.getLogger("oploop.journal")
 
@@ -95,13 +95,13 @@ class Journal:
 
     def record(self, session: Session, type_: str, seq: int, frame: bytes) -> Record:
         """Add event `seq` of `session` (already encoded) with the history it added."""
-        extras = run_extras(session) if type_ == "SESSION_START" else None
+        extras = run_extras(session) if type_ == EventType.SESSION_START else None
         record = Record(session.id, seq, frame, record_delta(history_delta(session), extras))
         batch = self.batch
         batch.records.append(record)
-        if type_ == "USER_MESSAGE":  # a message taken leaves the row's queue
+        if type_ == EventType.USER_MESSAGE:  # a message taken leaves the row's queue
             batch.rows[session.id] = session_row(session)
-        if type_ == "SESSION_START":
+        if type_ == EventType.SESSION_START:
             batch.rows[session.id] = session_row(session)
             if session.start_key:
                 batch.starts.append(StartKey(session.start_key, session.id, session.runs, seq))

@@ -10,11 +10,13 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from actors.core.driver import RunDriver, decision_error
+from actors.core.inputs import Say as Said
+from actors.core.inputs import StopLater
+from actors.core.session import Session, feed_undriven
 from actors.machines import LOCAL, machine_name_error
 from actors.sessionlog import JournalError
-from actors.supervisor.driver import RunDriver, decision_error
 from actors.supervisor.leases import PEER_DEFAULT_LEASE_S
-from actors.supervisor.session import Session
 from bus.messages import (
     Cancel,
     CancelAck,
@@ -30,6 +32,7 @@ from bus.messages import (
     StartRun,
 )
 from bus.sockets import Port
+from bus.vocab import CANCEL_MODES, CancelMode
 
 if TYPE_CHECKING:
     from actors.supervisor.actor import Supervisor
@@ -198,11 +201,10 @@ class Runs:
         if session.task is not task or session.suspended:
             return  # a newer run owns the session now, or the next supervisor will
         session.task = None
-        session.state = "idle"
         self.peer_runs.pop(session.id, None)
         self.sup.leases.drop(session.id)
         if not session.run_over and session.driver is not None:
-            session.driver.cancel("ui")  # cancelled before it ever ran: still one end
+            session.driver.cancel(CancelMode.UI)  # cancelled before it ever ran: still one end
         if self.sup.journal is not None:
             self.sup._ended.append(session)  # leaves memory once its end is committed
             self.sup._schedule_flush()
@@ -351,20 +353,20 @@ class Runs:
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
             return
-        if req.mode not in ("ui", "operation"):
+        if req.mode not in CANCEL_MODES:
             port.reply_error(peer, env.id, "bad_request",
-                             f"cancel mode must be 'ui' or 'operation', not {req.mode!r}")
+                             f"cancel mode must be {' or '.join(map(repr, CANCEL_MODES))}, not {req.mode!r}")
             return
         if session.run_over:
             port.reply_error(peer, env.id, "not_running",
                              f"session {req.session} is not running (its last run ended "
                              f"{session.last_end or 'never'}): nothing to cancel")
             return
-        if req.mode == "operation":
+        if req.mode == CancelMode.OPERATION:
             if session.driver is not None:
-                session.driver.cancel("operation")
+                session.driver.cancel(CancelMode.OPERATION)
             else:  # (an open run not resumed here: the next one honours it)
-                session.stop_request = "operation"
+                feed_undriven(session, StopLater())
             self.sup._journal_later(session)  # a restart keeps the request: ack after commit
             self.sup._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
                                   port)
@@ -373,7 +375,7 @@ class Runs:
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
         self.sup.dispatcher.abort_session(session.id)
         if session.driver is not None:  # the run ends now; its task is aborted
-            session.driver.cancel("ui", req.reason)
+            session.driver.cancel(CancelMode.UI, req.reason)
         elif session.task is not None:
             session.task.cancel()
         ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
@@ -425,7 +427,7 @@ class Runs:
         if driver is not None and driver.state.running:
             driver.say(req.text, by)
         else:  # (an open run not resumed here: the next one takes it)
-            session.said.append((req.text, by))
+            feed_undriven(session, Said(req.text, by))
         self.sup._journal_later(session)  # a restart keeps the message: ack after commit
         self.sup._reply_committed(Envelope(SayAck(session.id, "queued", session.runs),
                                            id=env.id), peer, port)
@@ -439,7 +441,7 @@ class Runs:
                 if session.task is not None and not session.task.done():
                     self.sup.dispatcher.abort_session(session.id)
                     if session.driver is not None:  # the run ends now, CANCELLED
-                        session.driver.cancel("ui", "the embedded host stopped")
+                        session.driver.cancel(CancelMode.UI, "the embedded host stopped")
             return
         suspended = 0
         for session in self.sup.sessions.values():

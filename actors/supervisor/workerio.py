@@ -7,14 +7,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.ask.tool import NAME as ASK_TOOL
+from actors.core import inputs
+from actors.core.driver import ModelError, Progress
+from actors.core.history import Message
+from actors.core.session import Session
+from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
-from actors.supervisor import machine
 from actors.supervisor.dispatch import NoCapacity
-from actors.supervisor.driver import ModelError, Progress
-from actors.supervisor.history import Message
-from actors.supervisor.session import Session
-from actors.supervisor.turn import ToolCall, ToolOutcome
 from actors.usage import priced
 from bus.messages import (
     HISTORY_MISS,
@@ -27,6 +27,7 @@ from bus.messages import (
     ToolJob,
     ToolResult,
 )
+from bus.vocab import EventType
 
 if TYPE_CHECKING:
     from actors.supervisor.actor import Supervisor
@@ -81,9 +82,9 @@ class WorkerIO:
         def on_progress(env: Envelope) -> None:
             body = env.body
             if isinstance(body, Delta):
-                progress(machine.Delta(body.text, body.channel))
+                progress(inputs.Delta(body.text, body.channel))
             elif isinstance(body, Retrying):  # that attempt's text is void (see RETRY)
-                progress(machine.Retry(body.attempt, body.error, body.wait_s))
+                progress(inputs.Retry(body.attempt, body.error, body.wait_s))
 
         if route:  # the router's small request, not the session's history: no delta
             router = self.config.router
@@ -135,7 +136,7 @@ class WorkerIO:
         def emit(data: dict[str, Any]) -> None:
             # Only while this run is open: nothing may follow its terminal event.
             if session.driver is driver and driver is not None and not session.run_over:
-                self.sup.emit(session, "MACHINE_EVENT", session.run_turn, data)
+                self.sup.emit(session, EventType.MACHINE_EVENT, session.run_turn, data)
 
         started = time.perf_counter()
         output, is_error = await self.sup.asker.ask(call.input, call.id, emit)

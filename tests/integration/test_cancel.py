@@ -20,7 +20,7 @@ from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, wor
 from actors.config import Config
 from actors.sandbox.workspaces import remove_home
 from actors.supervisor.actor import Supervisor
-from actors.supervisor.history import is_valid
+from actors.core.history import is_valid
 from bus.client import Client
 from bus.codec import decode
 from bus.endpoints import Endpoints

@@ -20,7 +20,7 @@ from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model.server import start_server
 from actors.sandbox.workspaces import remove_home
-from actors.supervisor.history import is_valid
+from actors.core.history import is_valid
 from bus.client import Client
 
 OK = {"reply": "all good", "stop_reason": "end_turn"}

@@ -14,7 +14,7 @@ from actors.llm_caller.backend import AnthropicBackend
 from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model import start_server
 from actors.runner import RunFailed, Runner
-from actors.supervisor.history import is_valid
+from actors.core.history import is_valid
 from actors.tools import ToolContext, tool
 
 

@@ -25,7 +25,7 @@ from actors.config import Agent, Config
 from actors.sessionlog import JournalFull
 from actors.supervisor.actor import Supervisor
 from actors.supervisor.journal import Journal
-from actors.supervisor.session import Session
+from actors.core.session import Session
 from bus.codec import decode, encode
 from bus.endpoints import Endpoints
 from bus.errors import RemoteError

@@ -11,7 +11,7 @@ from actors.machines import LOCAL, machine_name_error, machine_of
 from actors.settings import load_settings
 from actors.supervisor.fold import _agent
 from actors.supervisor.machines import MAX_GONE, Machines
-from actors.supervisor.request import reminders
+from actors.core.request import reminders
 
 
 def test_machine_names():

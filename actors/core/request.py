@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.config import CACHE_BOUNDARY, MODEL_ALIASES, Agent
-from actors.supervisor.history import Message, blocks
+from actors.core.history import Message, blocks
 
 MAX_CACHE_BREAKPOINTS = 4
 #: History breakpoints: on the last user message and the one before it.
