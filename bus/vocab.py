@@ -51,4 +51,5 @@ class CancelMode(StrEnum):
 
 
 #: The modes a client may ask for (`Cancel.mode`, `oploop cancel --mode`).
-CANCEL_MODES: tuple[str, ...] = (CancelMode.UI, CancelMode.OPERATION)
+#: (Plain strings: argparse and error messages show them by `repr`.)
+CANCEL_MODES: tuple[str, ...] = (CancelMode.UI.value, CancelMode.OPERATION.value)
