@@ -25,7 +25,6 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import os
 import re
 import sys
 import time
@@ -46,7 +45,7 @@ from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
 from actors.llm_caller.scripted import ScriptedBackend
-from actors.settings import Settings, load_settings
+from actors.settings import Settings, load_settings, model_choice
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
 from actors.usage import ZERO, Usage, priced
 from bus.vocab import EventType
@@ -144,11 +143,11 @@ def default_backend(settings: Settings, environ: Mapping[str, str] | None = None
     backend with `OPLOOP_LLM_BACKEND=scripted`; the real API with `ANTHROPIC_API_KEY`
     or `ANTHROPIC_BASE_URL`; else the offline model's rules, in this process (said
     once on stderr)."""
-    env = os.environ if environ is None else environ
-    if settings.llm_backend == "scripted":
+    choice = settings.model if environ is None else model_choice(settings.llm_backend, environ)
+    if choice.kind == "scripted":
         return ScriptedBackend.from_script(settings.llm_script)
-    if env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_BASE_URL"):
-        return AnthropicBackend()
+    if choice.kind == "api":
+        return AnthropicBackend(choice.api_key, choice.base_url)
     print("oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: the Runner uses the "
           "offline model (canned answers, no network)", file=sys.stderr)
     return ScriptedBackend()

@@ -38,7 +38,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from aiohttp import web
 
@@ -46,7 +46,24 @@ from bus.errors import BusError, RemoteError, RequestTimeout
 from bus.vocab import CANCEL_MODES, CancelMode
 
 if TYPE_CHECKING:
-    from actors.gateway.actor import Gateway
+    from pathlib import Path
+
+    from actors.config import HttpConfig
+    from actors.gateway.feed import Feed
+    from actors.gateway.metrics import Metrics
+    from bus.client import Client
+
+
+class Gateway(Protocol):
+    """What the handlers use of the gateway (`actors.gateway.actor.Gateway`)."""
+
+    client: Client
+    feed: Feed
+    http: HttpConfig
+    metrics: Metrics
+    run_dir: Path
+    max_body: int
+    max_prompt_chars: int
 
 log = logging.getLogger("oploop.gateway")
 

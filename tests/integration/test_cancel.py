@@ -18,9 +18,9 @@ from homes import make_home
 from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, workspace
 
 from actors.config import Config
+from actors.core.history import is_valid
 from actors.sandbox.workspaces import remove_home
 from actors.supervisor.actor import Supervisor
-from actors.core.history import is_valid
 from bus.client import Client
 from bus.codec import decode
 from bus.endpoints import Endpoints

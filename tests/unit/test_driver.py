@@ -23,11 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.config import Agent, Config, RouterConfig
-from actors.permissions import parse_rules
 from actors.core.driver import ModelError, Progress, RunDriver
-from actors.supervisor.fold import load_session
 from actors.core.history import Message, is_valid, tool_use_ids
-from actors.supervisor.journal import Journal
 from actors.core.machine import (
     TERMINAL,
     Delta,
@@ -40,6 +37,9 @@ from actors.core.machine import (
 )
 from actors.core.session import Session
 from actors.core.turn import ToolCall, ToolOutcome
+from actors.permissions import parse_rules
+from actors.supervisor.fold import load_session
+from actors.supervisor.journal import Journal
 from bus.codec import decode, encode
 from bus.messages import Envelope, Event
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.permissions import parse_rules
 from actors.core.history import Message, append_blocks, is_valid
 from actors.core.machine import (
     INTERRUPTED,
@@ -41,6 +40,7 @@ from actors.core.machine import (
     step,
 )
 from actors.core.turn import ToolOutcome
+from actors.permissions import parse_rules
 from actors.usage import ZERO
 
 #: Every shell call needs approval.

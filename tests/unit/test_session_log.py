@@ -24,11 +24,8 @@ from hypothesis import strategies as st
 from test_machine import World
 
 from actors.config import Agent, Config
-from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
 from actors.core.driver import ModelError, RunDriver
-from actors.supervisor.fold import load_session
 from actors.core.history import add_reply, add_user_text, is_valid, tool_use_ids
-from actors.supervisor.journal import Journal
 from actors.core.machine import (
     TERMINAL,
     CallModel,
@@ -44,6 +41,9 @@ from actors.core.machine import (
 from actors.core.session import Session
 from actors.core.state import Phase
 from actors.core.turn import ToolCall, ToolOutcome
+from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
+from actors.supervisor.fold import load_session
+from actors.supervisor.journal import Journal
 from bus.codec import encode
 from bus.messages import Envelope, Event
 

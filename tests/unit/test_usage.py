@@ -10,10 +10,10 @@ import pytest
 from test_session_log import AGENT, LoggedIO, one_run
 
 from actors.config import ConfigError, load_config, parse_config
-from actors.supervisor.fold import apply_record, decode_record, from_row, load_session
-from actors.supervisor.journal import Journal
 from actors.core.machine import Begin, ModelReplied, Routed, Start, step
 from actors.core.session import Session
+from actors.supervisor.fold import apply_record, decode_record, from_row, load_session
+from actors.supervisor.journal import Journal
 from actors.usage import (
     DEFAULT_PRICES,
     ZERO,
