@@ -7,32 +7,37 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 
 | variable | default | meaning |
 |---|---|---|
-| `OPLOOP_HOME` | `~/.oploop` | the host's home (read by `bus.endpoints.place_of`, with the next two: a bare `Client.connect()` follows them, and bus imports no actors) |
+| `OPLOOP_HOME` | `~/.oploop` | the host's home (read by `bus.endpoints.place_of`) |
 | `OPLOOP_CONFIG` | | the `oploop.toml` (else `$OPLOOP_HOME/oploop.toml`, `./oploop.toml`) |
-| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`bus.endpoints`) |
+| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`place_of`) |
 | `OPLOOP_MACHINE` | | the worker machine a worker says it runs on (`oploop worker --machine`) |
 | `OPLOOP_LOG_LEVEL` | WARNING | DEBUG, INFO, WARNING, ERROR or CRITICAL |
 | `OPLOOP_INTENT_ROUTER` | | `on` / `off` overrides `[router] enabled` |
 | `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
 | `OPLOOP_RETRY_BASE_S` | 0.5 | first backoff, doubling ... |
 | `OPLOOP_RETRY_MAX_S` | 32 | ... up to this |
-| `OPLOOP_RETRY_AFTER_MAX_S` | 120 | a server's `retry-after` honoured up to this; beyond, the call fails |
+| `OPLOOP_RETRY_AFTER_MAX_S` | 120 | a server's `retry-after` honoured up to this, else fail |
 | `OPLOOP_STREAM_IDLE_S` | 2 | a stream that sends nothing (not even a ping) this long is retried |
 | `OPLOOP_STREAM_FIRST_S` | 60 | a stream with no content this long after the request is retried |
-| `OPLOOP_STREAM_PAUSE_S` | 30 | a stream with no content this long since the last (pings only) is retried |
+| `OPLOOP_STREAM_PAUSE_S` | 30 | no content this long since the last (pings only): retried |
 | `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text batched this long (0..10000; 0: none) |
 | `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
 | `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
 | `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
 | `OPLOOP_EXECUTORS` | 1 | executor processes of a host (at least 1; each runs 32 calls at once) |
-| `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs the lines its memory grew by most (tracemalloc: slow, for finding leaks; 0: off) |
+| `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs its top memory growth (tracemalloc; 0: off) |
 | `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
 | `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
-| `OPLOOP_DEBUG` | 0 | `1`: the CLI prints tracebacks (`debug_wanted`: read when an error is shown, settings or not) |
-| `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL` | | the model's endpoint (the SDK's own variables): which model runs is `model_choice`, here only |
+| `OPLOOP_DEBUG` | 0 | `1`: the CLI prints tracebacks (`debug_wanted`) |
+| `ANTHROPIC_API_KEY`, `_BASE_URL` | | the model's endpoint: `model_choice` picks the model |
+
+`bus.endpoints.place_of` reads `OPLOOP_HOME`, `OPLOOP_CONNECT` and `OPLOOP_KEYS` (a
+bare `Client.connect()` follows them, and bus imports no actors): `load_settings`
+takes them from it. `OPLOOP_DEBUG` is read when an error is shown (the settings may
+be what failed). The model is chosen here only (`model_choice`).
 
 A few more are the host's handshake with the actors it starts, not settings a user
 sets: `OPLOOP_READY_FD` (the pipe to say "ready" on), `OPLOOP_PARENT_PID`,

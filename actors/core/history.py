@@ -80,7 +80,9 @@ def _append(kept: list[Message], original: Message, role: str, content: list[Any
     if kept and kept[-1]["role"] == role:
         kept[-1] = {"role": role, "content": blocks(kept[-1]) + content}
         return
-    if content == blocks(original) and isinstance(original.get("content"), list) or isinstance(original.get("content"), str) and len(content) == 1:
+    as_list = isinstance(original.get("content"), list)
+    as_text = isinstance(original.get("content"), str)
+    if content == blocks(original) and as_list or as_text and len(content) == 1:
         kept.append(original)
     else:
         kept.append({"role": role, "content": content})

@@ -183,7 +183,8 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _replied(out, event.message, event.now)
     elif isinstance(event, ModelFailed) and state.phase in (Phase.MODEL, Phase.ROUTE):
         if state.phase is Phase.ROUTE:  # the router may only save work: go on with tools
-            out.emit(EventType.ROUTE, 0, {"route": "AGENT", "reason": f"{event.error}: {event.message}"})
+            out.emit(EventType.ROUTE, 0, {"route": "AGENT",
+                                          "reason": f"{event.error}: {event.message}"})
             out.s = replace(out.s, direct=False)
             _turn(out, 1)
         else:

@@ -14,6 +14,7 @@ effects: never run one twice).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import itertools
@@ -348,7 +349,8 @@ class Dispatcher:
 
     def _register(self, peer: bytes, ready: Ready) -> None:
         if ready.role not in ROLES or ready.capacity < 1:
-            log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
+            log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role,
+                        ready.capacity)
             return
         problem = _machine_problem(ready.machine, self.work.user_id)
         if problem is not None:
@@ -448,10 +450,8 @@ class Dispatcher:
         self.jobs[job.id] = job
 
     def _send_quiet(self, peer: bytes, body: Body, answering: str = "") -> None:
-        try:
+        with contextlib.suppress(BusError):
             self.work.send(Envelope(body, id=answering), peer)
-        except BusError:
-            pass
 
     # -- liveness ----------------------------------------------------------------------
 
