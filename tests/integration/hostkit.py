@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import subprocess
@@ -174,9 +175,13 @@ def wait_until(predicate: Any, what: str = "condition", timeout: float = 30.0) -
 
 
 async def until(predicate: Any, what: str = "condition", timeout: float = 30.0) -> None:
-    """`wait_until` for async code."""
+    """`wait_until` for async code; `predicate()` may also return an awaitable."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
-    while not predicate():
+    while not await _value(predicate()):
         assert loop.time() < end, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+async def _value(result: Any) -> Any:
+    return await result if inspect.isawaitable(result) else result
