@@ -59,7 +59,8 @@ class Renderer:
         if show is not None:
             self._clear_status()
             show(data)
-        self._streamed = kind in (EventType.TOKEN, EventType.THINKING) or (self._streamed and show is None)
+        streamed = kind in (EventType.TOKEN, EventType.THINKING)
+        self._streamed = streamed or (self._streamed and show is None)
 
     def tick(self) -> None:
         """Redraw the progress line of running tools (on a terminal; called every
@@ -84,7 +85,7 @@ class Renderer:
             text = data.get("text") or ""
             self.out.write(text if text.endswith("\n") or not text else text + "\n")
             self.out.flush()
-        elif kind in (EventType.ERROR, EventType.CANCELLED):  # on stderr: stdout stays the answer alone
+        elif kind in (EventType.ERROR, EventType.CANCELLED):  # on stderr (stdout: the answer)
             line = self._terminal_line(kind, data)
             print(line, file=sys.stderr, flush=True)
 
@@ -208,7 +209,8 @@ class Renderer:
 
     def exit_status(self) -> int:
         """0 done, 130 cancelled, 1 error (or no terminal event)."""
-        return {EventType.DONE: 0, EventType.CANCELLED: 130}.get(self.terminal or "", 1)
+        codes: dict[str, int] = {EventType.DONE: 0, EventType.CANCELLED: 130}
+        return codes.get(self.terminal or "", 1)
 
 
 def _color(out: TextIO) -> bool:

@@ -31,7 +31,7 @@ def resolve_tools(
 
 def listing(catalogue: list[ToolSpecDict], agent: Agent,
             hidden: Mapping[tuple[str, str], frozenset[str]],
-            server_states: Mapping[str, Any]) -> list[ToolSpecDict]:
+            server_states: Mapping[Any, Any]) -> list[ToolSpecDict]:
     """The catalogue as `oploop tools` lists it for `agent`: each spec with whether turn 1
     and later turns offer it, its permission rule, and its MCP server's state."""
     first = {t["name"] for t in resolve_tools(catalogue, agent, 1, hidden)}

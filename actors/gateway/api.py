@@ -57,13 +57,17 @@ if TYPE_CHECKING:
 class Gateway(Protocol):
     """What the handlers use of the gateway (`actors.gateway.actor.Gateway`)."""
 
-    client: Client
     feed: Feed
     http: HttpConfig
     metrics: Metrics
     run_dir: Path
     max_body: int
     max_prompt_chars: int
+
+    @property
+    def client(self) -> Client:
+        """The bus client (while serving)."""
+        ...
 
 log = logging.getLogger("oploop.gateway")
 

@@ -397,7 +397,7 @@ class Runs:
         by = _by(user)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
-                driver.decide(call_id, req.decision, by, req.reason, req.always)  # type: ignore[union-attr]
+                driver.decide(call_id, req.decision, by, req.reason, req.always)
         ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
         self.sup.reply_committed(ack, peer, port)  # answered once the decision is logged
 
