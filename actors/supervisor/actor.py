@@ -230,9 +230,18 @@ class Supervisor:
             return low or "the session log cannot be written: try again later"
         return ""
 
-    def recent_start(self, key: str) -> RunStarted | None:
-        """The run a recent `StartRun` with `key` began (memory only), or None."""
-        return self._starts.get(key)
+    def started_by(self, key: str) -> RunStarted | None:
+        """The run a `StartRun` with `key` already began (memory, else the log), or None."""
+        if not key:
+            return None
+        known = self._starts.get(key)
+        if known is None and self.journal is not None:
+            known = self.journal.start_of(key)
+        return known
+
+    def open_in_log(self) -> list[str]:
+        """The sessions whose run the session log has open (none without a log)."""
+        return self.journal.open_sessions() if self.journal is not None else []
 
     def forget_when_committed(self, session: Session) -> None:
         """`session`'s run has ended: it leaves memory once that end is committed."""
@@ -421,11 +430,7 @@ class Supervisor:
         self.runs.cancel(peer, env, body, port)
 
     def _api_replay(self, peer: bytes | None, env: Envelope, body: ReplayRequest) -> None:
-        # the broadcaster recovering lost events
         self.api.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
-
-    def _api_remove(self, peer: bytes | None, env: Envelope, body: RemoveSessions) -> None:
-        self._remove_sessions(peer, env, body)
 
     def _api_prune(self, peer: bytes | None, env: Envelope, body: PruneSessions) -> None:
         self.spawn(self._prune_sessions(peer, env, body), "prune")
@@ -585,8 +590,8 @@ _API: dict[type[Body], Callable[[Supervisor, bytes | None, Envelope, Any], None]
     ListTools: Supervisor._api_tools,
     Stats: Supervisor._api_stats,
     Cancel: Supervisor._api_cancel,
-    ReplayRequest: Supervisor._api_replay,
-    RemoveSessions: Supervisor._api_remove,
+    ReplayRequest: Supervisor._api_replay,  # the broadcaster recovering lost events
+    RemoveSessions: Supervisor._remove_sessions,
     PruneSessions: Supervisor._api_prune,
 }
 

@@ -41,6 +41,7 @@ from actors.supervisor.fold import (
     run_extras,
     session_row,
 )
+from bus.messages import RunStarted
 from bus.vocab import TERMINAL, EventType
 
 log = logging.getLogger("oploop.journal")
@@ -136,6 +137,24 @@ class Journal:
                             batch.starts)
         self.batch = Batch()
         return batch
+
+    def start_of(self, key: str) -> RunStarted | None:
+        """The run the `StartRun` with `key` began, as logged, or None (a failed lookup
+        is logged: the start is then taken as new)."""
+        try:
+            logged = self.log.start(key)
+        except JournalError as exc:
+            log.error("start key lookup: %s", exc)
+            return None
+        return None if logged is None else RunStarted(logged.sid, logged.run, logged.from_seq)
+
+    def open_sessions(self) -> list[str]:
+        """The sessions whose run the log has open (none if it cannot list them)."""
+        try:
+            return list(self.log.running())
+        except JournalError as exc:
+            log.error("cannot list the sessions to resume: %s", exc)
+            return []
 
     def load(self, sid: str, agents: dict[str, Agent]) -> Session | None:
         """The session `sid` folded from the log (None: no such session)."""

@@ -17,9 +17,7 @@ from actors.core.inputs import Say as Said
 from actors.core.inputs import StopLater
 from actors.core.session import Session, feed_undriven
 from actors.machines import LOCAL, machine_name_error
-from actors.sessionlog import JournalError
 from actors.supervisor.dispatch import Dispatcher
-from actors.supervisor.journal import Journal
 from actors.supervisor.leases import PEER_DEFAULT_LEASE_S, Leases
 from bus.messages import (
     Body,
@@ -44,7 +42,6 @@ class RunHost(Protocol):
     """What `Runs` needs of the supervisor, and nothing more of it (no private name)."""
 
     config: Config
-    journal: Journal | None
     sessions: dict[str, Session]
     dispatcher: Dispatcher
     leases: Leases
@@ -72,8 +69,12 @@ class RunHost(Protocol):
         """Why the session log cannot take more now (disk low, commits failing), or ""."""
         ...
 
-    def recent_start(self, key: str) -> RunStarted | None:
-        """The run a recent `StartRun` with `key` began (memory only), or None."""
+    def started_by(self, key: str) -> RunStarted | None:
+        """The run a `StartRun` with `key` already began (memory, else the log), or None."""
+        ...
+
+    def open_in_log(self) -> list[str]:
+        """The sessions whose run the session log has open (none without a log)."""
         ...
 
     def remember_start(self, key: str, started: RunStarted) -> None:
@@ -177,21 +178,6 @@ class Runs:
             return "unknown_agent", self.sup.no_agent(req.agent)
         return None
 
-    def _known_start(self, key: str) -> RunStarted | None:
-        """The run a `StartRun` key already began (memory, else the log), or None."""
-        if not key:
-            return None
-        known = self.sup.recent_start(key)
-        if known is None and self.sup.journal is not None:
-            try:
-                logged = self.sup.journal.log.start(key)
-            except JournalError as exc:
-                log.error("start key lookup: %s", exc)
-                logged = None
-            if logged is not None:
-                known = RunStarted(logged.sid, logged.run, logged.from_seq)
-        return known
-
     def start(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
         """Serve a `StartRun`: answer a resent one with its run, refuse, or begin a run."""
         user = self.sup.api.user_id
@@ -213,7 +199,7 @@ class Runs:
             # a lease, whatever its client sent.
             req = dataclasses.replace(req, cwd="",
                                       lease_s=req.lease_s or PEER_DEFAULT_LEASE_S)
-        known = self._known_start(req.key)
+        known = self.sup.started_by(req.key)
         if known is not None:  # a resend: the first one started the run
             self.sup.reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
             return
@@ -268,15 +254,8 @@ class Runs:
     def resume_journaled(self) -> int:
         """Load the sessions whose run was open; those runs go on. Returns how many.
         (Finished sessions stay in the log until something asks for them.)"""
-        if self.sup.journal is None:
-            return 0
-        try:
-            running = self.sup.journal.log.running()
-        except JournalError as exc:
-            log.error("cannot list the sessions to resume: %s", exc)
-            return 0
         resumed = 0
-        for sid in running:
+        for sid in self.sup.open_in_log():
             session = self.sup.session(sid)
             if session is None or session.run_over:
                 continue
