@@ -12,6 +12,7 @@ import time
 from typing import Any, TextIO
 
 from actors.usage import total_line
+from bus.vocab import TERMINAL, EventType
 
 
 def usage_suffix(data: dict[str, Any]) -> str:
@@ -46,7 +47,7 @@ class Renderer:
     def event(self, ev: dict[str, Any]) -> None:
         """Show one event."""
         kind, data = ev["type"], ev["data"]
-        if kind in ("DONE", "ERROR", "CANCELLED"):
+        if kind in TERMINAL:
             self.terminal = kind
         if self.json_lines:
             print(json.dumps(ev, default=repr), file=self.out, flush=True)
@@ -58,7 +59,8 @@ class Renderer:
         if show is not None:
             self._clear_status()
             show(data)
-        self._streamed = kind in ("TOKEN", "THINKING") or (self._streamed and show is None)
+        streamed = kind in (EventType.TOKEN, EventType.THINKING)
+        self._streamed = streamed or (self._streamed and show is None)
 
     def tick(self) -> None:
         """Redraw the progress line of running tools (on a terminal; called every
@@ -79,11 +81,11 @@ class Renderer:
     # -- quiet: the final answer, and why there is none ------------------------------------
 
     def _quiet(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "DONE":
+        if kind == EventType.DONE:
             text = data.get("text") or ""
             self.out.write(text if text.endswith("\n") or not text else text + "\n")
             self.out.flush()
-        elif kind in ("ERROR", "CANCELLED"):  # on stderr: stdout stays the answer alone
+        elif kind in (EventType.ERROR, EventType.CANCELLED):  # on stderr (stdout: the answer)
             line = self._terminal_line(kind, data)
             print(line, file=sys.stderr, flush=True)
 
@@ -149,7 +151,7 @@ class Renderer:
         except (KeyError, TypeError, ValueError):  # a peer's odd event: shown by kind
             buf = io.StringIO(str(inner.get("type", "")))
         text = buf.getvalue().rstrip("\n")
-        if inner.get("type") == "SESSION_START":
+        if inner.get("type") == EventType.SESSION_START:
             text = f"session {data.get('session', '?')} started"
         if data.get("dropped"):
             text += f"  ({data['dropped']} events of it not shown here)"
@@ -165,19 +167,19 @@ class Renderer:
                    f"{data['wait_s']:.1f} s — text streamed by that attempt is void")
 
     def _on_DONE(self, data: dict[str, Any]) -> None:  # noqa: N802
-        self._line(self._terminal_line("DONE", data))
+        self._line(self._terminal_line(EventType.DONE, data))
 
     def _on_ERROR(self, data: dict[str, Any]) -> None:  # noqa: N802
-        self._line(self._terminal_line("ERROR", data))
+        self._line(self._terminal_line(EventType.ERROR, data))
 
     def _on_CANCELLED(self, data: dict[str, Any]) -> None:  # noqa: N802
-        self._line(self._terminal_line("CANCELLED", data))
+        self._line(self._terminal_line(EventType.CANCELLED, data))
 
     def _terminal_line(self, kind: str, data: dict[str, Any]) -> str:
         self._running.clear()
-        if kind == "DONE":
+        if kind == EventType.DONE:
             line = f"— done: {data.get('turns', 0)} turn(s), stop {data.get('stop', '')}"
-        elif kind == "ERROR":
+        elif kind == EventType.ERROR:
             line = f"— error: {data.get('error', '')}: {data.get('message', '')}"
         else:
             line = f"— cancelled ({data.get('mode')}): {data.get('reason', '')}"
@@ -207,7 +209,8 @@ class Renderer:
 
     def exit_status(self) -> int:
         """0 done, 130 cancelled, 1 error (or no terminal event)."""
-        return {"DONE": 0, "CANCELLED": 130}.get(self.terminal or "", 1)
+        codes: dict[str, int] = {EventType.DONE: 0, EventType.CANCELLED: 130}
+        return codes.get(self.terminal or "", 1)
 
 
 def _color(out: TextIO) -> bool:

@@ -1,7 +1,7 @@
 """`Runner[Deps, Output]`: the agent loop embedded in a program, typed.
 
-The same run the supervisor drives (`actors.supervisor.machine`, carried out by
-`actors.supervisor.driver`), in this process: the model through the same
+The same run the supervisor drives (`actors.core.machine`, carried out by
+`actors.core.driver`), in this process: the model through the same
 backend and retry policy as the llm caller, tools from a `Catalogue` called
 directly, so that Python tools can take the program's own objects (`deps`,
 reaching them as `ctx.deps`). When an output type is given (a dataclass, a
@@ -25,7 +25,6 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import os
 import re
 import sys
 import time
@@ -36,19 +35,20 @@ from typing import Any, Generic, TypeVar
 import pydantic
 
 from actors.config import DEFAULT_AGENT, Agent, Config
+from actors.core.driver import ModelError, Progress, run_session
+from actors.core.history import Message
+from actors.core.machine import Delta, Retry
+from actors.core.session import Session
+from actors.core.turn import ToolCall, ToolOutcome
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.policy import RetryPolicy
 from actors.llm_caller.scripted import ScriptedBackend
-from actors.settings import Settings, load_settings
-from actors.supervisor.driver import ModelError, Progress, run_session
-from actors.supervisor.history import Message
-from actors.supervisor.machine import Delta, Retry
-from actors.supervisor.session import Session
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.settings import Settings, load_settings, model_choice
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
 from actors.usage import ZERO, Usage, priced
+from bus.vocab import EventType
 
 Deps = TypeVar("Deps")
 Output = TypeVar("Output")
@@ -143,11 +143,11 @@ def default_backend(settings: Settings, environ: Mapping[str, str] | None = None
     backend with `OPLOOP_LLM_BACKEND=scripted`; the real API with `ANTHROPIC_API_KEY`
     or `ANTHROPIC_BASE_URL`; else the offline model's rules, in this process (said
     once on stderr)."""
-    env = os.environ if environ is None else environ
-    if settings.llm_backend == "scripted":
+    choice = settings.model if environ is None else model_choice(settings.llm_backend, environ)
+    if choice.kind == "scripted":
         return ScriptedBackend.from_script(settings.llm_script)
-    if env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_BASE_URL"):
-        return AnthropicBackend()
+    if choice.kind == "api":
+        return AnthropicBackend(choice.api_key, choice.base_url)
     print("oploop: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL set: the Runner uses the "
           "offline model (canned answers, no network)", file=sys.stderr)
     return ScriptedBackend()
@@ -214,7 +214,7 @@ class Runner(Generic[Deps, Output]):
         await run_session(session, io, prompt, max_turns, deadline_s)
         end = io.events[-1]
         data = end["data"]
-        if end["type"] != "DONE":
+        if end["type"] != EventType.DONE:
             error = data.get("error") or f"cancelled ({data.get('mode')})"
             message = data.get("message") or data.get("reason", "")
             if error in ("connection", "timeout", "auth", "authentication"):
@@ -249,14 +249,12 @@ class _LocalIO(Generic[Deps]):
         self._deciding: set[asyncio.Task[None]] = set()
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        event = {"seq": session.next_seq, "session": session.id, "type": type_, "turn": turn,
-                 "ts": time.time(), "data": data}
-        session.next_seq += 1
-        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
+        event = {"seq": session.stamp(type_, data), "session": session.id, "type": type_,
+                 "turn": turn, "ts": time.time(), "data": data}
         self.events.append(event)
         if self.runner.on_event is not None:
             self.runner.on_event(event)
-        if type_ == "APPROVAL_REQUESTED":  # decided after this step, never inside it
+        if type_ == EventType.APPROVAL_REQUESTED:  # decided after this step, never inside it
             task = asyncio.get_running_loop().create_task(self._approve(session, data))
             self._deciding.add(task)
             task.add_done_callback(self._deciding.discard)

@@ -41,9 +41,20 @@ from pathlib import Path
 from typing import Any
 
 from actors.storage import SESSIONS_FILE, bounded_cache, open_private_db
-from actors.supervisor.retention import SessionOverview
 
 log = logging.getLogger("oploop.sessionlog")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOverview:
+    """What retention needs to know of one stored session, without its history."""
+
+    sid: str
+    created: float
+    last_activity: float
+    #: Bytes the session holds on disk (its log, snapshot and events, every store).
+    bytes: int
+    running: bool
 
 #: Space kept free for the log by default: below it new work is refused, and the
 #: reserve file of this size is given up to journal the ends of running sessions.

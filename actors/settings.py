@@ -7,30 +7,37 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 
 | variable | default | meaning |
 |---|---|---|
-| `OPLOOP_HOME` | `~/.oploop` | the host's home (read in `bus.endpoints`: bus imports no actors) |
+| `OPLOOP_HOME` | `~/.oploop` | the host's home (read by `bus.endpoints.place_of`) |
 | `OPLOOP_CONFIG` | | the `oploop.toml` (else `$OPLOOP_HOME/oploop.toml`, `./oploop.toml`) |
-| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`bus.endpoints`) |
+| `OPLOOP_CONNECT`, `OPLOOP_KEYS` | | a host elsewhere and its key folder (`place_of`) |
 | `OPLOOP_MACHINE` | | the worker machine a worker says it runs on (`oploop worker --machine`) |
 | `OPLOOP_LOG_LEVEL` | WARNING | DEBUG, INFO, WARNING, ERROR or CRITICAL |
 | `OPLOOP_INTENT_ROUTER` | | `on` / `off` overrides `[router] enabled` |
 | `OPLOOP_RETRY_ATTEMPTS` | 6 | model attempts per call |
 | `OPLOOP_RETRY_BASE_S` | 0.5 | first backoff, doubling ... |
 | `OPLOOP_RETRY_MAX_S` | 32 | ... up to this |
-| `OPLOOP_RETRY_AFTER_MAX_S` | 120 | a server's `retry-after` honoured up to this; beyond, the call fails |
+| `OPLOOP_RETRY_AFTER_MAX_S` | 120 | a server's `retry-after` honoured up to this, else fail |
 | `OPLOOP_STREAM_IDLE_S` | 2 | a stream that sends nothing (not even a ping) this long is retried |
 | `OPLOOP_STREAM_FIRST_S` | 60 | a stream with no content this long after the request is retried |
-| `OPLOOP_STREAM_PAUSE_S` | 30 | a stream with no content this long since the last (pings only) is retried |
+| `OPLOOP_STREAM_PAUSE_S` | 30 | no content this long since the last (pings only): retried |
 | `OPLOOP_TOKEN_BATCH_MS` | 20 | streamed text batched this long (0..10000; 0: none) |
 | `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
 | `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
 | `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
 | `OPLOOP_EXECUTORS` | 1 | executor processes of a host (at least 1; each runs 32 calls at once) |
-| `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs the lines its memory grew by most (tracemalloc: slow, for finding leaks; 0: off) |
+| `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs its top memory growth (tracemalloc; 0: off) |
 | `OPLOOP_VIEWER_QUEUE` | 100000 | live events queued per viewer (beyond: dropped, refetched) |
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
 | `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
+| `OPLOOP_DEBUG` | 0 | `1`: the CLI prints tracebacks (`debug_wanted`) |
+| `ANTHROPIC_API_KEY`, `_BASE_URL` | | the model's endpoint: `model_choice` picks the model |
+
+`bus.endpoints.place_of` reads `OPLOOP_HOME`, `OPLOOP_CONNECT` and `OPLOOP_KEYS` (a
+bare `Client.connect()` follows them, and bus imports no actors): `load_settings`
+takes them from it. `OPLOOP_DEBUG` is read when an error is shown (the settings may
+be what failed). The model is chosen here only (`model_choice`).
 
 A few more are the host's handshake with the actors it starts, not settings a user
 sets: `OPLOOP_READY_FD` (the pipe to say "ready" on), `OPLOOP_PARENT_PID`,
@@ -56,7 +63,7 @@ from actors.config import (
     parse_http_listen,
 )
 from actors.machines import LOCAL, machine_name_error
-from bus.endpoints import Endpoints, oploop_home
+from bus.endpoints import Endpoints, Place, place_of
 
 READY_FD_ENV = "OPLOOP_READY_FD"
 PARENT_PID_ENV = "OPLOOP_PARENT_PID"
@@ -75,7 +82,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetrySettings:
-    """How hard an llm caller tries (`actors.llm_caller.policy.RetryPolicy` uses them)."""
+    """How hard an llm caller tries (`actors.llm_caller.policy.RetryPolicy` uses them);
+    its defaults are the only ones (`RetryPolicy` and `load_settings` take them)."""
 
     attempts: int = 6
     base_s: float = 0.5
@@ -84,6 +92,45 @@ class RetrySettings:
     first_s: float = 60.0
     pause_s: float = 30.0
     retry_after_cap_s: float = 120.0
+
+
+#: The model's endpoint in the environment (the SDK's own variables).
+MODEL_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """Which model runs: `scripted` (inside the llm callers, or the `Runner`), `api` (the
+    Messages API at `endpoint`: the user's key and/or base URL), or `offline` (the
+    offline model: a host starts its server; a `Runner` plays its rules in process)."""
+
+    kind: str
+    #: `api`: the `MODEL_ENV` variables set, by name (never printed: a key).
+    endpoint: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def api_key(self) -> str | None:
+        return self.endpoint.get("ANTHROPIC_API_KEY")
+
+    @property
+    def base_url(self) -> str | None:
+        return self.endpoint.get("ANTHROPIC_BASE_URL")
+
+
+def model_choice(llm_backend: str, environ: Mapping[str, str]) -> ModelChoice:
+    """The one place the model is chosen: `OPLOOP_LLM_BACKEND=scripted`, else the API
+    when `ANTHROPIC_API_KEY` or `ANTHROPIC_BASE_URL` is set, else the offline model."""
+    if llm_backend == "scripted":
+        return ModelChoice("scripted")
+    endpoint = {name: environ[name] for name in MODEL_ENV if environ.get(name)}
+    return ModelChoice("api", endpoint) if endpoint else ModelChoice("offline")
+
+
+def debug_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `OPLOOP_DEBUG=1` asks for tracebacks (read when an error is shown: the
+    settings themselves may be what failed)."""
+    env = os.environ if environ is None else environ
+    return env.get("OPLOOP_DEBUG", "") not in ("", "0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +150,8 @@ class Settings:
     viewer_queue: int = 100_000
     #: `OPLOOP_MEMTRACE`: seconds between growth reports (`actors.memtrace`); 0: off.
     memtrace_s: float = 0.0
+    #: Which model runs (`model_choice`).
+    model: ModelChoice = ModelChoice("offline")
     #: `OPLOOP_CONNECT` / `OPLOOP_KEYS`: a host elsewhere ("" : this home's).
     connect: str = ""
     keys: str = ""
@@ -117,10 +166,7 @@ class Settings:
 
     def endpoints(self) -> Endpoints:
         """The host to talk to: `connect` when set, else the one of `home`."""
-        if not self.connect:
-            return Endpoints.for_home(self.home)
-        keys = Path(self.keys).expanduser() if self.keys else None
-        return Endpoints.elsewhere(self.connect, keys)
+        return Endpoints.of_place(Place(self.home, self.connect, self.keys))
 
 
 def load_settings(environ: Mapping[str, str] | None = None, *,
@@ -130,20 +176,24 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
     overrides where the file is looked for."""
     env = os.environ if environ is None else environ
     reader = _Reader(env)
-    home = Path(env["OPLOOP_HOME"]).absolute() if env.get("OPLOOP_HOME") else oploop_home()
+    place = place_of(env)
+    home = place.home
     explicit = env.get(CONFIG_ENV)
     path = config_file or config_path(home, Path(explicit) if explicit else None)
     config = _with_env(load_config(path), reader)
+    d = RetrySettings()  # the defaults, in one place
     retry = RetrySettings(
-        attempts=reader.get("OPLOOP_RETRY_ATTEMPTS", int, 6, at_least=1),
-        base_s=reader.get("OPLOOP_RETRY_BASE_S", float, 0.5, at_least=0),
-        cap_s=reader.get("OPLOOP_RETRY_MAX_S", float, 32.0, at_least=0),
-        idle_s=reader.get("OPLOOP_STREAM_IDLE_S", float, 2.0, at_least=0),
-        first_s=reader.get("OPLOOP_STREAM_FIRST_S", float, 60.0, at_least=0),
-        pause_s=reader.get("OPLOOP_STREAM_PAUSE_S", float, 30.0, at_least=0),
-        retry_after_cap_s=reader.get("OPLOOP_RETRY_AFTER_MAX_S", float, 120.0, at_least=0),
+        attempts=reader.get("OPLOOP_RETRY_ATTEMPTS", int, d.attempts, at_least=1),
+        base_s=reader.get("OPLOOP_RETRY_BASE_S", float, d.base_s, at_least=0),
+        cap_s=reader.get("OPLOOP_RETRY_MAX_S", float, d.cap_s, at_least=0),
+        idle_s=reader.get("OPLOOP_STREAM_IDLE_S", float, d.idle_s, at_least=0),
+        first_s=reader.get("OPLOOP_STREAM_FIRST_S", float, d.first_s, at_least=0),
+        pause_s=reader.get("OPLOOP_STREAM_PAUSE_S", float, d.pause_s, at_least=0),
+        retry_after_cap_s=reader.get("OPLOOP_RETRY_AFTER_MAX_S", float, d.retry_after_cap_s,
+                                     at_least=0),
     )
     batch_ms = reader.get("OPLOOP_TOKEN_BATCH_MS", float, 20.0, at_least=0)
+    llm_backend = reader.choice("OPLOOP_LLM_BACKEND", LLM_BACKENDS, "anthropic")
     if batch_ms > MAX_TOKEN_BATCH_MS:
         raise ConfigError(f"OPLOOP_TOKEN_BATCH_MS: must be within 0..{MAX_TOKEN_BATCH_MS:g}")
     return Settings(
@@ -152,15 +202,16 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         log_level=reader.choice("OPLOOP_LOG_LEVEL", LOG_LEVELS, "WARNING", upper=True),
         retry=retry,
         token_batch_s=batch_ms / 1000,
-        llm_backend=reader.choice("OPLOOP_LLM_BACKEND", LLM_BACKENDS, "anthropic"),
+        llm_backend=llm_backend,
         llm_script=env.get("OPLOOP_LLM_SCRIPT", ""),
+        model=model_choice(llm_backend, env),
         offline_scenario=env.get("OPLOOP_OFFLINE_SCENARIO", ""),
         llm_callers=reader.get("OPLOOP_LLM_CALLERS", int, 1, at_least=1),
         executors=reader.get("OPLOOP_EXECUTORS", int, 1, at_least=1),
         viewer_queue=reader.get("OPLOOP_VIEWER_QUEUE", int, 100_000, at_least=1),
         memtrace_s=reader.get("OPLOOP_MEMTRACE", float, 0.0, at_least=0),
-        connect=env.get("OPLOOP_CONNECT", ""),
-        keys=env.get("OPLOOP_KEYS", ""),
+        connect=place.connect,
+        keys=place.keys,
         machine=_machine(env.get(MACHINE_ENV, "")),
         ready_fd=reader.optional(READY_FD_ENV, int),
         parent_pid=reader.optional(PARENT_PID_ENV, int),

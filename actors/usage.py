@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The events that end a run (as `actors.supervisor.session.TERMINAL`).
-TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+from bus.vocab import TERMINAL, EventType
+
 #: The events that close one model call and carry its usage.
-CLOSES_CALL = frozenset({"ROUTE", "TURN_END"})
+CLOSES_CALL = frozenset({EventType.ROUTE, EventType.TURN_END})
 
 #: Token fields of the Messages API's `usage`, in `Usage` field order.
 API_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
@@ -170,7 +170,7 @@ def after_event(type_: str, data: Mapping[str, Any], run: Usage,
     """The run's counts (`run`, `pending`) once an event has gone out: a start
     clears them, a call-closing event moves its usage into `run`, a terminal one
     ends the run."""
-    if type_ == "SESSION_START" or type_ in TERMINAL:
+    if type_ == EventType.SESSION_START or type_ in TERMINAL:
         return ZERO, ZERO
     if type_ in CLOSES_CALL:
         return run + Usage.from_dict(data.get("usage")), ZERO

@@ -33,6 +33,7 @@ from actors.sandbox.workspaces import remove_home
 from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.errors import RemoteError
+from bus.vocab import TERMINAL, CancelMode
 
 REMOTE = {"scripts": {"slow": [
     {"reply": [{"type": "tool_use", "name": "shell", "input": {"command": "sleep 120"}}]},
@@ -73,10 +74,10 @@ async def _one(a: Client, b: Client) -> float:
         if ev["type"] == "MACHINE_EVENT" and ev["data"]["event"]["type"] == "TOOL_START":
             remote = ev["data"]["session"]
             break
-        if ev["type"] in ("DONE", "ERROR", "CANCELLED"):
+        if ev["type"] in TERMINAL:
             raise RuntimeError(f"A's run ended before B's tool started: {ev}")
     sent = time.time()
-    await a.cancel(started.session, "ui")
+    await a.cancel(started.session, CancelMode.UI)
     async for ev in b.events(remote, stop_at="first"):
         if ev["type"] == "TOOL_END":
             return (ev["ts"] - sent) * 1000

@@ -20,8 +20,7 @@ from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.messages import Envelope, Event
 from bus.sockets import Reactor
-
-TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+from bus.vocab import TERMINAL
 
 
 @dataclass

@@ -46,7 +46,6 @@ from actors.sandbox.workspaces import remove_home
 
 RATE = 20_000  # token deltas per second
 DELTA = "tok "  # ~ one token
-TERMINAL = ("DONE", "ERROR", "CANCELLED")
 
 
 # -- one viewer (in its own process) ----------------------------------------------------------

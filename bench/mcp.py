@@ -34,6 +34,7 @@ from typing import Any
 
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
+from bus.vocab import CancelMode
 
 TEST_SERVER = Path(__file__).resolve().parent.parent / "tests" / "integration" / "mcp_testserver.py"
 DONE = {"reply": "done", "stop_reason": "end_turn"}
@@ -104,7 +105,7 @@ async def _cancel_ms(client: Client, mark: Path) -> float:
                     raise RuntimeError("the slow tool never started")
                 await asyncio.sleep(0.005)
             sent = time.perf_counter()
-            await client.cancel(started.session, mode="ui")
+            await client.cancel(started.session, mode=CancelMode.UI)
         elif event["type"] == "CANCELLED":
             return (time.perf_counter() - sent) * 1000
     raise RuntimeError("the run ended without CANCELLED")

@@ -50,18 +50,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import uvloop
 
-from actors.host.policy import RestartPolicy
+from actors.restarts import RestartPolicy
 from actors.sandbox.workspaces import remove_home
 from actors.storage import private_files
-from bench.soak_verdict import Kill, SessionRun, report, summary
+from bench.soak_verdict import Kill, SessionRun, SoakConfig, report, summary
 from bus.client import Client
 
 
@@ -80,33 +78,6 @@ STORM_WINDOW_S, MAX_KILLS_IN_WINDOW = RestartPolicy.window_s, RestartPolicy.stor
 TALK_WORDS = 200
 
 
-#: The kinds of session (see `prompt`).
-KINDS = ("shell", "slow_shell", "read", "list", "write", "multi", "talk", "plain", "cancel")
-
-
-@dataclass
-class SoakConfig:
-    """What to run. `kill_plan`, when given, replaces the random killer: each
-    `(at_s, actor)` is killed once `at_s` seconds after the first session started."""
-
-    sessions: int = 200
-    duration_s: float = 60.0
-    kill_every_s: float = 3.0
-    seed: int = 0
-    viewers: int = 2
-    llm_callers: int = 2
-    executors: int = 2
-    delta_delay_s: float = 0.01
-    session_timeout_s: float = 120.0
-    #: Host RSS growth allowed (a fraction); None: measured and reported, not checked,
-    #: and no warm-up nor settling pauses (the test suite's short soak).
-    rss_tolerance: float | None = 0.20
-    kill_plan: list[tuple[float, str]] | None = None
-    kinds: Sequence[str] = KINDS
-    #: `[retention] max_sessions` of the host (None: retention left at its defaults,
-    #: and disk not checked), applied every `retention_every_s`.
-    retention_max_sessions: int | None = 20
-    retention_every_s: float = 1.0
 
 
 # -- the workload ----------------------------------------------------------------------------

@@ -8,16 +8,43 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.supervisor.dispatch import MAX_REDISPATCH
 from bench.stats import machine, percentile
+from bus.vocab import TERMINAL, CancelMode
 
-if TYPE_CHECKING:
-    from bench.soak import SoakConfig
+#: The kinds of session (see `bench.soak.prompt`).
+KINDS = ("shell", "slow_shell", "read", "list", "write", "multi", "talk", "plain", "cancel")
 
-TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+
+@dataclass
+class SoakConfig:
+    """What to run. `kill_plan`, when given, replaces the random killer: each
+    `(at_s, actor)` is killed once `at_s` seconds after the first session started."""
+
+    sessions: int = 200
+    duration_s: float = 60.0
+    kill_every_s: float = 3.0
+    seed: int = 0
+    viewers: int = 2
+    llm_callers: int = 2
+    executors: int = 2
+    delta_delay_s: float = 0.01
+    session_timeout_s: float = 120.0
+    #: Host RSS growth allowed (a fraction); None: measured and reported, not checked,
+    #: and no warm-up nor settling pauses (the test suite's short soak).
+    rss_tolerance: float | None = 0.20
+    kill_plan: list[tuple[float, str]] | None = None
+    kinds: Sequence[str] = KINDS
+    #: `[retention] max_sessions` of the host (None: retention left at its defaults,
+    #: and disk not checked), applied every `retention_every_s`.
+    retention_max_sessions: int | None = 20
+    retention_every_s: float = 1.0
+
+
 
 
 @dataclass
@@ -125,7 +152,7 @@ def check_cancel(run: SessionRun) -> list[str]:
     the model answered): then the cancel finds nothing running."""
     end = run.terminal()
     if run.cancel == "ack: cancelled":
-        if end != "CANCELLED" or run.views[0][-1]["data"].get("mode") != "ui":
+        if end != "CANCELLED" or run.views[0][-1]["data"].get("mode") != CancelMode.UI:
             return [f"cancel acknowledged, but the run ended {end}"]
         return []
     if end in ("DONE", "ERROR") and "not_running" in run.cancel:

@@ -27,6 +27,7 @@ from bench.host import BenchHost
 from bench.stats import median, percentile
 from bench.stats import table as render_table
 from bus.client import Client
+from bus.vocab import TERMINAL
 
 BOUNDS = {"idle": 0.2, "first": 0.6, "pause": 0.4}
 OK = {"reply": "all good", "stop_reason": "end_turn"}
@@ -87,7 +88,7 @@ async def _one(client: Client, model: _Model, phase: str) -> float:
     async for event in client.events(started.session, started.from_seq, stop_at="first"):
         if event["type"] == "RETRY" and retry_ts is None:
             retry_ts = event["ts"]
-        elif event["type"] in ("DONE", "ERROR", "CANCELLED"):
+        elif event["type"] in TERMINAL:
             if retry_ts is None or event["type"] != "DONE":
                 raise RuntimeError(f"{phase}: no retry, or the run ended {event['type']}")
     assert retry_ts is not None

@@ -58,8 +58,10 @@ from bus.messages import (
 )
 from bus.rpc import Requester
 from bus.sockets import Reactor
+from bus.vocab import TERMINAL, CancelMode
 
-TERMINAL_TYPES = frozenset({"DONE", "ERROR", "CANCELLED"})
+#: (the terminal set, `bus.vocab.TERMINAL`, under the name clients have used)
+TERMINAL_TYPES = TERMINAL
 
 #: A viewer that hears nothing live for this long re-asks the replay socket, so a
 #: lost tail (dropped by PUB, or sent before the subscription took) is recovered.
@@ -226,7 +228,7 @@ class Client:
         return reply.body.counters
 
     async def cancel(
-        self, session: str, mode: str = "ui", reason: str = "", timeout: float = 5.0,
+        self, session: str, mode: str = CancelMode.UI, reason: str = "", timeout: float = 5.0,
         via: Literal["control", "api"] = "control",
     ) -> CancelAck:
         """Cancel `session` (`ui`: now; `operation`: at the next loop boundary).

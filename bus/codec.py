@@ -178,7 +178,8 @@ def _build_body(cls: type[Body], kind: str, fields: dict[str, Any]) -> Body:
             value = fields[name]
             if type(value) not in f.exact and not f.check(value):
                 got = type(value).__name__
-                raise BadFrame("field_type", f"{kind}.{name}: expected {f.type_name}, got {got}", kind)
+                raise BadFrame("field_type",
+                               f"{kind}.{name}: expected {f.type_name}, got {got}", kind)
         elif f.default is None:
             raise BadFrame("field_type", f"{kind}.{name}: missing", kind)
         else:

@@ -20,7 +20,7 @@ import ipaddress
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,9 +105,30 @@ def _is_loopback(host: str) -> bool:
         return False  # a name or "*": it may reach other machines
 
 
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a process finds its host, as the environment says: `OPLOOP_HOME` (default
+    `~/.oploop`), and `OPLOOP_CONNECT` with `OPLOOP_KEYS` for a host elsewhere.
+
+    The one reader of those three variables (`place_of`): `actors.settings` takes
+    them from here, and a bare `Client.connect()` follows them (bus imports nothing
+    from actors)."""
+
+    home: Path
+    connect: str = ""
+    keys: str = ""
+
+
+def place_of(environ: Mapping[str, str] | None = None) -> Place:
+    """The `Place` `environ` (default `os.environ`) says."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("OPLOOP_HOME") or Path.home() / ".oploop").absolute()
+    return Place(home, env.get("OPLOOP_CONNECT", ""), env.get("OPLOOP_KEYS", ""))
+
+
 def oploop_home() -> Path:
     """`$OPLOOP_HOME`, default `~/.oploop`."""
-    return Path(os.environ.get("OPLOOP_HOME") or Path.home() / ".oploop").absolute()
+    return place_of().home
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +160,15 @@ class Endpoints:
     @classmethod
     def from_env(cls) -> Endpoints:
         """`OPLOOP_CONNECT` (+ `OPLOOP_KEYS`) when set, else the host of `$OPLOOP_HOME`."""
-        address = os.environ.get("OPLOOP_CONNECT", "")
-        if not address:
-            return cls.for_home()
-        keys = os.environ.get("OPLOOP_KEYS", "")
-        return cls.elsewhere(address, Path(keys).expanduser() if keys else None)
+        return cls.of_place(place_of())
+
+    @classmethod
+    def of_place(cls, place: Place) -> Endpoints:
+        """`place.connect` (+ `place.keys`) when set, else the host of `place.home`."""
+        if not place.connect:
+            return cls.for_home(place.home)
+        keys = Path(place.keys).expanduser() if place.keys else None
+        return cls.elsewhere(place.connect, keys)
 
     @property
     def curve(self) -> bool:

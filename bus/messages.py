@@ -1,6 +1,9 @@
-"""Every message type on the wire, in one place.
+"""Every message type on the wire, registered in one place (`MESSAGE_TYPES`).
 
-Each type is a frozen dataclass whose docstring is its protocol documentation:
+The clients' requests and replies, the control verbs and the events are defined
+here; the workers' messages in `bus.jobs`, the `Envelope` in `bus.envelope` (both
+imported here, so `bus.messages` names every type). Each type is a frozen
+dataclass whose docstring is its protocol documentation:
 who sends it, who receives it, and what it is answered with. A message travels
 inside an `Envelope`; the codec (`bus.codec`) checks its `kind`, the protocol
 version and every field's type before any actor sees it.
@@ -19,37 +22,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Body:
-    """Base of every message body; `KIND` is the envelope's `kind` tag."""
-
-    KIND: ClassVar[str] = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """One message: routing-free header fields plus a typed body.
-
-    `id` identifies the message (a reply carries the request's `id`), `sid` the
-    session, `job` the job, `deadline` an absolute `time.time()` after which the
-    work is moot (0 when none applies).
-    """
-
-    body: Body
-    id: str = ""
-    sid: str = ""
-    job: str = ""
-    deadline: float = 0.0
-    v: int = PROTOCOL_VERSION
-
-    @property
-    def kind(self) -> str:
-        """The body's kind tag."""
-        return self.body.KIND
-
+from bus.envelope import PROTOCOL_VERSION, Body, Envelope
+from bus.jobs import (
+    HISTORY_MISS,
+    Abort,
+    ControlHello,
+    Delta,
+    Disconnect,
+    Heartbeat,
+    JobFailed,
+    LlmJob,
+    LlmResult,
+    Ready,
+    Retrying,
+    ToolJob,
+    ToolResult,
+    ToolsChanged,
+)
+from bus.vocab import CancelMode
 
 # --- replies common to every request socket -------------------------------------------
 
@@ -241,7 +231,7 @@ class Cancel(Body):
 
     KIND: ClassVar[str] = "cancel"
     session: str
-    mode: str = "ui"
+    mode: str = CancelMode.UI
     reason: str = ""
 
 
@@ -332,202 +322,6 @@ class DecideAck(Body):
     session: str
     decided: list[str]
     by: str
-
-
-@dataclass(frozen=True, slots=True)
-class ControlHello(Body):
-    """Worker control DEALER -> supervisor `control`: announces the worker's control pipe.
-
-    Sent on connect and after every reconnect; no reply.
-    """
-
-    KIND: ClassVar[str] = "control_hello"
-    worker: str
-
-
-@dataclass(frozen=True, slots=True)
-class Abort(Body):
-    """Supervisor `control` -> worker control DEALER: stop job `envelope.job` now.
-
-    The worker answers on its work socket with `JobFailed(error="aborted")`, also
-    for a job it does not hold (over, or not arrived yet: then it is refused when
-    it comes), so the supervisor always frees the job's slot.
-    """
-
-    KIND: ClassVar[str] = "abort"
-
-
-# --- worker protocol on `work` (Majordomo / Paranoid Pirate style) ---------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ready(Body):
-    """Worker -> supervisor `work`: I serve `role` with `capacity` concurrent jobs.
-
-    Executors list the tools they run (ToolSpec wire dicts). `machine` names the
-    worker machine this worker runs on (`oploop worker --machine NAME`); empty for
-    the host's own workers (and unnamed ones the host admits), which serve as "local"
-    (a worker key's `Ready` naming another machine, or none unless allowed, is answered
-    `ErrorReply("refused", why)`; an accepted one gets a `Heartbeat` at once). Sent on
-    connect and whenever the supervisor says `Disconnect`.
-    """
-
-    KIND: ClassVar[str] = "ready"
-    role: str
-    capacity: int
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    machine: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolsChanged(Body):
-    """Executor -> supervisor `work`: my tools changed (an MCP server listed or re-listed
-    its tools), without the jobs in flight being lost as a new `Ready` would lose them.
-
-    `tools`: every tool it runs now (ToolSpec wire dicts, as in `Ready`); `servers`:
-    the state of each of its MCP servers (name, transport, state, restarts, tools,
-    error, left_out). No reply.
-    """
-
-    KIND: ClassVar[str] = "tools_changed"
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    servers: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat(Body):
-    """Both ways on `work`, every second; any message counts as life. No reply."""
-
-    KIND: ClassVar[str] = "heartbeat"
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnect(Body):
-    """Either way on `work`: forget me (worker leaving) / I do not know you, say `Ready`.
-
-    Workers number their messages (the envelope `id`); the supervisor's `Disconnect`
-    carries the id of the message it answers, so that a worker can tell one that
-    predates its latest `Ready` (and ignore it) from one that does not.
-    """
-
-    KIND: ClassVar[str] = "disconnect"
-
-
-#: `JobFailed.error` of an llm caller that lacks the history revision a delta builds on.
-HISTORY_MISS = "history_miss"
-
-
-@dataclass(frozen=True, slots=True)
-class LlmJob(Body):
-    """Supervisor -> llm caller: one Messages-API request (`request` is its JSON body).
-
-    Answered by zero or more `Delta`/`Retrying`, then `LlmResult` or `JobFailed`.
-
-    History deltas (so a turn does not re-send the whole history): with a
-    `history_key`, the caller keeps the request's message list under that key
-    as revision `rev`. A later job may then send in `request["messages"]` only
-    what follows the first `keep` messages of revision `base_rev`. A caller
-    that does not hold that revision answers `JobFailed(error="history_miss",
-    retryable=True)` and the supervisor sends the job again in full (`keep` 0).
-    Without a `history_key` the request is complete and nothing is kept.
-    """
-
-    KIND: ClassVar[str] = "llm_job"
-    request: dict[str, Any]
-    stream: bool = True
-    history_key: str = ""
-    base_rev: int = 0
-    keep: int = 0
-    rev: int = 0
-    #: Attempts at most (0: the caller's policy), and the whole call's time limit in
-    #: seconds, retries included (0: none but the deadline): the intent router's.
-    attempts: int = 0
-    timeout_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Delta(Body):
-    """Llm caller -> supervisor: a batch of streamed `text` on `channel` (text|thinking)."""
-
-    KIND: ClassVar[str] = "delta"
-    channel: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Retrying(Body):
-    """Llm caller -> supervisor: attempt `attempt` failed with `error`; next in `wait_s`.
-
-    Text streamed by the failed attempt is void; the supervisor tells viewers.
-    `stall_bound_s`: when the attempt stalled, the bound that fired (the next
-    attempt's is doubled, up to 30 s); 0 otherwise.
-    """
-
-    KIND: ClassVar[str] = "retrying"
-    attempt: int
-    error: str
-    wait_s: float
-    stall_bound_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class LlmResult(Body):
-    """Llm caller -> supervisor: the final assistant `message` (Messages-API Message dict)."""
-
-    KIND: ClassVar[str] = "llm_result"
-    message: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolJob(Body):
-    """Supervisor -> executor: run tool `name` on `input` in `cwd`, within `timeout_s`.
-
-    `read_paths`: what the confined reads may see besides the system's files,
-    the session's cwd and workspace (the agent's `read_paths`). `agent`: the
-    session's agent, whose `deny` permission rules the executor enforces itself
-    (from its own `oploop.toml`).
-    Answered by `ToolResult` (also for a failing tool) or `JobFailed`.
-    """
-
-    KIND: ClassVar[str] = "tool_job"
-    name: str
-    input: dict[str, Any]
-    cwd: str = ""
-    timeout_s: float = 0.0
-    read_paths: list[str] = field(default_factory=list)
-    agent: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult(Body):
-    """Executor -> supervisor: the tool's `output`, whether it `is_error`, its duration.
-
-    `images`: Messages-API image blocks to put in the tool_result beside the text
-    (an MCP tool's images; the built-ins send none).
-    """
-
-    KIND: ClassVar[str] = "tool_result"
-    output: str
-    is_error: bool
-    duration_ms: float
-    images: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class JobFailed(Body):
-    """Worker -> supervisor: the job could not be done.
-
-    `error` is a stable tag (`aborted`, `api_error`, `overloaded`, ...; `oversize`
-    or `unencodable` when the worker's reply could not go on the wire and this
-    stands in for it),
-    `status` the HTTP status where one applies (0 otherwise).
-    """
-
-    KIND: ClassVar[str] = "job_failed"
-    error: str
-    message: str
-    retryable: bool = False
-    status: int = 0
 
 
 # --- events ---------------------------------------------------------------------------
@@ -631,3 +425,15 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
 )
 
 BY_KIND: dict[str, type[Body]] = {t.KIND: t for t in MESSAGE_TYPES}
+
+#: Every name of the wire: the types defined here and those `bus.jobs` and `bus.envelope` define.
+__all__ = [
+    "Abort", "BY_KIND", "Body", "Cancel", "CancelAck", "ControlHello", "DecideAck",
+    "DecideCalls", "Delta", "Disconnect", "Envelope", "ErrorReply", "Event",
+    "ForgetSessions", "HISTORY_MISS", "Heartbeat", "InspectSession", "JobFailed",
+    "ListSessions", "ListTools", "LlmJob", "LlmResult", "MESSAGE_TYPES", "PROTOCOL_VERSION",
+    "PruneSessions", "Ready", "RemoveSessions", "Renew", "RenewAck", "ReplayBatch",
+    "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",
+    "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "ToolJob",
+    "ToolList", "ToolResult", "ToolsChanged",
+]

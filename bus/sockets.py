@@ -238,7 +238,8 @@ class Port:
             self.rejected["handler_error"] += 1
             log.exception("%s: handler failed on %s from %r", self.name, env.kind, peer)
 
-    def _reject(self, peer: bytes | None, reason: str, detail: str, kind: str | None = None) -> None:
+    def _reject(self, peer: bytes | None, reason: str, detail: str,
+                kind: str | None = None) -> None:
         self.rejected[reason] += 1
         total = sum(self.rejected.values())
         if total <= 20 or total % 1000 == 0:  # log without letting a flood flood the log

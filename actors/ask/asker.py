@@ -25,6 +25,7 @@ from actors.bounds import MAX_RESULT_CHARS, cut_text
 from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.errors import BusError, RemoteError, RequestTimeout
+from bus.vocab import CancelMode
 
 log = logging.getLogger("oploop.ask")
 
@@ -109,7 +110,7 @@ class Asker:
         while time.monotonic() < give_up:
             self.counts["cancels_sent"] += 1
             try:
-                await client.cancel(session, "ui", f"the asking host cancelled its {NAME}",
+                await client.cancel(session, CancelMode.UI, f"the asking host cancelled its {NAME}",
                                     timeout=link.RENEW_EVERY_S)
                 return
             except RemoteError:  # ended already, or unknown: nothing left to cancel

@@ -20,6 +20,7 @@ from actors.ask.peers import Peer
 from actors.ask.relay import Relay
 from bus.client import Client
 from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
+from bus.vocab import TERMINAL, EventType
 
 #: A renewal is sent this often; its reply is the link's heartbeat.
 RENEW_EVERY_S = 1.0
@@ -83,7 +84,7 @@ async def follow(client: Client, peer: Peer, session: str, from_seq: int, relay:
             heard[0] = time.monotonic()
             for payload in relay.feed(ev, heard[0]):
                 emit(payload)
-            if ev["type"] in ("DONE", "ERROR", "CANCELLED"):
+            if ev["type"] in TERMINAL:
                 ended.append(_answer(peer.name, ev))
                 return
 
@@ -126,9 +127,9 @@ async def follow(client: Client, peer: Peer, session: str, from_seq: int, relay:
 def _answer(machine: str, ev: dict[str, Any]) -> Answer:
     data = ev.get("data") or {}
     kind = ev["type"]
-    if kind == "DONE":
+    if kind == EventType.DONE:
         return Answer(str(data.get("text", "")), False)
-    if kind == "ERROR":
+    if kind == EventType.ERROR:
         return Answer(f"machine {machine}: its run failed: {data.get('error', 'error')}: "
                       f"{data.get('message', '')}", True)
     reason = data.get("reason") or data.get("mode") or "cancelled"

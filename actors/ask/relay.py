@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bus.vocab import TERMINAL, EventType
+
 #: Events one ask may add to the caller's session (its terminal event always goes).
 MAX_EVENTS = 400
 #: Streamed text is forwarded at most this often (one event per interval).
@@ -20,8 +22,7 @@ TEXT_EVERY_S = 0.25
 #: A forwarded string field longer than this is cut (the full text stays in the remote log).
 MAX_FIELD_CHARS = 2000
 
-_STREAMED = ("TOKEN", "THINKING")
-_TERMINAL = ("DONE", "ERROR", "CANCELLED")
+_STREAMED = (EventType.TOKEN, EventType.THINKING)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Relay:
                 out += self._flush()
             return out
         out += self._flush()
-        out += self._one(ev, terminal=kind in _TERMINAL)
+        out += self._one(ev, terminal=kind in TERMINAL)
         return out
 
     def tick(self, now: float) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from actors.settings import Settings
 from bus.endpoints import EndpointError, oploop_home
 from bus.errors import AccessDenied, BusError, RemoteError, RequestTimeout
 from bus.security import ROLES, CredentialError
+from bus.vocab import CANCEL_MODES, CancelMode
 
 AsyncCommand = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
@@ -181,7 +182,7 @@ def parser() -> argparse.ArgumentParser:
                                  "`ask` rules) while this command follows the run, unasked")
     cancel = sub.add_parser("cancel", help="cancel a session")
     cancel.add_argument("session")
-    cancel.add_argument("--mode", choices=("ui", "operation"), default="ui",
+    cancel.add_argument("--mode", choices=CANCEL_MODES, default=CancelMode.UI,
                         help="ui (default): end the run now, killing its tool; operation: "
                              "let the model call or tool in flight finish, then stop")
     cancel.set_defaults(fn=_async(commands.cancel))

@@ -18,6 +18,7 @@ from actors.settings import Settings
 from actors.usage import describe
 from bus.client import Lag
 from bus.errors import AccessDenied
+from bus.vocab import EventType
 
 
 async def watch(args: argparse.Namespace, settings: Settings) -> int:
@@ -44,7 +45,7 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
                                          follow=not args.no_follow, on_lag=on_lag):
             render.event(event)
             kind, data = event["type"], event["data"]
-            if ask and kind == "APPROVAL_REQUESTED":
+            if ask and kind == EventType.APPROVAL_REQUESTED:
                 await _ask_if_open(client, args, data)
     return render.exit_status() if render.terminal else EXIT_OK
 

@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from actors.settings import debug_wanted
+
 EXIT_OK = 0
 #: Something failed (the line on stderr says what).
 EXIT_ERROR = 1
@@ -54,8 +56,8 @@ def fail(message: str, status: int = EXIT_ERROR) -> int:
 
 
 def debug() -> bool:
-    """Whether `OPLOOP_DEBUG=1` asks for tracebacks."""
-    return os.environ.get("OPLOOP_DEBUG", "") not in ("", "0")
+    """Whether `OPLOOP_DEBUG=1` asks for tracebacks (`actors.settings.debug_wanted`)."""
+    return debug_wanted()
 
 
 def quiet_pipe() -> int:

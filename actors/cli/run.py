@@ -30,6 +30,7 @@ from actors.render import Renderer
 from actors.settings import Settings
 from bus.client import Client
 from bus.errors import BusError
+from bus.vocab import CancelMode, EventType
 
 #: How long a cancelled run may take to say `CANCELLED` before the CLI leaves anyway.
 CANCEL_WAIT_S = 5.0
@@ -141,7 +142,7 @@ async def _tick(render: Renderer) -> None:
 
 async def _cancel_quietly(client: Client, session: str, reason: str) -> None:
     with contextlib.suppress(BusError):
-        await client.cancel(session, mode="ui", reason=reason)
+        await client.cancel(session, mode=CancelMode.UI, reason=reason)
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -177,7 +178,7 @@ async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render
             async for event in host.client.events(started.session, started.from_seq,
                                                   stop_at="first"):
                 render.event(event)
-                if ask and event["type"] == "APPROVAL_REQUESTED":
+                if ask and event["type"] == EventType.APPROVAL_REQUESTED:
                     await decide_here(host.client, started.session, event["data"],
                                       yes=args.yes)
         except BrokenPipeError:

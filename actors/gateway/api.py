@@ -39,16 +39,46 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from aiohttp import web
 
-from actors.gateway.limits import BODY_S, out_of_descriptors
+from actors.gateway.limits import BODY_S, Quiet, out_of_descriptors
 from actors.gateway.urls import hostname
 from bus.errors import BusError, RemoteError, RequestTimeout, SessionRemoved
+from bus.vocab import CANCEL_MODES, CancelMode
 
 if TYPE_CHECKING:
-    from actors.gateway.actor import Gateway
+    from pathlib import Path
+
+    from actors.config import HttpConfig
+    from actors.gateway.feed import Feed
+    from actors.gateway.metrics import Metrics
+    from bus.client import Client
+
+
+class Gateway(Protocol):
+    """What the handlers use of the gateway (`actors.gateway.actor.Gateway`)."""
+
+    feed: Feed
+    http: HttpConfig
+    metrics: Metrics
+    run_dir: Path
+    max_body: int
+    max_prompt_chars: int
+    #: The page's own host name (`oploop-<id>.localhost`) on loopback.
+    page_host: str
+    #: One log line per interval for floods (descriptors, refused streams).
+    quiet: Quiet
+
+    @property
+    def client(self) -> Client:
+        """The bus client (while serving)."""
+        ...
+
+    def stream_slot(self) -> contextlib.AbstractContextManager[None]:
+        """Hold one SSE stream slot while the block runs (503 when none is free)."""
+        ...
 
 log = logging.getLogger("oploop.gateway")
 
@@ -277,8 +307,8 @@ async def send_message(request: web.Request) -> web.Response:
 async def cancel_session(request: web.Request) -> web.Response:
     """`POST /api/sessions/{id}/cancel`: cancel the running run (`ui` by default)."""
     body = await read_object(request)
-    mode = field(body, "mode", str, "ui")
-    if mode not in ("ui", "operation"):
+    mode = field(body, "mode", str, CancelMode.UI)
+    if mode not in CANCEL_MODES:
         raise ApiError(400, "bad_request", f"mode: expected ui or operation, got {mode!r}")
     gw, sid = request.app[GATEWAY], request.match_info["sid"]
     gw.metrics.cancel_sent(sid)  # before: the CANCELLED event may come before the ack

@@ -14,9 +14,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from bus.vocab import EventType
+
 #: Notices queued for one stream before it is ended.
 NOTICE_QUEUE = 1_000
-DELTAS = frozenset({"TOKEN", "THINKING"})
+DELTAS = frozenset({EventType.TOKEN, EventType.THINKING})
 
 Notice = dict[str, Any]
 

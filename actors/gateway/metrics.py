@@ -39,6 +39,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from bus.client import Client
 from bus.errors import BusError
+from bus.vocab import TERMINAL, CancelMode, EventType
 
 log = logging.getLogger("oploop.gateway")
 
@@ -158,19 +159,19 @@ class Metrics:
         self._track(ev["session"], ev["seq"])
         kind, data = ev["type"], ev.get("data") or {}
         self.events.labels(kind).inc()
-        if kind == "TURN_START":
+        if kind == EventType.TURN_START:
             self.turns.inc()
-        elif kind == "TOOL_END":
+        elif kind == EventType.TOOL_END:
             tool = self._tool(str(data.get("name", "")))
             outcome = "error" if data.get("is_error") else "ok"
             self.tool_calls.labels(tool, outcome).inc()
             duration = data.get("duration_ms")
             if isinstance(duration, int | float) and duration >= 0:
                 self.tool_seconds.labels(tool).observe(duration / 1000)
-        elif kind == "RETRY":
+        elif kind == EventType.RETRY:
             cause = str(data.get("error", "")).partition(":")[0].strip() or "unknown"
             self.retries.labels(self._cause(cause[:64])).inc()
-        elif kind == "TURN_END":
+        elif kind == EventType.TURN_END:
             self.turn_ends.labels(self._stop(str(data.get("stop", ""))[:64] or "none")).inc()
             usage = data.get("usage")
             if isinstance(usage, dict):
@@ -178,16 +179,16 @@ class Metrics:
                     n = usage.get(name)
                     if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                         self.tokens.labels(name.removesuffix("_tokens")).inc(n)
-        elif kind in ("DONE", "ERROR", "CANCELLED"):
+        elif kind in TERMINAL:
             self.runs.labels(kind).inc()
             sent = self._cancels.pop(ev["session"], None)
-            if sent is not None and kind == "CANCELLED":
+            if sent is not None and kind == EventType.CANCELLED:
                 self.cancel_seconds.observe(time.monotonic() - sent)
-            if kind == "ERROR":
+            if kind == EventType.ERROR:
                 self.errors.labels(self._error(str(data.get("error", ""))[:64] or "none")).inc()
-            if kind == "CANCELLED":
+            if kind == EventType.CANCELLED:
                 mode = str(data.get("mode", ""))
-                self.cancels.labels(mode if mode in ("ui", "operation", "deadline")
+                self.cancels.labels(mode if mode in CancelMode._value2member_map_
                                     else "other").inc()
 
     def _track(self, session: str, seq: int) -> None:

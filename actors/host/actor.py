@@ -24,6 +24,7 @@ from actors.settings import (
     PARENT_PID_ENV,
     Settings,
     load_settings,
+    model_choice,
 )
 from actors.storage import make_room_to_start
 from bus.endpoints import NETWORK_FILE, REMOTE_ENV, Endpoints, Network, oploop_home, write_network
@@ -52,12 +53,8 @@ def model_settings(llm_backend: str, env: dict[str, str]) -> dict[str, str] | No
     `llm_backend` `scripted` runs the model inside the llm callers
     (`actors.llm_caller.scripted`): no endpoint, and no offline model process.
     """
-    if llm_backend == "scripted":
-        return {}
-    key, url = env.get("ANTHROPIC_API_KEY"), env.get("ANTHROPIC_BASE_URL")
-    if key or url:
-        return {k: v for k, v in (("ANTHROPIC_API_KEY", key), ("ANTHROPIC_BASE_URL", url)) if v}
-    return None
+    choice = model_choice(llm_backend, env)
+    return None if choice.kind == "offline" else dict(choice.endpoint)
 
 
 class Host:

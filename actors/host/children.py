@@ -1,5 +1,5 @@
 """Actor processes kept alive: start one and wait for its "ready", restart it when it
-dies (backoff and storm cap: `policy.RestartPolicy`), stop a set of them.
+dies (backoff and storm cap: `actors.restarts.RestartPolicy`), stop a set of them.
 
 The host (`actor.Host`) keeps its actors with it, and a worker machine
 (`actors.host.workers`, `oploop worker`) its workers: one restart policy for both.
@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import psutil
 
-from actors.host.policy import RestartPolicy
+from actors.restarts import RestartPolicy
 from actors.runtime import read_ready_line
 from actors.settings import READY_FD_ENV, RESTARTED_ENV
 

@@ -109,7 +109,7 @@ def backend_for(settings: Settings) -> ModelBackend:
             return ScriptedBackend.from_script(settings.llm_script)
         except ScenarioError as exc:
             raise BadScript(str(exc)) from exc
-    return AnthropicBackend()
+    return AnthropicBackend(settings.model.api_key, settings.model.base_url)
 
 
 async def _main(settings: Settings) -> None:

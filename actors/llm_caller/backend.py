@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -131,8 +130,9 @@ class AnthropicBackend:
     """
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None) -> None:
-        self.api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or "none"
-        self.base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+        # (The endpoint is chosen once, by `actors.settings.model_choice`.)
+        self.api_key = api_key or "none"
+        self.base_url = base_url or None
         self._client: anthropic.AsyncAnthropic | None = None
 
     async def preload(self) -> None:

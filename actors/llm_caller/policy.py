@@ -17,21 +17,24 @@ from dataclasses import dataclass
 from actors.llm_caller.stalls import StreamBounds
 from actors.settings import RetrySettings
 
+#: The defaults, defined once (`actors.settings.RetrySettings`).
+_DEFAULT = RetrySettings()
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Retry and streaming settings of one llm caller."""
 
-    attempts: int = 6
-    base_s: float = 0.5
-    cap_s: float = 32.0
-    idle_s: float = 2.0
+    attempts: int = _DEFAULT.attempts
+    base_s: float = _DEFAULT.base_s
+    cap_s: float = _DEFAULT.cap_s
+    idle_s: float = _DEFAULT.idle_s
     #: No content this long after the request (pings or not): stalled.
-    first_s: float = 60.0
+    first_s: float = _DEFAULT.first_s
     #: No content this long after the last content (pings flowing): stalled.
-    pause_s: float = 30.0
+    pause_s: float = _DEFAULT.pause_s
     #: The longest `retry-after` honoured; a longer one fails the call.
-    retry_after_cap_s: float = 120.0
+    retry_after_cap_s: float = _DEFAULT.retry_after_cap_s
     #: A stream that dies with less than this left before the deadline is
     #: retried once without streaming, which cannot stall mid-way.
     fallback_window_s: float = 15.0

@@ -7,7 +7,7 @@ connection must end: the server faulted (exited, wrote garbage), a call found it
 gone or hung, a cancelled call found it deaf, it idled `idle_s`, or the executor
 stops. Ending the runner leaves the transport, which kills a stdio server's
 whole tree (its cgroup and pid namespace). The next call starts it again, after
-the backoff of `actors.host.policy.RestartPolicy`, the actors' own; a crash loop
+the backoff of `actors.restarts.RestartPolicy`, the actors' own; a crash loop
 marks it `failed` for `FAILED_RETRY_S`, calls failing at once meanwhile.
 
 Calls from many tasks share the session: they run concurrently as far as the
@@ -31,7 +31,7 @@ import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from actors.host.policy import RestartPolicy
+from actors.restarts import RestartPolicy
 
 from .config import McpServerConfig
 from .transport import Fault, StderrTail

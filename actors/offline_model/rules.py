@@ -43,7 +43,7 @@ MAX_LINES, MAX_LINE_CHARS, MAX_CHARS = 8, 160, 1200
 _REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 
 
-#: How an intent-router classification request begins (actors.supervisor.router).
+#: How an intent-router classification request begins (actors.core.router).
 ROUTER_MARK = "Classify the user's latest request for an operator agent."
 #: Every tool a prompt's intents could ask for, to tell DIRECT from AGENT.
 _ANY_TOOL = frozenset({"read_file", "list_dir", "write_file", "shell"})

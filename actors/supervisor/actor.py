@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgpack
@@ -14,24 +15,24 @@ import zmq
 
 from actors.ask.asker import Asker
 from actors.config import Config
+from actors.core.catalogue import listing
+from actors.core.session import Session
 from actors.machines import LOCAL
-from actors.permissions import rule_of_tool
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
-from actors.supervisor.catalogue import resolve_tools
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.runs import PEER, Runs
-from actors.supervisor.session import Session
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure
 from bus.messages import (
+    Body,
     Cancel,
     Envelope,
     ErrorReply,
@@ -54,6 +55,7 @@ from bus.messages import (
     ToolList,
 )
 from bus.sockets import Port, Reactor
+from bus.vocab import CancelMode
 
 #: What a peer host's key may send to the api (anything else is refused, "forbidden").
 PEER_ASKS = (StartRun, ListTools, Cancel)
@@ -136,7 +138,7 @@ class Supervisor:
         #: Retention (None: nothing is ever deleted, as without a journal).
         self.pruner: Pruner | None = None
         self._group: asyncio.TaskGroup | None = None
-        self.io = WorkerIO(self)
+        self.io = WorkerIO(self.config, self.dispatcher, self.asker, self.emit)
 
     # -- events ------------------------------------------------------------------------
 
@@ -144,9 +146,7 @@ class Supervisor:
         """Stamp the next seq of `session` on an event and publish it: at once without a
         journal, else after the journal has committed it (at the end of this loop
         iteration, with every other event of it: one commit per iteration)."""
-        seq = session.next_seq
-        session.next_seq += 1
-        session.meter.apply(type_, data)  # the session's tokens: the fold of its events
+        seq = session.stamp(type_, data)
         env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
         frame = encode(env)
         if self.journal is None:
@@ -156,7 +156,7 @@ class Supervisor:
         self._unjournaled.append((session.id, seq, frame))
         self._schedule_flush()
 
-    def _journal_later(self, session: Session) -> None:
+    def journal_later(self, session: Session) -> None:
         """Journal `session`'s row (e.g. an operation cancel) with this iteration's commit."""
         if self.journal is None:
             return
@@ -213,7 +213,7 @@ class Supervisor:
                 self.dispatcher.abort_session(session.id)
                 session.driver.fail(error, message)  # `ERROR` now, its task aborted
 
-    def _reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
+    def reply_committed(self, env: Envelope, peer: bytes | None, port: Port | None = None) -> None:
         """Send `env` (on `port`, default the api) once what this iteration emitted is
         journaled: a client told that a run started, or was cancelled, must find it so
         after a supervisor restart."""
@@ -223,7 +223,40 @@ class Supervisor:
         else:
             port.reply(env, peer)
 
-    def _remember_start(self, key: str, started: RunStarted) -> None:
+    def unwritable(self) -> str:
+        """Why the session log cannot take more now (its disk low, its commits failing),
+        or "" (no log: nothing to write)."""
+        low = self.journal.log.low_space() if self.journal is not None else ""
+        if low or self._journal_failing:
+            return low or "the session log cannot be written: try again later"
+        return ""
+
+    def started_by(self, key: str) -> RunStarted | None:
+        """The run a `StartRun` with `key` already began (memory, else the log), or None."""
+        if not key:
+            return None
+        known = self._starts.get(key)
+        if known is None and self.journal is not None:
+            known = self.journal.start_of(key)
+        return known
+
+    def open_in_log(self) -> list[str]:
+        """The sessions whose run the session log has open (none without a log)."""
+        return self.journal.open_sessions() if self.journal is not None else []
+
+    def forget_when_committed(self, session: Session) -> None:
+        """`session`'s run has ended: it leaves memory once that end is committed."""
+        if self.journal is not None:
+            self._ended.append(session)
+            self._schedule_flush()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the supervisor's task group (cancelled with it)."""
+        assert self._group is not None
+        return self._group.create_task(coro, name=name)
+
+    def remember_start(self, key: str, started: RunStarted) -> None:
+        """Remember the run a `StartRun` with `key` began (a resend gets it)."""
         if not key:
             return
         self._starts[key] = started
@@ -338,12 +371,13 @@ class Supervisor:
             return
         self.dispatcher.abort_session(sid)
         if session.driver is not None:
-            session.driver.cancel("ui", "lease expired: the asking host went silent")
+            session.driver.cancel(CancelMode.UI, "lease expired: the asking host went silent")
         elif session.task is not None:
             session.task.cancel()
 
     def handle_api(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Requests of clients: start a run, list/inspect sessions, list tools, stats."""
+        """Requests of clients: start a run, list/inspect sessions, list tools, stats;
+        served by the handler `_API` names for the body's type."""
         body = env.body
         port = self.api
         if (port.user_id or "").startswith(PEER + ":") and not isinstance(body, PEER_ASKS):
@@ -351,55 +385,58 @@ class Supervisor:
                              f"a peer key may not send {env.kind} (only start_run, "
                              "list_tools and cancel of its own runs)")
             return
-        if isinstance(body, StartRun):
-            self.runs.start(peer, env, body)
-        elif isinstance(body, ListSessions):
-            port.reply(Envelope(SessionList(self.summaries()), id=env.id), peer)
-        elif isinstance(body, InspectSession):
-            session = self.session(body.session)
-            if session is None:
-                port.reply_error(peer, env.id, "unknown_session", self._no_session(body.session))
-                return
-            port.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
-        elif isinstance(body, ListTools):
-            agent = self.config.agent(body.agent)
-            if agent is None:
-                port.reply_error(peer, env.id, "unknown_agent", self._no_agent(body.agent))
-                return
-            tools = self.io.tool_catalogue(agent.target_machine or LOCAL)
-            hidden = self.config.hidden
-            first = {t["name"] for t in resolve_tools(tools, agent, 1, hidden)}
-            later = {t["name"] for t in resolve_tools(tools, agent, 2, hidden)}
-            where = agent.target_machine or LOCAL
-            states = {s.get("name"): s.get("state") for s in self.dispatcher.mcp_servers()
-                      if s.get("machine") == where}
-            listed = [dict(t, turn1=t["name"] in first, later=t["name"] in later,
-                           rule=rule_of_tool(agent.permissions, t["name"]),
-                           **({"state": states.get(t["server"], "unknown")}
-                              if t.get("server") else {}))
-                      for t in tools]
-            port.reply(Envelope(ToolList(listed), id=env.id), peer)
-        elif isinstance(body, Stats):
-            port.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
-        elif isinstance(body, Cancel):
-            # Accepted here too (the same rules), but behind the api's data; the
-            # control socket is the fast path (`scripts/bench` compares the two).
-            if not self.runs.may_end(port.user_id, body.session):
-                port.reply_error(peer, env.id, "forbidden",
-                                 "a peer key may cancel only the runs it started")
-                return
-            self.runs.cancel(peer, env, body, port)
-        elif isinstance(body, ReplayRequest):  # the broadcaster recovering lost events
-            port.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
-        elif isinstance(body, RemoveSessions):
-            self._remove_sessions(peer, env, body)
-        elif isinstance(body, PruneSessions):
-            assert self._group is not None
-            self._group.create_task(self._prune_sessions(peer, env, body), name="prune")
-        else:
+        handler = _API.get(type(body))
+        if handler is None:
             port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
+            return
+        handler(self, peer, env, body)
 
-    def _known(self, sid: str) -> bool:
+    def _api_start(self, peer: bytes | None, env: Envelope, body: StartRun) -> None:
+        self.runs.start(peer, env, body)
+
+    def _api_list(self, peer: bytes | None, env: Envelope, body: ListSessions) -> None:
+        self.api.reply(Envelope(SessionList(self.summaries()), id=env.id), peer)
+
+    def _api_inspect(self, peer: bytes | None, env: Envelope, body: InspectSession) -> None:
+        session = self.session(body.session)
+        if session is None:
+            self.api.reply_error(peer, env.id, "unknown_session", self.no_session(body.session))
+            return
+        self.api.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id),
+                       peer)
+
+    def _api_tools(self, peer: bytes | None, env: Envelope, body: ListTools) -> None:
+        port = self.api
+        agent = self.config.agent(body.agent)
+        if agent is None:
+            port.reply_error(peer, env.id, "unknown_agent", self.no_agent(body.agent))
+            return
+        where = agent.target_machine or LOCAL
+        states = {s.get("name"): s.get("state") for s in self.dispatcher.mcp_servers()
+                  if s.get("machine") == where}
+        listed = listing(self.io.tool_catalogue(where), agent, self.config.hidden, states)
+        port.reply(Envelope(ToolList(listed), id=env.id), peer)
+
+    def _api_stats(self, peer: bytes | None, env: Envelope, body: Stats) -> None:
+        self.api.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
+
+    def _api_cancel(self, peer: bytes | None, env: Envelope, body: Cancel) -> None:
+        # Accepted here too (the same rules), but behind the api's data; the
+        # control socket is the fast path (`scripts/bench` compares the two).
+        port = self.api
+        if not self.runs.may_end(port.user_id, body.session):
+            port.reply_error(peer, env.id, "forbidden",
+                             "a peer key may cancel only the runs it started")
+            return
+        self.runs.cancel(peer, env, body, port)
+
+    def _api_replay(self, peer: bytes | None, env: Envelope, body: ReplayRequest) -> None:
+        self.api.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
+
+    def _api_prune(self, peer: bytes | None, env: Envelope, body: PruneSessions) -> None:
+        self.spawn(self._prune_sessions(peer, env, body), "prune")
+
+    def known(self, sid: str) -> bool:
         """Whether `sid` is a session in memory or in the log (without loading it)."""
         if sid in self.sessions:
             return True
@@ -411,7 +448,7 @@ class Supervisor:
             log.error("session %s: %s", sid, exc)
             return False
 
-    def _no_session(self, sid: str) -> str:
+    def no_session(self, sid: str) -> str:
         """What a request naming a session the supervisor does not hold is told."""
         if self.pruner is not None and self.pruner.pruned(sid):
             return f"no such session {sid!r} (pruned)"
@@ -452,8 +489,8 @@ class Supervisor:
         for sid in dict.fromkeys(req.sessions):
             if sid in running:
                 refused[sid] = f"session {sid} is running (cancel it first)"
-            elif not self._known(sid):
-                refused[sid] = self._no_session(sid)
+            elif not self.known(sid):
+                refused[sid] = self.no_session(sid)
         removed = [sid for sid in dict.fromkeys(req.sessions) if sid not in refused]
         self.pruner.remove(removed)
         self.api.reply(Envelope(SessionsRemoved(removed, refused), id=env.id), peer)
@@ -474,7 +511,7 @@ class Supervisor:
             return
         self.api.reply(Envelope(SessionsRemoved(removed), id=env.id), peer)
 
-    def _no_agent(self, name: str) -> str:
+    def no_agent(self, name: str) -> str:
         return f"no agent {name!r} (configured: {', '.join(sorted(self.config.agents))})"
 
     # -- running -----------------------------------------------------------------------
@@ -544,6 +581,20 @@ async def _main(settings: Settings) -> None:
                                functools.partial(remove_workspaces_apart, settings.home))
     await supervisor.serve()
 
+
+
+#: The api's requests: body type -> the `Supervisor` method serving it.
+_API: dict[type[Body], Callable[[Supervisor, bytes | None, Envelope, Any], None]] = {
+    StartRun: Supervisor._api_start,
+    ListSessions: Supervisor._api_list,
+    InspectSession: Supervisor._api_inspect,
+    ListTools: Supervisor._api_tools,
+    Stats: Supervisor._api_stats,
+    Cancel: Supervisor._api_cancel,
+    ReplayRequest: Supervisor._api_replay,  # the broadcaster recovering lost events
+    RemoveSessions: Supervisor._remove_sessions,
+    PruneSessions: Supervisor._api_prune,
+}
 
 def main() -> None:
     """Entry point of `python -m actors.supervisor`."""

@@ -14,6 +14,7 @@ effects: never run one twice).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import itertools
@@ -190,7 +191,7 @@ class Dispatcher:
             return job
         self.jobs[jid] = job
         self.queues.setdefault(key, deque()).append(job)
-        self._pump(key)
+        self._send_jobs(key)
         return job
 
     def _serves(self, role: str, machine: str) -> bool:
@@ -225,10 +226,13 @@ class Dispatcher:
             log.info("abort of %s not delivered (%s): freeing its slot", job.id, exc)
             self._acknowledged(job, worker)
 
-    def _pump(self, key: tuple[str, str | None]) -> None:
-        """Send the jobs waiting in queue `key` (role, machine) to workers with free slots."""
+    def _pump(self, key: tuple[str, str | None]) -> list[tuple[Job, WorkerState]]:
+        """Match the jobs waiting in queue `key` (role, machine) to workers with free
+        slots, taking the slots: the sends to make, in order (no I/O: `_send_jobs`
+        makes them)."""
         role, machine = key
         queue = self.queues.get(key)
+        sends: list[tuple[Job, WorkerState]] = []
         while queue:
             worker = max(
                 (w for w in self.workers.values() if w.role == role and w.free > 0
@@ -236,8 +240,20 @@ class Dispatcher:
                 key=lambda w: w.free, default=None,
             )
             if worker is None:
-                return
+                break
             job = queue.popleft()
+            job.worker = worker.id
+            job.dispatches += 1
+            worker.inflight.add(job.id)
+            sends.append((job, worker))
+        return sends
+
+    def _send_jobs(self, key: tuple[str, str | None]) -> None:
+        """Send what `_pump` matches in queue `key`. A job no worker can take fails; a
+        worker found unreachable is dropped, and the jobs not yet sent wait again, in
+        order, for the others."""
+        sends = self._pump(key)
+        for at, (job, worker) in enumerate(sends):
             env = job.env
             if job.for_worker is not None:
                 env = dataclasses.replace(env, body=job.for_worker(worker.id))
@@ -246,24 +262,26 @@ class Dispatcher:
             except BadFrame as exc:
                 # Unencodable or over the frame limit (a 17 MB tool input, a history
                 # too large): no worker can take it. It fails; no slot was taken.
-                log.warning("%s job %s cannot be sent: %s", role, job.id, exc)
+                _unassign(job, worker)
+                log.warning("%s job %s cannot be sent: %s", job.role, job.id, exc)
                 self._finish(job, Envelope(JobFailed(
                     exc.reason, f"the {env.kind} cannot be sent to a worker: {exc.detail}",
                 ), job=job.id))
                 continue
             except (PeerGone, Backpressure) as exc:
-                queue.appendleft(job)
+                queue = self.queues.setdefault(key, deque())
+                for unsent, to in reversed(sends[at:]):
+                    _unassign(unsent, to)
+                    queue.appendleft(unsent)
                 log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)
                 self._worker_died(worker.id)
-                continue
-            job.worker = worker.id
-            job.dispatches += 1
-            worker.inflight.add(job.id)
+                self._send_jobs(key)  # to the workers left
+                return
 
     def _pump_for(self, worker: WorkerState) -> None:
         """Send waiting jobs `worker` could take: its machine's, then anyone's."""
-        self._pump((worker.role, worker.machine))
-        self._pump((worker.role, None))
+        self._send_jobs((worker.role, worker.machine))
+        self._send_jobs((worker.role, None))
 
     # -- what workers send -------------------------------------------------------------
 
@@ -289,26 +307,38 @@ class Dispatcher:
                 self._send_quiet(peer, Disconnect(), answering=env.id)
             return
         self.machines.heard(worker.machine)
-        if isinstance(body, Heartbeat):
-            return
-        if isinstance(body, ToolsChanged):
-            self.handle_tools_changed(worker, body)
-            return
-        if isinstance(body, Disconnect):
-            self._worker_died(peer, reason="left")
-            return
+        handler = _WORK.get(type(body))
+        if handler is not None:
+            handler(self, worker, env)
+
+    def _on_heartbeat(self, worker: WorkerState, env: Envelope) -> None:
+        pass  # (heard: that is all it says)
+
+    def _on_tools_changed(self, worker: WorkerState, env: Envelope) -> None:
+        assert isinstance(env.body, ToolsChanged)
+        self.handle_tools_changed(worker, env.body)
+
+    def _on_disconnect(self, worker: WorkerState, env: Envelope) -> None:
+        self._worker_died(worker.id, reason="left")
+
+    def _on_progress(self, worker: WorkerState, env: Envelope) -> None:
+        """A streamed batch or a retry of a job in flight (`Delta`, `Retrying`)."""
         job = self.jobs.get(env.job)
-        if job is None or job.worker != peer:
+        if job is not None and job.worker == worker.id and not job.aborted:
+            job.on_progress(env)
+
+    def _on_reply(self, worker: WorkerState, env: Envelope) -> None:
+        """A job's final reply (`LlmResult`, `ToolResult`, `JobFailed`); of an aborted
+        one, the acknowledgement that frees its slot."""
+        job = self.jobs.get(env.job)
+        if job is None or job.worker != worker.id:
             return  # late news of an aborted or re-issued job
         if job.aborted:
-            if isinstance(body, LlmResult | ToolResult | JobFailed):
-                self._acknowledged(job, worker)
-        elif isinstance(body, Delta | Retrying):
-            job.on_progress(env)
-        elif isinstance(body, LlmResult | ToolResult | JobFailed):
-            self._finish(job, env)
-            worker.inflight.discard(job.id)
-            self._pump_for(worker)
+            self._acknowledged(job, worker)
+            return
+        self._finish(job, env)
+        worker.inflight.discard(job.id)
+        self._pump_for(worker)
 
     def abort_session(self, sid: str) -> int:
         """Abort every job of session `sid`; returns how many."""
@@ -332,7 +362,8 @@ class Dispatcher:
 
     def _register(self, peer: bytes, ready: Ready) -> None:
         if ready.role not in ROLES or ready.capacity < 1:
-            log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
+            log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role,
+                        ready.capacity)
             return
         problem = _machine_problem(ready.machine, self.work.user_id,
                                    self.local_worker_keys)
@@ -435,10 +466,8 @@ class Dispatcher:
         self.jobs[job.id] = job
 
     def _send_quiet(self, peer: bytes, body: Body, answering: str = "") -> None:
-        try:
+        with contextlib.suppress(BusError):
             self.work.send(Envelope(body, id=answering), peer)
-        except BusError:
-            pass
 
     # -- liveness ----------------------------------------------------------------------
 
@@ -493,6 +522,26 @@ class Dispatcher:
     def session_jobs(self, sid: str) -> int:
         """Jobs of session `sid` that a worker still holds or that wait for one."""
         return sum(1 for j in self.jobs.values() if j.env.sid == sid)
+
+
+#: What a registered worker sends on `work`: body type -> the `Dispatcher` method.
+_WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
+    Heartbeat: Dispatcher._on_heartbeat,
+    ToolsChanged: Dispatcher._on_tools_changed,
+    Disconnect: Dispatcher._on_disconnect,
+    Delta: Dispatcher._on_progress,
+    Retrying: Dispatcher._on_progress,
+    LlmResult: Dispatcher._on_reply,
+    ToolResult: Dispatcher._on_reply,
+    JobFailed: Dispatcher._on_reply,
+}
+
+
+def _unassign(job: Job, worker: WorkerState) -> None:
+    """Undo `_pump`'s match of `job` to `worker` (it was not sent)."""
+    job.worker = None
+    job.dispatches -= 1
+    worker.inflight.discard(job.id)
 
 
 def _machine_problem(machine: str, user_id: str | None,

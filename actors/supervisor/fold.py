@@ -5,10 +5,10 @@ event as `(role, blocks)` operations (work proportional to what changed, not
 to the history). `record_delta` packs them with an event's extras.
 
 Reading: `load_session` starts from the session's last compaction (or its
-row) and applies every later record with `apply_record`. Everything a run
-needs is derived from events (`SESSION_START` opens a run, `TURN_START`
-counts a turn, `TOOL_START`/`TOOL_END` record the current reply's calls, a
-terminal event closes the run), and the history from the deltas, replayed
+row) and applies every later record with `apply_record`. The run's state is
+the fold of its events (`core.fold.fold_event`: `SESSION_START` opens a run,
+`TURN_START` counts a turn, `TOOL_START`/`TOOL_END` record the current reply's
+calls, a terminal event closes the run), and the history the deltas, replayed
 with the same merge rule the loop uses (`history.append_blocks`).
 """
 
@@ -22,15 +22,17 @@ from typing import Any
 import msgpack
 
 from actors.config import Agent
+from actors.core.fold import fold_event
+from actors.core.history import Message, append_blocks, blocks
+from actors.core.session import Session
+from actors.core.state import Phase, RunState
+from actors.core.turn import ToolOutcome
 from actors.sessionlog import Compaction, Record, SessionLog, SessionRow
-from actors.supervisor.history import Message, append_blocks, blocks
-from actors.supervisor.machine import TERMINAL
-from actors.supervisor.session import Session
-from actors.supervisor.turn import ToolOutcome
 from actors.usage import Meter
 from bus.codec import decode
 from bus.errors import BadFrame
 from bus.messages import Event
+from bus.vocab import EventType
 
 log = logging.getLogger("oploop.journal")
 
@@ -39,10 +41,12 @@ log = logging.getLogger("oploop.journal")
 RESET = "*"
 
 #: Session fields a compaction carries (the rest is runtime state: tasks, hooks).
-_FIELDS = ("id", "cwd", "history", "state", "runs", "turns", "next_seq", "created",
-           "stop_request", "run_over", "deadline", "last_end", "run_limit", "run_turn",
-           "run_from_seq", "start_key", "started_calls", "approvals", "decided",
-           "always")
+_FIELDS = ("id", "cwd", "history", "next_seq", "created", "deadline", "run_from_seq",
+           "start_key")
+#: What a compaction carries of the run's state, by the names it has always had there
+#: (the `Session` views of `Session.run`; `outcomes` and the meter apart).
+_RUN_FIELDS = ("state", "runs", "turns", "stop_request", "run_over", "last_end",
+               "run_limit", "run_turn", "started_calls", "approvals", "decided", "always")
 
 
 class BadRecord(ValueError):
@@ -141,7 +145,7 @@ def compaction(session: Session) -> Compaction:
 
 def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
     """A session as bytes: its fields, its agent in full, its finished tool outcomes."""
-    data: dict[str, Any] = {name: getattr(session, name) for name in _FIELDS}
+    data: dict[str, Any] = {name: getattr(session, name) for name in _FIELDS + _RUN_FIELDS}
     if history is not None:
         data["history"] = history
     data["agent"] = dataclasses.asdict(session.agent)
@@ -181,8 +185,18 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
     meter = Meter.from_state(data.pop("meter", None))  # (none in older snapshots)
     # A field added since the snapshot was written keeps its default.
     session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
-    session.outcomes = outcomes
     session.meter = meter
+    history = session.history
+    session.run = RunState(
+        phase=Phase.IDLE if data.get("run_over", True) else Phase.MODEL,
+        runs=int(data.get("runs", 0)), turns=int(data.get("turns", 0)),
+        turn=int(data.get("run_turn", 0)), limit=int(data.get("run_limit", 0)),
+        last=history[-1] if history else None, last_end=str(data.get("last_end", "")),
+        stop_request=str(data.get("stop_request", "")),
+        started=tuple(data.get("started_calls", ())), outcomes=tuple(outcomes.items()),
+        usage=meter.run, asks=tuple((k, float(v)) for k, v in data.get("approvals", {}).items()),
+        decided=tuple((d[0], d[1], d[2]) for d in data.get("decided", ())),
+        always=tuple(data.get("always", ())))
     return session
 
 
@@ -208,49 +222,23 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
     """Fold one record into `session` (the same changes the live loop made)."""
     session.next_seq = seq + 1
     data, kind = event.data, event.type
-    extras = delta.get("x") or {}
-    if kind == "SESSION_START":
-        session.runs = int(data.get("run", session.runs + 1))
-        session.state, session.run_over, session.stop_request = "running", False, ""
-        session.run_limit, session.run_turn, session.run_from_seq = \
-            int(data.get("max_turns", 0)), 0, seq
+    if kind == EventType.SESSION_START:
+        extras = delta.get("x") or {}
+        session.run_from_seq = seq
         session.deadline = float(extras.get("deadline", 0.0))
         session.start_key = str(extras.get("key", ""))
-        session.outcomes.clear()
-        session.started_calls.clear()
-        session.approvals.clear()
-        session.decided.clear()
-    elif kind == "TURN_START":
-        if event.turn != session.run_turn:
-            session.turns += 1
-        session.run_turn = event.turn
-    elif kind == "TOOL_START":
-        session.started_calls.append(data["tool_use_id"])
-    elif kind == "TOOL_END":
-        session.outcomes[data["tool_use_id"]] = ToolOutcome(
-            data["output"], bool(data["is_error"]), float(data.get("duration_ms", 0.0)),
-            tuple(data.get("images") or ()))
-    elif kind == "TURN_END":
-        session.outcomes.clear()
-        session.started_calls.clear()
-        session.approvals.clear()
-    elif kind == "APPROVAL_REQUESTED":
-        session.approvals[data["call_id"]] = float(data["expires_at"])
-    elif kind == "APPROVAL_DECIDED":
-        session.approvals.pop(data["call_id"], None)
-        session.decided.append([data["call_id"], data["decision"], data["by"]])
-        if data.get("always") and data["always"] not in session.always:
-            session.always.append(data["always"])
-    elif kind in TERMINAL:
-        session.run_over, session.last_end, session.state = True, kind, "idle"
-        session.approvals.clear()
-    session.meter.apply(kind, data)  # tokens: the same fold `Supervisor.emit` does live
+    session.run = fold_event(session.run, kind, event.turn, data)
+    session.meter.apply(kind, data)  # tokens: the same fold `Session.stamp` does live
+    history = session.history
     for op in delta.get("h") or ():
         role, added = op
         if role == RESET:
-            session.history = [{"role": r, "content": list(b)} for r, b in added]
+            history = session.history = [{"role": r, "content": list(b)} for r, b in added]
         else:
-            append_blocks(session.history, role, list(added))
+            append_blocks(history, role, list(added))
+    last = history[-1] if history else None
+    if last is not session.run.last:  # the machine's view of the history: its last message
+        session.run = session.run._replace(last=last)
 
 
 def load_session(journal: SessionLog, sid: str, agents: dict[str, Agent]) -> Session | None:
@@ -277,9 +265,7 @@ def load_session(journal: SessionLog, sid: str, agents: dict[str, Agent]) -> Ses
             said = [(str(t), str(b)) for t, b in (more[0] if more else ())]
         except (ValueError, TypeError, msgpack.UnpackException):
             run, mode, said = 0, "", []
-        if run == session.runs:
-            session.stop_request = str(mode)
-            session.said = said
-    session.state = "idle" if session.run_over else "running"
+        if run == session.runs:  # (the row is part of the log: this is its fold too)
+            session.run = session.run._replace(stop_request=str(mode), said=tuple(said))
     mark_logged(session)
     return session

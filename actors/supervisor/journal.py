@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.config import Agent
+from actors.core.session import Session
 from actors.sessionlog import (
     DEFAULT_RESERVE_MB,
     Compaction,
@@ -40,8 +41,8 @@ from actors.supervisor.fold import (
     run_extras,
     session_row,
 )
-from actors.supervisor.machine import TERMINAL
-from actors.supervisor.session import Session
+from bus.messages import RunStarted
+from bus.vocab import TERMINAL, EventType
 
 log = logging.getLogger("oploop.journal")
 
@@ -95,13 +96,13 @@ class Journal:
 
     def record(self, session: Session, type_: str, seq: int, frame: bytes) -> Record:
         """Add event `seq` of `session` (already encoded) with the history it added."""
-        extras = run_extras(session) if type_ == "SESSION_START" else None
+        extras = run_extras(session) if type_ == EventType.SESSION_START else None
         record = Record(session.id, seq, frame, record_delta(history_delta(session), extras))
         batch = self.batch
         batch.records.append(record)
-        if type_ == "USER_MESSAGE":  # a message taken leaves the row's queue
+        if type_ == EventType.USER_MESSAGE:  # a message taken leaves the row's queue
             batch.rows[session.id] = session_row(session)
-        if type_ == "SESSION_START":
+        if type_ == EventType.SESSION_START:
             batch.rows[session.id] = session_row(session)
             if session.start_key:
                 batch.starts.append(StartKey(session.start_key, session.id, session.runs, seq))
@@ -136,6 +137,24 @@ class Journal:
                             batch.starts)
         self.batch = Batch()
         return batch
+
+    def start_of(self, key: str) -> RunStarted | None:
+        """The run the `StartRun` with `key` began, as logged, or None (a failed lookup
+        is logged: the start is then taken as new)."""
+        try:
+            logged = self.log.start(key)
+        except JournalError as exc:
+            log.error("start key lookup: %s", exc)
+            return None
+        return None if logged is None else RunStarted(logged.sid, logged.run, logged.from_seq)
+
+    def open_sessions(self) -> list[str]:
+        """The sessions whose run the log has open (none if it cannot list them)."""
+        try:
+            return list(self.log.running())
+        except JournalError as exc:
+            log.error("cannot list the sessions to resume: %s", exc)
+            return []
 
     def load(self, sid: str, agents: dict[str, Agent]) -> Session | None:
         """The session `sid` folded from the log (None: no such session)."""

@@ -20,18 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from actors.config import Retention
-
-
-@dataclass(frozen=True, slots=True)
-class SessionOverview:
-    """What retention needs to know of one stored session, without its history."""
-
-    sid: str
-    created: float
-    last_activity: float
-    #: Bytes the session holds on disk (its log, snapshot and events, every store).
-    bytes: int
-    running: bool
+from actors.sessionlog import SessionOverview
 
 
 class SessionStore(Protocol):

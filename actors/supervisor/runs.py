@@ -8,15 +8,20 @@ import dataclasses
 import functools
 import logging
 import secrets
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from actors.bounds import cut_reason
+from actors.config import Config
+from actors.core.driver import LoopIO, RunDriver, decision_error
+from actors.core.inputs import Say as Said
+from actors.core.inputs import StopLater
+from actors.core.session import Session, feed_undriven
 from actors.machines import LOCAL, machine_name_error
-from actors.sessionlog import JournalError
-from actors.supervisor.driver import RunDriver, decision_error
-from actors.supervisor.leases import PEER_DEFAULT_LEASE_S
-from actors.supervisor.session import Session
+from actors.supervisor.dispatch import Dispatcher
+from actors.supervisor.leases import PEER_DEFAULT_LEASE_S, Leases
 from bus.messages import (
+    Body,
     Cancel,
     CancelAck,
     ControlHello,
@@ -30,10 +35,72 @@ from bus.messages import (
     SayAck,
     StartRun,
 )
+from bus.security import Gate
 from bus.sockets import Port
+from bus.vocab import CANCEL_MODES, CancelMode
 
-if TYPE_CHECKING:
-    from actors.supervisor.actor import Supervisor
+
+class RunHost(Protocol):
+    """What `Runs` needs of the supervisor, and nothing more of it (no private name)."""
+
+    config: Config
+    sessions: dict[str, Session]
+    dispatcher: Dispatcher
+    leases: Leases
+    io: LoopIO
+    api: Port
+    control: Port
+    #: The CURVE gate (its keyring binds each peer key to one agent); None over ipc.
+    gate: Gate | None
+
+    def session(self, sid: str) -> Session | None:
+        """The session `sid` (in memory, else folded from the log), or None."""
+        ...
+
+    def known(self, sid: str) -> bool:
+        """Whether `sid` is a session in memory or in the log."""
+        ...
+
+    def no_session(self, sid: str) -> str:
+        """What a request naming an unknown session is told."""
+        ...
+
+    def no_agent(self, name: str) -> str:
+        """What a request naming an unknown agent is told."""
+        ...
+
+    def unwritable(self) -> str:
+        """Why the session log cannot take more now (disk low, commits failing), or ""."""
+        ...
+
+    def started_by(self, key: str) -> RunStarted | None:
+        """The run a `StartRun` with `key` already began (memory, else the log), or None."""
+        ...
+
+    def open_in_log(self) -> list[str]:
+        """The sessions whose run the session log has open (none without a log)."""
+        ...
+
+    def remember_start(self, key: str, started: RunStarted) -> None:
+        """Remember the run a `StartRun` with `key` began (a resend gets it)."""
+        ...
+
+    def reply_committed(self, env: Envelope, peer: bytes | None,
+                        port: Port | None = None) -> None:
+        """Send `env` once what this iteration emitted is journaled."""
+        ...
+
+    def journal_later(self, session: Session) -> None:
+        """Journal `session`'s row with this iteration's commit."""
+        ...
+
+    def forget_when_committed(self, session: Session) -> None:
+        """`session`'s run has ended: it leaves memory once that end is committed."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the supervisor's task group (cancelled with it)."""
+        ...
 
 log = logging.getLogger("oploop.supervisor")
 
@@ -69,7 +136,7 @@ def _by(user_id: str | None) -> str:
 class Runs:
     """The supervisor's runs: `sup` has the sessions, the session log and the ports."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: RunHost) -> None:
         self.sup = sup
         #: An embedded host's (`oploop run` with no host up): at a stop, runs are ended
         #: `CANCELLED` rather than left to be resumed by some later, unrelated command.
@@ -96,9 +163,9 @@ class Runs:
                 problem = f"{LOCAL!r} is the host's own machine: leave the machine out"
             if problem is not None:
                 return "bad_request", problem
-        low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
-        if low or self.sup._journal_failing:
-            return "disk_full", low or "the session log cannot be written: try again later"
+        unwritable = self.sup.unwritable()
+        if unwritable:
+            return "disk_full", unwritable
         # A run counts until its terminal event, not until its task has unwound.
         running = sum(1 for s in self.sup.sessions.values() if not s.run_over)
         if running >= limits.max_running_sessions:
@@ -108,27 +175,12 @@ class Runs:
         if req.session:
             session = self.sup.session(req.session)
             if session is None:
-                return "unknown_session", self.sup._no_session(req.session)
+                return "unknown_session", self.sup.no_session(req.session)
             if not session.run_over:
                 return "busy", f"session {req.session} is running a turn"
         elif self.sup.config.agent(req.agent) is None:
-            return "unknown_agent", self.sup._no_agent(req.agent)
+            return "unknown_agent", self.sup.no_agent(req.agent)
         return None
-
-    def _known_start(self, key: str) -> RunStarted | None:
-        """The run a `StartRun` key already began (memory, else the log), or None."""
-        if not key:
-            return None
-        known = self.sup._starts.get(key)
-        if known is None and self.sup.journal is not None:
-            try:
-                logged = self.sup.journal.log.start(key)
-            except JournalError as exc:
-                log.error("start key lookup: %s", exc)
-                logged = None
-            if logged is not None:
-                known = RunStarted(logged.sid, logged.run, logged.from_seq)
-        return known
 
     def start(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
         """Serve a `StartRun`: answer a resent one with its run, refuse, or begin a run."""
@@ -158,9 +210,9 @@ class Runs:
             # a lease, whatever its client sent.
             req = dataclasses.replace(req, cwd="",
                                       lease_s=req.lease_s or PEER_DEFAULT_LEASE_S)
-        known = self._known_start(req.key)
+        known = self.sup.started_by(req.key)
         if known is not None:  # a resend: the first one started the run
-            self.sup._reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
+            self.sup.reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
             return
         refusal = self._refusal(req)
         if refusal is not None:
@@ -173,8 +225,8 @@ class Runs:
             self.sup.leases.grant(started.session, req.lease_s)
         # Replied last (once journaled), and a client gone by now changes nothing: the
         # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
-        self.sup._remember_start(req.key, started)
-        self.sup._reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
+        self.sup.remember_start(req.key, started)
+        self.sup.reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
 
     def _begin(self, req: StartRun) -> RunStarted:
         """Begin the run `req` asks for (refusals already checked)."""
@@ -194,10 +246,8 @@ class Runs:
         session.run_from_seq, session.start_key = from_seq, req.key
         driver = RunDriver(session, self.sup.io)
         driver.start(req.prompt, req.max_turns, req.deadline_s)
-        assert self.sup._group is not None
-        task = self.sup._group.create_task(
-            self._run(session, driver, previous), name=f"session-{session.id}-{session.runs}"
-        )
+        task = self.sup.spawn(self._run(session, driver, previous),
+                              f"session-{session.id}-{session.runs}")
         session.task = driver.task = task  # (an abort before `run` begins cancels it too)
         task.add_done_callback(lambda t: self._run_ended(session, t))
         return RunStarted(session.id, session.runs, from_seq)
@@ -206,37 +256,24 @@ class Runs:
         if session.task is not task or session.suspended:
             return  # a newer run owns the session now, or the next supervisor will
         session.task = None
-        session.state = "idle"
         self.peer_runs.pop(session.id, None)
         self.sup.leases.drop(session.id)
         if not session.run_over and session.driver is not None:
-            session.driver.cancel("ui")  # cancelled before it ever ran: still one end
-        if self.sup.journal is not None:
-            self.sup._ended.append(session)  # leaves memory once its end is committed
-            self.sup._schedule_flush()
+            session.driver.cancel(CancelMode.UI)  # cancelled before it ever ran: still one end
+        self.sup.forget_when_committed(session)  # leaves memory once its end is committed
 
     def resume_journaled(self) -> int:
         """Load the sessions whose run was open; those runs go on. Returns how many.
         (Finished sessions stay in the log until something asks for them.)"""
-        if self.sup.journal is None:
-            return 0
-        try:
-            running = self.sup.journal.log.running()
-        except JournalError as exc:
-            log.error("cannot list the sessions to resume: %s", exc)
-            return 0
         resumed = 0
-        for sid in running:
+        for sid in self.sup.open_in_log():
             session = self.sup.session(sid)
             if session is None or session.run_over:
                 continue
             driver = RunDriver(session, self.sup.io)
             driver.resume("supervisor restarted")
-            assert self.sup._group is not None
-            task = self.sup._group.create_task(
-                self._run(session, driver, None),
-                name=f"session-{session.id}-{session.runs}",
-            )
+            task = self.sup.spawn(self._run(session, driver, None),
+                                  f"session-{session.id}-{session.runs}")
             session.task = driver.task = task
             task.add_done_callback(functools.partial(self._run_ended, session))
             resumed += 1
@@ -263,30 +300,33 @@ class Runs:
     # -- control -----------------------------------------------------------------------
 
     def handle_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Priority verbs: workers' control hellos, and cancels."""
-        body = env.body
-        if isinstance(body, ControlHello) and peer is not None:
+        """Priority verbs: workers' control hellos, and cancels; served by the handler
+        `_CONTROL` names for the body's type."""
+        handler = _CONTROL.get(type(env.body))
+        if handler is None:
+            self.sup.control.reply_error(peer, env.id, "bad_request",
+                                         f"control does not serve {env.kind}")
+            return
+        handler(self, peer, env, env.body)
+
+    def _control_hello(self, peer: bytes | None, env: Envelope, body: ControlHello) -> None:
+        if peer is not None:
             self.sup.dispatcher.handle_control_hello(peer, body)
-        elif isinstance(body, Cancel):
-            if not self.may_end(self.sup.control.user_id, body.session):  # e.g. a worker
-                self.sup.control.reply_error(peer, env.id, "forbidden",
+
+    def _control_cancel(self, peer: bytes | None, env: Envelope, body: Cancel) -> None:
+        if not self.may_end(self.sup.control.user_id, body.session):  # e.g. a worker
+            self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can cancel sessions (a peer "
                                          "key: only the runs it started)")
-                return
-            self.cancel(peer, env, body)
-        elif isinstance(body, Renew):
-            self.renew(peer, env, body)
-        elif isinstance(body, Say):
-            if _role(self.sup.control.user_id) not in CONTROLLERS:
-                self.sup.control.reply_error(peer, env.id, "forbidden",
-                                             "only a control key can send messages to sessions")
-                return
-            self.say(peer, env, body, _by(self.sup.control.user_id))
-        elif isinstance(body, DecideCalls):
-            self.decide(peer, env, body)
-        else:
-            self.sup.control.reply_error(peer, env.id, "bad_request",
-                                     f"control does not serve {env.kind}")
+            return
+        self.cancel(peer, env, body)
+
+    def _control_say(self, peer: bytes | None, env: Envelope, body: Say) -> None:
+        if _role(self.sup.control.user_id) not in CONTROLLERS:
+            self.sup.control.reply_error(peer, env.id, "forbidden",
+                                         "only a control key can send messages to sessions")
+            return
+        self.say(peer, env, body, _by(self.sup.control.user_id))
 
     def may_end(self, user_id: str | None, session: str) -> bool:
         """Whether the key `user_id` may cancel (or renew) `session`: a control key any,
@@ -299,9 +339,9 @@ class Runs:
     def renew(self, peer: bytes | None, env: Envelope, req: Renew) -> None:
         """Extend a run's lease; the reply says whether the run still goes on."""
         port = self.sup.control
-        session = self.sup.session(req.session) if self.sup._known(req.session) else None
+        session = self.sup.session(req.session) if self.sup.known(req.session) else None
         if session is None:
-            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
             return
         if not self.may_end(port.user_id, req.session):
             port.reply_error(peer, env.id, "forbidden",
@@ -330,7 +370,7 @@ class Runs:
             return
         session = self.sup.session(req.session)
         if session is None:
-            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
             return
         driver = session.driver
         asks = driver.state.asks if driver is not None and not session.run_over else ()
@@ -347,10 +387,9 @@ class Runs:
         by = _by(user)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
-                driver.decide(call_id, req.decision, by, cut_reason(req.reason),  # type: ignore[union-attr]
-                              req.always)
+                driver.decide(call_id, req.decision, by, cut_reason(req.reason), req.always)
         ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
-        self.sup._reply_committed(ack, peer, port)  # answered once the decision is logged
+        self.sup.reply_committed(ack, peer, port)  # answered once the decision is logged
 
     def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
                 port: Port | None = None) -> None:
@@ -358,35 +397,36 @@ class Runs:
         port = port or self.sup.control
         session = self.sup.session(req.session)
         if session is None:
-            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
             return
-        if req.mode not in ("ui", "operation"):
+        if req.mode not in CANCEL_MODES:
+            modes = " or ".join(f"'{m}'" for m in CANCEL_MODES)
             port.reply_error(peer, env.id, "bad_request",
-                             f"cancel mode must be 'ui' or 'operation', not {req.mode!r}")
+                             f"cancel mode must be {modes}, not {req.mode!r}")
             return
         if session.run_over:
             port.reply_error(peer, env.id, "not_running",
                              f"session {req.session} is not running (its last run ended "
                              f"{session.last_end or 'never'}): nothing to cancel")
             return
-        if req.mode == "operation":
+        if req.mode == CancelMode.OPERATION:
             if session.driver is not None:
-                session.driver.cancel("operation")
+                session.driver.cancel(CancelMode.OPERATION)
             else:  # (an open run not resumed here: the next one honours it)
-                session.stop_request = "operation"
-            self.sup._journal_later(session)  # a restart keeps the request: ack after commit
-            self.sup._reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
+                feed_undriven(session, StopLater())
+            self.sup.journal_later(session)  # a restart keeps the request: ack after commit
+            self.sup.reply_committed(Envelope(CancelAck(session.id, "stopping"), id=env.id), peer,
                                   port)
             return
         # The workers are told first (their control sockets are served before data),
         # the run ends now; their acknowledgements arrive later, in the dispatcher.
         self.sup.dispatcher.abort_session(session.id)
         if session.driver is not None:  # the run ends now; its task is aborted
-            session.driver.cancel("ui", req.reason)
+            session.driver.cancel(CancelMode.UI, req.reason)
         elif session.task is not None:
             session.task.cancel()
         ack = Envelope(CancelAck(session.id, "cancelled"), id=env.id)
-        self.sup._reply_committed(ack, peer, port)
+        self.sup.reply_committed(ack, peer, port)
 
     def say(self, peer: bytes | None, env: Envelope, req: Say, by: str) -> None:
         """A user message: the running run takes it at its next boundary (acknowledged
@@ -396,7 +436,7 @@ class Runs:
         limits = self.sup.config.limits
         session = self.sup.session(req.session)
         if session is None:
-            port.reply_error(peer, env.id, "unknown_session", self.sup._no_session(req.session))
+            port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
             return
         if not req.text.strip():
             port.reply_error(peer, env.id, "bad_request", "the message is empty: nothing to say")
@@ -413,13 +453,12 @@ class Runs:
                 port.reply_error(peer, env.id, *refusal)
                 return
             started = self._begin(start)
-            self.sup._reply_committed(Envelope(SayAck(session.id, "started", started.run,
+            self.sup.reply_committed(Envelope(SayAck(session.id, "started", started.run,
                                                       started.from_seq), id=env.id), peer, port)
             return
-        low = self.sup.journal.log.low_space() if self.sup.journal is not None else ""
-        if low or self.sup._journal_failing:
-            port.reply_error(peer, env.id, "disk_full",
-                             low or "the session log cannot be written: try again later")
+        unwritable = self.sup.unwritable()
+        if unwritable:
+            port.reply_error(peer, env.id, "disk_full", unwritable)
             return
         waiting = session.said
         if len(waiting) >= MAX_SAID or \
@@ -434,9 +473,9 @@ class Runs:
         if driver is not None and driver.state.running:
             driver.say(req.text, by)
         else:  # (an open run not resumed here: the next one takes it)
-            session.said.append((req.text, by))
-        self.sup._journal_later(session)  # a restart keeps the message: ack after commit
-        self.sup._reply_committed(Envelope(SayAck(session.id, "queued", session.runs),
+            feed_undriven(session, Said(req.text, by))
+        self.sup.journal_later(session)  # a restart keeps the message: ack after commit
+        self.sup.reply_committed(Envelope(SayAck(session.id, "queued", session.runs),
                                            id=env.id), peer, port)
 
     def suspend(self) -> None:
@@ -448,7 +487,7 @@ class Runs:
                 if session.task is not None and not session.task.done():
                     self.sup.dispatcher.abort_session(session.id)
                     if session.driver is not None:  # the run ends now, CANCELLED
-                        session.driver.cancel("ui", "the embedded host stopped")
+                        session.driver.cancel(CancelMode.UI, "the embedded host stopped")
             return
         suspended = 0
         for session in self.sup.sessions.values():
@@ -458,3 +497,13 @@ class Runs:
         if suspended:
             log.warning("stopping: %d running session(s) left to resume at the next start",
                         suspended)
+
+
+#: The control socket's verbs: body type -> the `Runs` method serving it.
+_CONTROL: dict[type[Body], Callable[[Runs, bytes | None, Envelope, Any], None]] = {
+    ControlHello: Runs._control_hello,
+    Cancel: Runs._control_cancel,
+    Renew: Runs.renew,
+    Say: Runs._control_say,
+    DecideCalls: Runs.decide,
+}

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from actors.ask.asker import Asker
 from actors.ask.tool import NAME as ASK_TOOL
 from actors.bounds import cut_result
+from actors.config import Config
+from actors.core import inputs
+from actors.core.driver import ModelError, Progress
+from actors.core.history import Message
+from actors.core.session import Session
+from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
-from actors.supervisor import machine
-from actors.supervisor.dispatch import NoCapacity
-from actors.supervisor.driver import ModelError, Progress
-from actors.supervisor.history import Message
-from actors.supervisor.session import Session
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.usage import priced
 from bus.messages import (
     HISTORY_MISS,
@@ -28,9 +31,10 @@ from bus.messages import (
     ToolJob,
     ToolResult,
 )
+from bus.vocab import EventType
 
-if TYPE_CHECKING:
-    from actors.supervisor.actor import Supervisor
+#: Publishes one event of a session (the supervisor's `emit`: stamps its seq).
+Emit = Callable[[Session, str, int, dict[str, Any]], None]
 
 #: `JobFailed` tags whose message says all: the call's machine is gone or absent.
 MACHINE_ERRORS = ("machine_lost", "no_worker")
@@ -50,30 +54,32 @@ def _model_reply(reply: Envelope) -> Message:
 
 
 class WorkerIO:
-    """`LoopIO` over the supervisor's workers and event stream."""
+    """`LoopIO` over the supervisor's workers and event stream: given the jobs'
+    `dispatcher`, the `asker` of `ask_machine` and the event stream's `emit`, nothing
+    more of the supervisor."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.config = sup.config
-
-    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        self.sup.emit(session, type_, turn, data)
+    def __init__(self, config: Config, dispatcher: Dispatcher, asker: Asker,
+                 emit: Emit) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.asker = asker
+        self.emit: Emit = emit
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
         MCP servers differ), and `ask_machine` when `[peers]` are configured. A worker
         machine with no executor connected yet is offered the host's own catalogue: its
         calls then fail at once, saying so, rather than the model being told of no tools."""
-        specs = self.sup.dispatcher.tool_specs(machine)
+        specs = self.dispatcher.tool_specs(machine)
         if not specs and machine != LOCAL:
-            specs = self.sup.dispatcher.tool_specs(LOCAL)
-        ask = self.sup.asker.tool_spec()  # offered only when `[peers]` are configured
+            specs = self.dispatcher.tool_specs(LOCAL)
+        ask = self.asker.tool_spec()  # offered only when `[peers]` are configured
         return specs if ask is None else [*specs, ask]
 
     def tool_machine(self, session: Session, tool: str = "") -> str:
         """The agent's `target_machine` (for this session), else the host's own;
         `ask_machine` runs here, in the supervisor, wherever the session is aimed."""
-        if tool == ASK_TOOL and self.sup.asker.peers:
+        if tool == ASK_TOOL and self.asker.peers:
             return LOCAL
         return session.agent.target_machine or LOCAL
 
@@ -82,10 +88,10 @@ class WorkerIO:
         def on_progress(env: Envelope) -> None:
             body = env.body
             if isinstance(body, Delta):
-                progress(machine.Delta(body.text, body.channel))
+                progress(inputs.Delta(body.text, body.channel))
             elif isinstance(body, Retrying):  # that attempt's text is void (see RETRY)
-                progress(machine.Retry(body.attempt, body.error, body.wait_s,
-                                       body.stall_bound_s))
+                progress(inputs.Retry(body.attempt, body.error, body.wait_s,
+                                      body.stall_bound_s))
 
         if route:  # the router's small request, not the session's history: no delta
             router = self.config.router
@@ -105,7 +111,7 @@ class WorkerIO:
         return priced(_model_reply(reply), self.config.prices)  # its cost, by `[prices]`
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
-        if call.name == ASK_TOOL and self.sup.asker.peers:
+        if call.name == ASK_TOOL and self.asker.peers:
             return await self._ask(session, call)
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
                       list(session.agent.read_paths), session.agent.name)
@@ -138,16 +144,16 @@ class WorkerIO:
         def emit(data: dict[str, Any]) -> None:
             # Only while this run is open: nothing may follow its terminal event.
             if session.driver is driver and driver is not None and not session.run_over:
-                self.sup.emit(session, "MACHINE_EVENT", session.run_turn, data)
+                self.emit(session, EventType.MACHINE_EVENT, session.run_turn, data)
 
         started = time.perf_counter()
-        output, is_error = await self.sup.asker.ask(call.input, call.id, emit)
+        output, is_error = await self.asker.ask(call.input, call.id, emit)
         return ToolOutcome(output, is_error, round((time.perf_counter() - started) * 1000, 3),
                            machine=LOCAL)
 
     async def _job(self, role: str, body: Any, session: Session, timeout_s: float,
                    progress: Any, for_worker: Any = None, machine: str | None = None) -> Envelope:
-        dispatcher = self.sup.dispatcher
+        dispatcher = self.dispatcher
         # The session's deadline bounds its jobs too, so workers can plan for it
         # (the llm caller falls back to a non-streaming call close to it).
         deadline = time.time() + timeout_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import subprocess
@@ -17,18 +18,29 @@ import psutil
 
 from bus.client import Client
 from bus.endpoints import Endpoints
+from bus.vocab import TERMINAL
 
 OPLOOP = [sys.executable, "-m", "actors.cli"]
-TERMINAL = ("DONE", "ERROR", "CANCELLED")
+
+
+def cli_env(home: str, env: dict[str, str] | None = None,
+            drop: tuple[str, ...] = ("ANTHROPIC_",)) -> dict[str, str]:
+    """This process's environment for a CLI against `home`: the variables starting with
+    `drop` left out (the model's, by default), `env` added."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    full_env.update(env or {}, OPLOOP_HOME=home)
+    return full_env
 
 
 def oploop(home: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
-           cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI against `home`; returns the CompletedProcess."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    full_env.update(env or {}, OPLOOP_HOME=home)
-    return subprocess.run([*OPLOOP, *args], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd=cwd)
+           cwd: str | os.PathLike[str] | None = None, input_text: str | None = None,
+           drop: tuple[str, ...] = ("ANTHROPIC_",),
+           prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Run the CLI against `home` (after `prefix`, e.g. an `nsenter`; `input_text` on its
+    standard input); returns the CompletedProcess."""
+    return subprocess.run([*prefix, *OPLOOP, *args], env=cli_env(home, env, drop),
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          cwd=cwd, input=input_text)
 
 
 def host_pids(home: str) -> list[int]:
@@ -163,9 +175,13 @@ def wait_until(predicate: Any, what: str = "condition", timeout: float = 30.0) -
 
 
 async def until(predicate: Any, what: str = "condition", timeout: float = 30.0) -> None:
-    """`wait_until` for async code."""
+    """`wait_until` for async code; `predicate()` may also return an awaitable."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
-    while not predicate():
+    while not await _value(predicate()):
         assert loop.time() < end, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+async def _value(result: Any) -> Any:
+    return await result if inspect.isawaitable(result) else result

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hostkit import OPLOOP, oploop, running_host
+from hostkit import oploop, running_host
 from ports import free_ports
 
 
@@ -121,11 +120,8 @@ class Namespace:
         """The CLI run inside the namespace (a host started so lives there). Through
         nsenter, which enters the network namespace alone: `ip netns exec` also mounts
         a /sys of its own, without the cgroup file system the sandbox needs."""
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-        full_env.update(env or {}, OPLOOP_HOME=home)
-        return subprocess.run(["nsenter", f"--net=/run/netns/{self.name}", *OPLOOP, *args],
-                              env=full_env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        return oploop(home, *args, env=env, timeout=timeout,
+                      prefix=("nsenter", f"--net=/run/netns/{self.name}"))
 
 
 @contextlib.contextmanager

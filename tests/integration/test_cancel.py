@@ -15,12 +15,12 @@ import pytest
 import zmq
 import zmq.asyncio
 from homes import make_home
-from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, workspace
+from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, until, workspace
 
 from actors.config import Config
+from actors.core.history import is_valid
 from actors.sandbox.workspaces import remove_home
 from actors.supervisor.actor import Supervisor
-from actors.supervisor.history import is_valid
 from bus.client import Client
 from bus.codec import decode
 from bus.endpoints import Endpoints
@@ -57,15 +57,6 @@ def host(tmp_path_factory):
             yield h
     finally:
         remove_home(Path(home))
-
-
-async def until(predicate, timeout=10.0, what="condition"):
-    """Poll an observable condition (a process table, a counter) until it holds."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def marked_processes() -> list[psutil.Process]:

@@ -11,8 +11,8 @@ import pytest
 from homes import make_home
 from hostkit import of_type, run, running_host, workspace
 
+from actors.core.history import is_valid
 from actors.sandbox.workspaces import remove_home
-from actors.supervisor.history import is_valid
 from bus.client import Client
 
 CONFIG = """

@@ -16,12 +16,12 @@ import pytest
 from homes import make_home
 from hostkit import of_type, oploop, run, scripted_host
 
+from actors.core.history import is_valid
 from actors.llm_caller.backend import AnthropicBackend
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model.server import start_server
 from actors.sandbox.workspaces import remove_home
-from actors.supervisor.history import is_valid
 from bus.client import Client
 
 OK = {"reply": "all good", "stop_reason": "end_turn"}

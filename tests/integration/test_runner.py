@@ -10,11 +10,11 @@ import pytest
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from actors.config import Config
+from actors.core.history import is_valid
 from actors.llm_caller.backend import AnthropicBackend
 from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model import start_server
 from actors.runner import RunFailed, Runner
-from actors.supervisor.history import is_valid
 from actors.tools import ToolContext, tool
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from homes import make_home
 from hostkit import (
-    OPLOOP,
     actor,
     assert_one_run,
     of_type,
@@ -25,6 +24,7 @@ from hostkit import (
     until,
     workspace,
 )
+from hostkit import oploop as kit_oploop
 from test_security import free_ports, issue, remote
 
 from actors.sandbox.workspaces import remove_home
@@ -69,11 +69,8 @@ def host(tmp_path_factory):
 
 def oploop(home: str, *args: str, input_text: str | None = None,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The CLI against `home`, with `input_text` on its standard input."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    return subprocess.run([*OPLOOP, *args], env={**full, **(env or {}), "OPLOOP_HOME": home},
-                          text=True, input=input_text or "", capture_output=True, timeout=60,
-                          check=False)
+    """The CLI against `home`, with `input_text` on its standard input (none: empty)."""
+    return kit_oploop(home, *args, env=env, input_text=input_text or "")
 
 
 async def until_started(home: str, session: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.supervisor.history import is_valid
+from actors.core.history import is_valid
 from bus.client import Client
 
 OPLOOP = [sys.executable, "-m", "actors.cli"]

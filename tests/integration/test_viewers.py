@@ -28,7 +28,8 @@ import msgpack
 import psutil
 import pytest
 import zmq
-from hostkit import ready_workspace
+from hostkit import OPLOOP, TERMINAL, cli_env, ready_workspace
+from hostkit import oploop as kit_oploop
 
 from actors.sessionlog import Record, SessionLog, SessionRow
 from bus.client import Client, Lag
@@ -46,19 +47,16 @@ from bus.messages import (
 )
 from bus.sockets import Reactor
 
-OPLOOP = [sys.executable, "-m", "actors.cli"]
-TERMINAL = ("DONE", "ERROR", "CANCELLED")
+#: The model's variables and every `OPLOOP_*` of this process are left out.
+CLEAN = ("ANTHROPIC_", "OPLOOP_")
 
 
 def clean_env(home: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPLOOP_"))}
-    env.update(extra, OPLOOP_HOME=home)
-    return env
+    return cli_env(home, extra, drop=CLEAN)
 
 
 def oploop(home: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60):
-    return subprocess.run([*OPLOOP, *args], env=clean_env(home, **(env or {})),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return kit_oploop(home, *args, env=env, timeout=timeout, drop=CLEAN)
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -22,10 +22,10 @@ from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
 from actors.broadcaster.store import EventStore
 from actors.config import Agent, Config
+from actors.core.session import Session
 from actors.sessionlog import JournalFull
 from actors.supervisor.actor import Supervisor
 from actors.supervisor.journal import Journal
-from actors.supervisor.session import Session
 from bus.codec import decode, encode
 from bus.endpoints import Endpoints
 from bus.errors import RemoteError

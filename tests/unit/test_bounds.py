@@ -17,7 +17,7 @@ from actors.config import Agent, ConfigError, Limits, parse_config
 from actors.mcp.hub import McpHub
 from actors.mcp.results import outcome_of
 from actors.mcp.servers import McpServer
-from actors.supervisor.request import build_request
+from actors.core.request import build_request
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")

@@ -23,12 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.config import Agent, Config, RouterConfig
-from actors.permissions import parse_rules
-from actors.supervisor.driver import ModelError, Progress, RunDriver
-from actors.supervisor.fold import load_session
-from actors.supervisor.history import Message, is_valid, tool_use_ids
-from actors.supervisor.journal import Journal
-from actors.supervisor.machine import (
+from actors.core.driver import ModelError, Progress, RunDriver
+from actors.core.history import Message, is_valid, tool_use_ids
+from actors.core.machine import (
     TERMINAL,
     Delta,
     ModelReplied,
@@ -38,8 +35,11 @@ from actors.supervisor.machine import (
     ToolStarted,
     WorkerLost,
 )
-from actors.supervisor.session import Session
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.core.session import Session
+from actors.core.turn import ToolCall, ToolOutcome
+from actors.permissions import parse_rules
+from actors.supervisor.fold import load_session
+from actors.supervisor.journal import Journal
 from bus.codec import decode, encode
 from bus.messages import Envelope, Event
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.supervisor.history import add_user_text, is_valid, sanitize
+from actors.core.history import add_user_text, is_valid, sanitize
 
 
 def use(i):

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.config import DEFAULT_AGENT
+from actors.core.deltas import TurnCache
+from actors.core.history import add_user_text, sanitize
+from actors.core.request import build_request
 from actors.llm_caller.histories import BadHistory, HistoryCache, HistoryMiss
-from actors.supervisor.deltas import TurnCache
-from actors.supervisor.history import add_user_text, sanitize
-from actors.supervisor.request import build_request
 from bus.codec import decode, encode
 from bus.messages import Envelope, LlmJob
 

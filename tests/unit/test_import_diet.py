@@ -107,3 +107,13 @@ def test_an_executor_with_its_sandboxed_catalogue_never_loads_pydantic(tmp_path)
         "[s.to_wire() for s in cat.specs()]")
     assert "actors.tools.builtin" in loaded
     assert not {m for m in loaded if m.split(".")[0] == "pydantic"}
+
+
+def test_the_run_core_loads_no_io_and_nothing_of_the_supervisor():
+    # actors/core is the run's decisions and their driver: no socket, no database, and
+    # the in-process Runner, built on it, never loads the supervisor
+    loaded = loaded_after("import actors.core.machine, actors.core.driver, actors.core.fold, "
+                          "actors.core.session, actors.runner")
+    io = {m for m in loaded if m.split(".")[0] in ("zmq", "sqlite3", "_sqlite3", "aiohttp")}
+    assert not io, sorted(io)
+    assert not {m for m in loaded if m.startswith("actors.supervisor")}

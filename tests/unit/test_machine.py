@@ -10,9 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.permissions import parse_rules
-from actors.supervisor.history import Message, append_blocks, is_valid
-from actors.supervisor.machine import (
+from actors.core.history import Message, append_blocks, is_valid
+from actors.core.machine import (
     INTERRUPTED,
     TERMINAL,
     AbortJobs,
@@ -40,7 +39,8 @@ from actors.supervisor.machine import (
     WorkerLost,
     step,
 )
-from actors.supervisor.turn import ToolOutcome
+from actors.core.turn import ToolOutcome
+from actors.permissions import parse_rules
 from actors.usage import ZERO
 
 #: Every shell call needs approval.

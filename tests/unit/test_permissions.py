@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from actors.config import ConfigError, parse_config
+from actors.core.machine import Begin, ModelReplied, RunState, RunToolCalls, Start, step
 from actors.permissions import BadRule, check_tools, decide, parse_rules, rule_of_tool
-from actors.supervisor.machine import Begin, ModelReplied, RunState, RunToolCalls, Start, step
 
 TABLE = {"shell(ls *)": "allow", "write_file(/tmp/*)": "allow", "shell": "ask",
          "write_file": "deny", "default": "allow"}

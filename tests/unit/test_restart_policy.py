@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.host.policy import RestartPolicy
+from actors.restarts import RestartPolicy
 
 
 def test_backoff_doubles_up_to_the_cap():

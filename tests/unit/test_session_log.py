@@ -24,12 +24,9 @@ from hypothesis import strategies as st
 from test_machine import World
 
 from actors.config import Agent, Config
-from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
-from actors.supervisor.driver import ModelError, RunDriver
-from actors.supervisor.fold import load_session
-from actors.supervisor.history import add_reply, add_user_text, is_valid, tool_use_ids
-from actors.supervisor.journal import Journal
-from actors.supervisor.machine import (
+from actors.core.driver import ModelError, RunDriver
+from actors.core.history import add_reply, add_user_text, is_valid, tool_use_ids
+from actors.core.machine import (
     TERMINAL,
     CallModel,
     Cancel,
@@ -41,8 +38,12 @@ from actors.supervisor.machine import (
     ToolFinished,
     ToolStarted,
 )
-from actors.supervisor.session import Session, run_state
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.core.session import Session
+from actors.core.state import Phase
+from actors.core.turn import ToolCall, ToolOutcome
+from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
+from actors.supervisor.fold import load_session
+from actors.supervisor.journal import Journal
 from bus.codec import encode
 from bus.messages import Envelope, Event
 
@@ -135,7 +136,6 @@ def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool 
     async def owner() -> None:  # the supervisor's task group: a cancelled run ends here
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.create_task(go())
-        session.state = "idle"
     asyncio.run(owner())
 
 
@@ -268,7 +268,7 @@ def machine_resume(folded: Session) -> tuple[list[tuple[str, str]], list[dict[st
     """Drive `machine.step` from the fold of a log prefix as `one_run` drives the async
     loop (resume an open run, else a follow-up "go"; the model says "done"), checking
     the machine's invariants after every step; its events and the history it ends with."""
-    world = World(state=run_state(folded), history=list(folded.history))
+    world = World(state=folded.run, history=list(folded.history))
     if folded.run_over:
         actions = world.begin(Start("go", AGENT.max_turns, offered=frozenset({"shell"})))
     else:
@@ -398,15 +398,15 @@ def test_messages_waiting_fold_from_the_row_once_and_old_rows_still_load(journal
     session = Session("s1", AGENT, "/tmp")
     io = LoggedIO(journal, [])
     add_user_text(session.history, "go")
-    session.run_over, session.runs = False, 1
+    session.run = session.run._replace(phase=Phase.MODEL, runs=1)
     io.emit(session, "SESSION_START", 0, {"run": 1, "max_turns": 3})
-    session.said = [("first", "local"), ("second", "control")]
+    session.run = session.run._replace(said=(("first", "local"), ("second", "control")))
     journal.touch(session)
     journal.commit()
     loaded = load_session(journal.log, "s1", {})
     assert loaded is not None and loaded.said == session.said
-    assert run_state(loaded).said == (("first", "local"), ("second", "control"))
-    session.said = []
+    assert loaded.run.said == (("first", "local"), ("second", "control"))
+    session.run = session.run._replace(said=())
     add_user_text(session.history, "first")
     add_user_text(session.history, "second")
     io.emit(session, "USER_MESSAGE", 1, {"text": "first", "by": "local"})

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from actors.config import MODEL_ALIASES, Agent, Config, RouterConfig
-from actors.supervisor.driver import ModelError, run_session
-from actors.supervisor.history import is_valid
-from actors.supervisor.machine import Delta
-from actors.supervisor.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
-from actors.supervisor.session import Session
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.core.driver import ModelError, run_session
+from actors.core.history import is_valid
+from actors.core.machine import Delta
+from actors.core.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
+from actors.core.session import Session
+from actors.core.turn import ToolCall, ToolOutcome
 from actors.usage import ZERO
 
 SHELL = {"name": "shell", "description": "run", "input_schema": {"type": "object"},

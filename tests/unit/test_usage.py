@@ -10,10 +10,10 @@ import pytest
 from test_session_log import AGENT, LoggedIO, one_run
 
 from actors.config import ConfigError, load_config, parse_config
+from actors.core.machine import Begin, ModelReplied, Routed, Start, step
+from actors.core.session import Session
 from actors.supervisor.fold import apply_record, decode_record, from_row, load_session
 from actors.supervisor.journal import Journal
-from actors.supervisor.machine import Begin, ModelReplied, Routed, Start, step
-from actors.supervisor.session import Session
 from actors.usage import (
     DEFAULT_PRICES,
     ZERO,
@@ -141,8 +141,8 @@ def reply(stop: str, usage: dict[str, Any], *tools: str) -> dict[str, Any]:
 
 
 def test_each_turn_end_carries_its_call_and_the_terminal_event_the_runs_totals():
-    from actors.supervisor.machine import RunState, ToolFinished, ToolStarted
-    from actors.supervisor.turn import ToolOutcome
+    from actors.core.machine import RunState, ToolFinished, ToolStarted
+    from actors.core.turn import ToolOutcome
 
     first = Usage(100, 10, 1000, 0, 0.01).to_dict()
     second = Usage(200, 20, 0, 1000, 0.02).to_dict()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from actors.config import Agent, ConfigError
+from actors.core.request import reminders
 from actors.host.workers import WorkerMachineError, WorkerMachineSpec
 from actors.machines import LOCAL, machine_name_error, machine_of
 from actors.settings import load_settings
 from actors.supervisor.fold import _agent
 from actors.supervisor.machines import MAX_GONE, Machines
-from actors.supervisor.request import reminders
 
 
 def test_machine_names():

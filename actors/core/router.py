@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from actors.supervisor.history import Message, blocks
+from actors.core.history import Message, blocks
 
 if TYPE_CHECKING:
     from actors.config import RouterConfig

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors.supervisor.history import Message, blocks, sanitize, tool_result_ids, tool_use_ids
+from actors.core.history import Message, sanitize, valid_from
 from bus.messages import LlmJob
 
 #: Callers whose copy of a session's history is tracked (older ones are forgotten).
@@ -73,11 +73,11 @@ class TurnCache:
             and history[known - 1] is self._valid_last
         )
         # The last known message is re-checked: what follows it may (not) answer it.
-        if same and _valid_from(history, known - 1):
+        if same and valid_from(history, known - 1):
             self._remember(history)
             return list(history)
         out = sanitize(history)
-        if out == history and _valid_from(history, 0):
+        if out == history and valid_from(history, 0):
             self._remember(history)
         else:
             self._valid_of = None
@@ -124,28 +124,3 @@ def _common_prefix(old: list[Message], new: list[Message]) -> int:
     while i < n and old[i] is new[i]:
         i += 1
     return i
-
-
-def _valid_from(history: list[Message], start: int) -> bool:
-    """Whether messages `start..` of `history` satisfy what `history.is_valid` checks
-    (and `sanitize` keeps as is): user/assistant roles alternating from a user
-    message, none empty, every tool_use answered by the next message, every
-    tool_result answering the one before."""
-    n = len(history)
-    for i in range(max(0, start), n):
-        msg = history[i]
-        role = msg.get("role")
-        if role not in ("user", "assistant") or not blocks(msg):
-            return False
-        if i == 0 and role != "user":
-            return False
-        prev = history[i - 1] if i else None
-        if prev is not None and prev.get("role") == role:
-            return False
-        uses = tool_use_ids(msg)
-        if uses and (i + 1 >= n or not set(uses) <= set(tool_result_ids(history[i + 1]))):
-            return False
-        results = tool_result_ids(msg)
-        if results and (prev is None or not set(results) <= set(tool_use_ids(prev))):
-            return False
-    return True

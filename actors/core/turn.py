@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actors.supervisor.history import Message, blocks
+from actors.core.history import Message, blocks
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.config import Agent
+from actors.permissions import rule_of_tool
 
 ToolSpecDict = dict[str, Any]
 
@@ -26,6 +27,20 @@ def resolve_tools(
         tools = [t for t in tools if t.get("core") or allow.intersection(t.get("tags", ()))]
     gone = hidden.get((agent.platform, agent.mode), frozenset())
     return [t for t in tools if t["name"] not in gone]
+
+
+def listing(catalogue: list[ToolSpecDict], agent: Agent,
+            hidden: Mapping[tuple[str, str], frozenset[str]],
+            server_states: Mapping[Any, Any]) -> list[ToolSpecDict]:
+    """The catalogue as `oploop tools` lists it for `agent`: each spec with whether turn 1
+    and later turns offer it, its permission rule, and its MCP server's state."""
+    first = {t["name"] for t in resolve_tools(catalogue, agent, 1, hidden)}
+    later = {t["name"] for t in resolve_tools(catalogue, agent, 2, hidden)}
+    return [dict(t, turn1=t["name"] in first, later=t["name"] in later,
+                 rule=rule_of_tool(agent.permissions, t["name"]),
+                 **({"state": server_states.get(t["server"], "unknown")}
+                    if t.get("server") else {}))
+            for t in catalogue]
 
 
 def unavailable_message(name: str) -> str:

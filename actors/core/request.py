@@ -20,7 +20,7 @@ from typing import Any
 
 from actors.bounds import MAX_REQUEST_BYTES, fit_messages, size_of
 from actors.config import CACHE_BOUNDARY, MODEL_ALIASES, Agent
-from actors.supervisor.history import Message, blocks
+from actors.core.history import Message, blocks
 
 MAX_CACHE_BREAKPOINTS = 4
 #: History breakpoints: on the last user message and the one before it.
@@ -45,7 +45,8 @@ def reminders(agent: Agent, tools: list[dict[str, Any]], cwd: str) -> list[str]:
     else:
         out.append(
             f"Environment: {platform.system()} {platform.release()} ({platform.machine()}), "
-            f"timezone {time.strftime('%Z')}, user {_user()}, working directory {cwd or os.getcwd()}."
+            f"timezone {time.strftime('%Z')}, user {_user()}, "
+            f"working directory {cwd or os.getcwd()}."
         )
     if tools:
         names = ", ".join(t["name"] for t in tools)
@@ -76,7 +77,8 @@ def system_blocks(agent: Agent, turn_reminders: list[str]) -> list[dict[str, Any
     """The system prompt: static prefix (cached), dynamic rest, reminders."""
     static, _, dynamic = agent.system.partition(CACHE_BOUNDARY)
     out: list[dict[str, Any]] = [
-        {"type": "text", "text": static.strip() or "You are an operator.", "cache_control": _EPHEMERAL}
+        {"type": "text", "text": static.strip() or "You are an operator.",
+         "cache_control": _EPHEMERAL}
     ]
     if dynamic.strip():
         out.append({"type": "text", "text": dynamic.strip()})

@@ -10,9 +10,9 @@ through `LoopIO.emit`), `CallModel` (build the request, call the model),
 workers, `supervisor/workerio.py`) and the in-process `Runner` (over a
 backend and a tool catalogue, `actors/runner.py`) run every run through it.
 
-The `Session` is the run's durable data: after every step the driver copies
-the machine's counters onto it (`_sync`), so the session log, which reads the
-session when it journals an event, sees exactly the state the events fold to.
+The run's state is `Session.run`, one value: the driver steps it and puts the
+new value back before carrying out any action, so the session log, which reads
+the session when it journals an event, sees exactly the state the events fold to.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from actors.config import Config
-from actors.supervisor.catalogue import resolve_tools
-from actors.supervisor.history import Message, append_blocks
-from actors.supervisor.machine import (
+from actors.core.catalogue import resolve_tools
+from actors.core.history import Message, append_blocks
+from actors.core.machine import (
     AbortJobs,
     Begin,
     CallModel,
@@ -51,11 +51,13 @@ from actors.supervisor.machine import (
     ToolStarted,
     step,
 )
-from actors.supervisor.request import build_request
-from actors.supervisor.router import route_of, router_request
-from actors.supervisor.session import Session, run_state
-from actors.supervisor.turn import ToolCall, ToolOutcome
+from actors.core.request import build_request
+from actors.core.router import route_of, router_request
+from actors.core.session import Session
+from actors.core.state import Phase
+from actors.core.turn import ToolCall, ToolOutcome
 from actors.usage import of_reply
+from bus.vocab import CancelMode
 
 log = logging.getLogger("oploop.session")
 
@@ -116,7 +118,9 @@ class RunDriver:
     def __init__(self, session: Session, io: LoopIO) -> None:
         self.session = session
         self.io = io
-        self.state: RunState = run_state(session)
+        #: The run's state as this driver last stepped it: `session.run` while it is the
+        #: session's driver (the same value, never a copy of its fields).
+        self.state: RunState = session.run
         #: The work the machine asked for last (`CallModel`, `RunToolCalls`), not yet begun.
         self.work: CallModel | RunToolCalls | None = None
         #: The task carrying out the run's work (`run`), which `AbortJobs` cancels.
@@ -139,7 +143,6 @@ class RunDriver:
         session, config = self.session, self.io.config
         agent = session.agent
         deadline_s = deadline_s or agent.deadline_s
-        session.state = "running"
         # Before the event: the session log journals the absolute deadline with it.
         session.deadline = time.time() + deadline_s if deadline_s > 0 else 0.0
         self.feed(Start(prompt, max_turns or agent.max_turns, agent.name,
@@ -150,7 +153,6 @@ class RunDriver:
 
     def resume(self, reason: str) -> None:
         """Go on with the open run a supervisor restart left (the session is its log's fold)."""
-        self.session.state = "running"
         agent = self.session.agent
         self.feed(Resume(reason, router=self.io.config.router.enabled,
                          check=self.session.output_check, rules=agent.permissions,
@@ -184,9 +186,8 @@ class RunDriver:
             return  # a newer run owns the session
         old = self.state
         state, actions = step(old, event)
-        if state is not old:
-            _sync(session, old, state)
-            self.state = state  # first: the journal reads the session as it emits
+        # First: the journal reads the session's run as the actions emit.
+        self.state = session.run = state
         for action in actions:
             if isinstance(action, Emit):
                 for role, added in action.added:
@@ -236,7 +237,7 @@ class RunDriver:
         self._arm()
         self._arm_asks()
         try:
-            if self.state.phase == "ready":
+            if self.state.phase is Phase.READY:
                 self.feed(Begin())  # the turns (or the router) begin now
             while self.state.running and self.session.driver is self:
                 work, self.work = self.work, None
@@ -260,7 +261,7 @@ class RunDriver:
             if self.session.suspended:  # left open for the next supervisor: this driver
                 self.session.driver = None  # is done (nothing late may add to the run)
             else:
-                self.feed(Cancel("ui"))
+                self.feed(Cancel(CancelMode.UI))
             raise
         except Exception as exc:  # the run's edge: a bug ends the run, not the host
             log.exception("session %s failed", self.session.id)
@@ -321,7 +322,7 @@ class RunDriver:
     async def _tool(self, job: ToolJob) -> None:
         call = job.call
         self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
-        if self.state.phase != "tools" or call.id not in self.state.started:
+        if self.state.phase is not Phase.TOOLS or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
         if job.refusal is not None:  # hidden or unknown: never run
             outcome = job.refusal
@@ -346,7 +347,7 @@ class RunDriver:
 
     def _expired(self) -> None:
         self._timer = None
-        self.feed(Cancel("deadline"))
+        self.feed(Cancel(CancelMode.DEADLINE))
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -376,29 +377,6 @@ class RunDriver:
         self.feed(Decide(call_id, "deny", "timeout", "approval timed out"))
 
 
-def _sync(session: Session, old: RunState, state: RunState) -> None:
-    """Copy the machine's counters onto the session (what the log folds and journals)."""
-    session.runs = state.runs
-    session.turns = state.turns
-    session.run_turn = state.turn
-    session.run_limit = state.limit
-    session.run_over = state.phase == "idle"
-    session.last_end = state.last_end
-    session.stop_request = state.stop_request
-    if state.started is not old.started:  # (the machine's tuples are never edited)
-        session.started_calls = list(state.started)
-    if state.outcomes is not old.outcomes:
-        session.outcomes = dict(state.outcomes)
-    if state.said is not old.said:
-        session.said = list(state.said)
-    if state.asks is not old.asks:
-        session.approvals = dict(state.asks)
-    if state.decided is not old.decided:
-        session.decided = [list(d) for d in state.decided]
-    if state.always is not old.always:
-        session.always = list(state.always)
-
-
 def decision_error(session: Session, asks: tuple[tuple[str, float], ...],
                    decided: tuple[tuple[str, str, str], ...] | list[Any],
                    call_id: str) -> str | None:
@@ -416,7 +394,4 @@ async def run_session(session: Session, io: LoopIO, prompt: str, max_turns: int 
     """One run of `session` on `prompt`: every event from `SESSION_START` to the terminal one."""
     driver = RunDriver(session, io)
     driver.start(prompt, max_turns, deadline_s)
-    try:
-        await driver.run()
-    finally:
-        session.state = "idle"
+    await driver.run()

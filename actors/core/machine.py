@@ -1,6 +1,6 @@
 """The run as a pure state machine: `step(state, input) -> (state, actions)`.
 
-No asyncio, no sockets, no clock: the driver (`actors/supervisor/driver.py`,
+No asyncio, no sockets, no clock: the driver (`actors/core/driver.py`,
 in the supervisor and in the in-process `Runner`) feeds it what happened (a
 model reply, streamed text, a tool outcome, a cancel, a supervisor restart)
 and carries out the actions it returns (publish an event, call the model, run
@@ -31,16 +31,42 @@ before the event is published (the session log journals them with it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
-from actors.finite import finite_reply
-from actors.finite import refusal as nonfinite_refusal
-from actors.permissions import Rule, decide, denial
-from actors.supervisor.catalogue import unavailable_message
-from actors.supervisor.history import Message, blocks
-from actors.supervisor.turn import (
+from actors.core.actions import (
+    AbortJobs,
+    Action,
+    Addition,
+    CallModel,
+    Emit,
+    End,
+    RunToolCalls,
+    ToolJob,
+)
+from actors.core.catalogue import unavailable_message
+from actors.core.history import Message, blocks, grown
+from actors.core.inputs import (
+    Begin,
+    Cancel,
+    Decide,
+    Delta,
+    Failed,
+    Input,
+    ModelFailed,
+    ModelReplied,
+    Resume,
+    Retry,
+    Routed,
+    Say,
+    Start,
+    StopLater,
+    ToolFinished,
+    ToolStarted,
+    WorkerLost,
+)
+from actors.core.state import Phase, RunState, replace
+from actors.core.turn import (
     Continue,
     FinalOutput,
     RunTools,
@@ -51,16 +77,26 @@ from actors.supervisor.turn import (
     stored_reply,
     tool_calls,
 )
-from actors.usage import ZERO, Usage, after_event, of_reply, with_usage
+from actors.finite import finite_reply
+from actors.finite import refusal as nonfinite_refusal
+from actors.permissions import decide, denial
+from actors.usage import after_event, of_reply, with_usage
+from bus.vocab import TERMINAL, CancelMode, EventType
 
-#: The events that end a run; exactly one per run.
-TERMINAL = frozenset({"DONE", "ERROR", "CANCELLED"})
+#: Every name a caller of the machine needs: the step, its inputs, actions and state.
+__all__ = ["CANCEL_WHY", "INTERRUPTED", "TERMINAL", "WORKER_LOST", "AbortJobs", "Action",
+           "Addition", "Begin", "CallModel", "Cancel", "Decide", "Delta", "Emit", "End",
+           "Failed", "Input", "ModelFailed", "ModelReplied", "Phase", "Resume", "Retry",
+           "Routed", "RunState", "RunToolCalls", "Say", "Start", "StopLater", "ToolFinished",
+           "ToolJob", "ToolStarted", "WorkerLost", "partial_text", "repair_prompt", "replace",
+           "step"]
+
 
 #: The synthesised tool result (and interruption mark) for each cancel mode.
-CANCEL_WHY = {
-    "ui": "cancelled by the user",
-    "operation": "cancelled: the operation ended",
-    "deadline": "cancelled: deadline",
+CANCEL_WHY: dict[str, str] = {
+    CancelMode.UI: "cancelled by the user",
+    CancelMode.OPERATION: "cancelled: the operation ended",
+    CancelMode.DEADLINE: "cancelled: deadline",
 }
 
 #: The result given to a tool call a supervisor restart interrupted.
@@ -69,297 +105,6 @@ INTERRUPTED = ("interrupted: the supervisor restarted while this tool ran; it ma
 
 #: The result given to a started tool call whose executor went away.
 WORKER_LOST = "failed: the executor running this tool went away"
-
-#: One history addition: `append_blocks(history, role, blocks)`.
-Addition = tuple[str, tuple[dict[str, Any], ...]]
-
-
-# --- inputs ---------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """A new run on `prompt`: at most `limit` turns; `deadline_s` is reported only
-    (the driver turns it into a `Cancel("deadline")` when it passes)."""
-
-    prompt: str
-    limit: int
-    agent: str = ""
-    model: str = ""
-    deadline_s: float = 0.0
-    #: Ask the intent router first (a `CallModel(route=True)`, answered by `Routed`).
-    router: bool = False
-    #: Tool names offered on each turn (a call of any other is refused, never run).
-    offered: frozenset[str] = frozenset()
-    #: Checks a final answer: None if fine, else the problem (one repair turn).
-    check: Callable[[str], str | None] | None = None
-    #: The agent's permission rules (`actors.permissions`): `deny` refuses a call,
-    #: `ask` waits for a `Decide` for at most `approval_timeout_s` (the driver's timer).
-    rules: tuple[Rule, ...] = ()
-    approval_timeout_s: float = 600.0
-    #: The session's working directory: the rules judge a call's paths against it.
-    cwd: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Begin:
-    """The driver is ready to do the run's work (its task runs, the tools are known):
-    the turns of a started or resumed run begin (or the intent router's call)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """The intent router's answer ("DIRECT", "AGENT"), or None if its call failed;
-    `usage`: what its call used (`actors.usage.of_reply`); `reason` says why a failed
-    or unclear call fell back to AGENT (in the ROUTE event)."""
-
-    route: str | None
-    usage: Usage = ZERO
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Delta:
-    """Text (or thinking) the model call in flight streamed: a `TOKEN` (`THINKING`)
-    event; text is kept, marked, if the run is cancelled."""
-
-    text: str
-    channel: str = "text"
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """The model call in flight is being retried (a `RETRY` event): the text it
-    streamed is void."""
-
-    attempt: int = 0
-    error: str = ""
-    wait_s: float = 0.0
-    #: After a stall, the bound that fired (the `RETRY` event's `stall_bound_s`).
-    stall_bound_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class ModelReplied:
-    """The model's reply (an assistant message with `stop_reason`)."""
-
-    message: Message
-    #: The tool names the request offered (a call of any other is refused, never
-    #: run); None: those the run started with.
-    offered: frozenset[str] | None = None
-    #: Wall-clock time of the reply (a call under `ask` expires `approval_timeout_s`
-    #: after it): the machine has no clock of its own.
-    now: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class ModelFailed:
-    """The model call failed for good: the run ends `ERROR`."""
-
-    error: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolStarted:
-    """The driver is about to run call `call_id` (its parallelism gate let it in) on
-    `machine` ("": not said)."""
-
-    call_id: str
-    machine: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolFinished:
-    """Call `call_id` finished with `outcome` (failures are outcomes with `is_error`)."""
-
-    call_id: str
-    outcome: ToolOutcome
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
-
-    mode: str
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Decide:
-    """A decision on the pending approval of call `call_id`: `decision` is "approve" or
-    "deny"; `by` names who decided ("local", a key, "timeout"); a denied call's result
-    is an error saying `reason`. A call not pending is ignored (the caller answers)."""
-
-    call_id: str
-    decision: str
-    by: str
-    reason: str = ""
-    #: Approve this tool's calls for the rest of the session (a session-scoped allow
-    #: rule, over `ask` only: never over `deny`).
-    always: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The run cannot go on (a driver's bug, the session log failing): it ends `ERROR`
-    at once, its work aborted, its open calls answered with `message`."""
-
-    error: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLost:
-    """The worker serving the run went away: a model call is made again; started
-    tools that had not finished end as errors (a tool is never run twice)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """A supervisor restart: go on with the run the folded state describes."""
-
-    reason: str
-    router: bool = False
-    offered: frozenset[str] = frozenset()
-    check: Callable[[str], str | None] | None = None
-    rules: tuple[Rule, ...] = ()
-    approval_timeout_s: float = 600.0
-    cwd: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Say:
-    """A user message into the open run, said by `by` (a key's name, or "local"):
-    queued, it joins the history at the next boundary as a `USER_MESSAGE`. (An idle
-    session has no run to take it: the caller starts one on it instead.)"""
-
-    text: str
-    by: str = "local"
-
-
-Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide)
-
-
-# --- actions --------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Emit:
-    """Publish one event; first append `added` to the history (journaled with it)."""
-
-    type: str
-    turn: int
-    data: dict[str, Any]
-    added: tuple[Addition, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CallModel:
-    """Call the model on the history: for `turn`, with no tools if `direct`; or the
-    intent router's call if `route`."""
-
-    turn: int
-    direct: bool = False
-    route: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ToolJob:
-    """One call to run; `refusal` set: do not run it, its outcome is that."""
-
-    call: ToolCall
-    refusal: ToolOutcome | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RunToolCalls:
-    """Run `jobs` (report `ToolStarted` then `ToolFinished` for each)."""
-
-    turn: int
-    jobs: tuple[ToolJob, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AbortJobs:
-    """Abort whatever work of the run is in flight (model call, tools)."""
-
-
-@dataclass(frozen=True, slots=True)
-class End:
-    """The run is over (its terminal event was the last `Emit`)."""
-
-    type: str
-
-
-Action = Emit | CallModel | RunToolCalls | AbortJobs | End
-
-
-# --- state ----------------------------------------------------------------------------
-
-class RunState(NamedTuple):
-    """A session's run as the machine sees it (all values, nothing mutable shared).
-
-    A named tuple rather than a frozen dataclass: a step makes a new state or
-    two, and `_replace` costs a fifth of `dataclasses.replace` (measured: 1.0 vs
-    4.7 µs), which is most of a step. Only small values and persistent lists
-    (`partial`) are copied; the history is never held here, only its last message.
-    """
-
-    #: "idle" (no run open), "ready" (opened, waiting for `Begin`), "route", "model",
-    #: "tools".
-    phase: str = "idle"
-    runs: int = 0
-    #: Turns over all runs (`ERROR` and `CANCELLED` report it).
-    turns: int = 0
-    turn: int = 0
-    limit: int = 0
-    last: Message | None = None
-    last_end: str = ""
-    stop_request: str = ""
-    #: Text streamed by the model call in flight, newest last, as a persistent list
-    #: `(older, text)` (`()` when empty): a delta adds one pair, nothing is copied.
-    partial: tuple[Any, ...] = ()
-    direct: bool = False
-    repaired: bool = False
-    offered: frozenset[str] = frozenset()
-    check: Callable[[str], str | None] | None = None
-    #: The current reply's calls, the ids started, and the outcomes finished.
-    calls: tuple[ToolCall, ...] = ()
-    started: tuple[str, ...] = ()
-    outcomes: tuple[tuple[str, ToolOutcome], ...] = ()
-    #: History additions not yet carried by an `Emit`.
-    pending: tuple[Addition, ...] = ()
-    #: In phase "ready": the turn `Begin` starts, and whether the router goes first.
-    first: int = 1
-    router: bool = False
-    #: The run's tokens as its events so far report them, and those of calls
-    #: answered whose `TURN_END` (or `ROUTE`) is still to come (`actors.usage`).
-    usage: Usage = ZERO
-    unreported: Usage = ZERO
-    #: Messages said (`Say`) and not yet taken, oldest first: `(text, by)` pairs.
-    said: tuple[tuple[str, str], ...] = ()
-    #: The agent's permission rules (`actors.permissions`) and how long an `ask` waits.
-    rules: tuple[Rule, ...] = ()
-    approval_timeout_s: float = 600.0
-    #: The session's working directory, against which the rules judge a call's paths.
-    cwd: str = ""
-    #: The current reply's calls waiting for a decision: `(call_id, expires_at)`.
-    asks: tuple[tuple[str, float], ...] = ()
-    #: The run's decisions so far: `(call_id, decision, by)` ("already decided by").
-    decided: tuple[tuple[str, str, str], ...] = ()
-    #: Tools approved "always" in this session: their `ask` calls run unasked.
-    always: tuple[str, ...] = ()
-
-    @property
-    def running(self) -> bool:
-        """A run is open (its terminal event has not gone out)."""
-        return self.phase != "idle"
-
-
-def replace(state: RunState, **changes: Any) -> RunState:
-    """`state` with `changes` (a new value: states are never edited)."""
-    return state._replace(**changes)
-
 
 class _Out:
     """The actions of one step, and the state as it goes (a local builder)."""
@@ -376,11 +121,7 @@ class _Out:
 
     def add(self, role: str, added: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
         """Append blocks to the history (the `append_blocks` rule)."""
-        last = self.last
-        if last is not None and last.get("role") == role:
-            self.last = {"role": role, "content": blocks(last) + list(added)}
-        else:
-            self.last = {"role": role, "content": list(added)}
+        self.last = grown(self.last, role, added)[0]
         self.pending = (*self.pending, (role, tuple(added)))
 
     def emit(self, type_: str, turn: int, data: dict[str, Any]) -> None:
@@ -397,7 +138,7 @@ class _Out:
         if usage is not s.usage or unreported is not s.unreported:
             self.s = replace(s, usage=usage, unreported=unreported)
         if type_ in TERMINAL:
-            self.s = replace(self.s, phase="idle", last_end=type_, partial=(), calls=(),
+            self.s = replace(self.s, phase=Phase.IDLE, last_end=type_, partial=(), calls=(),
                              started=(), outcomes=(), stop_request="", asks=())
             self.actions.append(End(type_))
 
@@ -418,44 +159,47 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _cancel(out, event)
     elif isinstance(event, Say):
         out.s = replace(state, said=(*state.said, (event.text, event.by)))
-    elif isinstance(event, Begin) and state.phase == "ready":
+    elif isinstance(event, StopLater):
+        out.s = replace(state, stop_request=CancelMode.OPERATION)
+    elif isinstance(event, Begin) and state.phase is Phase.READY:
         if state.router and state.first == 1:
-            out.s = replace(state, phase="route")
+            out.s = replace(state, phase=Phase.ROUTE)
             out.actions.append(CallModel(0, route=True))
         else:
             _turn(out, state.first)
-    elif isinstance(event, Routed) and state.phase == "route":
+    elif isinstance(event, Routed) and state.phase is Phase.ROUTE:
         direct = event.route == "DIRECT"
         out.s = replace(out.s, unreported=out.s.unreported + event.usage)
         route: dict[str, str] = {"route": "DIRECT" if direct else "AGENT"}
         if not direct and (event.reason or event.route is None):
             route["reason"] = event.reason or "the intent router's call failed"
-        out.emit("ROUTE", 0, route)  # every decision, the fallback's reason with it
+        out.emit(EventType.ROUTE, 0, route)  # every decision, the fallback's reason with it
         out.s = replace(out.s, direct=direct)
         _turn(out, 1)
-    elif isinstance(event, Retry) and state.phase in ("model", "route"):
+    elif isinstance(event, Retry) and state.phase in (Phase.MODEL, Phase.ROUTE):
         out.s = replace(state, partial=())
         retry: dict[str, Any] = {"attempt": event.attempt, "error": event.error,
                                  "wait_s": event.wait_s}
         if event.stall_bound_s:
             retry["stall_bound_s"] = event.stall_bound_s
-        out.emit("RETRY", state.turn if state.phase == "model" else 0, retry)
-    elif isinstance(event, ModelReplied) and state.phase == "model":
+        out.emit(EventType.RETRY, state.turn if state.phase is Phase.MODEL else 0, retry)
+    elif isinstance(event, ModelReplied) and state.phase is Phase.MODEL:
         if event.offered is not None:
             out.s = replace(state, offered=event.offered)
         _replied(out, event.message, event.now)
-    elif isinstance(event, ModelFailed) and state.phase in ("model", "route"):
-        if state.phase == "route":  # the router may only save work: go on with tools
-            out.emit("ROUTE", 0, {"route": "AGENT", "reason": f"{event.error}: {event.message}"})
+    elif isinstance(event, ModelFailed) and state.phase in (Phase.MODEL, Phase.ROUTE):
+        if state.phase is Phase.ROUTE:  # the router may only save work: go on with tools
+            out.emit(EventType.ROUTE, 0, {"route": "AGENT",
+                                          "reason": f"{event.error}: {event.message}"})
             out.s = replace(out.s, direct=False)
             _turn(out, 1)
         else:
-            out.emit("ERROR", state.turns, {"error": event.error, "message": event.message})
-    elif isinstance(event, ToolStarted) and state.phase == "tools":
+            out.emit(EventType.ERROR, state.turns, {"error": event.error, "message": event.message})
+    elif isinstance(event, ToolStarted) and state.phase is Phase.TOOLS:
         _tool_started(out, event.call_id, event.machine)
-    elif isinstance(event, ToolFinished) and state.phase == "tools":
+    elif isinstance(event, ToolFinished) and state.phase is Phase.TOOLS:
         _tool_finished(out, event.call_id, event.outcome)
-    elif isinstance(event, Decide) and state.phase == "tools":
+    elif isinstance(event, Decide) and state.phase is Phase.TOOLS:
         _decide(out, event)
     elif isinstance(event, Failed):
         out.actions.append(AbortJobs())
@@ -463,7 +207,7 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         out.s = replace(out.s, partial=())
         _end_started_tools(out, why)
         _close_open_calls(out, why)
-        out.emit("ERROR", out.s.turns, {"error": event.error, "message": event.message})
+        out.emit(EventType.ERROR, out.s.turns, {"error": event.error, "message": event.message})
     elif isinstance(event, WorkerLost):
         _worker_lost(out)
     state = out.s
@@ -475,13 +219,13 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
 def _delta(state: RunState, ev: Delta) -> tuple[RunState, list[Action]]:
     """A streamed batch: a `TOKEN` or `THINKING` event of the call in flight (the router's
     too, at turn 0); model text is kept for a cancel."""
-    if state.phase == "model":
-        kind = "THINKING" if ev.channel == "thinking" else "TOKEN"
-        if kind == "TOKEN":
+    if state.phase is Phase.MODEL:
+        kind = EventType.THINKING if ev.channel == "thinking" else EventType.TOKEN
+        if kind == EventType.TOKEN:
             state = replace(state, partial=(state.partial, ev.text))
         return state, [Emit(kind, state.turn, {"text": ev.text})]
-    if state.phase == "route":
-        kind = "THINKING" if ev.channel == "thinking" else "TOKEN"
+    if state.phase is Phase.ROUTE:
+        kind = EventType.THINKING if ev.channel == "thinking" else EventType.TOKEN
         return state, [Emit(kind, 0, {"text": ev.text})]
     return state, []
 
@@ -498,13 +242,13 @@ def partial_text(partial: tuple[Any, ...]) -> str:
 def _start(out: _Out, ev: Start) -> None:
     if out.s.running:
         return  # one run at a time: the caller refuses a second start
-    out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
+    out.s = replace(out.s, phase=Phase.READY, runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
                     started=(), outcomes=(), rules=ev.rules, cwd=ev.cwd,
                     approval_timeout_s=ev.approval_timeout_s, asks=(), decided=())
     out.add("user", [{"type": "text", "text": ev.prompt}])
-    out.emit("SESSION_START", 0, {
+    out.emit(EventType.SESSION_START, 0, {
         "prompt": ev.prompt, "agent": ev.agent, "model": ev.model, "run": out.s.runs,
         "max_turns": ev.limit, "deadline_s": ev.deadline_s,
     })
@@ -519,12 +263,12 @@ def _turn(out: _Out, turn: int) -> None:
         _finish_cancelled(out, s.stop_request, "")
         return
     if turn > s.limit:
-        out.emit("DONE", s.limit, {"text": "", "turns": s.limit, "stop": "max_turns"})
+        out.emit(EventType.DONE, s.limit, {"text": "", "turns": s.limit, "stop": "max_turns"})
         return
     turns = s.turns + 1 if turn != s.turn else s.turns  # a resumed turn is counted once
-    out.s = replace(s, phase="model", turn=turn, turns=turns, partial=(), calls=(),
+    out.s = replace(s, phase=Phase.MODEL, turn=turn, turns=turns, partial=(), calls=(),
                     started=(), outcomes=())
-    out.emit("TURN_START", turn, {})
+    out.emit(EventType.TURN_START, turn, {})
     out.actions.append(CallModel(turn, direct=out.s.direct))
 
 
@@ -540,27 +284,27 @@ def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
         if problem is not None and not s.repaired and turn < s.limit:
             out.s = replace(out.s, repaired=True)
             out.add("user", [{"type": "text", "text": repair_prompt(problem)}])
-            out.emit("TURN_END", turn, {"stop": "output_invalid", "problem": problem})
+            out.emit(EventType.TURN_END, turn, {"stop": "output_invalid", "problem": problem})
             _turn(out, turn + 1)
         elif problem is not None:
-            out.emit("ERROR", out.s.turns, {"error": "output_invalid", "message": problem})
+            out.emit(EventType.ERROR, out.s.turns, {"error": "output_invalid", "message": problem})
         elif out.s.said and turn < s.limit:  # said while it answered: the model hears it
-            out.emit("TURN_END", turn, {"stop": nxt.stop})
+            out.emit(EventType.TURN_END, turn, {"stop": nxt.stop})
             _turn(out, turn + 1)
         else:
-            out.emit("TURN_END", turn, {"stop": nxt.stop})
-            out.emit("DONE", turn, {"text": nxt.text, "turns": turn, "stop": nxt.stop})
+            out.emit(EventType.TURN_END, turn, {"stop": nxt.stop})
+            out.emit(EventType.DONE, turn, {"text": nxt.text, "turns": turn, "stop": nxt.stop})
     elif isinstance(nxt, RunTools):
         if s.stop_request:
             _finish_cancelled(out, s.stop_request, "")
             return
         jobs = _jobs(out.s, nxt.calls, nonfinite)
-        out.s = replace(out.s, phase="tools", calls=nxt.calls, started=(), outcomes=())
+        out.s = replace(out.s, phase=Phase.TOOLS, calls=nxt.calls, started=(), outcomes=())
         if s.rules:
             jobs = _ask(out, jobs, now)
         out.actions.append(RunToolCalls(turn, jobs))
     elif isinstance(nxt, Continue):
-        out.emit("TURN_END", turn, {"stop": nxt.reason})
+        out.emit(EventType.TURN_END, turn, {"stop": nxt.reason})
         _turn(out, turn + 1)
 
 
@@ -573,7 +317,7 @@ def _take_said(out: _Out, turn: int) -> None:
     out.s = replace(out.s, said=())
     for text, by in said:
         out.add("user", [{"type": "text", "text": text}])
-        out.emit("USER_MESSAGE", turn, {"text": text, "by": by})
+        out.emit(EventType.USER_MESSAGE, turn, {"text": text, "by": by})
 
 
 def _jobs(s: RunState, calls: tuple[ToolCall, ...],
@@ -609,7 +353,7 @@ def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...
             continue
         expires = round(now + s.approval_timeout_s, 3)
         asks.append((c.id, expires))
-        out.emit("APPROVAL_REQUESTED", s.turn, {"call_id": c.id, "tool": c.name,
+        out.emit(EventType.APPROVAL_REQUESTED, s.turn, {"call_id": c.id, "tool": c.name,
                                                 "input": c.input, "rule": key,
                                                 "expires_at": expires})
     if asks:
@@ -633,7 +377,7 @@ def _decide(out: _Out, ev: Decide) -> None:
                             "reason": reason}
     if always:
         data["always"] = call.name  # journaled: the fold restores the session's rule
-    out.emit("APPROVAL_DECIDED", s.turn, data)
+    out.emit(EventType.APPROVAL_DECIDED, s.turn, data)
     refusal = None
     if ev.decision == "deny":
         refusal = ToolOutcome(f"{call.name}: not run: denied by {ev.by}: {reason}", True)
@@ -652,7 +396,7 @@ def _tool_started(out: _Out, call_id: str, machine: str) -> None:
     data: dict[str, Any] = {"tool_use_id": call.id, "name": call.name, "input": call.input}
     if machine:
         data["machine"] = machine
-    out.emit("TOOL_START", s.turn, data)
+    out.emit(EventType.TOOL_START, s.turn, data)
     out.s = replace(out.s, started=out.s.started + (call_id,))
 
 
@@ -670,22 +414,22 @@ def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
     }
     if outcome.machine:
         data["machine"] = outcome.machine
-    out.emit("TOOL_END", s.turn, data)
+    out.emit(EventType.TOOL_END, s.turn, data)
     if len(outcomes) < len(s.calls):
         out.s = replace(s, outcomes=outcomes)
         return
     known = dict(outcomes)
     out.add("user", results_message(s.calls, [known[c.id] for c in s.calls])["content"])
     out.s = replace(s, calls=(), started=(), outcomes=())
-    out.emit("TURN_END", s.turn, {"stop": "tool_use"})
+    out.emit(EventType.TURN_END, s.turn, {"stop": "tool_use"})
     _turn(out, s.turn + 1)
 
 
 def _worker_lost(out: _Out) -> None:
     s = out.s
-    if s.phase in ("model", "route"):
+    if s.phase in (Phase.MODEL, Phase.ROUTE):
         out.s = replace(s, partial=())
-        out.actions.append(CallModel(s.turn, direct=s.direct, route=s.phase == "route"))
+        out.actions.append(CallModel(s.turn, direct=s.direct, route=s.phase is Phase.ROUTE))
         return
     known = dict(s.outcomes)
     for call_id in s.started:
@@ -696,10 +440,10 @@ def _worker_lost(out: _Out) -> None:
 def _cancel(out: _Out, ev: Cancel) -> None:
     if ev.mode not in CANCEL_WHY:
         raise ValueError(f"unknown cancel mode {ev.mode!r}")
-    if ev.mode == "operation":
-        out.s = replace(out.s, stop_request=out.s.stop_request or "operation")
+    if ev.mode == CancelMode.OPERATION:
+        out.s = replace(out.s, stop_request=out.s.stop_request or CancelMode.OPERATION)
         for call_id, _ in out.s.asks:  # a waiting call is not work in flight: not run
-            _decide(out, Decide(call_id, "deny", "cancel", CANCEL_WHY["operation"]))
+            _decide(out, Decide(call_id, "deny", "cancel", CANCEL_WHY[CancelMode.OPERATION]))
         return
     out.actions.append(AbortJobs())
     _finish_cancelled(out, ev.mode, ev.reason)
@@ -711,7 +455,7 @@ def _finish_cancelled(out: _Out, mode: str, reason: str) -> None:
     _keep_partial(out, why)
     _end_started_tools(out, why)
     _close_open_calls(out, why)
-    out.emit("CANCELLED", out.s.turns, {"mode": mode, "reason": reason or why})
+    out.emit(EventType.CANCELLED, out.s.turns, {"mode": mode, "reason": reason or why})
 
 
 def _end_started_tools(out: _Out, why: str) -> None:
@@ -725,7 +469,7 @@ def _end_started_tools(out: _Out, why: str) -> None:
     for call_id in s.started:
         if call_id not in known:
             call = calls.get(call_id)
-            out.emit("TOOL_END", s.turn, {
+            out.emit(EventType.TOOL_END, s.turn, {
                 "tool_use_id": call_id, "name": call.name if call else "", "is_error": True,
                 "output": why, "duration_ms": 0.0,
             })
@@ -755,7 +499,7 @@ def _resume(out: _Out, ev: Resume) -> None:
         return
     out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False,
                     rules=ev.rules, approval_timeout_s=ev.approval_timeout_s, cwd=ev.cwd)
-    out.emit("RESUMED", s.turn, {"reason": ev.reason})
+    out.emit(EventType.RESUMED, s.turn, {"reason": ev.reason})
     last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
     if calls and s.asks:
@@ -765,16 +509,16 @@ def _resume(out: _Out, ev: Resume) -> None:
         known = dict(s.outcomes)
         for call in calls:
             if call.id in s.started and call.id not in known:
-                out.emit("TOOL_END", s.turn, {
+                out.emit(EventType.TOOL_END, s.turn, {
                     "tool_use_id": call.id, "name": call.name, "is_error": True,
                     "output": INTERRUPTED, "duration_ms": 0.0,
                 })
         _close_open_calls(out, INTERRUPTED)
         out.s = replace(out.s, calls=(), started=(), outcomes=())
-        out.emit("TURN_END", s.turn, {"stop": "tool_use"})
-        out.s = replace(out.s, phase="ready", first=s.turn + 1, router=False)
+        out.emit(EventType.TURN_END, s.turn, {"stop": "tool_use"})
+        out.s = replace(out.s, phase=Phase.READY, first=s.turn + 1, router=False)
         return
-    out.s = replace(out.s, phase="ready", first=max(1, s.turn), router=ev.router)
+    out.s = replace(out.s, phase=Phase.READY, first=max(1, s.turn), router=ev.router)
 
 
 def _resume_asking(out: _Out, calls: tuple[ToolCall, ...]) -> None:
@@ -788,12 +532,12 @@ def _resume_asking(out: _Out, calls: tuple[ToolCall, ...]) -> None:
         if call.id in known or call.id in asked:
             continue
         if call.id in s.started:
-            out.emit("TOOL_END", s.turn, {
+            out.emit(EventType.TOOL_END, s.turn, {
                 "tool_use_id": call.id, "name": call.name, "is_error": True,
                 "output": INTERRUPTED, "duration_ms": 0.0,
             })
         outcomes.append((call.id, ToolOutcome(INTERRUPTED, True)))
-    out.s = replace(out.s, phase="tools", calls=tuple(calls), outcomes=tuple(outcomes),
+    out.s = replace(out.s, phase=Phase.TOOLS, calls=tuple(calls), outcomes=tuple(outcomes),
                     started=tuple(c for c in s.started if c not in asked))
 
 

@@ -80,7 +80,9 @@ def _append(kept: list[Message], original: Message, role: str, content: list[Any
     if kept and kept[-1]["role"] == role:
         kept[-1] = {"role": role, "content": blocks(kept[-1]) + content}
         return
-    if content == blocks(original) and isinstance(original.get("content"), list) or isinstance(original.get("content"), str) and len(content) == 1:
+    as_list = isinstance(original.get("content"), list)
+    as_text = isinstance(original.get("content"), str)
+    if content == blocks(original) and as_list or as_text and len(content) == 1:
         kept.append(original)
     else:
         kept.append({"role": role, "content": content})
@@ -88,23 +90,31 @@ def _append(kept: list[Message], original: Message, role: str, content: list[Any
 
 def is_valid(history: list[Message]) -> bool:
     """Whether the API would accept `history`'s tool pairing and role order."""
-    if history and history[0].get("role") != "user":
-        return False
-    for i, msg in enumerate(history):
-        if i and history[i - 1].get("role") == msg.get("role"):
+    return valid_from(history, 0)
+
+
+def valid_from(history: list[Message], start: int) -> bool:
+    """Whether messages `start..` of `history` keep the one validity rule (what
+    `sanitize` keeps as is): user/assistant roles alternating from a user message,
+    none empty, every tool_use answered by the next message, every tool_result
+    answering the one before. (`start` > 0: the messages before are known valid.)"""
+    n = len(history)
+    for i in range(max(0, start), n):
+        msg = history[i]
+        role = msg.get("role")
+        if role not in ("user", "assistant") or not blocks(msg):
             return False
-        if not blocks(msg):
+        if i == 0 and role != "user":
+            return False
+        prev = history[i - 1] if i else None
+        if prev is not None and prev.get("role") == role:
             return False
         uses = tool_use_ids(msg)
-        if uses:
-            nxt = history[i + 1] if i + 1 < len(history) else None
-            if nxt is None or not set(uses) <= set(tool_result_ids(nxt)):
-                return False
+        if uses and (i + 1 >= n or not set(uses) <= set(tool_result_ids(history[i + 1]))):
+            return False
         results = tool_result_ids(msg)
-        if results:
-            prev = history[i - 1] if i else None
-            if prev is None or not set(results) <= set(tool_use_ids(prev)):
-                return False
+        if results and (prev is None or not set(results) <= set(tool_use_ids(prev))):
+            return False
     return True
 
 
@@ -113,10 +123,21 @@ def append_blocks(history: list[Message], role: str, added: list[dict[str, Any]]
     it has that role, else start a new message. The last message is replaced, never
     changed in place (`deltas` and the session log compare messages by identity), and
     the session log replays a history with this same rule."""
-    if history and history[-1].get("role") == role:
-        history[-1] = {"role": role, "content": blocks(history[-1]) + added}
+    message, joined = grown(history[-1] if history else None, role, added)
+    if joined:
+        history[-1] = message
     else:
-        history.append({"role": role, "content": list(added)})
+        history.append(message)
+
+
+def grown(last: Message | None, role: str,
+          added: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> tuple[Message, bool]:
+    """The append rule on the last message alone: the history's new last message when
+    `added` blocks of `role` join it, and whether it replaces `last` (same role) or
+    follows it (the machine, which keeps only the last message, grows it so)."""
+    if last is not None and last.get("role") == role:
+        return {"role": role, "content": blocks(last) + list(added)}, True
+    return {"role": role, "content": list(added)}, False
 
 
 def add_reply(history: list[Message], reply: Message) -> None:

@@ -1,0 +1,170 @@
+"""A session: who it is, its run's one state, and its history.
+
+The run's state is one value, `Session.run` (a `RunState`): `machine.step` makes
+every new one (`driver.RunDriver.feed`, or `feed_undriven` for an open run that
+no driver here carries), and the session log folds its records into one
+(`core/fold.py`). What else a session holds is its identity (id, agent, cwd,
+created), its history (grown by the additions each `Emit` carries), what the
+session log needs (`next_seq`, the run's first seq, key and deadline) and
+runtime handles (its task, its driver), never a copy of the run's counters:
+the names below that read like fields (`runs`, `run_over`, `said`, ...) are
+views of `run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.config import Agent
+from actors.core.deltas import TurnCache
+from actors.core.history import Message
+from actors.core.inputs import Input
+from actors.core.machine import step
+from actors.core.state import Phase, RunState
+from actors.core.turn import ToolOutcome
+from actors.usage import Meter
+
+__all__ = ["Session", "feed_undriven"]
+
+
+@dataclass
+class Session:
+    """A conversation: its identity, its run's state, its history and sequence."""
+
+    id: str
+    agent: Agent
+    cwd: str
+    history: list[Message] = field(default_factory=list)
+    #: The run's state (the current run's, or the last one's once it ended): changed by
+    #: `machine.step` only.
+    run: RunState = field(default_factory=RunState)
+    next_seq: int = 1
+    created: float = field(default_factory=time.time)
+    task: asyncio.Task[None] | None = None
+    #: Wall-clock time the current run must end by (0: no deadline).
+    deadline: float = 0.0
+    #: Checks a final answer (a typed output): None if it is fine, else the
+    #: problem, which gets one repair turn and then ends the run with `ERROR`.
+    output_check: Callable[[str], str | None] | None = None
+    #: The current run's first seq, and the key of the `StartRun` that began it (a
+    #: resent start is answered with this run).
+    run_from_seq: int = 0
+    start_key: str = ""
+    #: The supervisor is stopping: the run is left open, as journaled, for the next
+    #: supervisor to resume; it is not ended (cancelled) on the way out.
+    suspended: bool = False
+    #: What the turn path need not redo each turn (sanitising, history deltas).
+    turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
+    #: How much of `history` the session log has: its length and last message then
+    #: (see `fold.history_delta`).
+    logged_len: int = field(default=0, repr=False, compare=False)
+    logged_last: Message | None = field(default=None, repr=False, compare=False)
+    #: The driver of the session's open run (`driver.RunDriver`; None when no run is
+    #: open in this process). Runtime only: never journaled.
+    driver: Any = field(default=None, repr=False, compare=False)
+    #: Tokens and cost, the fold of the session's events (`stamp` applies each event
+    #: to it; `summary` reports it).
+    meter: Meter = field(default_factory=Meter)
+
+    def stamp(self, type_: str, data: dict[str, Any]) -> int:
+        """The seq of the session's next event, taken (and its tokens counted): the one
+        place an event of a session gets its seq."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self.meter.apply(type_, data)  # the session's tokens: the fold of its events
+        return seq
+
+    # -- views of `run` ----------------------------------------------------------------
+
+    @property
+    def run_over(self) -> bool:
+        """No run is open (the last one's terminal event went out)."""
+        return self.run.phase is Phase.IDLE
+
+    @property
+    def state(self) -> str:
+        """"running" while a run is open, else "idle" (as listed)."""
+        return "idle" if self.run.phase is Phase.IDLE else "running"
+
+    @property
+    def runs(self) -> int:
+        return self.run.runs
+
+    @property
+    def turns(self) -> int:
+        return self.run.turns
+
+    @property
+    def run_turn(self) -> int:
+        return self.run.turn
+
+    @property
+    def run_limit(self) -> int:
+        return self.run.limit
+
+    @property
+    def last_end(self) -> str:
+        return self.run.last_end
+
+    @property
+    def stop_request(self) -> str:
+        return self.run.stop_request
+
+    @property
+    def said(self) -> list[tuple[str, str]]:
+        """Messages said into the open run and not yet taken (`(text, by)`, oldest first)."""
+        return list(self.run.said)
+
+    @property
+    def started_calls(self) -> list[str]:
+        return list(self.run.started)
+
+    @property
+    def outcomes(self) -> dict[str, ToolOutcome]:
+        return dict(self.run.outcomes)
+
+    @property
+    def approvals(self) -> dict[str, float]:
+        """The current reply's calls waiting for approval: call id -> expires_at."""
+        return dict(self.run.asks)
+
+    @property
+    def decided(self) -> list[list[str]]:
+        """The current run's decisions: `[call_id, decision, by]`."""
+        return [list(d) for d in self.run.decided]
+
+    @property
+    def always(self) -> list[str]:
+        """Tools approved "always" in this session."""
+        return list(self.run.always)
+
+    def summary(self) -> dict[str, Any]:
+        """The session as listed by `oploop sessions`."""
+        run = self.run
+        return {
+            "session": self.id,
+            "state": self.state,
+            "agent": self.agent.name,
+            "runs": run.runs,
+            "turns": run.turns,
+            "last_seq": self.next_seq - 1,
+            "last_end": run.last_end,
+            "created": self.created,
+            "usage": self.meter.total().to_dict(),
+            **({"always_allow": list(run.always)} if run.always else {}),
+            **({"waiting_approval": [a[0] for a in run.asks]} if run.asks else {}),
+        }
+
+
+def feed_undriven(session: Session, event: Input) -> None:
+    """Step `session`'s run on `event` where no driver carries it (an open run a
+    restart left, not resumed in this process): only inputs that ask for nothing
+    (`Say`, `StopLater`) are recorded so, for its next driver to honour."""
+    state, actions = step(session.run, event)
+    if actions:
+        raise RuntimeError(f"{type(event).__name__} asks for work no driver carries")
+    session.run = state

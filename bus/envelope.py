@@ -1,0 +1,40 @@
+"""The frame's shell: `Envelope` (routing-free header fields) and `Body`, the base of
+every message type (`bus.messages`, `bus.jobs`); the protocol version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = ["PROTOCOL_VERSION", "Body", "Envelope"]
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """Base of every message body; `KIND` is the envelope's `kind` tag."""
+
+    KIND: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message: routing-free header fields plus a typed body.
+
+    `id` identifies the message (a reply carries the request's `id`), `sid` the
+    session, `job` the job, `deadline` an absolute `time.time()` after which the
+    work is moot (0 when none applies).
+    """
+
+    body: Body
+    id: str = ""
+    sid: str = ""
+    job: str = ""
+    deadline: float = 0.0
+    v: int = PROTOCOL_VERSION
+
+    @property
+    def kind(self) -> str:
+        """The body's kind tag."""
+        return self.body.KIND
