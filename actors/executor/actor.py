@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from actors.config import Config
 from actors.permissions import decide, denial
 from actors.runtime import run_actor
-from actors.sandbox import PolicyError, Sandbox, SandboxConfig
+from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes
 from actors.settings import Settings
 from actors.storage import private_files
 from actors.tools import (
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
     from actors.mcp.hub import McpHub
 
 log = logging.getLogger("oploop.executor")
+
+#: What a shell command prints when the sandbox refused it a write: its result then
+#: says which mode or key would allow it.
+_DENIED_WRITE = re.compile(r"Permission denied|Read-only file system|Operation not permitted")
 
 #: Tool calls one executor runs at once. One executor with many slots is the default
 #: (`OPLOOP_EXECUTORS`=1): an idle executor costs ~30 MB whatever its slots, a slot
@@ -162,8 +167,14 @@ class Executor(Worker):
             return await self._call_mcp(env, job)
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
-        cwd = Path(job.cwd) if job.cwd else Path.cwd()
-        workspace = self.sandbox.workspace_path(env.sid or "default")  # (no I/O)
+        sid = env.sid or "default"
+        try:
+            view = self.sandbox.view(
+                agent.sandbox if agent is not None else modes.WORKSPACE_WRITE, job.cwd, sid,
+                write_paths=agent.write_paths if agent is not None else (),
+                deny_read=agent.deny_read if agent is not None else ())
+        except modes.WorkdirRefused as exc:
+            return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
         risky = found is not None and found.spec.risky
         if risky:
             if job.name not in self.sandboxed:
@@ -171,29 +182,38 @@ class Executor(Worker):
                     f"{job.name}: refused: a risky tool with no sandboxed runner here", True, 0.0
                 )
             policy = self.sandbox.config.policy(job.name)
-            cwd = workspace
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
-        readable = ((job.cwd,) if job.cwd else ()) + tuple(job.read_paths)
-        ctx: ToolContext[None] = ToolContext(cwd=cwd, deadline=env.deadline or None,
-                                             private=self.private, workspace=workspace,
-                                             read_paths=readable)
+        # One working directory for every tool (the same relative path, the same file):
+        # the session's cwd, or in scratch mode its workspace. In scratch mode the reads
+        # also see the cwd the session was started in, and the agent's `read_paths`.
+        cwd = Path(view.cwd)
+        readable = (((job.cwd,) if job.cwd else ()) + tuple(job.read_paths)
+                    if view.confined else ())
+        ctx: ToolContext[None] = ToolContext(
+            cwd=cwd, deadline=env.deadline or None, private=self.private, workspace=cwd,
+            read_paths=readable, hidden=self.sandbox.hidden(view),
+            kept=(view.cwd, *view.writable, *readable), mode=view.mode)
         started = time.perf_counter()
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
             async with asyncio.timeout(timeout_s):
-                if risky:
+                if risky and view.confined:
                     # Inside the timeout: a set-up that hangs (its file system) ends the call.
                     try:
-                        await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+                        await asyncio.to_thread(self.sandbox.workspace, sid)
                     except ToolRefused as exc:  # no quota possible, the disk full, ...
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
-                outcome = await invoke(self.catalogue, job.name, job.input, ctx)
+                with modes.using(view):
+                    outcome = await invoke(self.catalogue, job.name, job.input, ctx)
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000
             return ToolResult(f"{job.name} timed out after {timeout_s:g} s", True, elapsed_ms)
         elapsed_ms = (time.perf_counter() - started) * 1000
-        return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3))
+        output = outcome.output
+        if job.name == "shell" and outcome.is_error and _DENIED_WRITE.search(output):
+            output += f"\n[{view.allow_hint()}]"
+        return ToolResult(output, outcome.is_error, round(elapsed_ms, 3))
 
     async def serve(self) -> None:
         """Sweep what a dead executor left, adopt orphans, then serve; tidy up on the way out."""

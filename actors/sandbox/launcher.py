@@ -296,7 +296,8 @@ class Launch:
             self.layer("no_new_privs", _prctl, PR_SET_NO_NEW_PRIVS, 1)
             ll = spec.get("landlock")
             if ll:
-                self.layer("landlock", apply_landlock, ll["ro"], ll["rw"], ll["deny_tcp"], True)
+                self.layer("landlock", apply_landlock, ll["ro"], ll["rw"], ll["deny_tcp"], True,
+                           ll.get("ls", ()))
             if spec.get("seccomp"):
                 self.layer("seccomp", apply_seccomp, spec["seccomp"])
         except LayerFailed as exc:
