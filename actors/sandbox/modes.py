@@ -92,15 +92,15 @@ class WorkView:
     def allow_hint(self) -> str:
         """What would allow a write the sandbox refused, for the error the model reads."""
         if self.mode == READ_ONLY:
-            return ("sandbox mode read-only: nothing is writable but /tmp (private to the "
-                    "call); the agent's `sandbox = \"workspace-write\"` allows the working "
-                    "directory")
+            return ("sandbox mode read-only: nothing is writable but a shell command's "
+                    "private /tmp; the agent's `sandbox = \"workspace-write\"` allows the "
+                    "working directory")
         if self.mode == SCRATCH:
-            return (f"sandbox mode scratch: only the session workspace {self.cwd} and /tmp "
-                    "are writable; the agent's `sandbox = \"workspace-write\"` works in the "
+            return (f"sandbox mode scratch: only the session workspace {self.cwd} is "
+                    "writable; the agent's `sandbox = \"workspace-write\"` works in the "
                     "directory the session was started in")
-        return (f"sandbox mode workspace-write: writable are {', '.join(self.writable)} and "
-                "/tmp; add the path to the agent's `write_paths` to allow it")
+        return (f"sandbox mode workspace-write: writable is {', '.join(self.writable)}; "
+                "add the path to the agent's `write_paths` to allow it")
 
 
 CURRENT: contextvars.ContextVar[WorkView | None] = contextvars.ContextVar(

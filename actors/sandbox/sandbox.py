@@ -662,11 +662,11 @@ class Sandbox:
             if op is None or op[0] == "write":
                 rw += list(view.writable) if tree else [str(cwd)]
             if op is None:
-                rw += list(RW_DEVICES) + (list(_PRIVATE_TMP) if ns else [])
+                rw += list(RW_DEVICES) + (_private_tmp(cwd, view) if ns else [])
             if tree:
                 ro = list(_tree_ro()) + list(policy.ro_paths)
             else:
-                system = _reads_system_ro() if reading else SYSTEM_RO_PATHS
+                system = (*_reads_system_ro(), *_PRIVATE_TMP) if reading else SYSTEM_RO_PATHS
                 ro = list(system) + list(policy.ro_paths) + ([str(cwd)] if reading else [])
             # Listing is allowed everywhere in those modes (`ls /`): names only; files
             # under /dev stay unreadable, hidden paths are empty.
@@ -678,7 +678,8 @@ class Sandbox:
         user = view.user if view is not None and uid >= 0 else "sandbox"
         home = view.home if view is not None and view.home and uid >= 0 else str(cwd)
         env = {
-            "PATH": _SANDBOX_PATH, "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+            "PATH": _SANDBOX_PATH, "HOME": home, "TMPDIR": (_private_tmp(cwd, view) or ["/tmp"])[0],
+            "LANG": "C.UTF-8",
             "TERM": "dumb", "USER": user, "LOGNAME": user,
             "OPLOOP_SANDBOX": view.mode if view is not None else modes.SCRATCH,
             "OPLOOP_SANDBOX_ID": secrets.token_hex(4),
@@ -717,6 +718,15 @@ class Extra:
 
 
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
+
+
+def _private_tmp(cwd: Path, view: modes.WorkView | None) -> list[str]:
+    """The private temporary directories a command may write: in read-only mode never
+    one holding the working directory (bound back inside it: a rule on it would make
+    the working directory writable too)."""
+    if view is None or view.mode != modes.READ_ONLY:
+        return list(_PRIVATE_TMP)
+    return [p for p in _PRIVATE_TMP if not cwd.is_relative_to(p)]
 
 
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:

@@ -42,7 +42,7 @@ def test_write_outside_workspace_etc_and_host_tmp(host: Host) -> None:
         assert not target.exists(), f"{target} was written from the sandbox"
     host_tmp = Path(f"/tmp/oploop-{token}")
     out, is_error = write_file(host, str(host_tmp))
-    assert is_error and "only inside the session workspace" in out, out
+    assert is_error and "sandbox mode scratch: only the session workspace" in out, out
     host.run(f"echo pwned > {host_tmp}")
     assert not host_tmp.exists(), "the sandbox wrote the host's /tmp"
     # /tmp inside is private: a write there never reaches the host's /tmp.
