@@ -139,7 +139,8 @@ class Agent:
     #: session's working directory and `write_paths` writable, the rest readable but
     #: what is hidden), "read-only" (nothing writable but a private /tmp), "scratch"
     #: (an empty per-session workspace, only the system's files readable).
-    sandbox: str = "workspace-write"
+    #: "" : the host's default (`OPLOOP_SANDBOX`, else "workspace-write").
+    sandbox: str = ""
     #: The working directory of this agent's sessions, whatever directory they were
     #: started in ("" : that directory, or `oploop run --cwd`).
     cwd: str = ""
@@ -153,6 +154,11 @@ class Agent:
     permissions: tuple[tuple[str, str, str | None, str], ...] = ()
     #: Seconds a call under `ask` waits for a decision before it is denied.
     approval_timeout_s: float = 600.0
+
+    @property
+    def sandbox_mode(self) -> str:
+        """The sandbox mode this agent's tools run in (`sandbox`, or the default)."""
+        return self.sandbox or "workspace-write"
 
     def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""
@@ -527,7 +533,7 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
         raise ConfigError(f"{source}: agents.{name}.temperature: must be within 0..1")
     from actors.sandbox.modes import MODES
 
-    if agent.sandbox not in MODES:
+    if agent.sandbox and agent.sandbox not in MODES:
         raise ConfigError(f"{source}: agents.{name}.sandbox: expected one of "
                           f"{', '.join(repr(m) for m in MODES)}, got {agent.sandbox!r}")
     for key in ("cwd", *(f"{k}[{i}]" for k in ("write_paths", "deny_read")

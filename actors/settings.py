@@ -31,6 +31,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_EVENT_RETENTION_SESSIONS` | 1000 | overrides `[retention] max_sessions` (0: no limit) |
 | `OPLOOP_EVENT_RETENTION_DAYS` | 30 | overrides `[retention] max_age`, in days (0: no limit) |
 | `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
+| `OPLOOP_SANDBOX` | workspace-write | the sandbox mode of agents whose `sandbox` is not set (`read-only`, `scratch`) |
 
 A few more are the host's handshake with the actors it starts, not settings a user
 sets: `OPLOOP_READY_FD` (the pipe to say "ready" on), `OPLOOP_PARENT_PID`,
@@ -194,6 +195,11 @@ def _with_env(config: Config, reader: _Reader) -> Config:
         retention = dataclasses.replace(retention, max_sessions=sessions)
     if days is not None:
         retention = dataclasses.replace(retention, max_age_s=days * 86_400.0)
+    mode = reader.choice("OPLOOP_SANDBOX", ("workspace-write", "read-only", "scratch", ""), "")
+    if mode:
+        agents = {name: agent if agent.sandbox else dataclasses.replace(agent, sandbox=mode)
+                  for name, agent in config.agents.items()}
+        config = dataclasses.replace(config, agents=agents)
     return dataclasses.replace(config, retention=retention, http=_http_env(config.http, reader))
 
 

@@ -170,7 +170,7 @@ class Executor(Worker):
         sid = env.sid or "default"
         try:
             view = self.sandbox.view(
-                agent.sandbox if agent is not None else modes.WORKSPACE_WRITE, job.cwd, sid,
+                agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE, job.cwd, sid,
                 write_paths=agent.write_paths if agent is not None else (),
                 deny_read=agent.deny_read if agent is not None else ())
         except modes.WorkdirRefused as exc:
