@@ -230,7 +230,7 @@ def money(cost: float | None) -> str:
     if cost is None:
         return ""
     if cost == 0:
-        return "$0"
+        return "$0.00"
     if cost < 0.01:
         return f"${cost:.4f}"
     return f"${cost:.2f}"
