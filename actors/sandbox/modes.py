@@ -199,9 +199,11 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     `workspace`); WorkdirRefused when `cwd` cannot be its working directory.
 
     `write_paths` that do not exist, or lie in a hidden path, are left out (never
-    made writable through a link: each is resolved).
+    made writable through a link: each is resolved). A session with no working
+    directory (one another host asked for: its start's path is dropped) works in
+    its scratch workspace, whatever the mode.
     """
-    if mode == SCRATCH:
+    if mode == SCRATCH or not cwd:
         owner = os.getuid()
         hidden = _hidden(homes_of(owner), deny_read)
         return WorkView(SCRATCH, workspace, user="sandbox", home=workspace,
