@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import sys
 import time
@@ -96,6 +97,8 @@ class Executor(Worker):
         #: the job (a second layer: the supervisor refuses them first).
         self.config = config or Config()
         home = endpoints.run_dir.parent
+        #: Serving a host on another machine (`OPLOOP_CONNECT`): its paths are not ours.
+        self.remote = endpoints.remote
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
@@ -168,13 +171,12 @@ class Executor(Worker):
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         sid = env.sid or "default"
-        try:
-            view = self.sandbox.view(
-                agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE, job.cwd, sid,
-                write_paths=agent.write_paths if agent is not None else (),
-                deny_read=agent.deny_read if agent is not None else ())
-        except modes.WorkdirRefused as exc:
-            return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
+        # The session's directory is a path of the host's machine: an executor serving
+        # a host elsewhere works in the session's scratch workspace (or the agent's own
+        # `cwd`, a path of this machine's configuration).
+        start = job.cwd
+        if self.remote:
+            start = os.path.expanduser(agent.cwd) if agent is not None and agent.cwd else ""
         risky = found is not None and found.spec.risky
         if risky:
             if job.name not in self.sandboxed:
@@ -183,27 +185,26 @@ class Executor(Worker):
                 )
             policy = self.sandbox.config.policy(job.name)
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
-        # One working directory for every tool (the same relative path, the same file):
-        # the session's cwd, or in scratch mode its workspace. In scratch mode the reads
-        # also see the cwd the session was started in, and the agent's `read_paths`.
-        cwd = Path(view.cwd)
-        readable = (((job.cwd,) if job.cwd else ()) + tuple(job.read_paths)
-                    if view.confined else ())
-        ctx: ToolContext[None] = ToolContext(
-            cwd=cwd, deadline=env.deadline or None, private=self.private, workspace=cwd,
-            read_paths=readable, hidden=self.sandbox.hidden(view),
-            kept=(view.cwd, *view.writable, *readable), mode=view.mode)
         started = time.perf_counter()
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
             async with asyncio.timeout(timeout_s):
-                if risky and view.confined:
-                    # Inside the timeout: a set-up that hangs (its file system) ends the call.
-                    try:
+                # In a thread, inside the timeout: the user's directory may be on a file
+                # system that hangs; the executor's loop keeps serving meanwhile.
+                try:
+                    view = await asyncio.to_thread(
+                        self.sandbox.view,
+                        agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE,
+                        start, sid,
+                        write_paths=agent.write_paths if agent is not None else (),
+                        deny_read=agent.deny_read if agent is not None else ())
+                    if risky and view.confined:
                         await asyncio.to_thread(self.sandbox.workspace, sid)
-                    except ToolRefused as exc:  # no quota possible, the disk full, ...
-                        return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
+                except (modes.WorkdirRefused, ToolRefused) as exc:
+                    # A directory that cannot be one; no quota possible, the disk full...
+                    return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
+                ctx = self._context(env, job, view, start)
                 with modes.using(view):
                     outcome = await invoke(self.catalogue, job.name, job.input, ctx)
         except TimeoutError:
@@ -214,6 +215,18 @@ class Executor(Worker):
         if job.name == "shell" and outcome.is_error and _DENIED_WRITE.search(output):
             output += f"\n[{view.allow_hint()}]"
         return ToolResult(output, outcome.is_error, round(elapsed_ms, 3))
+
+    def _context(self, env: Envelope, job: ToolJob, view: modes.WorkView,
+                 start: str) -> ToolContext[None]:
+        """One working directory for every tool (the same relative path, the same file):
+        the session's cwd, or in scratch mode its workspace. In scratch mode the reads
+        also see the directory the session was started in, and the agent's `read_paths`."""
+        cwd = Path(view.cwd)
+        readable = (((start,) if start else ()) + tuple(job.read_paths)
+                    if view.confined else ())
+        return ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private,
+                           workspace=cwd, read_paths=readable, hidden=self.sandbox.hidden(view),
+                           kept=(view.cwd, *view.writable, *readable), mode=view.mode)
 
     async def serve(self) -> None:
         """Sweep what a dead executor left, adopt orphans, then serve; tidy up on the way out."""
