@@ -357,3 +357,28 @@ def test_read_only_under_tmp_stays_read_only(user: User) -> None:
         release_all(home)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(project, ignore_errors=True)
+
+
+def test_a_root_owned_directory_runs_the_tools_as_root_without_capabilities(
+        user: User) -> None:
+    project = Path(tempfile.mkdtemp(prefix="oplr-", dir="/home"))
+    executor, home = _executor(modes.WORKSPACE_WRITE, user)
+    run = Run(executor, home, modes.WORKSPACE_WRITE, user)
+    try:
+        out = run.call("shell", cwd=project, command="id -un; grep ^Cap /proc/self/status; "
+                       "echo x > made; echo y > /etc/oploop-root-test; cat /etc/shadow; "
+                       "cat /proc/1/environ; chown 1 made; mount -t tmpfs t /mnt")
+        lines = out.output.splitlines()
+        assert lines[0] == "root", out
+        assert all(line.split()[1] == "0000000000000000" for line in lines[1:6]), out
+        assert (project / "made").stat().st_uid == 0
+        assert not Path("/etc/oploop-root-test").exists()
+        assert "root:" not in out.output.split("Cap")[-1], out  # no shadow entries
+        assert out.is_error and "workspace-write" in out.output
+        hidden = run.call("read_file", cwd=project, path="/root/.ssh/id_rsa")
+        assert "hidden by the sandbox" in hidden.output
+    finally:
+        executor.sandbox.close()
+        release_all(home)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(project, ignore_errors=True)
