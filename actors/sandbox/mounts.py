@@ -113,6 +113,7 @@ def user_entries(spec: dict[str, Any]) -> None:
         _mount(src, target, None, MS_BIND, None)
         _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
                None)
+        os.unlink(src)  # the mount holds the file: /run stays empty
 
 
 def detach_hidden_mounts(hide: list[str], keep: list[str]) -> None:
