@@ -129,21 +129,26 @@ def _under(path: str, roots: tuple[str, ...] | frozenset[str]) -> str:
 
 
 def credential_paths(homes: tuple[str, ...]) -> tuple[str, ...]:
-    """The credential folders and files of each home, resolved (whether they exist or not:
-    one made later is hidden too once it exists)."""
+    """The credential folders and files of each home, as given and resolved (whether
+    they exist or not: one made later is hidden too once it exists)."""
     out: list[str] = []
     for home in homes:
         if not home or home == "/":
             continue
         for rel in CREDENTIALS:
-            path = os.path.realpath(os.path.join(home, rel))
-            if path not in out:
-                out.append(path)
+            # Both: the resolved path, and the path itself (when it is a link made or
+            # changed later, the mount on it follows it to wherever it leads then).
+            given = os.path.join(home, rel)
+            for path in (os.path.realpath(given), given):
+                if path not in out:
+                    out.append(path)
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
 def homes_of(owner: int) -> tuple[str, ...]:
-    """/root, the home of `owner` (the cwd's owner) and of the host's own user."""
+    """/root, the home of `owner` (the cwd's owner) and of the host's own user (kept:
+    a passwd lookup per call would cost more than the launch's mounts)."""
     homes = ["/root"]
     for uid in (owner, os.getuid()):
         with contextlib.suppress(KeyError):
@@ -231,7 +236,9 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known)
 
 
+@functools.lru_cache(maxsize=256)
 def _hidden(homes: tuple[str, ...], deny_read: tuple[str, ...]) -> tuple[str, ...]:
+    # Kept: a folder made a link later is still hidden (the mount follows the link).
     denied = tuple(os.path.realpath(os.path.expanduser(p)) for p in deny_read)
     return tuple(dict.fromkeys((*SYSTEM_SECRETS, *_host_keys(), *credential_paths(homes),
                                 *denied)))
