@@ -621,7 +621,9 @@ class Sandbox:
             # A read needs no network, ipc or uts namespace (seccomp refuses it sockets):
             # only the mounts (what it may see) and the pid namespace (a fresh /proc).
             unshare = launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWPID
-        hidden = list(view.hidden) if view is not None else []
+        # Only those present now (one made during the call is the call's own doing): each
+        # costs the launcher a few stats and a pass over the mount table.
+        hidden = [p for p in view.hidden if os.path.lexists(p)] if view is not None else []
         homes = [] if tree else list(_HOMES)
         spec: dict[str, object] = {
             # On the user's files these three hold the rest out of reach (`check`): never
