@@ -219,12 +219,9 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     inside = _under(real, hidden)
     if inside:
         raise WorkdirRefused(f"working directory {cwd} is hidden from tools ({inside})")
-    known = True
-    try:
-        entry = pwd.getpwuid(st.st_uid)
-        user, home = entry.pw_name, entry.pw_dir
-    except KeyError:  # an owner with no name: one for the tools' view (`passwd` below)
-        known, user, home = False, f"u{st.st_uid}", real
+    known, user, home = _user_of(st.st_uid)
+    if not known:  # an owner with no name: one for the tools' view (`passwd_lines`)
+        home = real
     writable: tuple[str, ...] = ()
     if mode == WORKSPACE_WRITE:
         extra = []
@@ -234,6 +231,16 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
                 extra.append(resolved)
         writable = tuple(dict.fromkeys((real, *extra)))
     return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known)
+
+
+@functools.lru_cache(maxsize=256)
+def _user_of(uid: int) -> tuple[bool, str, str]:
+    """(named?, name, home) of `uid` from the passwd database (kept: one lookup each)."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return False, f"u{uid}", ""
+    return True, entry.pw_name, entry.pw_dir
 
 
 @functools.lru_cache(maxsize=256)
