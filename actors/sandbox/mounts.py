@@ -90,10 +90,9 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
 
 
 def _hide_file(path: str) -> None:
-    """Cover a hidden file (a credential file such as ~/.netrc) with an empty, read-only
-    one: /dev/null bound on it."""
+    """Cover a hidden file (a credential file such as ~/.netrc) with an empty one:
+    /dev/null bound on it (what is written there is lost; one mount, no remount)."""
     _mount("/dev/null", path, None, MS_BIND, None)
-    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
 def user_entries(spec: dict[str, Any]) -> None:
