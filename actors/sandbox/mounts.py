@@ -90,9 +90,10 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
 
 
 def _hide_file(path: str) -> None:
-    """Cover a hidden file (a credential file such as ~/.netrc) with an empty one:
-    /dev/null bound on it (what is written there is lost; one mount, no remount)."""
+    """Cover a hidden file (a credential file such as ~/.netrc) with /dev/null bound on
+    it, remounted nodev and read-only: opening it fails (EACCES), as for a hidden folder."""
     _mount("/dev/null", path, None, MS_BIND, None)
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
 def user_entries(spec: dict[str, Any]) -> None:
