@@ -382,3 +382,25 @@ def test_a_root_owned_directory_runs_the_tools_as_root_without_capabilities(
         release_all(home)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(project, ignore_errors=True)
+
+
+def test_no_setuid_or_setgid_file_is_left_behind(run: Run) -> None:
+    """The tool runs as the directory's owner: a setuid copy of a shell left there would
+    hand that owner (root, for a root-owned one) to whoever runs it later."""
+    if run.mode == modes.READ_ONLY:
+        pytest.skip("read-only: nothing to write")
+    out = run.sh("cp /bin/sh s1; chmod u+s s1; chmod g+s s1; chmod 4755 s1; "
+                 "python3 -c \"import os; os.close(os.open('s2', os.O_CREAT | os.O_WRONLY, "
+                 "0o4755)); os.close(os.open('s3', os.O_CREAT | os.O_WRONLY, 0o2755))\"; "
+                 "ls -l s1 s2 s3")
+    where = run.user.project if run.mode == modes.WORKSPACE_WRITE \
+        else run.home / "workspaces" / "s1"
+    try:
+        assert (where / "s1").exists(), out
+        for name in ("s1", "s2", "s3"):
+            if (where / name).exists():
+                assert not (where / name).stat().st_mode & 0o6000, (name, out.output)
+        assert "Operation not permitted" in out.output, out
+    finally:
+        for name in ("s1", "s2", "s3"):
+            _gone(run, where / name)
