@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 import shutil
 import tomllib
@@ -531,7 +532,7 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
         raise ConfigError(f"{source}: agents.{name}.max_tokens: must be at least 1")
     if not 0.0 <= agent.temperature <= 1.0:
         raise ConfigError(f"{source}: agents.{name}.temperature: must be within 0..1")
-    from actors.sandbox.modes import MODES
+    from actors.sandbox.modes import MODES, not_writable
 
     if agent.sandbox and agent.sandbox not in MODES:
         raise ConfigError(f"{source}: agents.{name}.sandbox: expected one of "
@@ -543,6 +544,9 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
         if value and not value.startswith(("/", "~")):
             raise ConfigError(f"{source}: agents.{name}.{key}: expected an absolute path, "
                               f"got {value!r}")
+        why = not_writable(os.path.normpath(value)) if base == "write_paths" else ""
+        if why:
+            raise ConfigError(f"{source}: agents.{name}.{key}: {value}: {why}")
     if agent.deadline_s < 0 or agent.tool_timeout_s <= 0:
         raise ConfigError(f"{source}: agents.{name}: deadline_s >= 0 and tool_timeout_s > 0")
     if agent.target_machine:

@@ -46,7 +46,9 @@ CREDENTIALS = (
 """Relative to a home: hidden from tools in every mode (`.oploop`: any oploop home in
 its default place, another host's included)."""
 SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
-                  "/etc/ssl/private", "/etc/sudoers", "/etc/sudoers.d")
+                  "/etc/ssl/private", "/etc/sudoers", "/etc/sudoers.d", "/etc/wireguard",
+                  "/etc/NetworkManager/system-connections", "/etc/krb5.keytab",
+                  "/etc/ipsec.secrets", "/etc/ppp/chap-secrets", "/etc/letsencrypt")
 """The system's own credentials: hidden too (a root-owned working directory runs the
 tools as root, without capabilities, but owner of these)."""
 
@@ -184,18 +186,23 @@ def check_workdir(path: str, mode: str, secret: tuple[str, ...] = ()) -> str:
                              "oploop home, a key or credential folder, or deny_read)")
     if mode != WORKSPACE_WRITE:
         return real
-    if real == "/":
-        raise WorkdirRefused("working directory /: tools would be allowed to write anywhere "
-                             "(sandbox mode workspace-write); start in a project directory, "
-                             "or use sandbox = \"read-only\"")
-    if real in SYSTEM_DIRS or _under(real, SYSTEM_TREES):
-        raise WorkdirRefused(f"working directory {path} is a system directory: not writable "
-                             "by tools (sandbox mode workspace-write); start in a project "
-                             "directory, or use sandbox = \"read-only\"")
-    if real in PRIVATE_PER_CALL:
-        raise WorkdirRefused(f"working directory {path}: each tool call gets a private, "
-                             "empty one in the sandbox; use a directory beneath it")
+    why = not_writable(real)
+    if why:
+        raise WorkdirRefused(f"working directory {path}: {why} (sandbox mode workspace-write); "
+                             "start in a project directory, or use sandbox = \"read-only\"")
     return real
+
+
+def not_writable(real: str) -> str:
+    """Why the resolved path `real` may never be made writable for tools ("" if it may):
+    `/`, a system directory, or one each call has a private copy of."""
+    if real == "/":
+        return "tools would be allowed to write anywhere"
+    if real in SYSTEM_DIRS or _under(real, SYSTEM_TREES):
+        return "a system directory, never writable by tools"
+    if real in PRIVATE_PER_CALL:
+        return "each tool call gets a private, empty one in the sandbox"
+    return ""
 
 
 def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...] = (),
@@ -227,7 +234,8 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
         extra = []
         for path in write_paths:
             resolved = os.path.realpath(os.path.expanduser(path))
-            if os.path.isdir(resolved) and not _under(resolved, (*hidden, *secret)):
+            if (os.path.isdir(resolved) and not _under(resolved, (*hidden, *secret))
+                    and not not_writable(resolved)):
                 extra.append(resolved)
         writable = tuple(dict.fromkeys((real, *extra)))
     return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known)

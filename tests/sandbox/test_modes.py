@@ -316,9 +316,11 @@ def test_the_mount_table_names_no_other_session(run: Run, user: User) -> None:
 @pytest.mark.parametrize(("cwd", "why"), [
     ("/nonexistent/dir", "does not exist"),
     ("/", "tools would be allowed to write anywhere"),
+    ("/etc/", "system directory"),
     ("/etc", "system directory"),
     ("/usr/lib", "system directory"),
     ("/tmp", "private, empty one"),
+    ("/var", "system directory"),
     ("relative", "absolute path"),
 ])
 def test_bad_working_directories_are_refused(cwd: str, why: str) -> None:
@@ -404,3 +406,11 @@ def test_no_setuid_or_setgid_file_is_left_behind(run: Run) -> None:
     finally:
         for name in ("s1", "s2", "s3"):
             _gone(run, where / name)
+
+
+@pytest.mark.parametrize("path", ["/", "/etc", "/usr/lib", "/tmp"])
+def test_write_paths_never_name_a_system_directory(path: str) -> None:
+    from actors.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"agents\.ops\.write_paths\[0\]: .*"):
+        parse_config({"agents": {"ops": {"write_paths": [path]}}}, "oploop.toml")
