@@ -24,6 +24,10 @@ so a typo fails there with a message naming the key, never mid-session::
     max_running_sessions = 1000
     journal_reserve_mb = 64       # below this much free disk, new runs are refused
     compact_every_kb = 4096       # a running session's log is compacted every this many KB
+    max_result_chars = 262144     # an MCP result's text, an ask_machine answer (actors.bounds)
+    max_tools = 200               # MCP tools an executor offers; the rest are left out
+    max_tool_description_chars = 2048
+    max_tool_schema_chars = 16384 # a tool whose input schema (JSON) is longer is left out
 
     [retention]                   # finished sessions deleted (0: no limit); see Retention
     max_age = "30d"
@@ -34,6 +38,7 @@ so a typo fails there with a message naming the key, never mid-session::
     [network]                     # also serve on TCP (workers, clients elsewhere)
     listen = "tcp://0.0.0.0:7400" # five consecutive ports: api, control, work, events, replay
     curve = true                  # required off loopback; keys in $OPLOOP_HOME/keys
+    local_worker_keys = []        # worker keys that may serve unnamed, as the host's own
 
     [mcp.time]                    # an MCP tool server (actors/mcp/config.py, docs/mcp.md)
     command = ["mcp-server-time"]
@@ -46,7 +51,8 @@ so a typo fails there with a message naming the key, never mid-session::
     [peers.b]                     # another host this one may ask (ask_machine)
     connect = "tcp://10.0.0.2:7400"
     keys = "keys/b"               # issued by b: oploop keys add A --role peer
-    agent = ""                    # b's agent (default: b's default agent)
+    agent = ""                    # b's agent (default: b's default agent): the one
+                                  # b bound the key to (keys add A --role peer --agent)
     timeout_s = 600
 
     [prices."claude-sonnet-4-5"]  # USD per million tokens (defaults: actors.usage)
@@ -63,6 +69,7 @@ so a typo fails there with a message naming the key, never mid-session::
     max_turns = 30
     category_allowlist = ["files"]
     approval_timeout_s = 600      # a call under "ask" is denied after this long
+    network = ["pypi.org", "*.corp.example", "127.0.0.1:8080"]  # or "none" (default), "all"
 
     [agents.ops.permissions]      # first match wins; a key is TOOL or TOOL(GLOB)
     "shell(ls *)" = "allow"       # (see actors.permissions)
@@ -87,8 +94,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors import bounds
 from actors.ask.peers import Peer, PeerConfigError, parse_peers
 from actors.mcp.config import McpConfigError, McpServerConfig, parse_servers
+from actors.netproxy.allowlist import NONE, NetworkSetting, parse_network
 from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import EndpointError, Network, PlainTcpRefused
 
@@ -155,6 +164,10 @@ class Agent:
     permissions: tuple[tuple[str, str, str | None, str], ...] = ()
     #: Seconds a call under `ask` waits for a decision before it is denied.
     approval_timeout_s: float = 600.0
+    #: What `shell` may reach: "none" (no socket at all), "all" (the host's network), or
+    #: a tuple of allowed hosts (`actors.netproxy.allowlist`), reached through the host's
+    #: filtering proxy (docs/sandbox.md, "Network").
+    network: NetworkSetting = NONE
 
     @property
     def sandbox_mode(self) -> str:
@@ -196,7 +209,7 @@ class RouterConfig:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What the api refuses up front, with a clear error."""
+    """What the api refuses up front, with a clear error, and what is cut where it enters."""
 
     max_prompt_chars: int = 1_000_000
     max_running_sessions: int = 1_000
@@ -208,6 +221,16 @@ class Limits:
     #: long run, once this many KB of records were logged since the last one: a
     #: restart folds at most this much (0: only at a run's end).
     compact_every_kb: int = 4096
+    #: What enters a history from outside the built-ins is cut to these, with a note
+    #: saying how much was cut (`actors.bounds`): an MCP result's text and an
+    #: `ask_machine` answer (characters; the host also cuts every tool result it takes
+    #: to this, and 1 KiB of the tools' own notes); the MCP tools one executor offers, each
+    #: description (characters), each input schema (characters of JSON; a tool over it
+    #: is left out, and its server's status says so).
+    max_result_chars: int = bounds.MAX_RESULT_CHARS
+    max_tools: int = bounds.MAX_TOOLS
+    max_tool_description_chars: int = bounds.MAX_TOOL_DESCRIPTION_CHARS
+    max_tool_schema_chars: int = bounds.MAX_TOOL_SCHEMA_CHARS
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +322,9 @@ class Config:
     retention: Retention = Retention()
     #: TCP besides ipc (None: ipc only, the default).
     network: Network | None = None
+    #: Worker keys that may serve unnamed, as the host's own machine (`[network]
+    #: local_worker_keys`); every other worker key serves only the machine it names.
+    local_worker_keys: frozenset[str] = frozenset()
     http: HttpConfig = HttpConfig()
     #: USD per million tokens, by model id (`actors.usage.price_for` looks models up).
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
@@ -352,15 +378,25 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         aliases=aliases,
         hidden=_hidden(data.get("hidden", {}), source),
         router=_record(RouterConfig, data.get("router", {}), source, "router"),
-        limits=_record(Limits, data.get("limits", {}), source, "limits"),
+        limits=_limits(data.get("limits", {}), source),
         retention=_retention(data.get("retention", {}), source),
         network=_network(data.get("network"), source),
+        local_worker_keys=_local_worker_keys(data.get("network"), source),
         http=_http(data.get("http", {}), source),
         prices=_prices(data.get("prices", {}), source),
         peers=_peers(data.get("peers", {}), source),
         mcp=_mcp(data.get("mcp", {}), source),
         source=source,
     )
+
+
+def _limits(raw: Any, source: str) -> Limits:
+    limits: Limits = _record(Limits, raw, source, "limits")
+    for name in ("max_result_chars", "max_tools", "max_tool_description_chars",
+                 "max_tool_schema_chars"):
+        if getattr(limits, name) < 1:
+            raise ConfigError(f"{source}: limits.{name}: must be at least 1")
+    return limits
 
 
 def _peers(raw: Any, source: str) -> dict[str, Peer]:
@@ -413,7 +449,7 @@ def _network(raw: Any, source: str) -> Network | None:
     if raw is None:
         return None
     table = _table(raw, source, "network")
-    _no_unknown(table, {"listen", "curve"}, source, "network")
+    _no_unknown(table, {"listen", "curve", "local_worker_keys"}, source, "network")
     if "listen" not in table:
         raise ConfigError(f"{source}: network.listen: required (tcp://HOST:PORT)")
     listen = _check(str, table["listen"], source, "network.listen")
@@ -423,6 +459,16 @@ def _network(raw: Any, source: str) -> Network | None:
     except EndpointError as exc:
         key = "network.curve" if isinstance(exc, PlainTcpRefused) else "network.listen"
         raise ConfigError(f"{source}: {key}: {exc}") from exc
+
+
+def _local_worker_keys(raw: Any, source: str) -> frozenset[str]:
+    """`[network] local_worker_keys`: names of worker keys (`oploop keys add NAME --role
+    worker`) allowed to serve without `--machine`, as the host's own executors do."""
+    names = _table(raw, source, "network").get("local_worker_keys", []) if raw else []
+    where = f"{source}: network.local_worker_keys"
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}: expected a list of key names")
+    return frozenset(names)
 
 
 def _http(raw: Any, source: str) -> HttpConfig:
@@ -522,8 +568,14 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
             rules = parse_rules(_table(raw.pop("permissions"), source, where))
         except BadRule as exc:
             raise ConfigError(f"{source}: {where}.{exc}") from None
+    network: NetworkSetting = NONE
+    if "network" in raw:  # "none", "all" or a list (not a field `_record` can check)
+        try:
+            network = parse_network(raw.pop("network"))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: agents.{name}.network: {exc}") from None
     agent: Agent = _record(Agent, {**raw, "name": name}, source, f"agents.{name}")
-    agent = dataclasses.replace(agent, permissions=rules)
+    agent = dataclasses.replace(agent, permissions=rules, network=network)
     if agent.approval_timeout_s <= 0:
         raise ConfigError(f"{source}: agents.{name}.approval_timeout_s: must be more than 0")
     if agent.max_turns < 1:

@@ -3,7 +3,8 @@
 A worker machine is a group of workers (`oploop worker --machine NAME`) that
 connects to a host over TCP + CURVE. Its workers say the name in `Ready`; a
 session whose agent has a `target_machine` runs its tools only on executors of
-that machine. The host's own workers (and unnamed ones) are the machine `local`.
+that machine. The host's own workers (and unnamed ones a host admits by key:
+`[network] local_worker_keys`) are the machine `local`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ LOCAL = "local"
 #: The exit status of a worker whose key the host refused (EX_NOPERM): whoever
 #: supervises it (`oploop worker`) stops restarting it and says why.
 EXIT_REFUSED = 77
+#: The exit status of a worker whose key the host admitted but not for the machine
+#: it names (a worker key serves only its own machine; EX_CONFIG).
+EXIT_MACHINE_REFUSED = 78
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -295,9 +295,9 @@ class _LocalIO(Generic[Deps]):
             if not route:
                 progress(Delta(text, channel))
 
-        def on_retry(attempt: int, error: str, wait_s: float) -> None:
+        def on_retry(attempt: int, error: str, wait_s: float, stall_bound_s: float) -> None:
             if not route:
-                progress(Retry(attempt, error, wait_s))
+                progress(Retry(attempt, error, wait_s, stall_bound_s))
 
         runner = self.runner
         policy, total_s = runner.policy, None

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from actors.machines import EXIT_REFUSED
+from actors.machines import EXIT_MACHINE_REFUSED, EXIT_REFUSED
 from actors.runtime import notify_ready
 from bus.codec import MAX_FRAME_BYTES, encode
 from bus.endpoints import Endpoints
@@ -37,6 +37,7 @@ from bus.messages import (
     ControlHello,
     Disconnect,
     Envelope,
+    ErrorReply,
     Heartbeat,
     JobFailed,
     LlmResult,
@@ -61,12 +62,21 @@ _DETAIL_CHARS = 300
 _FINAL = (LlmResult, ToolResult, JobFailed)
 
 
-class WorkerRefused(Exception):
-    """The host refused this worker's key: nothing it can do will be accepted."""
+#: How long a worker elsewhere waits for the host to accept its `Ready` before it
+#: says it is ready anyway (the host may be down: libzmq keeps connecting).
+ACCEPT_WAIT_S = 5.0
 
-    def __init__(self, address: str) -> None:
-        super().__init__(f"the host at {address} refused this worker's key")
+
+class WorkerRefused(Exception):
+    """The host refused this worker: its key (at the handshake, `why` empty), or the
+    machine it names (the supervisor's `ErrorReply`, `why` says): nothing it can do
+    will be accepted."""
+
+    def __init__(self, address: str, why: str = "") -> None:
+        super().__init__(f"the host at {address} refused this worker: {why}" if why
+                         else f"the host at {address} refused this worker's key")
         self.address = address
+        self.why = why
 
 
 class Worker(ABC):
@@ -93,8 +103,14 @@ class Worker(ABC):
             zmq.DEALER, "work", self._on_work, connect=endpoints.address("work"),
             secure=endpoints.client_side("work"), routing_id=ident,
         )
-        #: Set when the host refuses this worker's key (a worker elsewhere, over CURVE).
+        #: Set when the host refuses this worker's key (a worker elsewhere, over CURVE),
+        #: or the machine it names (`why`).
         self.refused = asyncio.Event()
+        self.why = ""
+        #: Set at the first word of the supervisor after a `Ready` that is no refusal.
+        self.accepted = asyncio.Event()
+        #: A worker elsewhere says it is ready once accepted (`ACCEPT_WAIT_S` at most).
+        self._wait_accept = endpoints.remote
         if endpoints.curve and endpoints.remote:
             self.reactor.watch_handshakes(self.work, self._on_handshake)
         self.jobs: dict[str, asyncio.Task[None]] = {}
@@ -204,7 +220,19 @@ class Worker(ABC):
 
     async def _until_refused(self) -> None:
         await self.refused.wait()
-        raise WorkerRefused(self.endpoints.address("work"))
+        raise WorkerRefused(self.endpoints.address("work"), self.why)
+
+    async def _notify_when_accepted(self) -> None:
+        """Say ready once the host accepted us (a worker elsewhere), so that a refused
+        one never looks as if it served; a host that does not answer yet (down, or
+        the link) gets `ACCEPT_WAIT_S`, then we say ready and keep trying."""
+        if self._wait_accept:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(ACCEPT_WAIT_S):
+                    await self.accepted.wait()
+            if self.refused.is_set():
+                return
+        notify_ready()
 
     def _on_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
@@ -231,7 +259,15 @@ class Worker(ABC):
     def _on_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
         body = env.body
+        if isinstance(body, ErrorReply):
+            if body.code == "refused":  # dispatch.REFUSED: the machine we name is not ours
+                log.error("%s: the host refused this worker: %s", self.worker_id,
+                          body.message)
+                self.why = body.message
+                self.refused.set()
+            return
         if isinstance(body, Heartbeat):
+            self.accepted.set()  # the supervisor beats only for workers it registered
             return
         if isinstance(body, Disconnect):
             if self._answers_an_old_message(env.id):
@@ -245,6 +281,7 @@ class Worker(ABC):
             self._abandon_jobs()
             self._say_ready()
             return
+        self.accepted.set()
         if env.job in self.jobs:
             log.warning("%s: duplicate job %s ignored", self.worker_id, env.job)
             return
@@ -319,14 +356,14 @@ class Worker(ABC):
                 group.create_task(self.reactor.run(), name="reactor")
                 self._liveness.heard(_SUPERVISOR)
                 self._say_ready()
-                notify_ready()
+                group.create_task(self._notify_when_accepted(), name="ready")
                 group.create_task(self._beat(), name="heartbeat")
                 group.create_task(self._until_refused(), name="refusal")
         except* WorkerRefused as refused:
             # A status of its own, so a supervising `oploop worker` stops (not restarts).
             print(f"oploop {self.role} worker: {refused.exceptions[0]}", file=sys.stderr,
                   flush=True)
-            raise SystemExit(EXIT_REFUSED) from None
+            raise SystemExit(EXIT_MACHINE_REFUSED if self.why else EXIT_REFUSED) from None
         finally:
             with contextlib.suppress(BusError):
                 self.work.send(Envelope(Disconnect()))

@@ -1,4 +1,5 @@
-"""`python -m bench [--quick] [--json PATH] [--section NAME ...]`: run the benchmark."""
+"""`python -m bench [--quick] [--json PATH] [--section NAME ...] [--against REF [--rounds N]]`:
+run the benchmark (with `--against`, on REF and on this tree alternately, side by side)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import bench
 from bench.stats import machine
 
 #: Sections in report order; modules written later (sandbox, fanout, ...) join if present.
-SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "fanout", "curve",
-            "history", "growth", "diskio", "idle")
+SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "netproxy", "fanout",
+            "curve", "history", "growth", "diskio", "idle")
 
-_HELPERS = {"stats", "host", "driver", "peers", "model"}
+_HELPERS = {"stats", "host", "driver", "peers", "model", "against"}
 
 
 def discover() -> dict[str, ModuleType]:
@@ -53,12 +54,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--section", action="append", metavar="NAME",
                         help="run only this section (repeatable)")
+    parser.add_argument("--against", metavar="REF",
+                        help="also run on git REF (built once in a cached worktree), "
+                             "alternating, and print each figure side by side with the ratio")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="with --against: runs of each side (default 2)")
     args = parser.parse_args(argv)
     sections = discover()
     chosen = args.section or list(sections)
     unknown = [n for n in chosen if n not in sections]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; have {', '.join(sections)}")
+    if args.against:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        from bench import against
+
+        passed = (["--quick"] if args.quick else []) + [
+            a for name in (args.section or ()) for a in ("--section", name)]
+        return against.main(args.against, args.rounds, passed, args.json)
     report: dict[str, Any] = {"quick": args.quick, "started": time.time(),
                               "machine": machine(), "sections": {}}
     print(f"oploop bench{' --quick' if args.quick else ''}: {report['machine']['cores']} cores, "

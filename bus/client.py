@@ -27,7 +27,7 @@ import zmq
 
 from bus.codec import decode
 from bus.endpoints import Endpoints
-from bus.errors import BadFrame, RemoteError, RequestTimeout
+from bus.errors import BadFrame, RemoteError, RequestTimeout, SessionRemoved
 from bus.messages import (
     Cancel,
     CancelAck,
@@ -35,6 +35,7 @@ from bus.messages import (
     DecideCalls,
     Envelope,
     Event,
+    ForgetSessions,
     InspectSession,
     ListSessions,
     ListTools,
@@ -339,7 +340,11 @@ class Client:
                     async for ev in self._fetch(session, view, missed_live=live):
                         yield ev
                     continue
-                if env.sid != session or not isinstance(env.body, Event):
+                if env.sid != session:
+                    continue
+                if isinstance(env.body, ForgetSessions):
+                    raise SessionRemoved(session)
+                if not isinstance(env.body, Event):
                     continue
                 seq = env.body.seq
                 was_live, live = live, True
@@ -405,6 +410,10 @@ class Client:
                 # unknown_session: not logged yet; bad_seq: a restarted broadcaster still
                 # recovering what we have already seen. Live events or the next resync
                 # bring the rest.
+                if exc.code == "unknown_session" and view.seen:
+                    # It had events, and the log holds none now: deleted meanwhile (the
+                    # live notice of it may have come before this viewer subscribed).
+                    raise SessionRemoved(session) from None
                 if exc.code in ("unknown_session", "bad_seq"):
                     return
                 raise
@@ -533,6 +542,8 @@ class _View:
         self.next_seq = max(1, from_seq)
         self.stop_at = stop_at
         self.finished = False
+        #: Whether any event was accepted (then an unknown session is a deleted one).
+        self.seen = False
         self._on_lag = on_lag
         self._missed = 0
         self._lost = 0
@@ -561,6 +572,7 @@ class _View:
         self._told_at = time.monotonic()
 
     def accept(self, ev: dict[str, Any], newest: int) -> None:
+        self.seen = True
         self.next_seq = ev["seq"] + 1
         if ev["type"] in TERMINAL_TYPES and (self.stop_at == "first" or ev["seq"] >= newest):
             self.finished = True

@@ -63,3 +63,12 @@ class AccessDenied(BusError):
         super().__init__(f"{endpoint}: the host {reason}")
         self.endpoint = endpoint
         self.reason = reason
+
+
+class SessionRemoved(BusError):
+    """The session a viewer follows was deleted (`oploop rm`, retention): its events
+    end here, and it will have no more."""
+
+    def __init__(self, session: str) -> None:
+        super().__init__(f"session {session} was removed")
+        self.session = session

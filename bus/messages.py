@@ -59,7 +59,8 @@ class ErrorReply(Body):
     """Any request socket -> requester: the request failed or was refused.
 
     `code` is a stable tag (`bad_frame`, `unknown_session`, `busy`, ...),
-    `message` one human-readable line.
+    `message` one human-readable line. Also supervisor `work` -> worker, code
+    `refused`: its `Ready` is refused (its key may not serve that machine); it stops.
     """
 
     KIND: ClassVar[str] = "error"
@@ -365,8 +366,10 @@ class Ready(Body):
 
     Executors list the tools they run (ToolSpec wire dicts). `machine` names the
     worker machine this worker runs on (`oploop worker --machine NAME`); empty for
-    the host's own workers (and unnamed ones), which serve as "local". Sent on
-    connect and whenever the supervisor says `Disconnect`. No reply.
+    the host's own workers (and unnamed ones the host admits), which serve as "local"
+    (a worker key's `Ready` naming another machine, or none unless allowed, is answered
+    `ErrorReply("refused", why)`; an accepted one gets a `Heartbeat` at once). Sent on
+    connect and whenever the supervisor says `Disconnect`.
     """
 
     KIND: ClassVar[str] = "ready"
@@ -456,12 +459,15 @@ class Retrying(Body):
     """Llm caller -> supervisor: attempt `attempt` failed with `error`; next in `wait_s`.
 
     Text streamed by the failed attempt is void; the supervisor tells viewers.
+    `stall_bound_s`: when the attempt stalled, the bound that fired (the next
+    attempt's is doubled, up to 30 s); 0 otherwise.
     """
 
     KIND: ClassVar[str] = "retrying"
     attempt: int
     error: str
     wait_s: float
+    stall_bound_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,7 +552,11 @@ class Event(Body):
 @dataclass(frozen=True, slots=True)
 class ForgetSessions(Body):
     """Supervisor PUSH -> broadcaster `ingest`: these sessions were deleted; drop their
-    event logs. It travels behind every event of theirs already pushed. No reply."""
+    event logs. It travels behind every event of theirs already pushed. No reply.
+
+    Broadcaster PUB `events` -> viewers, one session at a time on its topic: that
+    session was deleted; a viewer following it stops (`Client.events` raises
+    `SessionRemoved`)."""
 
     KIND: ClassVar[str] = "forget_sessions"
     sessions: list[str]

@@ -14,7 +14,8 @@ for that socket's *domain*:
 So a viewer's key can watch and replay, never start or cancel; a worker's key
 cannot start runs. A peer's key (another host asking this one's agent, `ask_machine`)
 is admitted like a control key, and the supervisor narrows what it may ask: new runs
-only, in no directory of its choosing, with this host's agents and rules. The host's
+only, on the one agent this host bound the key to when it issued it (`peer_agent`),
+in no directory of its choosing, under this host's rules. The host's
 own actors and the local CLI use the local key, admitted everywhere (reading it
 needs this user's file permissions).
 
@@ -26,6 +27,8 @@ CURVE on (or the first `oploop keys`):
     authorized/<role>/<name>.key      public keys admitted per role; read again
                                       when the folder changes (a revoked key is
                                       refused at its next handshake)
+    peer-agents/<name>                the one agent peer key <name> may start runs
+                                      on (`--agent`; default: the default agent)
     issued/<name>/                    a key made by `oploop keys add`: copy the
                                       folder to the remote machine as `OPLOOP_KEYS`
 
@@ -64,6 +67,9 @@ DOMAIN_OF = {"api": "api", "control": "control", "work": "work",
 #: Which key roles each domain admits.
 ADMITS = {"api": ("control", "peer"), "control": ("control", "worker", "peer"),
           "work": ("worker",), "view": ("control", "viewer", "peer")}
+
+#: The folder (in the keys folder) saying which agent each peer key may use.
+PEER_AGENTS = "peer-agents"
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -153,22 +159,42 @@ class Keyring:
         """The local key, as a client uses it."""
         return ClientKeys.load(self.folder)
 
-    def issue(self, name: str, role: str) -> Path:
+    def issue(self, name: str, role: str, agent: str = "") -> Path:
         """Make a keypair `name` for `role`, authorise it, and return the folder to copy
-        to the remote machine (its `OPLOOP_KEYS`)."""
+        to the remote machine (its `OPLOOP_KEYS`). A peer key starts runs on `agent`
+        only (empty: this host's default agent; `peer_agent`)."""
         if role not in ROLES:
             raise CredentialError(f"role {role!r}: expected one of {', '.join(ROLES)}")
         _check_name(name)
+        if agent and role != "peer":
+            raise CredentialError("--agent: only a peer key is bound to an agent")
+        if agent and not _NAME.fullmatch(agent):
+            raise CredentialError(f"agent name {agent!r}: letters, digits, '_', '.', '-'")
         if self.role_of(name) is not None:
             raise CredentialError(f"a key named {name!r} exists already (revoke it first)")
         out = self.folder / "issued" / name
         out.mkdir(mode=0o700)
         _create(out, "client")
         shutil.copyfile(self.folder / "server.key", out / "server.key")
+        if role == "peer":  # before the key is admitted: never a moment without it
+            agents = self.folder / PEER_AGENTS
+            agents.mkdir(mode=0o700, exist_ok=True)
+            (agents / name).write_text((agent or "default") + "\n")
         authorised = self.folder / "authorized" / role / f"{name}.key"
         shutil.copyfile(out / "client.key", authorised)
         os.chmod(authorised, 0o600)
         return out
+
+    def peer_agent(self, name: str) -> str:
+        """The agent peer key `name` may start runs on: named when it was issued
+        (`oploop keys add NAME --role peer --agent AGENT`), else this host's default
+        agent ("default")."""
+        try:
+            _check_name(name)
+            agent = (self.folder / PEER_AGENTS / name).read_text().strip()
+        except (CredentialError, OSError):
+            return "default"
+        return agent or "default"
 
     def revoke(self, name: str) -> bool:
         """Withdraw key `name` (from every role) and delete its issued folder.
@@ -182,6 +208,7 @@ class Keyring:
             if path.exists():
                 path.unlink()
                 found = True
+        (self.folder / PEER_AGENTS / name).unlink(missing_ok=True)
         issued = self.folder / "issued" / name
         if issued.is_dir():
             shutil.rmtree(issued)

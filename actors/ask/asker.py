@@ -21,6 +21,7 @@ from actors.ask import link
 from actors.ask.peers import Peer
 from actors.ask.relay import Relay
 from actors.ask.tool import NAME, check, spec
+from actors.bounds import MAX_RESULT_CHARS, cut_text
 from bus.client import Client
 from bus.endpoints import Endpoints
 from bus.errors import BusError, RemoteError, RequestTimeout
@@ -31,8 +32,11 @@ log = logging.getLogger("oploop.ask")
 class Asker:
     """Runs the `ask_machine` calls of one host to its `peers`."""
 
-    def __init__(self, peers: Mapping[str, Peer]) -> None:
+    def __init__(self, peers: Mapping[str, Peer], max_answer_chars: int = MAX_RESULT_CHARS
+                 ) -> None:
+        """`max_answer_chars`: an answer longer is cut (`limits.max_result_chars`)."""
         self.peers = dict(peers)
+        self.max_answer_chars = max_answer_chars
         self._clients: dict[str, Client] = {}
         #: Cancels of remote runs still on their way, and clients of lost links closing
         #: (owned here, awaited at close).
@@ -63,7 +67,7 @@ class Asker:
             async with asyncio.timeout(peer.timeout_s):
                 answer = await link.follow(client, peer, session, from_seq, relay, emit)
             ended = True
-            return answer.output, answer.is_error
+            return cut_text(answer.output, self.max_answer_chars), answer.is_error
         except TimeoutError:
             return (f"machine {peer.name}: no answer within {peer.timeout_s:g} s "
                     f"(peers.{peer.name}.timeout_s); its run is cancelled", True)

@@ -3,7 +3,9 @@
     [peers.b]
     connect = "tcp://10.0.0.2:7400"   # the other host's [network] listen
     keys = "keys/b"                   # a folder `oploop keys add A --role peer` made on b
-    agent = "ops"                     # b's agent to ask (default: b's default agent)
+    agent = "ops"                     # b's agent to ask (default: b's default agent);
+                                      # b answers only for the agent it bound the key to
+                                      # (oploop keys add A --role peer --agent ops)
     timeout_s = 600                   # an ask that has not ended by then is cancelled
 
 `keys` is relative to the configuration file's folder (or absolute, or `~/...`).

@@ -169,6 +169,11 @@ class Broadcaster:
         self.log.forget(sids)
         for sid in sids:
             self.backfill.held.pop(sid, None)
+            # Its live viewers are told (on its topic), and stop following it.
+            try:
+                self.events.send(Envelope(ForgetSessions([sid]), sid=sid), sid.encode())
+            except BusError as exc:
+                log.warning("could not tell the viewers of %s it was removed: %s", sid, exc)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from actors.cli import commands, hostcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
+from actors.cli.interrupts import interruptible
 from actors.config import ConfigError, parse_duration
 from actors.settings import Settings
 from bus.endpoints import EndpointError, oploop_home
@@ -30,7 +31,7 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argpars
         except ConfigError as exc:
             raise CliError(f"bad configuration: {exc}") from None
         try:
-            return int(uvloop.run(fn(args, settings)))
+            return int(uvloop.run(_command(fn, args, settings)))
         except RemoteError as exc:
             raise CliError(exc.message) from None
         except AccessDenied as exc:
@@ -42,6 +43,13 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argpars
         except (EndpointError, BusError, CredentialError) as exc:
             raise CliError(str(exc)) from None
     return run
+
+
+async def _command(fn: AsyncCommand, args: argparse.Namespace, settings: Settings) -> int:
+    """`fn`, ended by a Ctrl-C or SIGTERM with 130 or 143 (`run` handles its own)."""
+    if fn is _run_command:
+        return await fn(args, settings)
+    return await interruptible(fn(args, settings))
 
 
 def _home_checked(fn: Callable[[argparse.Namespace], int], *, create: bool
@@ -134,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
                       help="control: start, cancel, say, watch; worker: serve jobs; viewer: "
                            "watch only; peer: another host's ask_machine (new runs, its own "
                            "cancels)")
+    keys.add_argument("--agent", help="peer keys: the one agent of this host the key may "
+                                      "start runs on (default: the default agent)")
     keys.set_defaults(fn=_home_checked(hostcmds.cmd_keys, create=True))
     run = sub.add_parser(
         "run", help="run a session and stream it (starts an embedded host if none is up)",

@@ -318,9 +318,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
         if args.action == "add":
             if not args.name:
                 return fail("keys add: name the key (oploop keys add NAME --role ROLE)")
-            folder = keyring.issue(args.name, args.role)
+            folder = keyring.issue(args.name, args.role, args.agent or "")
             if args.role == "peer":  # another host's ask_machine uses it
-                print(f"oploop: key {args.name!r} (peer) authorised; copy {folder} to the "
+                print(f"oploop: key {args.name!r} (peer) authorised for agent "
+                      f"{keyring.peer_agent(args.name)!r}; copy {folder} to the "
                       "other host (then delete it here) and name it in that host's "
                       f"oploop.toml:\n  [peers.NAME]\n  connect = \"{_reachable_at()}\"\n"
                       "  keys = \"<that folder>\"")

@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.config import Config
-from actors.permissions import decide, denial
+from actors.config import Agent, Config
+from actors.permissions import refusal_here
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes
+from actors.sandbox.network import NetAccess, access
 from actors.settings import Settings
 from actors.storage import private_files
 from actors.tools import (
@@ -56,13 +57,14 @@ _DENIED_WRITE = re.compile(r"Permission denied|Read-only file system|Operation n
 SLOTS = 32
 
 
-def sandboxed_catalogue(sandbox: Sandbox) -> Catalogue:
-    """The built-in tools, every one running inside `sandbox`."""
+def sandboxed_catalogue(sandbox: Sandbox, net: NetAccess = "none") -> Catalogue:
+    """The built-in tools, every one running inside `sandbox`; `shell` with the
+    network `net` (actors/sandbox/network.py)."""
     return Catalogue([
         make_read_file(sandbox.file_reader(READ_CAP)),
         make_list_dir(sandbox.dir_lister(LIST_CAP)),
         make_write_file(sandbox.file_writer("write_file")),
-        make_shell(sandbox.spawner("shell")),
+        make_shell(sandbox.spawner("shell", net=net)),
     ])
 
 
@@ -108,9 +110,14 @@ class Executor(Worker):
         self.private = tuple(p.resolve() for p in
                              (home / "keys", *keys, home / "run", *private_files(home),
                               self.sandbox.spaces.images))
+        #: The proxy's sockets, for agents with a network allowlist (`network.access`).
+        self.run_dir = endpoints.run_dir
+        #: The built-in catalogue per agent network other than "none" (made on first use).
+        self._net_catalogues: dict[NetAccess, Catalogue] | None = None
         if catalogue is None:
             catalogue = sandboxed_catalogue(self.sandbox)
             self.sandboxed = frozenset({"shell", "write_file"})
+            self._net_catalogues = {}
         else:
             # A caller-supplied catalogue: its risky tools are refused unless the
             # caller says which of them it built around this sandbox.
@@ -126,7 +133,20 @@ class Executor(Worker):
             from actors.mcp.hub import McpHub
 
             self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
-                              reserved=frozenset(self.catalogue))
+                              reserved=frozenset(self.catalogue), limits=self.config.limits,
+                              run_dir=endpoints.run_dir)
+
+    def catalogue_for(self, agent: Agent | None) -> Catalogue:
+        """The tools a call of `agent` runs: `shell` with the agent's `network` (read
+        from this executor's own configuration, whoever sent the job)."""
+        setting = agent.network if agent is not None else "none"
+        if self._net_catalogues is None or setting == "none" or agent is None:
+            return self.catalogue
+        net = access(setting, self.run_dir, "agent", agent.name)
+        found = self._net_catalogues.get(net)
+        if found is None:
+            found = self._net_catalogues[net] = sandboxed_catalogue(self.sandbox, net)
+        return found
 
     def tools(self) -> list[dict[str, Any]]:
         """The specs of every tool this executor runs (its MCP servers' included)."""
@@ -162,12 +182,6 @@ class Executor(Worker):
         if not isinstance(job, ToolJob):
             return JobFailed("bad_job", f"an executor does not run {job.KIND}")
         agent = self.config.agent(job.agent) or self.config.agent("")
-        if agent is not None and agent.permissions:
-            verdict, key = decide(agent.permissions, job.name, job.input)
-            if verdict == "deny":
-                return ToolResult(denial(job.name, key), True, 0.0)
-        if self.mcp is not None and self.mcp.owns(job.name):
-            return await self._call_mcp(env, job)
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
         sid = env.sid or "default"
@@ -178,6 +192,13 @@ class Executor(Worker):
         if self.remote:
             start = os.path.expanduser(agent.cwd) if agent is not None and agent.cwd else ""
         risky = found is not None and found.spec.risky
+        if self.mcp is not None and self.mcp.owns(job.name):
+            if agent is not None and agent.permissions:
+                refusal = refusal_here(agent.permissions, job.name, job.input,
+                                       job.cwd or str(Path.cwd()))
+                if refusal is not None:
+                    return ToolResult(refusal, True, 0.0)
+            return await self._call_mcp(env, job)
         if risky:
             if job.name not in self.sandboxed:
                 return ToolResult(
@@ -199,14 +220,20 @@ class Executor(Worker):
                         start, sid,
                         write_paths=agent.write_paths if agent is not None else (),
                         deny_read=agent.deny_read if agent is not None else ())
-                    if risky and view.confined:
-                        await asyncio.to_thread(self.sandbox.workspace, sid)
-                except (modes.WorkdirRefused, ToolRefused) as exc:
-                    # A directory that cannot be one; no quota possible, the disk full...
+                except modes.WorkdirRefused as exc:  # a directory that cannot be one
                     return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
+                if agent is not None and agent.permissions:  # judged where the call will run
+                    refusal = refusal_here(agent.permissions, job.name, job.input, view.cwd)
+                    if refusal is not None:
+                        return ToolResult(refusal, True, 0.0)
+                if risky and view.confined:
+                    try:
+                        await asyncio.to_thread(self.sandbox.workspace, sid)
+                    except ToolRefused as exc:  # no quota possible, the disk full, ...
+                        return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
                 ctx = self._context(env, job, view, start)
                 with modes.using(view):
-                    outcome = await invoke(self.catalogue, job.name, job.input, ctx)
+                    outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000
             return ToolResult(f"{job.name} timed out after {timeout_s:g} s", True, elapsed_ms)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
 import ssl
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from aiohttp import web
@@ -15,8 +17,21 @@ from aiohttp import web
 from actors.config import HttpConfig
 from actors.gateway import access, api
 from actors.gateway.feed import Feed
+from actors.gateway.limits import (
+    HEADER_S,
+    MAX_CONNECTIONS,
+    MAX_PER_ADDRESS,
+    RESERVE_FDS,
+    STREAM_FDS,
+    LimitedSite,
+    Limiter,
+    Quiet,
+    descriptors_left,
+    fitted,
+    on_loop_exception,
+)
 from actors.gateway.metrics import Metrics
-from actors.gateway.urls import WEB_URL_FILE
+from actors.gateway.urls import WEB_URL_FILE, page_host
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
 from bus.client import Client
@@ -50,6 +65,32 @@ class Gateway:
         self.url = ""
         #: What every request must carry (`access.py`).
         self.token = access.load_token(settings.home)
+        #: The page's own host name on loopback (where the token's cookie lives).
+        self.page_host = page_host(self.token)
+        #: Overloads (connections, descriptors, slow clients) in one log line an interval.
+        self.quiet = Quiet()
+        self.limiter = Limiter(MAX_CONNECTIONS, MAX_PER_ADDRESS)
+        self.limiter.quiet = self.quiet
+        self.streams = 0
+
+    @contextlib.contextmanager
+    def stream_slot(self) -> Iterator[None]:
+        """Hold one of the `api.MAX_STREAMS` SSE streams (fewer under a low descriptor
+        limit) while the block runs; a 503 when none is free, or descriptors run short."""
+        cap = fitted(api.MAX_STREAMS, STREAM_FDS)  # under the descriptor limit of now
+        if self.streams >= cap:
+            self.quiet.warn("streams", f"{cap} SSE streams open: refused another")
+            raise api.ApiError(503, "unavailable", f"{cap} streams are open: "
+                               "try again later")
+        if descriptors_left() < RESERVE_FDS:
+            self.quiet.warn("descriptors", "too few descriptors left: refused an SSE stream")
+            raise api.ApiError(503, "unavailable", "the gateway is out of descriptors: "
+                               "try again later")
+        self.streams += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
 
     @property
     def client(self) -> Client:
@@ -60,9 +101,11 @@ class Gateway:
     def app(self) -> web.Application:
         """The aiohttp application: API, metrics, page."""
         app = web.Application(
-            middlewares=[api.guard, access.require(self.token, secure=self.http.tls),
-                         api.errors],
+            middlewares=[api.errors, api.guard,
+                         access.require(self.token, secure=self.http.tls,
+                                        loopback=self.http.loopback)],
             client_max_size=self.max_body)
+        app.on_response_prepare.append(api.secure_headers)
         app[api.GATEWAY] = self
         api.add_routes(app)
         app.router.add_get("/", self._page)
@@ -78,8 +121,11 @@ class Gateway:
         async with Client.connect(endpoints=self.endpoints) as client:
             self._client = client
             # A client gone mid-stream cancels its handler (and so closes its SUB socket).
+            # keepalive_timeout: a request head must come within HEADER_S of the
+            # connection (or of the last answer), else it is closed (`limits.py`).
             runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
-                                   shutdown_timeout=SHUTDOWN_S)
+                                   shutdown_timeout=SHUTDOWN_S, keepalive_timeout=HEADER_S)
+            asyncio.get_running_loop().set_exception_handler(on_loop_exception(self.quiet))
             await runner.setup()
             url_file = self.run_dir / WEB_URL_FILE
             try:
@@ -112,13 +158,15 @@ class Gateway:
         host, port = self.http.host, self.http.port
         ssl_context = self._ssl_context()
         try:
-            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+            await LimitedSite(runner, host, port, ssl_context=ssl_context,
+                              limiter=self.limiter).start()
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or self.http.explicit:
                 raise GatewayError(f"cannot listen on {self.http.listen} ([http] listen, "
                                    f"OPLOOP_HTTP_LISTEN): {exc.strerror or exc}") from exc
             log.warning("port %d is taken: the gateway listens on a free one", port)
-            await web.TCPSite(runner, host, 0, ssl_context=ssl_context).start()
+            await LimitedSite(runner, host, 0, ssl_context=ssl_context,
+                              limiter=self.limiter).start()
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         return f"{'https' if ssl_context else 'http'}://{shown}:{bound[1]}/"

@@ -34,6 +34,7 @@ messages already waiting for its next boundary, or not running, for a cancel),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -42,7 +43,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 
-from bus.errors import BusError, RemoteError, RequestTimeout
+from actors.gateway.limits import BODY_S, out_of_descriptors
+from actors.gateway.urls import hostname
+from bus.errors import BusError, RemoteError, RequestTimeout, SessionRemoved
 
 if TYPE_CHECKING:
     from actors.gateway.actor import Gateway
@@ -64,6 +67,9 @@ SLOW_CLIENT_S = 5.0
 #: Live events queued for one SSE client in zmq (SUB RCVHWM); beyond, the
 #: broadcaster drops them for this client alone and they are refetched by seq.
 SSE_HWM = 1_000
+#: SSE streams open at once (both kinds): each live one holds a zmq socket of the
+#: gateway's context (1,023 at most) and descriptors; beyond, a 503 says to come back.
+MAX_STREAMS = 512
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 
@@ -94,8 +100,10 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     is not a loopback name (DNS rebinding), and a state-changing request from another
     origin (browsers send `Origin` with every POST, and `Sec-Fetch-Site`); programs
     such as curl send neither and are served."""
-    loopback = request.app[GATEWAY].http.loopback  # off loopback: TLS names the host
-    if loopback and _hostname(request.host or "") not in LOOPBACK_NAMES:
+    gw = request.app[GATEWAY]
+    loopback = gw.http.loopback  # off loopback: TLS names the host
+    host = hostname(request.host or "")
+    if loopback and host not in LOOPBACK_NAMES and host != gw.page_host:
         return json_error(403, "forbidden", f"Host {request.host!r} is not this gateway's")
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         origin = request.headers.get("Origin")
@@ -104,13 +112,6 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                 or site not in ("same-origin", "none"):
             return json_error(403, "forbidden", f"cross-site request (Origin {origin!r})")
     return await handler(request)
-
-
-def _hostname(host: str) -> str:
-    """`host` without its port (`[::1]:7480` -> `[::1]`)."""
-    if host.startswith("["):
-        return host[: host.find("]") + 1]
-    return host.rpartition(":")[0] if ":" in host else host
 
 
 @web.middleware
@@ -133,11 +134,42 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400 or not request.path.startswith("/api/"):
             raise
         return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+    except Exception as exc:  # the HTTP edge: out of descriptors is a 503, in one line
+        if not out_of_descriptors(exc):
+            raise
+        request.app[GATEWAY].quiet.warn("descriptors", f"out of descriptors: {exc}")
+        return json_error(503, "unavailable", "the gateway is out of descriptors: "
+                          "try again later")
+
+
+#: What every answer carries: the page runs only its own scripts and styles, is framed
+#: by no page (clickjacking), and passes no address on.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+async def secure_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: `SECURITY_HEADERS` on every answer, errors and streams too."""
+    response.headers.update(SECURITY_HEADERS)
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object body (empty body: `{}`); 400 when it is not one."""
-    raw = await request.read()
+    """The request's JSON object body (empty body: `{}`); 400 when it is not one, 408
+    when it does not arrive within `BODY_S` (a client trickling it)."""
+    try:
+        async with asyncio.timeout(BODY_S):
+            raw = await request.read()
+    except TimeoutError:
+        raise ApiError(408, "timeout", f"the request body did not arrive within "
+                       f"{BODY_S:g} s") from None
     if not raw.strip():
         return {}
     try:
@@ -317,6 +349,12 @@ async def session_events(request: web.Request) -> web.StreamResponse:
     # whose answer carries the whole history.
     if await gw.client.last_seq(sid) is None:
         await gw.client.inspect(sid)
+    with gw.stream_slot():
+        return await _session_stream(request, gw, sid, from_seq, stop_at)
+
+
+async def _session_stream(request: web.Request, gw: Gateway, sid: str, from_seq: int,
+                          stop_at: Literal["first", "last", ""]) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     gw.metrics.sse_clients.inc()
@@ -331,15 +369,27 @@ async def session_events(request: web.Request) -> web.StreamResponse:
                         await resp.write(chunk)
                 except TimeoutError:
                     gw.metrics.sse_dropped.inc()
-                    log.warning("SSE client of %s read nothing for %g s: dropped", sid,
-                                SLOW_CLIENT_S)
+                    gw.quiet.warn("slow", f"SSE client of {sid} read nothing for "
+                                  f"{SLOW_CLIENT_S:g} s: dropped")
                     if request.transport is not None:
                         request.transport.abort()
                     return resp
                 next_seq = ev["seq"] + 1
             if stop_at:
                 return resp
+    except SessionRemoved:
+        # Deleted (`oploop rm`, retention): the viewer is told, and the stream ends.
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(f"event: removed\ndata: {_dumps({'session': sid})}\n\n".encode())
+        return resp
     except ConnectionResetError:
+        return resp
+    except Exception as exc:  # begun already: no 503 can be sent, the stream ends
+        if not out_of_descriptors(exc):
+            raise
+        gw.quiet.warn("descriptors", f"out of descriptors in an SSE stream: {exc}")
+        if request.transport is not None:
+            request.transport.abort()  # an EventSource comes back with Last-Event-ID
         return resp
     finally:
         gw.metrics.sse_clients.dec()
@@ -349,8 +399,14 @@ async def list_events(request: web.Request) -> web.StreamResponse:
     """`GET /api/events`: SSE, a notice for each event of any session but the streamed
     deltas (`feed.py`), from now on."""
     gw = request.app[GATEWAY]
-    resp = web.StreamResponse(headers=SSE_HEADERS)
-    await resp.prepare(request)
+    with gw.stream_slot():
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        await _notices(request, gw, resp)
+    return resp
+
+
+async def _notices(request: web.Request, gw: Gateway, resp: web.StreamResponse) -> None:
     with gw.feed.watch() as queue:
         await resp.write(b": listening\n\n")
         while (notice := await queue.get()) is not None:
@@ -361,7 +417,6 @@ async def list_events(request: web.Request) -> web.StreamResponse:
                 break
     if request.transport is not None:  # fell behind: its page reconnects and lists again
         request.transport.abort()
-    return resp
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -66,7 +66,7 @@ class Host:
     def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
                  llm_backend: str = "anthropic", embedded: bool = False,
-                 gateway: bool = False) -> None:
+                 gateway: bool = False, netproxy: bool = False) -> None:
         self.home = (home or oploop_home()).absolute()
         self.network = network
         self.endpoints = Endpoints.for_home(self.home)
@@ -81,6 +81,9 @@ class Host:
         #: Whether to run the gateway (web view, HTTP API, metrics): `oploop up` does
         #: unless `[http] enabled = false`; an embedded host does not.
         self.gateway = gateway
+        #: Whether to run the filtering network proxy (`actors.netproxy`): some agent
+        #: or MCP server has a `network` allowlist.
+        self.netproxy = netproxy
         self.children: list[Child] = []
         self.offline = False
         self._lock_fd: int | None = None
@@ -118,6 +121,10 @@ class Host:
                        for i in range(self.executors)]
             if self.gateway:
                 others.append(Child("gateway", "actors.gateway", env=base))
+            if self.netproxy:
+                # Kept alive like every actor: while it restarts, a sandboxed call's
+                # forwarder answers 503 (no socket to reach), never anything else.
+                others.append(Child("netproxy", "actors.netproxy", env=base))
             self.children += others
             await start_all(
                 [*(self._spawn(c) for c in others), self._start_llm_callers(base, model)]
@@ -274,7 +281,15 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
     return Host(settings.home, llm_callers=settings.llm_callers, executors=settings.executors,
                 scenario=settings.offline_scenario, network=settings.config.network,
                 llm_backend=settings.llm_backend, embedded=settings.embedded,
-                gateway=gateway and settings.config.http.enabled and not settings.embedded)
+                gateway=gateway and settings.config.http.enabled and not settings.embedded,
+                netproxy=_wants_netproxy(settings))
+
+
+def _wants_netproxy(settings: Settings) -> bool:
+    """Whether some agent or MCP server of the configuration has a network allowlist."""
+    from actors.netproxy.allowlist import allowlists
+
+    return bool(allowlists(settings.config))
 
 
 def main() -> None:

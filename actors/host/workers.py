@@ -10,7 +10,10 @@ them alive with the host's own restart policy (`children.keep_alive`); when the
 link goes and comes back, libzmq connects again and each worker announces itself
 anew (its jobs of before are abandoned on both sides: a tool never runs twice).
 A key the host refuses is no death to restart from: the workers exit with
-`EXIT_REFUSED` and the command stops, saying why in one line, status 1.
+`EXIT_REFUSED` (or `EXIT_MACHINE_REFUSED`: a worker key of another machine) and
+the command stops, saying why in one line, status 1. Each worker says it is ready
+only once the host accepted it (or after `worker.ACCEPT_WAIT_S` with no answer:
+a host down), so a refused machine never prints "serving".
 
 The workers' own logs go to `$OPLOOP_HOME/worker.log` (this machine's home, which
 also holds the sandbox's workspaces and `sandbox.toml`).
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import IO
 
 from actors.host.children import Child, StartFailed, keep_alive, spawn, start_all, stop_all
-from actors.machines import EXIT_REFUSED, LOCAL, machine_name_error
+from actors.machines import EXIT_MACHINE_REFUSED, EXIT_REFUSED, LOCAL, machine_name_error
 from actors.settings import MACHINE_ENV, PARENT_PID_ENV
 from bus.endpoints import EndpointError, Endpoints
 from bus.security import ClientKeys, CredentialError
@@ -81,9 +84,23 @@ class WorkerMachine:
         self.children: list[Child] = []
         #: Set (with why) when the host refused the key: the machine stops.
         self.refused = asyncio.Event()
+        self.refused_status = EXIT_REFUSED
         self._stopping = False
         self._log: IO[bytes] | None = None
         self._lock_fd: int | None = None
+
+    def workers(self) -> list[Child]:
+        """The processes this machine keeps: its executors and llm callers, and the
+        network proxy when its configuration has an allowlist (its executors' calls
+        reach the network through this machine's proxy, as on a host)."""
+        children = (
+            [Child(f"executor-{i + 1}", "actors.executor") for i in range(self.spec.executors)]
+            + [Child(f"llm-{i + 1}", "actors.llm_caller", model_env=True)
+               for i in range(self.spec.llm_callers)])
+        proxy = Child("netproxy", "actors.netproxy")
+        if self.spec.executors and _has_allowlist(self._env(proxy)):
+            children.append(proxy)
+        return children
 
     def _env(self, child: Child) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -98,10 +115,24 @@ class WorkerMachine:
         await spawn(child, self._env(child), stderr=self._log)
 
     def _final(self, status: int) -> bool:
-        if status == EXIT_REFUSED:
+        if status in (EXIT_REFUSED, EXIT_MACHINE_REFUSED):
+            self.refused_status = status
             self.refused.set()
             return True
         return False
+
+    def _refusal(self, status: int) -> WorkerMachineError:
+        """What the command says when the host refused a worker with `status`."""
+        if status == EXIT_MACHINE_REFUSED:
+            return WorkerMachineError(
+                f"the host at {self.spec.connect} refused machine {self.spec.machine}: the "
+                f"key in {self.spec.keys} is not the worker key of {self.spec.machine} (a "
+                f"worker key serves only its own machine: oploop keys add "
+                f"{self.spec.machine} --role worker, on the host)")
+        return WorkerMachineError(
+            f"the host at {self.spec.connect} refused the key in {self.spec.keys} "
+            f"(machine {self.spec.machine}): is it a worker key (oploop keys add NAME "
+            "--role worker) of that host, and not revoked?")
 
     async def serve(self) -> None:
         """Start every worker, keep them alive until cancelled (or refused), then stop
@@ -110,14 +141,15 @@ class WorkerMachine:
         self._take_lock()
         self._log = await asyncio.to_thread(open, self.home / LOG_FILE, "ab")
         try:
-            self.children = (
-                [Child(f"executor-{i + 1}", "actors.executor")
-                 for i in range(self.spec.executors)]
-                + [Child(f"llm-{i + 1}", "actors.llm_caller", model_env=True)
-                   for i in range(self.spec.llm_callers)])
+            self.children = self.workers()
             try:
                 await start_all([self._start(c) for c in self.children])
             except StartFailed as exc:
+                # A worker refused before it said ready: the host's word, not a crash.
+                for child in self.children:
+                    code = child.proc.returncode if child.proc is not None else None
+                    if code in (EXIT_REFUSED, EXIT_MACHINE_REFUSED):
+                        raise self._refusal(code) from None
                 raise WorkerMachineError(f"{exc} (see {self.home / LOG_FILE})") from None
             print(f"oploop worker: machine {self.spec.machine}: {self.spec.executors} "
                   f"executor(s), {self.spec.llm_callers} llm caller(s) serving "
@@ -133,10 +165,7 @@ class WorkerMachine:
                 for keeper in keepers:
                     keeper.cancel()
                 await asyncio.gather(*keepers, return_exceptions=True)
-            raise WorkerMachineError(
-                f"the host at {self.spec.connect} refused the key in {self.spec.keys} "
-                f"(machine {self.spec.machine}): is it a worker key (oploop keys add NAME "
-                "--role worker) of that host, and not revoked?")
+            raise self._refusal(self.refused_status)
         finally:
             self._stopping = True
             await stop_all(self.children)
@@ -153,6 +182,19 @@ class WorkerMachine:
             os.close(fd)
             raise WorkerMachineError(f"a worker machine already runs in {self.home}") from None
         self._lock_fd = fd
+
+
+def _has_allowlist(env: dict[str, str]) -> bool:
+    """Whether the configuration the workers started with `env` read has a network
+    allowlist (a configuration they cannot read: they say so themselves)."""
+    from actors.config import ConfigError
+    from actors.netproxy.allowlist import allowlists
+    from actors.settings import load_settings
+
+    try:
+        return bool(allowlists(load_settings(env).config))
+    except ConfigError:
+        return False
 
 
 def run_worker_machine(spec: WorkerMachineSpec, home: Path) -> int:

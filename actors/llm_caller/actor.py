@@ -77,9 +77,9 @@ class LlmCaller(Worker):
         self, env: Envelope, job: LlmJob, request: dict[str, Any], batcher: DeltaBatcher,
         policy: RetryPolicy,
     ) -> dict[str, object]:
-        def on_retry(attempt: int, error: str, wait_s: float) -> None:
+        def on_retry(attempt: int, error: str, wait_s: float, stall_bound_s: float) -> None:
             batcher.discard()  # the failed attempt's text is void; viewers get RETRY
-            self.progress(env, Retrying(attempt, error, wait_s))
+            self.progress(env, Retrying(attempt, error, wait_s, stall_bound_s))
 
         return await call_with_retries(
             self.backend, policy, request, stream=job.stream,

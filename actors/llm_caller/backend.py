@@ -164,9 +164,12 @@ class AnthropicBackend:
         token = stalls.CURRENT.set(watch)  # the client's response hook feeds `watch`
         try:
             async with watch.timeout, client.messages.stream(**kwargs, timeout=timeout_s) as stream:
+                stopped = False
                 async for event in stream:
                     kind = event.type
-                    watch.on_event(kind)
+                    block = getattr(event, "content_block", None)
+                    watch.on_event(kind, getattr(block, "type", "") if block else "")
+                    stopped = stopped or kind == "message_stop"
                     if kind == "text":
                         on_delta("text", event.text)
                     elif kind == "thinking":
@@ -184,7 +187,7 @@ class AnthropicBackend:
             raise StreamMalformed(f"{what}: {_short(exc)}") from exc
         finally:
             stalls.CURRENT.reset(token)
-        if final.stop_reason is None:
+        if not stopped or final.stop_reason is None:  # truncated, even after message_delta
             raise StreamIncomplete()
         return checked(message_to_dict(final))
 

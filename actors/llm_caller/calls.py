@@ -15,13 +15,20 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from actors.llm_caller.backend import ModelBackend, OnDelta
-from actors.llm_caller.failures import CallFailed, CallFailure, RetryAfterTooLong, classify
+from actors.llm_caller.failures import (
+    CallFailed,
+    CallFailure,
+    RetryAfterTooLong,
+    StreamStalled,
+    classify,
+)
 from actors.llm_caller.policy import RetryPolicy
 
 log = logging.getLogger("oploop.llm")
 
-#: Told before each retry: (failed attempt number, "error: message", wait in s).
-OnRetry = Callable[[int, str, float], None]
+#: Told before each retry: (failed attempt number, "error: message", wait in s, and
+#: after a stall the bound that fired, in s, else 0).
+OnRetry = Callable[[int, str, float, float], None]
 
 
 async def call_with_retries(
@@ -66,14 +73,21 @@ async def _call(
     started = time.time()
     deadline = deadline or started + policy.request_timeout_s
     use_stream = stream  # `errors`: each failed attempt's error class, in order
+    # A stall widens the bound that fired for the next attempt (`StreamBounds.widened`).
+    bounds = policy.bounds
 
     async def attempt_once() -> dict[str, Any]:
+        nonlocal bounds
         timeout_s = max(1.0, deadline - time.time())
         try:
             if use_stream:
-                return await backend.stream(request, on_delta, bounds=policy.bounds,
+                return await backend.stream(request, on_delta, bounds=bounds,
                                             timeout_s=timeout_s)
             reply = await backend.create(request, timeout_s=timeout_s)
+        except StreamStalled as exc:
+            errors.append("stream_stalled")
+            bounds = bounds.widened(exc)
+            raise
         except Exception as exc:
             failure = classify(exc)
             errors.append(failure.error)
@@ -94,7 +108,7 @@ async def _call(
             use_stream = False
         error = f"{failure.error}: {failure.message}" if failure else "unknown"
         log.info("attempt %d failed (%s); retrying in %.2fs", failed, error, wait_s)
-        on_retry(failed, error, wait_s)
+        on_retry(failed, error, wait_s, exc.seconds if isinstance(exc, StreamStalled) else 0.0)
 
     # The first attempt runs bare: nearly every call succeeds at once, and building
     # tenacity's machinery costs ~25-45 us a call here, worth paying after a failure.

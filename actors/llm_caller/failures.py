@@ -17,10 +17,12 @@ RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 class StreamStalled(Exception):
     """A stream made no progress within one of its bounds (`actors.llm_caller.stalls`):
-    `bound` is "idle", "first" or "pause", `setting` the variable that sets it."""
+    `bound` is "idle", "first" or "pause", `setting` the variable that sets it, and
+    `idle_phase` which of the idle bound's phases the stream was in."""
 
     def __init__(self, seconds: float, bound: str = "idle",
-                 setting: str = "OPLOOP_STREAM_IDLE_S", phase: str = "") -> None:
+                 setting: str = "OPLOOP_STREAM_IDLE_S", phase: str = "",
+                 idle_phase: str = "between events") -> None:
         what = {
             "idle": f"nothing received for {seconds:g} s",
             "first": f"no content {seconds:g} s after the request",
@@ -29,6 +31,7 @@ class StreamStalled(Exception):
         where = f" {phase}" if phase else ""
         super().__init__(f"stream stalled{where}: {what} ({setting})")
         self.seconds, self.bound, self.setting, self.phase = seconds, bound, setting, phase
+        self.idle_phase = idle_phase
 
 
 class StreamMalformed(Exception):
@@ -41,7 +44,8 @@ class StreamMalformed(Exception):
 
 
 class StreamIncomplete(Exception):
-    """The stream ended cleanly but without `message_stop`: the reply is partial."""
+    """The stream ended cleanly but without `message_stop` (after `message_delta`
+    too): the reply may be partial, the attempt is retried as truncated."""
 
     def __init__(self) -> None:
         super().__init__("stream ended without message_stop")

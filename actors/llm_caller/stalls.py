@@ -9,16 +9,21 @@ stream of the call the watchdog is armed for, found through a context variable).
 The bounds (`StreamBounds`, from `OPLOOP_STREAM_*_S`):
 
 - `idle_s` (2 s, the seed's): nothing at all received — no event, no ping —
-  for this long once headers have arrived.
+  for this long once headers have arrived. Each of its three phases (before the
+  first event, between events, inside a tool's input) has its own value, and a
+  retry after a stall doubles the one that fired, up to `WIDEST_S` (30 s): a slow
+  but healthy server (a 5 s first event, a 3 s pause inside a tool input) gets
+  through on a later attempt instead of failing six times the same way.
 - `first_s` (60 s): no content this long after the request, pings or not. It is
   the only bound before headers, and a slow start (a long prompt) that pings
   is kept alive by pings until it.
 - `pause_s` (30 s): no content this long after the last content while pings
   keep the connection alive (the API pauses inside tool input and thinking).
 
-Content is every content event of the SDK (`CONTENT`), not `message_start`. A bound of 0 is off. The
-watchdog is one `asyncio.timeout_at` rescheduled to the earliest bound; the
-stall error names the bound that fired, its setting and the phase.
+Content is every content event of the SDK (`CONTENT`), not `message_start`. A bound
+of 0 is off. The watchdog is one `asyncio.timeout_at` rescheduled to the earliest
+bound; the stall error names the bound that fired, its value, setting and phase
+(`first` and `pause` double after their own stalls too, up to 30 s or their setting).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from actors.llm_caller.failures import StreamStalled
@@ -45,14 +50,50 @@ SETTING = {
 }
 
 
+#: How far a retry after a stall widens a bound (a larger setting is kept as it is).
+WIDEST_S = 30.0
+
+#: The phases of the idle bound: no event yet, between events, inside a tool's input.
+IDLE_PHASES = ("first event", "between events", "inside a tool input")
+
+
 @dataclass(frozen=True, slots=True)
 class StreamBounds:
     """How long a stream may go without bytes (`idle_s`), without its first content
-    (`first_s`) and without further content while pings flow (`pause_s`); 0 = off."""
+    (`first_s`) and without further content while pings flow (`pause_s`); 0 = off.
+    `idle_first_s` and `idle_tool_s`, when set, replace `idle_s` before the first
+    content and inside a tool's input (what `widened` sets after a stall there)."""
 
     idle_s: float = 2.0
     first_s: float = 60.0
     pause_s: float = 30.0
+    idle_first_s: float | None = None
+    idle_tool_s: float | None = None
+
+    def seconds(self, bound: str, idle_phase: str = "between events") -> float:
+        """The value of `bound` ("idle", "first", "pause"); the idle one of `idle_phase`."""
+        if bound != "idle":
+            return float(getattr(self, f"{bound}_s"))
+        own = {"first event": self.idle_first_s,
+               "inside a tool input": self.idle_tool_s}.get(idle_phase)
+        return self.idle_s if own is None else own
+
+    def widened(self, stall: StreamStalled) -> StreamBounds:
+        """These bounds after `stall`: the bound that fired doubled (its idle phase's
+        alone), up to `WIDEST_S`; a bound that is off or already wider stays."""
+        now = self.seconds(stall.bound, stall.idle_phase)
+        if now <= 0 or now >= WIDEST_S:
+            return self
+        wider = min(WIDEST_S, now * 2)
+        if stall.bound != "idle":
+            return replace(self, **{f"{stall.bound}_s": wider})
+        field = {"first event": "idle_first_s", "inside a tool input": "idle_tool_s"}.get(
+            stall.idle_phase, "idle_s")
+        widened = replace(self, **{field: wider})
+        if field == "idle_s":  # the other phases keep what they had
+            widened = replace(widened, idle_first_s=self.seconds("idle", IDLE_PHASES[0]),
+                              idle_tool_s=self.seconds("idle", IDLE_PHASES[2]))
+        return widened
 
 
 def _bound(seconds: float) -> float:
@@ -68,6 +109,7 @@ class StallWatch:
         self.start = self.loop.time()
         self.last_byte = self.start
         self.last_content: float | None = None
+        self.in_tool = False  # inside a tool_use block (its input streaming)
         self.headers = False
         self.phase = "before headers"
         self.timeout = asyncio.timeout_at(self._deadline()[0])
@@ -81,7 +123,8 @@ class StallWatch:
         else:
             candidates.append((self.last_content + _bound(b.pause_s), "pause"))
         if self.headers:
-            candidates.append((self.last_byte + _bound(b.idle_s), "idle"))
+            idle = b.seconds("idle", self.idle_phase())
+            candidates.append((self.last_byte + _bound(idle), "idle"))
         at, name = min(candidates)
         # asyncio.timeout_at takes None for "never", not infinity
         return at, name
@@ -102,8 +145,15 @@ class StallWatch:
         self.last_byte = self.loop.time()
         self._rearm()
 
-    def on_event(self, kind: str) -> None:
-        """The SDK yielded an event of type `kind`."""
+    def idle_phase(self) -> str:
+        """Which of `IDLE_PHASES` the idle bound is in now."""
+        if self.last_content is None:
+            return IDLE_PHASES[0]
+        return IDLE_PHASES[2] if self.in_tool else IDLE_PHASES[1]
+
+    def on_event(self, kind: str, block: str = "") -> None:
+        """The SDK yielded an event of type `kind` (`block`: the type of the content
+        block a `content_block_start` opens)."""
         if kind == "message_start":
             self.phase = "after message_start"
             return
@@ -111,8 +161,10 @@ class StallWatch:
             return  # an event type this SDK does not know: ignored, as the SDK does
         if kind == "content_block_start":
             self.phase = "inside a block"
+            self.in_tool = block in ("tool_use", "server_tool_use")
         elif kind == "content_block_stop":
             self.phase = "between blocks"
+            self.in_tool = False
         elif kind == "message_delta":
             self.phase = "after the last block"
         self.last_content = self.loop.time()
@@ -121,8 +173,9 @@ class StallWatch:
     def stalled(self) -> StreamStalled:
         """The error for the bound that fired."""
         _, name = self._deadline()
-        seconds = getattr(self.bounds, f"{name}_s")
-        return StreamStalled(seconds, name, SETTING[name], self.phase)
+        idle_phase = self.idle_phase()
+        seconds = self.bounds.seconds(name, idle_phase)
+        return StreamStalled(seconds, name, SETTING[name], self.phase, idle_phase)
 
 
 #: The watch of the streamed attempt running in this task (None: not watched).

@@ -11,9 +11,11 @@ configuration, only the executors speak MCP::
     tags = ["time"]                     # for an agent's turn-1 category allowlist
     risky = true                        # default: true for stdio, false for url
     timeout_s = 60                      # one call's bound (default 60)
+    network = ["pypi.org"]              # "none" (default), "all", or allowed hosts, through
+                                        #   the host's filtering proxy (as an agent's)
 
     [mcp.time.sandbox]                  # what the server may do besides what shell may
-    network = false                     # true: it may reach the network
+    # network = true                    # (before `network` above: true is "all", false "none")
     read_paths = ["/srv/ref"]           # readable (bound into its view, read-only)
     write_paths = ["/srv/data"]         # writable
 
@@ -29,13 +31,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.netproxy.allowlist import ALL, NONE, NetworkSetting, parse_network
+
 #: A server's name becomes part of every tool name it offers (`mcp__NAME__tool`), which
 #: the Messages API limits to `[a-zA-Z0-9_-]{1,64}`: kept short and plain on purpose.
 NAME_RE = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
 DEFAULT_TIMEOUT_S = 60.0
 
 _KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
-                   "sandbox"})
+                   "sandbox", "network"})
 _SANDBOX_KEYS = frozenset({"network", "read_paths", "write_paths"})
 
 
@@ -46,9 +50,10 @@ class McpConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ServerSandbox:
-    """What a stdio server may do beyond `shell`'s policy: the network, more paths."""
+    """What a stdio server may do beyond `shell`'s policy: the network ("none", "all"
+    or allowed hosts, as an agent's `network`), more paths."""
 
-    network: bool = False
+    network: NetworkSetting = NONE
     read_paths: tuple[str, ...] = ()
     write_paths: tuple[str, ...] = ()
 
@@ -135,11 +140,27 @@ def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> Mcp
         tags=_strings(table.get("tags", []), source, f"{where}.tags"),
         risky=_typed(table.get("risky", has_cmd), bool, source, f"{where}.risky"),
         timeout_s=timeout_s,
-        sandbox=_sandbox(table.get("sandbox", {}), source, f"{where}.sandbox"),
+        sandbox=_sandbox(table.get("sandbox", {}), source, f"{where}.sandbox",
+                         table.get("network")),
     )
 
 
-def _sandbox(raw: Any, source: str, where: str) -> ServerSandbox:
+def _network(top: Any, old: Any, source: str, where: str) -> NetworkSetting:
+    """`[mcp.NAME] network` ("none", "all", hosts), or the older `sandbox.network`
+    (true: "all", false: "none"; the new forms too); not both."""
+    if top is not None and old is not None:
+        raise McpConfigError(f"{source}: {where}.network: give network or sandbox.network, "
+                             f"not both")
+    if top is None and isinstance(old, bool):
+        return ALL if old else NONE
+    key = f"{where}.network" if top is not None else f"{where}.sandbox.network"
+    try:
+        return parse_network(top if top is not None else (old or NONE))
+    except ValueError as exc:
+        raise McpConfigError(f"{source}: {key}: {exc}") from None
+
+
+def _sandbox(raw: Any, source: str, where: str, network: Any = None) -> ServerSandbox:
     table = _table(raw, source, where)
     extra = sorted(set(table) - _SANDBOX_KEYS)
     if extra:
@@ -155,7 +176,8 @@ def _sandbox(raw: Any, source: str, where: str) -> ServerSandbox:
             if path.rstrip("/") == "":
                 raise McpConfigError(f"{source}: {where}.{key}[{i}]: the whole file system "
                                      f"would undo the sandbox; name the paths it needs")
-    return ServerSandbox(_typed(table.get("network", False), bool, source, f"{where}.network"),
+    server = where.removesuffix(".sandbox")
+    return ServerSandbox(_network(network, table.get("network"), source, server),
                          paths["read_paths"], paths["write_paths"])
 
 

@@ -8,8 +8,15 @@ still clashes (with a built-in, or an earlier tool: servers in configuration
 order, tools in the server's order) is left out, and the server's status says
 which. A tool whose input schema is not an object schema is left out likewise.
 
+The catalogue is bounded (`[limits]`, `actors.bounds`): at most `max_tools` tools in
+all (servers in configuration order; the rest left out, one line per server saying
+how many), each description cut to `max_tool_description_chars` with a note, a tool
+whose input schema is longer than `max_tool_schema_chars` (compact JSON) left out.
+A result's text is cut to `max_result_chars` (`results.outcome_of`).
+
 Stdio servers run in the executor's sandbox under `shell`'s policy (the network
-only with `sandbox.network = true`), in a workspace of their own
+as its `network` says: "none", "all", or hosts through the host's proxy), in a
+workspace of their own
 (`workspaces/mcp-NAME`, its own uid) unless `cwd` says where, seeing besides the
 system's paths the program's own installation and `read_paths`, and writing
 only there and in `write_paths`.
@@ -30,6 +37,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.bounds import cut_line, cut_text, schema_chars
 from actors.tools.spec import ToolSpec
 
 from .config import McpServerConfig
@@ -40,12 +48,15 @@ from .transport import Fault, StderrTail, sandboxed_stdio
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
+    from actors.config import Limits
     from actors.sandbox.sandbox import Sandbox, SandboxedChild
 
 log = logging.getLogger("oploop.mcp")
 
 PREFIX = "mcp__"
 MAX_NAME = 64
+#: Tools left out named in a server's status (the rest are counted).
+MAX_NOTES = 20
 _BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 
@@ -62,8 +73,14 @@ class McpHub:
     """Every configured server of an executor, and the routes from tool names to them."""
 
     def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
-                 on_change: Callable[[], None], reserved: frozenset[str] = frozenset()) -> None:
+                 on_change: Callable[[], None], reserved: frozenset[str] = frozenset(),
+                 limits: Limits | None = None, run_dir: Path | None = None) -> None:
+        from actors.config import Limits  # (at run time: actors.config imports mcp.config)
+
+        self.limits = limits or Limits()
         self.sandbox = sandbox
+        #: The host's runtime dir: its `net/` holds the network proxy's sockets.
+        self.run_dir = run_dir or Path("/nonexistent")
         self.reserved = reserved
         self._on_change = on_change
         self.servers: dict[str, McpServer] = {}
@@ -97,27 +114,38 @@ class McpHub:
         routes: dict[str, tuple[McpServer, str]] = {}
         specs: list[ToolSpec] = []
         left_out: dict[str, list[str]] = {}
+        limits = self.limits
         for each in self.servers.values():
-            for tool in each.tools:
+            for n, tool in enumerate(each.tools):
+                if len(specs) >= limits.max_tools:
+                    left_out.setdefault(each.name, []).append(
+                        f"{len(each.tools) - n} more tool(s): the catalogue holds at most "
+                        f"{limits.max_tools} MCP tools (limits.max_tools)")
+                    break
                 name = public_name(each.name, tool.name)
                 why = self._refusal(name, routes, tool.input_schema)
                 if why:
-                    left_out.setdefault(each.name, []).append(f"{tool.name}: {why}")
+                    left_out.setdefault(each.name, []).append(
+                        f"{cut_line(tool.name, MAX_NAME)}: {why}")
                     continue
                 try:
                     spec = ToolSpec(
                         name=name,
-                        description=(tool.description or tool.title
-                                     or f"{tool.name} (MCP server {each.name})"),
+                        description=cut_line(tool.description or tool.title
+                                             or f"{tool.name} (MCP server {each.name})",
+                                             limits.max_tool_description_chars),
                         input_schema=dict(tool.input_schema),
                         tags=tuple(each.config.tags), risky=each.config.risky, core=False,
                         server=each.name)
                 except ValueError as exc:
-                    left_out.setdefault(each.name, []).append(f"{tool.name}: {exc}")
+                    left_out.setdefault(each.name, []).append(
+                        f"{cut_line(tool.name, MAX_NAME)}: {exc}")
                     continue
                 routes[name] = (each, tool.name)
                 specs.append(spec)
         for name, notes in left_out.items():
+            if len(notes) > MAX_NOTES:  # (a server of 3,000 bad tools: its status stays small)
+                notes[MAX_NOTES - 1:-1] = [f"and {len(notes) - MAX_NOTES} more"]
             log.warning("MCP server %s: tools left out: %s", name, "; ".join(notes))
         self.routes, self._specs, self.left_out = routes, specs, left_out
         self._on_change()
@@ -129,6 +157,10 @@ class McpHub:
             return f"its name {name} clashes with another tool's"
         if not isinstance(schema, dict) or schema.get("type") != "object":
             return "its input schema is not an object schema"
+        size = schema_chars(schema)
+        if size > self.limits.max_tool_schema_chars:
+            return (f"its input schema is {size} chars of JSON, over "
+                    f"{self.limits.max_tool_schema_chars} (limits.max_tool_schema_chars)")
         return ""
 
     # -- lifetime ----------------------------------------------------------------------
@@ -166,8 +198,10 @@ class McpHub:
             result = await server.call(tool, arguments, bound)
         except McpServerError as exc:
             self._on_change()  # its state changed
-            return McpOutcome(f"{name} failed: {exc}", True)
-        return outcome_of(result)
+            # (the server's own error message may be of any size)
+            return McpOutcome(cut_text(f"{name} failed: {exc}", self.limits.max_result_chars),
+                              True)
+        return outcome_of(result, self.limits.max_result_chars)
 
     # -- transports --------------------------------------------------------------------
 
@@ -183,12 +217,12 @@ class McpHub:
             if sandbox is None:
                 raise McpServerError(config.name, "no sandbox here: a stdio server runs only "
                                                   "in an executor's sandbox")
+            from actors.sandbox.network import access
             from actors.sandbox.sandbox import Extra
 
             argv = resolved(config.command, config.name)
             policy = sandbox.config.policy("shell")
-            if config.sandbox.network:
-                policy = policy.lowered(network="host")
+            net = access(config.sandbox.network, self.run_dir, "mcp", config.name)
             if config.cwd:
                 cwd = Path(config.cwd)
             else:
@@ -203,7 +237,7 @@ class McpHub:
                     raise McpServerError(config.name, f"{path} is or holds what the sandbox "
                                                       f"hides (oploop's home, keys): refused")
             return await sandbox.launch(f"mcp.{config.name}", policy, cwd, argv=argv,
-                                        duplex=duplex, stderr=stderr, extra=extra)
+                                        duplex=duplex, stderr=stderr, extra=extra, net=net)
 
         def open_stdio(fault: Fault, tail: StderrTail
                        ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:

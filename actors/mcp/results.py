@@ -8,6 +8,11 @@
 - audio, resource links and embedded resources: text naming them (an embedded
   text resource: its text);
 - `isError` → `is_error`.
+
+Bounded here, on the executor, so that what crosses the bus and enters the history
+is (`actors.bounds`): the text to `max_result_chars` (head and tail kept, a line
+between saying how much was cut), the images as `actors.images.accepted` takes them
+(each one dropped is a line of text saying why; the host checks them again).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 
 import mcp_types as types
 
-from actors.images import MEDIA_TYPES
+from actors.bounds import MAX_RESULT_CHARS, cut_text
+from actors.images import MEDIA_TYPES, accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +36,10 @@ class McpOutcome:
     images: list[dict[str, Any]] = field(default_factory=list)
 
 
-def outcome_of(result: types.CallToolResult) -> McpOutcome:
-    """Map one `CallToolResult` (see the module's docstring)."""
+def outcome_of(result: types.CallToolResult,
+               max_chars: int = MAX_RESULT_CHARS) -> McpOutcome:
+    """Map one `CallToolResult` (see the module's docstring); its text at most
+    `max_chars` characters (and the notes on images dropped)."""
     texts: list[str] = []
     images: list[dict[str, Any]] = []
     for block in result.content:
@@ -57,10 +65,11 @@ def outcome_of(result: types.CallToolResult) -> McpOutcome:
     structured = result.structured_content
     if structured is not None and not any(_said(t, structured) for t in texts):
         texts.append(json.dumps(structured, ensure_ascii=False))
-    output = "\n".join(texts)
-    if not output and images:
-        output = f"[{len(images)} image(s)]"
-    return McpOutcome(output, bool(result.is_error), images)
+    kept, dropped = accepted(images)  # (a note per image dropped: cut with the text)
+    output = "\n".join([*texts, *dropped])
+    if not output and kept:
+        output = f"[{len(kept)} image(s)]"
+    return McpOutcome(cut_text(output, max_chars), bool(result.is_error), list(kept))
 
 
 def _said(text: str, value: Any) -> bool:

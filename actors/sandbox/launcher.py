@@ -113,6 +113,7 @@ class Launch:
         self.spec = spec
         self.errfd = errfd
         self.required = frozenset(spec["required"])
+        self.bridge = None  # the forwarder to the network proxy (`netbridge.Bridge`)
 
     def layer(self, name: str, fn, *args) -> bool:  # type: ignore[no-untyped-def]
         """Apply one layer; a failure stops the launch if the layer is required."""
@@ -157,6 +158,7 @@ class Launch:
             self.layer("namespaces", lambda: _check(_libc.unshare(flags), "unshare"))
         if as_init:
             self._as_init()
+        self.bridge = self._network_bridge()
         alive_r, alive_w = os.pipe()
         status_r, status_w = os.pipe()
         init = os.fork()
@@ -164,12 +166,30 @@ class Launch:
             os.close(alive_w)
             os.close(status_r)
             self._init(alive_r, status_w)
+        if self.bridge is not None:
+            self.bridge.close()  # the init serves it
         os.close(alive_r)
         os.close(status_w)
         os.close(self.errfd)
         _, wstatus = os.waitpid(init, 0)
         raw = os.read(status_r, 16)
         self._mirror(int(raw) if raw else wstatus)
+
+    def _network_bridge(self) -> Any:
+        """The forwarder to the host's network proxy (`netbridge.py`), for a call whose
+        network is an allowlist: set up here, in its new network namespace, before the
+        init hides the oploop home (the init then serves it); None for any other call."""
+        conf = self.spec.get("netbridge")
+        if not conf:
+            return None
+        if __package__:
+            from actors.sandbox import netbridge
+        else:
+            import netbridge  # type: ignore[no-redef]
+        try:
+            return netbridge.Bridge(conf)
+        except OSError as exc:  # no loopback, the port taken: the tool would have no way out
+            raise LayerFailed("network", f"proxy bridge: {exc}") from exc
 
     def _exec_bwrap(self) -> None:
         """The bubblewrap backend: become the tool uid, then exec a hardened bwrap.
@@ -254,6 +274,10 @@ class Launch:
         if tool == 0:
             os.close(status_w)
             self._tool()
+        if self.bridge is not None:
+            # A thread of the init: the outer launcher cannot have one (it unshared the
+            # pid namespace), and the tool must not share its memory.
+            self.bridge.serve()
         os.close(self.errfd)
         os.close(1)
         os.close(2)
@@ -297,7 +321,7 @@ class Launch:
             ll = spec.get("landlock")
             if ll:
                 self.layer("landlock", apply_landlock, ll["ro"], ll["rw"], ll["deny_tcp"], True,
-                           ll.get("ls", ()))
+                           ll.get("tcp_connect", ()), ll.get("ls", ()))
             if spec.get("seccomp"):
                 self.layer("seccomp", apply_seccomp, spec["seccomp"])
         except LayerFailed as exc:

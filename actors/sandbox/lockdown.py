@@ -15,6 +15,7 @@ import stat
 
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 # --- kernel constants (uapi headers; identical on every Linux architecture) ----------
@@ -55,6 +56,7 @@ SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_RULE_NET_PORT = 2  # ABI 4
 FS_EXECUTE = 1 << 0
 FS_WRITE_FILE = 1 << 1
 FS_READ_FILE = 1 << 2
@@ -103,6 +105,11 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
 
 
+class _NetPort(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
+
+
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version; 0 when Landlock is absent or disabled."""
     ret = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
@@ -121,13 +128,15 @@ def _handled_fs(abi: int) -> int:
 
 
 def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
+                   tcp_connect: Sequence[int] = (),
                    ls: list[str] | tuple[str, ...] = ()) -> int:
     """Allow reading (and exec) beneath `ro`, everything beneath `rw`, listing
     directories beneath `ls`, nothing else.
 
-    `deny_tcp` also handles TCP bind/connect (no rule allows any port); `scope`
-    stops abstract unix sockets and signals from reaching outside this domain.
-    Paths that do not exist are skipped. Returns the ABI used.
+    `deny_tcp` also handles TCP bind/connect (no rule allows any port but
+    `tcp_connect`'s, for connect only: the forwarder to the network proxy);
+    `scope` stops abstract unix sockets and signals from reaching outside this
+    domain. Paths that do not exist are skipped. Returns the ABI used.
     """
     abi = landlock_abi()
     if abi < 1:
@@ -149,6 +158,11 @@ def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
         for paths, access in ((ls, FS_READ_DIR), (ro, FS_READ_ONLY), (rw, handled)):
             for path in paths:
                 _add_path_rule(ruleset, path, access & handled)
+        if abi >= 4 and deny_tcp:
+            for port in tcp_connect:
+                rule = _NetPort(NET_CONNECT_TCP, port)
+                _check(_libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_NET_PORT,
+                                     ctypes.byref(rule), 0), f"landlock_add_rule(tcp {port})")
         _check(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)

@@ -51,6 +51,7 @@ from .launchspec import (
     _within,
 )
 from .layers import machine_layers
+from .network import NetAccess, Proxied, apply_network
 from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
 from .readers import ReaderPool, identity
 from .workspaces import Workspaces, commands_paused, safe_name
@@ -318,12 +319,14 @@ class Sandbox:
 
     # -- launching ---------------------------------------------------------------------
 
-    def spawner(self, tool: str, policy: Policy | None = None) -> Spawner:
-        """A `Spawner` (for `make_shell`) that runs commands under `tool`'s policy."""
+    def spawner(self, tool: str, policy: Policy | None = None,
+                net: NetAccess = "none") -> Spawner:
+        """A `Spawner` (for `make_shell`) that runs commands under `tool`'s policy, with
+        the network `net` (`network.py`: "none", "all", or through the proxy)."""
 
         async def spawn(command: str, cwd: Path) -> SandboxedChild:
             pol = policy or self.config.policy(tool)
-            return await self.launch(tool, pol, cwd, argv=["/bin/sh", "-c", command])
+            return await self.launch(tool, pol, cwd, argv=["/bin/sh", "-c", command], net=net)
 
         return spawn
 
@@ -453,6 +456,7 @@ class Sandbox:
         duplex: int = -1,
         stderr: int = -1,
         extra: Extra | None = None,
+        net: NetAccess = "none",
     ) -> SandboxedChild:
         """Start the launcher for one call: run `argv`, or a file operation `op`
         ("write", "read" or "list", and its job; or "serve", a persistent reader
@@ -460,9 +464,11 @@ class Sandbox:
         `argv` with `duplex` is a long-lived server speaking on that socket (an MCP
         server); `stderr` then is where its stderr goes (-1: with its stdout), and
         `extra` what it may see and use besides the policy's (environment, paths).
+        `net`: a command's network ("none": the policy's; "all"; `Proxied`).
 
         Refused (`ToolRefused`) when a layer is missing, or the disk is below its
         reserve, or the workspaces are at the host's cap."""
+        policy = _network_policy(tool, policy, net, op)
         view = modes.CURRENT.get()
         self.check(tool, policy, writing=op is not None, view=view)
         if op is None or op[0] == "write":  # (a read takes no room)
@@ -479,6 +485,11 @@ class Sandbox:
                           view=view)
         if extra is not None:
             extra.apply(spec)
+        if isinstance(net, Proxied) and op is None:
+            if not int(spec["unshare"]) & launcher_mod.CLONE_NEWNET:  # type: ignore[call-overload]
+                raise ToolRefused(f"{tool}: refused: a network allowlist needs a network "
+                                  f"namespace of the call's own (the namespaces layer)")
+            apply_network(spec, net, policy)
         try:
             return await self._start(spec, call, duplex, stderr)
         except BaseException:
@@ -729,6 +740,21 @@ def _private_tmp(cwd: Path, view: modes.WorkView | None) -> list[str]:
     if view is None or view.mode != modes.READ_ONLY:
         return list(_PRIVATE_TMP)
     return [p for p in _PRIVATE_TMP if not cwd.is_relative_to(p)]
+
+
+def _network_policy(tool: str, policy: Policy, net: NetAccess, op: object) -> Policy:
+    """The policy a command runs under given its network: "all" opens the host's
+    network; a `Proxied` one starts from the offline policy (`apply_network` then adds
+    the way to the proxy), and needs the launcher's own namespaces."""
+    if op is not None or net == "none":
+        return policy
+    if net == "all":
+        return policy.lowered(network="host")
+    if policy.backend == "bwrap":
+        raise ToolRefused(f"{tool}: refused: a network allowlist needs the launcher "
+                          f"backend (backend = \"launcher\" in sandbox.toml): bubblewrap "
+                          f"gives no way to the network proxy")
+    return policy.lowered(network="none")
 
 
 def _uses_bwrap(policy: Policy, writing: bool) -> bool:

@@ -27,6 +27,7 @@ import errno
 import functools
 import os
 import socket
+from typing import Any
 
 DENIED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev",
@@ -58,6 +59,26 @@ _MODE_ARGS = (("chmod", 1, -1), ("fchmod", 1, -1), ("fchmodat", 2, -1),
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _LOW32 = 0xFFFFFFFF
+_AF_MAX = 64  # above every address family Linux has (46 in 6.x)
+_SOCK_TYPE_MASK = 0xF
+
+
+def _tcp_only(f: Any, deny: Any, sc: Any, unix: bool) -> None:
+    """Refuse every socket() but a TCP one (and AF_UNIX with `unix`). libseccomp takes
+    one comparison per argument per rule, so the refused values are listed; anything
+    with bits above the low 32 (which the kernel ignores) is above the bounds, refused."""
+    keep = {socket.AF_INET, socket.AF_INET6} | ({socket.AF_UNIX} if unix else set())
+    for family in range(_AF_MAX):
+        if family not in keep:
+            f.add_rule(deny, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family))
+    f.add_rule(deny, "socket", sc.Arg(0, sc.GE, _AF_MAX))
+    for kind in range(_SOCK_TYPE_MASK + 1):
+        if kind != socket.SOCK_STREAM:
+            f.add_rule(deny, "socket", sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    # Protocol 0 (the default) or IPPROTO_TCP; AF_UNIX's stream sockets take 0 too.
+    for proto in range(1, socket.IPPROTO_TCP):
+        f.add_rule(deny, "socket", sc.Arg(2, sc.MASKED_EQ, _LOW32, proto))
+    f.add_rule(deny, "socket", sc.Arg(2, sc.GT, socket.IPPROTO_TCP))
 
 
 class SeccompUnavailable(Exception):
@@ -76,9 +97,11 @@ def available() -> tuple[bool, str]:
 
 
 @functools.cache
-def build(*, network: bool, unix: bool = False) -> bytes:
+def build(*, network: bool, unix: bool = False, proxied: bool = False) -> bytes:
     """The filter as classic BPF bytes; `network` keeps every socket allowed, `unix`
-    (without the network) AF_UNIX ones."""
+    (without the network) AF_UNIX ones; `proxied` (without the network) TCP ones
+    only: AF_INET/AF_INET6, SOCK_STREAM, protocol 0 or TCP (the way to the network
+    proxy's forwarder; no raw, packet, netlink, UDP or SCTP socket)."""
     try:
         import pyseccomp as sc
     except (ImportError, OSError, RuntimeError) as exc:  # no libseccomp, or not loadable
@@ -107,7 +130,9 @@ def build(*, network: bool, unix: bool = False) -> bytes:
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))
     if not network:
         # NE on the full 64 bits is the safe direction: any other value is refused.
-        if unix:
+        if proxied:
+            _tcp_only(f, deny, sc, unix)
+        elif unix:
             f.add_rule(deny, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
         else:
             f.add_rule(deny, "socket")

@@ -120,12 +120,13 @@ class Supervisor:
         #: Leases of the runs other hosts asked for (`ask_machine`): silent, cancelled.
         self.leases = Leases(self._lease_expired)
         #: This host's own `ask_machine` calls to its peers (`[peers]`).
-        self.asker = Asker(self.config.peers)
+        self.asker = Asker(self.config.peers, self.config.limits.max_result_chars)
         work = self.reactor.add(zmq.ROUTER, "work", None, bind=endpoints.binds("work"),
                                 secure=endpoints.server_side("work"))
         # Over TCP, who a worker machine's workers are (their key) and where they are.
         work.identify = endpoints.network is not None
         self.dispatcher = Dispatcher(work, self.control)
+        self.dispatcher.local_worker_keys = self.config.local_worker_keys
         work.handler = self.dispatcher.handle_work
         self.events: Port = self.reactor.add(
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.bounds import MAX_CATALOGUE_BYTES, fit_catalogue
 from actors.machines import LOCAL, machine_name_error, machine_of
 from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
@@ -36,6 +37,7 @@ from bus.messages import (
     Delta,
     Disconnect,
     Envelope,
+    ErrorReply,
     Heartbeat,
     JobFailed,
     LlmResult,
@@ -47,6 +49,10 @@ from bus.messages import (
 from bus.sockets import Port
 
 log = logging.getLogger("oploop.dispatch")
+
+#: `ErrorReply.code` to a worker whose `Ready` the supervisor refuses (its key may not
+#: serve the machine it names): it stops, and says why.
+REFUSED = "refused"
 
 #: Jobs waiting for a free worker, per role, before new ones are refused.
 MAX_QUEUED = 100_000
@@ -129,6 +135,10 @@ def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
             good.append(ToolSpec.from_wire(raw).to_wire())
         except ValueError as exc:
             log.warning("worker %r announced a bad tool spec: %s", peer, exc)
+    good, over = fit_catalogue(good)  # (every definition goes in every request)
+    if over:
+        log.warning("worker %r announced %d tool(s) past %d bytes: left out", peer, over,
+                    MAX_CATALOGUE_BYTES)
     return good
 
 
@@ -150,6 +160,9 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self.aborts_acked = 0
         self._told: set[bytes] = set()  # unknown peers already asked to re-announce
+        #: Names of worker keys that may serve unnamed, as `local` (`[network]
+        #: local_worker_keys`); any other worker key serves only the machine it names.
+        self.local_worker_keys: frozenset[str] = frozenset()
         self._prefix = f"j{os.getpid():x}."
 
     # -- submitting --------------------------------------------------------------------
@@ -321,10 +334,12 @@ class Dispatcher:
         if ready.role not in ROLES or ready.capacity < 1:
             log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role, ready.capacity)
             return
-        problem = _machine_problem(ready.machine, self.work.user_id)
+        problem = _machine_problem(ready.machine, self.work.user_id,
+                                   self.local_worker_keys)
         if problem is not None:
-            # Not registered, and (kept in `_told`) asked to re-announce once at most.
+            # Not registered, and told why: it stops (`oploop worker` exits saying so).
             log.warning("worker %r refused: %s", peer, problem)
+            self._send_quiet(peer, ErrorReply(REFUSED, problem))
             return
         self._told.discard(peer)
         old = self.workers.get(peer)
@@ -338,6 +353,7 @@ class Dispatcher:
                              _ip(self.work.peer_address), self.work.user_id or "")
         log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
                  ready.capacity, worker.machine)
+        self._send_quiet(peer, Heartbeat())  # accepted: a worker elsewhere waits for word
         if ready.role == "tool":
             self.catalogue_changed.set()
         self._pump_for(worker)
@@ -479,16 +495,23 @@ class Dispatcher:
         return sum(1 for j in self.jobs.values() if j.env.sid == sid)
 
 
-def _machine_problem(machine: str, user_id: str | None) -> str | None:
+def _machine_problem(machine: str, user_id: str | None,
+                     local_keys: frozenset[str] = frozenset()) -> str | None:
     """Why a worker may not serve as `machine`, or None. Over CURVE its key decides: a
-    `worker:NAME` key may serve machine NAME (or, unnamed, as `local`), no other, so a
-    key cannot take the tool calls aimed at another machine."""
+    `worker:NAME` key may serve machine NAME, no other, so a key cannot take the tool
+    calls aimed at another machine; nor, unnamed, the host's own (`local`) calls,
+    unless the host lists the key in `[network] local_worker_keys`. The local key
+    (the host's own workers) and plain ipc serve as `local`."""
+    key_role, _, key_name = (user_id or "").partition(":")
     if not machine:
+        if key_role == "worker" and key_name not in local_keys:
+            return (f"its key {key_name!r} serves machine {key_name!r} only: start it with "
+                    f"--machine {key_name} (or list the key in [network] local_worker_keys "
+                    "to let it serve as the host's own)")
         return None
     problem = machine_name_error(machine)
     if problem is None and machine == LOCAL:
         problem = f"{LOCAL!r} is the host's own machine"
-    key_role, _, key_name = (user_id or "").partition(":")
     if problem is None and key_role == "worker" and key_name != machine:
         problem = f"its key {key_name!r} may serve machine {key_name!r}, not {machine!r}"
     return problem

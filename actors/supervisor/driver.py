@@ -145,7 +145,8 @@ class RunDriver:
         self.feed(Start(prompt, max_turns or agent.max_turns, agent.name,
                         agent.model_id(config.aliases), deadline_s,
                         router=config.router.enabled, check=session.output_check,
-                        rules=agent.permissions, approval_timeout_s=agent.approval_timeout_s))
+                        rules=agent.permissions, approval_timeout_s=agent.approval_timeout_s,
+                        cwd=session.cwd))
 
     def resume(self, reason: str) -> None:
         """Go on with the open run a supervisor restart left (the session is its log's fold)."""
@@ -153,7 +154,7 @@ class RunDriver:
         agent = self.session.agent
         self.feed(Resume(reason, router=self.io.config.router.enabled,
                          check=self.session.output_check, rules=agent.permissions,
-                         approval_timeout_s=agent.approval_timeout_s))
+                         approval_timeout_s=agent.approval_timeout_s, cwd=self.session.cwd))
 
     def cancel(self, mode: str, reason: str = "") -> None:
         """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""

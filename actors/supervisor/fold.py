@@ -159,6 +159,8 @@ def _agent(raw: dict[str, Any], agents: dict[str, Agent]) -> Agent:
     raw = dict(raw)
     raw["category_allowlist"] = tuple(raw.get("category_allowlist", ()))
     raw["permissions"] = tuple(tuple(r) for r in raw.get("permissions", ()))
+    if isinstance(raw.get("network"), list):
+        raw["network"] = tuple(raw["network"])
     configured = agents.get(raw.get("name", ""))
     if configured is None:
         return Agent(**raw)

@@ -31,10 +31,12 @@ before the event is published (the session log journals them with it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from actors.finite import finite_reply
+from actors.finite import refusal as nonfinite_refusal
 from actors.permissions import Rule, decide, denial
 from actors.supervisor.catalogue import unavailable_message
 from actors.supervisor.history import Message, blocks
@@ -94,6 +96,8 @@ class Start:
     #: `ask` waits for a `Decide` for at most `approval_timeout_s` (the driver's timer).
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
+    #: The session's working directory: the rules judge a call's paths against it.
+    cwd: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,8 @@ class Retry:
     attempt: int = 0
     error: str = ""
     wait_s: float = 0.0
+    #: After a stall, the bound that fired (the `RETRY` event's `stall_bound_s`).
+    stall_bound_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,7 @@ class Resume:
     check: Callable[[str], str | None] | None = None
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
+    cwd: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +341,8 @@ class RunState(NamedTuple):
     #: The agent's permission rules (`actors.permissions`) and how long an `ask` waits.
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
+    #: The session's working directory, against which the rules judge a call's paths.
+    cwd: str = ""
     #: The current reply's calls waiting for a decision: `(call_id, expires_at)`.
     asks: tuple[tuple[str, float], ...] = ()
     #: The run's decisions so far: `(call_id, decision, by)` ("already decided by").
@@ -426,8 +435,11 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _turn(out, 1)
     elif isinstance(event, Retry) and state.phase in ("model", "route"):
         out.s = replace(state, partial=())
-        out.emit("RETRY", state.turn if state.phase == "model" else 0, {
-            "attempt": event.attempt, "error": event.error, "wait_s": event.wait_s})
+        retry: dict[str, Any] = {"attempt": event.attempt, "error": event.error,
+                                 "wait_s": event.wait_s}
+        if event.stall_bound_s:
+            retry["stall_bound_s"] = event.stall_bound_s
+        out.emit("RETRY", state.turn if state.phase == "model" else 0, retry)
     elif isinstance(event, ModelReplied) and state.phase == "model":
         if event.offered is not None:
             out.s = replace(state, offered=event.offered)
@@ -489,7 +501,7 @@ def _start(out: _Out, ev: Start) -> None:
     out.s = replace(out.s, phase="ready", runs=out.s.runs + 1, first=1, router=ev.router,
                     turn=0, limit=ev.limit, stop_request="", partial=(), direct=False,
                     repaired=False, offered=ev.offered, check=ev.check, calls=(),
-                    started=(), outcomes=(), rules=ev.rules,
+                    started=(), outcomes=(), rules=ev.rules, cwd=ev.cwd,
                     approval_timeout_s=ev.approval_timeout_s, asks=(), decided=())
     out.add("user", [{"type": "text", "text": ev.prompt}])
     out.emit("SESSION_START", 0, {
@@ -518,6 +530,7 @@ def _turn(out: _Out, turn: int) -> None:
 
 def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
     s = out.s
+    reply, nonfinite = finite_reply(reply)  # NaN/Infinity never enter the history
     out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
     out.add("assistant", blocks(stored_reply(reply)))
     nxt = next_step(reply)
@@ -541,7 +554,7 @@ def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
         if s.stop_request:
             _finish_cancelled(out, s.stop_request, "")
             return
-        jobs = _jobs(out.s, nxt.calls)
+        jobs = _jobs(out.s, nxt.calls, nonfinite)
         out.s = replace(out.s, phase="tools", calls=nxt.calls, started=(), outcomes=())
         if s.rules:
             jobs = _ask(out, jobs, now)
@@ -563,16 +576,20 @@ def _take_said(out: _Out, turn: int) -> None:
         out.emit("USER_MESSAGE", turn, {"text": text, "by": by})
 
 
-def _jobs(s: RunState, calls: tuple[ToolCall, ...]) -> tuple[ToolJob, ...]:
-    """A reply's calls as jobs: one not offered, or under a `deny` rule, is refused."""
+def _jobs(s: RunState, calls: tuple[ToolCall, ...],
+          nonfinite: Mapping[str, list[str]] | None = None) -> tuple[ToolJob, ...]:
+    """A reply's calls as jobs: one not offered, with NaN/Infinity in its input, or
+    under a `deny` rule, is refused."""
     offered = set() if s.direct else s.offered
     jobs = []
     for c in calls:
         refusal = None
-        if c.name not in offered:
+        if nonfinite and c.id in nonfinite:
+            refusal = ToolOutcome(nonfinite_refusal(c.name, nonfinite[c.id]), True)
+        elif c.name not in offered:
             refusal = ToolOutcome(unavailable_message(c.name), True)
         elif s.rules:
-            verdict, key = decide(s.rules, c.name, c.input)
+            verdict, key = decide(s.rules, c.name, c.input, s.cwd)
             if verdict == "deny":
                 refusal = ToolOutcome(denial(c.name, key), True)
         jobs.append(ToolJob(c, refusal))
@@ -586,7 +603,7 @@ def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...
     asks: list[tuple[str, float]] = []
     for job in jobs:
         c = job.call
-        verdict, key = ("allow", "") if job.refusal else decide(s.rules, c.name, c.input)
+        verdict, key = ("allow", "") if job.refusal else decide(s.rules, c.name, c.input, s.cwd)
         if verdict != "ask" or c.name in s.always:
             run.append(job)
             continue
@@ -737,7 +754,7 @@ def _resume(out: _Out, ev: Resume) -> None:
     if not s.running:
         return
     out.s = replace(s, offered=ev.offered, check=ev.check, partial=(), direct=False,
-                    rules=ev.rules, approval_timeout_s=ev.approval_timeout_s)
+                    rules=ev.rules, approval_timeout_s=ev.approval_timeout_s, cwd=ev.cwd)
     out.emit("RESUMED", s.turn, {"reason": ev.reason})
     last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()

@@ -4,7 +4,8 @@ The system prompt is sent as blocks: the agent's static prefix (up to the
 cache-boundary marker) with a cache breakpoint, the rest of the agent's
 prompt, then this turn's reminders. Reminders are fresh every turn and are
 never stored in history. Cache breakpoints go at the end of the static prefix
-and on the latest user turns, never more than four in all.
+and on the latest user turns, never more than four in all. A request too large
+for the bus has its oldest results left out (`actors.bounds.fit_messages`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from actors.bounds import MAX_REQUEST_BYTES, fit_messages, size_of
 from actors.config import CACHE_BOUNDARY, MODEL_ALIASES, Agent
 from actors.supervisor.history import Message, blocks
 
@@ -112,8 +114,10 @@ def build_request(
     session: str,
     cwd: str,
     aliases: Mapping[str, str] = MODEL_ALIASES,
+    max_bytes: int = MAX_REQUEST_BYTES,
 ) -> dict[str, Any]:
-    """The request body for this turn (`history` already sanitised)."""
+    """The request body for this turn (`history` already sanitised), at most about
+    `max_bytes` on the bus if the history can be made to fit (`fit_messages`)."""
     system = system_blocks(agent, reminders(agent, tools, cwd))
     budget = min(HISTORY_BREAKPOINTS, MAX_CACHE_BREAKPOINTS - 1)
     request: dict[str, Any] = {
@@ -121,7 +125,7 @@ def build_request(
         "max_tokens": agent.max_tokens,
         "temperature": agent.temperature,
         "system": system,
-        "messages": with_history_breakpoints(history, budget),
+        "messages": [],  # (below: what fits)
         "metadata": {"user_id": session},
     }
     if tools:
@@ -130,6 +134,9 @@ def build_request(
             for t in tools
         ]
         request["tool_choice"] = {"type": "auto"}
+    # The last resort: never a request the bus cannot carry (the history is untouched).
+    history = fit_messages(history, max_bytes - size_of(request))
+    request["messages"] = with_history_breakpoints(history, budget)
     return request
 
 

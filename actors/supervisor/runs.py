@@ -11,6 +11,7 @@ import os
 import secrets
 from typing import TYPE_CHECKING
 
+from actors.bounds import cut_reason
 from actors.machines import LOCAL, machine_name_error
 from actors.sessionlog import JournalError
 from actors.supervisor.driver import RunDriver, decision_error
@@ -137,6 +138,13 @@ class Runs:
             if req.session:
                 self.sup.api.reply_error(peer, env.id, "forbidden",
                                          "a peer key starts new sessions only")
+                return
+            bound = self.sup.gate.keyring.peer_agent(_by(user)) if self.sup.gate else "default"
+            if (req.agent or "default") != bound:
+                # Which agent (tools, rules) answers is this host's to say, per key.
+                self.sup.api.reply_error(peer, env.id, "forbidden",
+                                         f"this peer key may start runs on agent {bound!r} "
+                                         f"only, not {req.agent or 'default'!r}")
                 return
             if req.machine:
                 # Which machine's files, network and processes the tools act on is this
@@ -342,7 +350,8 @@ class Runs:
         by = _by(user)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
-                driver.decide(call_id, req.decision, by, req.reason, req.always)  # type: ignore[union-attr]
+                driver.decide(call_id, req.decision, by, cut_reason(req.reason),  # type: ignore[union-attr]
+                              req.always)
         ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
         self.sup._reply_committed(ack, peer, port)  # answered once the decision is logged
 

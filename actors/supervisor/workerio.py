@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.ask.tool import NAME as ASK_TOOL
+from actors.bounds import cut_result
 from actors.images import accepted
 from actors.machines import LOCAL
 from actors.supervisor import machine
@@ -83,7 +84,8 @@ class WorkerIO:
             if isinstance(body, Delta):
                 progress(machine.Delta(body.text, body.channel))
             elif isinstance(body, Retrying):  # that attempt's text is void (see RETRY)
-                progress(machine.Retry(body.attempt, body.error, body.wait_s))
+                progress(machine.Retry(body.attempt, body.error, body.wait_s,
+                                       body.stall_bound_s))
 
         if route:  # the router's small request, not the session's history: no delta
             router = self.config.router
@@ -118,6 +120,7 @@ class WorkerIO:
         if isinstance(body, ToolResult):
             images, dropped = accepted(body.images)  # checked: the history carries them
             output = "\n".join([body.output, *dropped]) if dropped else body.output
+            output = cut_result(output, self.config.limits.max_result_chars)
             return ToolOutcome(output, body.is_error, body.duration_ms, images, machine)
         if isinstance(body, JobFailed) and body.error in MACHINE_ERRORS:
             # "machine B lost ...", "machine B has no executor connected": said as is.

@@ -6,8 +6,10 @@ first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
 nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
 calls are in at once); `crash` (says why on stderr, exits 3); `garbage` (writes a
 line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a result
-with structuredContent only); `write_to` and `connect_to` (what the sandbox lets it
-do); `add_tool` (adds `extra`, then tells the client its list changed).
+with structuredContent only); `write_to`, `connect_to` and `fetch` (what the sandbox
+lets it do); `add_tool` (adds `extra`, then tells the client its list changed); `big_text`
+(a text of `mb` MB) and `images` (`count` PNGs of `mb` MB each) for the bounds.
+`python mcp_testserver.py stdio many` also lists `MANY` tools of 5 KB of description each.
 """
 
 from __future__ import annotations
@@ -134,6 +136,21 @@ def connect_to(port: int) -> str:
 
 
 @server.tool()
+def fetch(url: str) -> str:
+    """GET `url` (through HTTP_PROXY when the sandbox sets it); say what came back."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return f"status {answer.status}: {answer.read(200).decode(errors='replace')}"
+    except urllib.error.HTTPError as exc:
+        return f"status {exc.code}: {exc.read(400).decode(errors='replace').strip()}"
+    except OSError as exc:
+        return f"failed: {exc}"
+
+
+@server.tool()
 async def add_tool(ctx: Context) -> str:
     """Add the tool `extra`, and tell the client the list changed."""
 
@@ -146,7 +163,36 @@ async def add_tool(ctx: Context) -> str:
     return "added"
 
 
+@server.tool()
+def big_text(mb: float) -> str:
+    """A text of `mb` MB (a line of digits, then x's, then a last line)."""
+    size = int(mb * 1_000_000)
+    return "first line 0123456789\n" + "x" * size + "\nlast line"
+
+
+@server.tool()
+def images(count: int, mb: float) -> list[Image]:
+    """`count` PNG images of `mb` MB each (a PNG header, then padding: the signature is
+    what the host checks)."""
+    pad = b"\0" * max(0, int(mb * 1_000_000) - len(PNG))
+    return [Image(data=PNG + pad, format="png") for _ in range(count)]
+
+
+#: How many tools `stdio many` adds.
+MANY = 3000
+
+
+def _add_many() -> None:
+    def one(q: str = "") -> str:
+        return f"many: {q}"
+
+    for n in range(MANY):
+        server.add_tool(one, name=f"many_{n:04d}", description=f"tool {n}: " + "d" * 5000)
+
+
 if __name__ == "__main__":
+    if "many" in sys.argv[2:]:
+        _add_many()
     if sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

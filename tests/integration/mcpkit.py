@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from hostkit import until
+from ports import free_port
 
 from bus.client import Client
 
@@ -22,13 +22,6 @@ DONE = {"reply": "done", "stop_reason": "end_turn"}
 def call(name: str, **tool_input: Any) -> list[dict[str, Any]]:
     """A scenario script: one turn calling `name` with `tool_input`, then a final answer."""
     return [{"reply": [{"type": "tool_use", "name": name, "input": tool_input}]}, DONE]
-
-
-def free_port() -> int:
-    """A TCP port on loopback nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def tools_of(home: str) -> dict[str, dict[str, Any]]:

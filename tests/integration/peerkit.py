@@ -7,36 +7,13 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hostkit import OPLOOP, oploop, running_host
-
-
-def free_ports(host: str, count: int = 5) -> int:
-    """The first of `count` consecutive free ports on `host`."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of free ports on {host}")
+from ports import free_ports
 
 
 def tool_use(name: str, **input: Any) -> dict[str, Any]:
@@ -57,9 +34,11 @@ def write_home(home: str, scripts: dict[str, Any], config: str) -> dict[str, str
     return {"OPLOOP_OFFLINE_SCENARIO": str(scenario), "OPLOOP_EXECUTORS": "1"}
 
 
-def issue_peer_key(home: str, name: str) -> Path:
-    """`oploop keys add NAME --role peer` on the host in `home`: the folder to give."""
-    out = oploop(home, "keys", "add", name, "--role", "peer")
+def issue_peer_key(home: str, name: str, agent: str = "") -> Path:
+    """`oploop keys add NAME --role peer [--agent AGENT]` on the host in `home`: the
+    folder to give (the key starts runs on that agent only; default: the default one)."""
+    out = oploop(home, "keys", "add", name, "--role", "peer",
+                 *(("--agent", agent) if agent else ()))
     assert out.returncode == 0, out.stderr
     return Path(home) / "keys" / "issued" / name
 

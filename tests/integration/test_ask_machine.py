@@ -82,10 +82,13 @@ def hosts():
         env_b = write_home(homes["b"], REMOTE, network_config(listen["b"]) + LOCKED)
         env_c = write_home(homes["c"], REMOTE, network_config(listen["c"]))
         keys = {m: issue_peer_key(homes[m], "host-a") for m in "bc"}
+        # B binds each peer key to one agent: a second key for its `locked` agent.
+        keys["b-locked"] = issue_peer_key(homes["b"], "host-a-locked", agent="locked")
         env_a = write_home(homes["a"], CALLER,
                            peer_config("b", listen["b"], keys["b"])
                            + peer_config("c", listen["c"], keys["c"])
-                           + peer_config("b-locked", listen["b"], keys["b"], agent="locked")
+                           + peer_config("b-locked", listen["b"], keys["b-locked"],
+                                         agent="locked")
                            + peer_config("b-quick", listen["b"], keys["b"], timeout_s=2))
         env_a["OPLOOP_HTTP_LISTEN"] = "127.0.0.1:0"  # A's web view (one test looks)
         with running_host(homes["b"], env_b), running_host(homes["c"], env_c), \
@@ -276,6 +279,33 @@ def test_the_remote_hosts_hidden_sets_and_rules_apply(hosts):
     assert not (Path(hosts["b"]) / "workspaces" / b_session / "x.txt").exists()
     assert not (Path(hosts["b"]) / "workspaces" / b_session / "y.txt").exists()
     assert events[-1]["type"] == "DONE"
+
+
+def test_a_peer_key_starts_runs_on_its_own_agent_only(hosts):
+    """The agent is the asked host's to say, per key: `host-a` (issued for B's default
+    agent) cannot ask for `locked`, nor `host-a-locked` for the default one."""
+
+    async def start_as(keys: Path, agent: str) -> str:
+        peer = Endpoints.elsewhere(hosts["listen"]["b"], keys)
+        async with Client.connect(endpoints=peer) as client:
+            try:
+                started = await client.start("#echo hi", agent=agent)
+            except RemoteError as exc:
+                return f"{exc.code}: {exc.message}"
+        await follow(hosts["b"], started.session)
+        return "started"
+
+    async def scenario() -> None:
+        refused = await start_as(hosts["keys"]["b"], "locked")
+        assert refused == ("forbidden: this peer key may start runs on agent 'default' "
+                           "only, not 'locked'"), refused
+        refused = await start_as(hosts["keys"]["b-locked"], "")
+        assert refused.startswith("forbidden: this peer key may start runs on agent "
+                                  "'locked' only"), refused
+        assert await start_as(hosts["keys"]["b"], "") == "started"
+        assert await start_as(hosts["keys"]["b-locked"], "locked") == "started"
+
+    asyncio.run(scenario())
 
 
 def test_a_peer_key_cannot_choose_the_directory(hosts):

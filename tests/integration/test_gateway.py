@@ -6,12 +6,15 @@ import asyncio
 import json
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
 from conftest import remove_home
 from homes import make_home
 from hostkit import (
@@ -25,6 +28,8 @@ from hostkit import (
     workspace,
 )
 from prometheus_client.parser import text_string_to_metric_families
+
+from actors.gateway.urls import cookie_name, page_host
 
 PROMPT_LIMIT = 2_000
 WORDS = " ".join(f"word{i}" for i in range(150))
@@ -63,6 +68,34 @@ def host(tmp_path_factory):
 
 def url_of(home: str) -> str:
     return (Path(home) / "run" / "web.url").read_text().strip()
+
+
+def page_base(home: str) -> str:
+    """The page's own address: `http://oploop-<id>.localhost:PORT/`."""
+    port = url_of(home).rsplit(":", 1)[1]
+    return f"http://{page_host((Path(home) / 'web.token').read_text().strip())}:{port}"
+
+
+class _LoopbackNames(AbstractResolver):
+    """`*.localhost` to 127.0.0.1, as browsers resolve it (this machine's resolver
+    may not: RFC 6761 lets it, glibc without nss-myhostname does not)."""
+
+    def __init__(self) -> None:
+        self.rest = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: Any = 0) -> list[Any]:
+        if host == "localhost" or host.endswith(".localhost"):
+            return [{"hostname": host, "host": "127.0.0.1", "port": port,
+                     "family": socket.AF_INET, "proto": 0, "flags": socket.AI_NUMERICHOST}]
+        return await self.rest.resolve(host, port, family)
+
+    async def close(self) -> None:
+        await self.rest.close()
+
+
+def loopback_names() -> aiohttp.TCPConnector:
+    """A connector that reaches the page's own name (`_LoopbackNames`)."""
+    return aiohttp.TCPConnector(resolver=_LoopbackNames())
 
 
 def session(home: str) -> aiohttp.ClientSession:
@@ -326,8 +359,8 @@ def test_every_request_needs_the_token(host):
         url = url_of(host)
         token = (Path(host) / "web.token").read_text().strip()
         assert (Path(host) / "web.token").stat().st_mode & 0o077 == 0
-        # unsafe: aiohttp keeps no cookie of an IP address host otherwise (browsers do)
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        own = page_base(host)
+        async with aiohttp.ClientSession(connector=loopback_names()) as http:
             for path in ("", "s/abc", "static/app.js", "api/sessions", "metrics"):
                 for headers in ({}, {"Authorization": "Bearer wrong"}):
                     async with http.get(url + path, headers=headers) as resp:
@@ -336,11 +369,15 @@ def test_every_request_needs_the_token(host):
                                                      "message": "a token is required"}
             async with http.post(f"{url}api/sessions", json={"prompt": "hi"}) as resp:
                 assert resp.status == 401
-            # A first visit with ?token= sets the cookie and drops the token from the URL.
+            # A first visit with ?token= goes to the page's own name, which sets the
+            # cookie and drops the token from the URL.
             async with http.get(f"{url}?token={token}") as resp:
-                assert resp.status == 200 and str(resp.url) == url
-            async with http.get(f"{url}api/sessions") as resp:
+                assert resp.status == 200 and str(resp.url) == own
+            assert [c.key for c in http.cookie_jar] == [cookie_name(token)]
+            async with http.get(f"{own}api/sessions") as resp:
                 assert resp.status == 200  # the cookie now
+            async with http.get(f"{url}api/sessions") as resp:
+                assert resp.status == 401  # not at 127.0.0.1: no cookie of ours there
 
     asyncio.run(main())
 
@@ -349,13 +386,12 @@ def test_oploop_web_prints_the_pages_address_with_its_token(host):
     shown = oploop(host, "web", "--no-open", env=GATEWAY_ENV)
     assert shown.returncode == 0, shown.stderr
     token = (Path(host) / "web.token").read_text().strip()
-    assert shown.stdout.strip() == f"{url_of(host)}?token={token}"
+    assert shown.stdout.strip() == f"{page_base(host)}?token={token}"
     one = oploop(host, "web", "abc123", "--no-open", env=GATEWAY_ENV)
-    assert one.stdout.strip() == f"{url_of(host)}s/abc123?token={token}"
+    assert one.stdout.strip() == f"{page_base(host)}s/abc123?token={token}"
 
     async def main() -> None:
-        jar = aiohttp.CookieJar(unsafe=True)
-        async with aiohttp.ClientSession(cookie_jar=jar) as http, \
+        async with aiohttp.ClientSession(connector=loopback_names()) as http, \
                 http.get(shown.stdout.strip()) as resp:
             assert resp.status == 200 and "oploop" in await resp.text()
 

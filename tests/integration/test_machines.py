@@ -227,20 +227,51 @@ def test_a_refused_key_stops_oploop_worker_with_one_line(lab):
 
 
 def test_a_worker_key_serves_its_own_machine_only(lab):
+    """B's key claiming machine C: refused by the supervisor, and `oploop worker`
+    exits with one line, never saying it serves."""
     lab, home, _ = lab
     keys = Path(home) / "keys" / "issued" / "B"  # B's key, claiming to be machine C
     c = lab.machines["C"]
     far = Path(make_home("opc-"))
-    impostor = WorkerMachineProc(lab, "C", far, keys)
     try:
-        log = Path(home) / "host.log"
-        wait_until(lambda: "may serve machine 'B', not 'C'" in log.read_text(),
-                   "the supervisor to refuse the impostor")
+        done = oploop_in(lab, c.ns, far, "worker", "--connect",
+                         f"tcp://{c.hub_address}:{PORT}", "--keys", str(keys),
+                         "--machine", "C", timeout=120)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("oploop: "), done.stderr
+        assert "refused machine C" in lines[0] and "serving" not in done.stderr
+        log = (Path(home) / "host.log").read_text()
+        assert "may serve machine 'B', not 'C'" in log
         assert "C" not in asyncio.run(machines(home))
         events = run(home, "run `cat /proc/net/dev`", machine="C")
         end = of_type(events, "TOOL_END")[0]["data"]
         assert end["output"] == "machine C has no executor connected"
         assert c.iface not in end["output"]
     finally:
-        impostor.stop()
+        remove_home(far)
+
+
+def test_an_unnamed_worker_with_a_worker_key_is_refused(lab):
+    """An executor started by hand with B's key and no machine (it would serve as
+    `local`, taking the host's own unaimed calls): refused, exit status 78; the
+    host's unaimed calls still run on its own executor."""
+    lab, home, _ = lab
+    d = lab.machines["D"]
+    keys = Path(home) / "keys" / "issued" / "B"
+    far = Path(make_home("ope-"))
+    try:
+        env = {"OPLOOP_CONNECT": f"tcp://{d.hub_address}:{PORT}", "OPLOOP_KEYS": str(keys)}
+        done = subprocess.run([*lab.in_ns(d.ns), sys.executable, "-m", "actors.executor"],
+                              env=_env(far, env), capture_output=True, text=True,
+                              timeout=120, cwd=Path(__file__).parents[2])
+        assert done.returncode == 78, done.stderr  # EXIT_MACHINE_REFUSED
+        assert "serves machine 'B' only" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert set(asyncio.run(machines(home))) == {"local", "B"}
+        for _ in range(4):
+            here = run(home, "run `cat /proc/net/dev`")
+            assert of_type(here, "TOOL_END")[0]["data"]["machine"] == "local"
+            assert d.iface not in where(here)
+    finally:
         remove_home(far)

@@ -7,12 +7,14 @@ walls, a re-listed tool set, and configurations `oploop up` refuses."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import psutil
@@ -46,10 +48,13 @@ SCRIPTS = {
     "inside": call("mcp__test__write_to", path="MARKS/file"),
     "offline": call("mcp__test__connect_to", port=0),
     "online": call("mcp__testnet__connect_to", port=0),
+    "proxied-direct": call("mcp__testproxy__connect_to", port=0),
+    "proxied-fetch": call("mcp__testproxy__fetch", url="http://127.0.0.1:WEB/hi"),
+    "proxied-refused": call("mcp__testproxy__fetch", url="http://example.com/"),
 }
 
 
-def config(repo: Path, marks: Path) -> str:
+def config(repo: Path, marks: Path, web: int = 0) -> str:
     tests = str(Path(TEST_SERVER).parent)
     test_server = f"""
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{MARK}"]
@@ -93,6 +98,12 @@ command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp
 [mcp.testnet.sandbox]
 network = true
 read_paths = ["{tests}"]
+
+[mcp.testproxy]                   # a network allowlist: through the host's proxy only
+command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-proxied-test"]
+network = ["127.0.0.1:{web}"]
+[mcp.testproxy.sandbox]
+read_paths = ["{tests}"]
 """
 
 
@@ -123,21 +134,46 @@ def listener():
         yield server.getsockname()[1]
 
 
+class _Hi(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        self.send_response(200)
+        self.send_header("Content-Length", "3")
+        self.end_headers()
+        self.wfile.write(b"hi\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def host(files, listener):
+def web():
+    """An HTTP server on loopback: the host an MCP server's allowlist names."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture(scope="module")
+def host(files, listener, web):
     home = make_home("opms-")
-    Path(home, "oploop.toml").write_text(config(files["repo"], files["marks"]))
+    Path(home, "oploop.toml").write_text(config(files["repo"], files["marks"], web))
     scripts = json.loads(json.dumps(SCRIPTS).replace("REPO", str(files["repo"]))
+                         .replace("127.0.0.1:WEB", f"127.0.0.1:{web}")
                          .replace("OUTSIDE", str(files["outside"]))
                          .replace("MARKS", str(files["marks"])))
-    for name in ("offline", "online"):
+    for name in ("offline", "online", "proxied-direct"):
         scripts[name][0]["reply"][0]["input"]["port"] = listener
     scenario = Path(home, "scenario.json")
     scenario.write_text(json.dumps({"scripts": scripts}))
     try:
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as h:
             wait_tools(h, {"mcp__time__get_current_time", "mcp__git__git_status",
-                           "mcp__test__echo", "mcp__testnet__connect_to", "mcp__hang__slow"})
+                           "mcp__test__echo", "mcp__testnet__connect_to", "mcp__hang__slow",
+                           "mcp__testproxy__fetch"})
             yield h
     finally:
         remove_home(Path(home))
@@ -219,6 +255,18 @@ def test_the_sandbox_keeps_a_stdio_server_to_its_paths_and_off_the_network(host,
     assert offline["output"].startswith("refused"), offline["output"]
     online = tool_end(run(host, "#online connect"))  # `network = true` lets it through
     assert online["output"] == "connected", online["output"]
+
+
+def test_a_stdio_server_with_an_allowlist_goes_through_the_proxy(host, web):
+    direct = tool_end(run(host, "#proxied-direct connect"))
+    assert direct["output"].startswith("refused"), direct["output"]
+    fetched = tool_end(run(host, "#proxied-fetch go"))
+    assert fetched["output"] == "status 200: hi\n", fetched["output"]
+    refused = tool_end(run(host, "#proxied-refused go"))
+    assert refused["output"] == (
+        "status 403: oploop: host example.com (port 80) is not in MCP server testproxy's "
+        f'network allowlist (mcp.testproxy.network = ["127.0.0.1:{web}"] in oploop.toml)'
+    ), refused["output"]
 
 
 async def cancelled_run(home: str, prompt: str, started: Path) -> list[dict]:

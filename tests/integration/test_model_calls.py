@@ -9,6 +9,7 @@ and a pause with pings, each several times the idle bound, succeed)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,14 @@ SCRIPTS = {
     "fallback": [stall(4, reply="words of a void attempt"), OK],
     "void": [stall(5, reply="words of a void attempt"), OK],
     "longwait": [status(429, **{"retry-after": "200"}), OK],
+    # NaN/Infinity in a tool input (the SDK parses them): an error result, and the
+    # next request of the session still encodes
+    "nan": [{"reply": [{"type": "tool_use", "name": "shell",
+                        "input": {"command": "echo never-ran", "timeout_s": float("nan"),
+                                  "env": [float("inf")]}}]},
+            {"reply": "recovered", "stop_reason": "end_turn"}],
+    # every event sent but message_stop (after message_delta): truncated, retried
+    "nostop": [{"fault": "truncate", "after_events": 99, "reply": "cut short"}, OK],
     "overloaded6": [status(529)] * 6,
 }
 
@@ -129,7 +138,69 @@ def test_a_stall_in_every_phase_is_retried_naming_its_bound(host, phase):
     (retry,) = retries(events)
     assert retry["error"].startswith("stream_stalled") and where in retry["error"], retry
     assert setting in retry["error"], retry
+    assert retry["stall_bound_s"] == {"OPLOOP_STREAM_IDLE_S": 0.5, "OPLOOP_STREAM_FIRST_S": 4,
+                                      "OPLOOP_STREAM_PAUSE_S": 3}[setting], retry
     assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "all good"
+
+
+def test_nan_in_a_tool_input_is_an_error_result_and_never_poisons_the_session(host):
+    events = run(host, "#nan go")
+    assert not retries(events)
+    (end,) = of_type(events, "TOOL_END")
+    assert end["data"]["is_error"], end
+    assert "timeout_s = NaN" in end["data"]["output"]
+    assert "env[0] = Infinity" in end["data"]["output"]
+    assert "never-ran" not in end["data"]["output"]
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "recovered"
+    info = asyncio.run(_inspect(host, events[0]["session"]))
+    json.dumps(info.history, allow_nan=False)  # every later request encodes
+    assert info.history[1]["content"][0]["input"]["timeout_s"] == "NaN"
+
+
+def test_a_stream_without_message_stop_is_retried_as_truncated(host):
+    events = run(host, "#nostop go")
+    (retry,) = retries(events)
+    assert retry["error"].startswith("stream_incomplete"), retry
+    assert "message_stop" in retry["error"] and "stall_bound_s" not in retry
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "all good"
+
+
+def test_at_the_default_bounds_a_5s_first_event_and_a_3s_tool_input_pause_succeed():
+    """Issue 27: a healthy server that is slow without pings (its first event 5 s after
+    the headers, a 3 s pause inside a tool's input) failed six times on the same 2 s
+    bound. Each retry doubles the bound of the phase that stalled: 2, 4, 8 s."""
+    tool_call = [shell("echo a long command here")]
+    turns = {"first": [stall(0, reply="late but fine", seconds=5)] * 3,
+             "tool": [stall(4, reply=tool_call, seconds=3)] * 2}
+
+    async def main():
+        server = await start_server(scenario={"scripts": turns})
+        backend = AnthropicBackend("offline", f"http://127.0.0.1:{server.port}")
+        retried: dict[str, list] = {"first": [], "tool": []}
+
+        async def one(tag):
+            request = {"model": "m", "max_tokens": 100, "stream": True,
+                       "messages": [{"role": "user", "content": f"#{tag}"}],
+                       "metadata": {"user_id": tag}}
+            return await call_with_retries(
+                backend, RetryPolicy(), request, stream=True, deadline=None,
+                on_delta=lambda channel, text: None,
+                on_retry=lambda *a: retried[tag].append(a))
+
+        try:
+            return await asyncio.gather(one("first"), one("tool")), retried
+        finally:
+            await backend.aclose()
+            await server.aclose()
+
+    (first, tool), retried = asyncio.run(main())
+    assert first["content"][0]["text"] == "late but fine"
+    assert tool["content"][0]["input"] == {"command": "echo a long command here"}
+    # (attempt, error, wait_s, stall_bound_s): the bound used by each stalled attempt
+    assert [(r[0], r[3]) for r in retried["first"]] == [(1, 2.0), (2, 4.0)]
+    assert all("stream_stalled" in r[1] for r in retried["first"])
+    assert [(r[0], r[3]) for r in retried["tool"]] == [(1, 2.0)]
+    assert "inside a block" in retried["tool"][0][1]
 
 
 def test_a_slow_start_with_pings_succeeds_without_a_retry(host):

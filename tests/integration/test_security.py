@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import zmq.auth
 from hostkit import assert_one_run, oploop, run, running_host, workspace
+from ports import free_ports
 
 from actors.sandbox.workspaces import release_all
 from bus.client import Client
@@ -27,33 +27,12 @@ from bus.security import ClientKeys
 REFUSED_WITHIN_S = 30  # a refusal is told at once; this only bounds a wait that went wrong
 
 
-def free_ports(count: int = 5) -> int:
-    """The first of `count` consecutive free loopback ports."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
-
-
 @pytest.fixture
 def tcp_host(short_home):
     listen = f"tcp://127.0.0.1:{free_ports()}"
-    Path(short_home, "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
+    # "far" may serve unnamed, as the host's own executors do; no other worker key may.
+    Path(short_home, "oploop.toml").write_text(
+        f'[network]\nlisten = "{listen}"\nlocal_worker_keys = ["far"]\n')
     with running_host(short_home, {"OPLOOP_EXECUTORS": "1"}) as home:
         yield home, listen
 
@@ -140,10 +119,14 @@ def test_a_worker_elsewhere_serves_jobs_with_a_worker_key_only(tcp_host, tmp_pat
     home, listen = tcp_host
     worker_keys = issue(home, "far", "worker")
     viewer_keys = issue(home, "eyes", "viewer")
+    stray_keys = issue(home, "stray", "worker")  # a worker key not listed as local
     with remote_executor(tmp_path / "far", listen, worker_keys) as (far, _), \
-            remote_executor(tmp_path / "eyes", listen, viewer_keys) as (eyes, proc):
+            remote_executor(tmp_path / "eyes", listen, viewer_keys) as (eyes, proc), \
+            remote_executor(tmp_path / "stray", listen, stray_keys) as (stray, stray_proc):
         assert proc.wait(timeout=30) != 0  # refused: it says why and stops
         assert "refused this worker's key" in (eyes / "executor.log").read_text()
+        assert stray_proc.wait(timeout=30) == 78  # EXIT_MACHINE_REFUSED
+        assert "serves machine 'stray' only" in (stray / "executor.log").read_text()
 
         async def registered():
             async with Client.connect(Path(home)) as local:
@@ -154,7 +137,7 @@ def test_a_worker_elsewhere_serves_jobs_with_a_worker_key_only(tcp_host, tmp_pat
                     await asyncio.sleep(0.05)
 
         stats = asyncio.run(asyncio.wait_for(registered(), 30))
-        assert stats["workers"]["tool"] == 2  # the local executor and "far", not "eyes"
+        assert stats["workers"]["tool"] == 2  # the local executor and "far", not the others
         # Two tool calls in one reply go to the two idle executors, one each.
         events = run(home, "write near to a.txt and write far to b.txt")
         assert events[-1]["type"] == "DONE"

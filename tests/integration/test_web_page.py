@@ -18,6 +18,8 @@ from conftest import remove_home
 from homes import make_home
 from hostkit import running_host
 
+from actors.gateway.urls import page_url
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
     from playwright.async_api import Page, async_playwright
@@ -69,8 +71,27 @@ def token_of(home: str) -> str:
     return (Path(home) / "web.token").read_text().strip()
 
 
+async def start_in_page(page: Page, body: dict[str, str]) -> str:
+    """Start a session with the page's own fetch (its cookie; the page's host name is
+    one only the browser resolves)."""
+    status, reply = await page.evaluate(
+        """async (body) => {
+          const r = await fetch('/api/sessions', {method: 'POST', body: JSON.stringify(body),
+            headers: {'Content-Type': 'application/json'}});
+          return [r.status, await r.json()];
+        }""", body)
+    assert status == 201, reply
+    return str(reply["session"])
+
+
+def page_base(home: str) -> str:
+    """The page's own address (`oploop-<id>.localhost`, where its cookie lives)."""
+    return (page_url(Path(home)) or "").split("?")[0]
+
+
 def test_start_watch_cancel_in_two_pages(host):
-    url = (Path(host) / "run" / "web.url").read_text().strip()
+    address = (Path(host) / "run" / "web.url").read_text().strip()
+    url = page_base(host)
     token = token_of(host)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
@@ -84,15 +105,15 @@ def test_start_watch_cancel_in_two_pages(host):
                 page = await browser.new_page()
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.set_default_timeout(TIMEOUT_MS)
-                await page.goto(f"{url}?token={token}")  # as `oploop web` would print it
-                assert page.url == url  # the token went into a cookie
+                await page.goto(f"{address}?token={token}")  # the gateway's own address
+                assert page.url == url  # at the page's own name, the token in a cookie
                 await page.fill("#start-prompt", "#slow go")
                 await page.click("#start-form button")
                 await page.wait_for_url("**/s/*")
                 sid = page.url.rsplit("/", 1)[1]
                 # Streamed text appears while the run goes on.
                 await page.wait_for_function(
-                    "document.querySelector('#log .text')?.textContent.includes('word20')")
+                    "() => document.querySelector('#log .text')?.textContent.includes('word20')")
                 assert await page.inner_text("#state") == "running"
                 await page.screenshot(path=str(ARTIFACTS / "session-mid-run.png"))
                 # A second page joins mid-run: it replays from seq 1, then follows.
@@ -101,13 +122,13 @@ def test_start_watch_cancel_in_two_pages(host):
                 other.set_default_timeout(TIMEOUT_MS)
                 await other.goto(f"{url}s/{sid}?token={token}")
                 await other.wait_for_function(
-                    "document.querySelector('#log .text')?.textContent.includes('word0')")
+                    "() => document.querySelector('#log .text')?.textContent.includes('word0')")
                 # The message box serves the running session: a message for its next step.
                 assert await page.inner_text("#follow-send") == "Send message"
                 await page.fill("#follow-prompt", "a note from the page")
                 await page.click("#follow-send")
                 await page.wait_for_function(
-                    "document.getElementById('notice').textContent.includes('message sent')")
+                    "() => document.getElementById('notice').textContent.includes('message sent')")
                 await page.click("#cancel-ui")
                 for p in (page, other):
                     await p.wait_for_selector(".terminal.CANCELLED")
@@ -134,7 +155,7 @@ def test_start_watch_cancel_in_two_pages(host):
 
 
 def test_a_session_of_10000_events_renders_in_full(host):
-    url = (Path(host) / "run" / "web.url").read_text().strip()
+    url = page_base(host)
     token = token_of(host)
 
     async def main() -> None:
@@ -148,14 +169,13 @@ def test_a_session_of_10000_events_renders_in_full(host):
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.set_default_timeout(60_000)
                 await page.goto(f"{url}?token={token}")
-                resp = await page.request.post(f"{url}api/sessions", data={"prompt": "#big"})
-                assert resp.status == 201, await resp.text()
-                sid = (await resp.json())["session"]
+                sid = await start_in_page(page, {"prompt": "#big"})
                 # Opened while it streams: replay, then live, rendered in frame batches.
                 await page.goto(f"{url}s/{sid}")
                 await page.wait_for_selector(".terminal.DONE")
-                info = await page.request.get(f"{url}api/sessions/{sid}")
-                last = (await info.json())["session"]["last_seq"]
+                last = await page.evaluate(
+                    f"fetch('/api/sessions/{sid}').then(r => r.json())"
+                    ".then(j => j.session.last_seq)")
                 assert last > 10_000
                 assert await page.get_attribute("#log", "data-seq") == str(last)
                 text = await page.evaluate(
@@ -169,7 +189,7 @@ def test_a_session_of_10000_events_renders_in_full(host):
 
 
 def test_approve_and_deny_from_the_page(host):
-    url = (Path(host) / "run" / "web.url").read_text().strip()
+    url = page_base(host)
     token = token_of(host)
 
     async def main() -> None:
@@ -183,10 +203,7 @@ def test_approve_and_deny_from_the_page(host):
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.set_default_timeout(TIMEOUT_MS)
                 await page.goto(f"{url}?token={token}")
-                resp = await page.request.post(f"{url}api/sessions",
-                                               data={"prompt": "#ask", "agent": "asker"})
-                assert resp.status == 201, await resp.text()
-                sid = (await resp.json())["session"]
+                sid = await start_in_page(page, {"prompt": "#ask", "agent": "asker"})
                 await page.goto(f"{url}s/{sid}")
                 asks = page.locator(".ask")
                 await asks.nth(1).locator("button.deny").wait_for()

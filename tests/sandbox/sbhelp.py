@@ -29,6 +29,7 @@ from actors.sandbox import (
     modes,
     release_all,
 )
+from actors.sandbox.network import NetAccess
 from actors.tools.process import CommandResult, run_command
 
 PYTHON = "/usr/bin/python3"
@@ -87,25 +88,28 @@ class Host:
         return dataclasses.replace(TEST_POLICY, backend=self.backend)
 
     def run(
-        self, command: str, policy: Policy = TEST_POLICY, timeout_s: float = 20.0
+        self, command: str, policy: Policy = TEST_POLICY, timeout_s: float = 20.0,
+        net: NetAccess = "none",
     ) -> CommandResult:
-        """Run `command` in the workspace under `policy` (on this host's backend), to completion."""
+        """Run `command` in the workspace under `policy` (on this host's backend), to
+        completion; `net`: its network ("none", "all", or through a proxy)."""
         policy = dataclasses.replace(policy, backend=self.backend)
         with modes.using(self.view):
             return asyncio.run(
                 run_command(
                     command, self.workspace, timeout_s=timeout_s, cap=64 * 1024,
-                    spawn=self.sandbox.spawner("shell", policy),
+                    spawn=self.sandbox.spawner("shell", policy, net=net),
                 )
             )
 
-    def py(self, code: str, policy: Policy = TEST_POLICY) -> CommandResult:
+    def py(self, code: str, policy: Policy = TEST_POLICY, net: NetAccess = "none"
+           ) -> CommandResult:
         """Run Python `code` inside the sandbox."""
         need_python()
         script = self.workspace / "case.py"
         script.write_text(code)
         os.chmod(script, 0o644)
-        return self.run(f"{PYTHON} -I -S case.py", policy)
+        return self.run(f"{PYTHON} -I -S case.py", policy, net=net)
 
 
 @pytest.fixture(params=["launcher", "bwrap"])

@@ -1,4 +1,5 @@
-"""Adversarial: the network and the host's sockets. With network "none" nothing is reachable."""
+"""Adversarial: the network and the host's sockets. With network "none" nothing is reachable;
+with a network allowlist (through the proxy), nothing but the forwarder to the proxy."""
 
 from __future__ import annotations
 
@@ -162,3 +163,54 @@ def test_network_host_policy_lifts_only_the_network(mhost: Host) -> None:
 attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
 """, TEST_POLICY.lowered(network="host"))
     assert res.output.split() == ["OK"], res.output
+
+
+def test_proxied_network_has_no_other_way_out(host: Host, tcp_listener: socket.socket) -> None:
+    """A call whose agent has a network allowlist: its own network namespace with `lo`
+    and the forwarder to the proxy (none runs here: it answers 503), and nothing else:
+    no raw, packet, netlink, UDP, SCTP or unix socket (seccomp), no connection to the
+    host's loopback nor outside (no route; Landlock: the forwarder's port only), no DNS,
+    no listening socket, no way into the forwarder's cwd (the proxy's socket directory)."""
+    from actors.sandbox.network import Proxied
+
+    if host.backend != "launcher":
+        pytest.skip("the proxied network runs on the launcher backend (bwrap refuses it)")
+    need("seccomp", "namespaces")
+    port = tcp_listener.getsockname()[1]
+    net = Proxied(str(host.home / "run" / "net"), "agent-ops.sock")
+    res = host.py(ATTEMPT.replace('print("DENIED"', 'print(NAME, "DENIED"')
+                  .replace('print("OK")', 'print(NAME, "OK")') + f"""
+S = socket.socket
+for NAME, fn in [
+    ("raw", lambda: S(socket.AF_INET, socket.SOCK_RAW, 1)),
+    ("packet", lambda: S(socket.AF_PACKET, socket.SOCK_RAW, 0)),
+    ("netlink", lambda: S(socket.AF_NETLINK, socket.SOCK_RAW, 0)),
+    ("udp", lambda: S(socket.AF_INET, socket.SOCK_DGRAM)),
+    ("udp6", lambda: S(socket.AF_INET6, socket.SOCK_DGRAM)),
+    ("unix", lambda: S(socket.AF_UNIX, socket.SOCK_STREAM)),
+    ("sctp", lambda: S(socket.AF_INET, socket.SOCK_STREAM, 132)),
+    ("dns", lambda: socket.getaddrinfo("example.com", 80)),
+    ("direct", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3)),
+    ("direct6", lambda: socket.create_connection(("::1", {port}), timeout=3)),
+    ("outside", lambda: socket.create_connection(("1.1.1.1", 80), timeout=3)),
+    ("listen", lambda: S().bind(("127.0.0.1", 8080))),
+]:
+    attempt(fn)
+import os
+def forwarder_cwd():  # the forwarder thread's cwd is the proxy's socket directory
+    for tid in os.listdir("/proc/1/task"):
+        os.listdir(f"/proc/1/task/{{tid}}/cwd")
+NAME = "forwarder-cwd"
+attempt(forwarder_cwd)
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"GET http://example.com/ HTTP/1.1\\r\\nHost: example.com\\r\\n\\r\\n")
+print("forwarder", s.recv(200).split(b"\\r\\n")[0].decode())
+""", net=net)
+    verdicts = dict(line.split(" ", 1) for line in res.output.splitlines())
+    assert len(verdicts) == 14, res.output
+    assert not [k for k, v in verdicts.items() if v == "OK"], res.output
+    for name in ("raw", "packet", "netlink", "udp", "udp6", "unix", "sctp"):
+        assert verdicts[name].startswith("DENIED 1 "), res.output  # EPERM: seccomp, not luck
+    assert verdicts["forwarder-cwd"].startswith("DENIED 13 "), res.output  # not its uid's
+    assert verdicts["forwarder"].startswith("HTTP/1.1 503 oploop: no network proxy"), res.output
+    assert no_connection(tcp_listener)

@@ -136,3 +136,17 @@ def test_an_ipv6_address_binds():
         assert port.sock.getsockopt(zmq.IPV6) == 1
     finally:
         reactor.close()
+
+
+def test_a_peer_key_is_bound_to_one_agent(tmp_path):
+    keyring = Keyring(tmp_path / "keys")
+    keyring.ensure()
+    keyring.issue("host-a", "peer")
+    keyring.issue("host-b", "peer", agent="ops")
+    assert keyring.peer_agent("host-a") == "default"
+    assert keyring.peer_agent("host-b") == "ops"
+    assert keyring.peer_agent("nobody") == "default"
+    with pytest.raises(CredentialError, match="only a peer key"):
+        keyring.issue("w", "worker", agent="ops")
+    assert keyring.revoke("host-b")
+    assert not (tmp_path / "keys" / "peer-agents" / "host-b").exists()

@@ -496,3 +496,21 @@ def test_an_operation_cancel_denies_the_waiting_calls_and_stops_after_the_runnin
     world.feed(ToolFinished("t1-0", job.refusal))
     assert world.events[-1][0] == "CANCELLED" and world.events[-1][2]["mode"] == "operation"
     assert is_valid(world.history)
+
+
+def test_nan_in_a_tool_input_is_refused_and_kept_out_of_the_history():
+    import json
+
+    s, _ = step(RunState(), Start("go", 3, offered=frozenset({"shell"})))
+    s, _ = step(s, Begin())
+    reply = {"role": "assistant", "stop_reason": "tool_use", "content": [
+        {"type": "tool_use", "id": "a", "name": "shell",
+         "input": {"command": "x", "timeout_s": float("-inf")}},
+        {"type": "tool_use", "id": "b", "name": "shell", "input": {"command": "y"}}]}
+    s, actions = step(s, ModelReplied(reply))
+    run = next(a for a in actions if isinstance(a, RunToolCalls))
+    refusals = {j.call.id: j.refusal for j in run.jobs}
+    assert refusals["b"] is None
+    assert refusals["a"].is_error and "timeout_s = -Infinity" in refusals["a"].output
+    assert next(j for j in run.jobs if j.call.id == "a").call.input["timeout_s"] == "-Infinity"
+    json.dumps(s.last, allow_nan=False)

@@ -26,7 +26,7 @@ def test_a_stdio_server_is_risky_and_an_http_one_is_not_by_default():
                                                                        ("time",))
     assert (docs.transport, docs.risky, docs.headers) == ("http", False,
                                                           {"Authorization": "Bearer x"})
-    assert not time.sandbox.network and time.sandbox.write_paths == ()
+    assert time.sandbox.network == "none" and time.sandbox.write_paths == ()
 
 
 @pytest.mark.parametrize(("table", "named"), [

@@ -97,3 +97,26 @@ def test_an_orphan_delta_is_spliced_into_the_stream():
 def test_bad_fault_fields_are_named(turn, field):
     with pytest.raises(ScenarioError, match=field):
         parse_scenario([turn])
+
+
+def test_a_stall_doubles_only_the_bound_and_phase_that_fired_up_to_30s():
+    from actors.llm_caller.failures import StreamStalled
+    from actors.llm_caller.stalls import StreamBounds
+
+    def idle(phase):
+        return StreamStalled(2.0, "idle", "OPLOOP_STREAM_IDLE_S", "", phase)
+
+    b = StreamBounds()
+    first = b.widened(idle("first event"))
+    assert (first.seconds("idle", "first event"), first.seconds("idle", "between events"),
+            first.seconds("idle", "inside a tool input")) == (4.0, 2.0, 2.0)
+    between = b.widened(idle("between events"))
+    assert (between.seconds("idle", "first event"), between.seconds("idle", "between events"),
+            between.seconds("idle", "inside a tool input")) == (2.0, 4.0, 2.0)
+    tool = b
+    for _ in range(6):
+        tool = tool.widened(idle("inside a tool input"))
+    assert tool.seconds("idle", "inside a tool input") == 30.0  # 2, 4, 8, 16, 30
+    assert StreamBounds(first_s=10).widened(StreamStalled(10, "first")).first_s == 20
+    assert StreamBounds(first_s=60).widened(StreamStalled(60, "first")).first_s == 60
+    assert StreamBounds(idle_s=0).widened(idle("between events")).idle_s == 0  # off stays

@@ -81,3 +81,15 @@ def test_worker_machine_arguments_are_checked(tmp_path):
                      ({}, "cannot read key")):
         with pytest.raises(WorkerMachineError, match=said):
             spec(**kw).check()
+
+
+def test_a_worker_machine_runs_the_proxy_for_its_allowlists(tmp_path):
+    from actors.host.workers import WorkerMachine
+
+    spec = WorkerMachineSpec("tcp://127.0.0.1:7400", tmp_path / "keys", "db1", executors=2)
+    machine = WorkerMachine(spec, tmp_path)
+    assert [c.name for c in machine.workers()] == ["executor-1", "executor-2"]
+    (tmp_path / "oploop.toml").write_text('[agents.ops]\nnetwork = ["pypi.org"]\n')
+    assert [c.name for c in machine.workers()] == ["executor-1", "executor-2", "netproxy"]
+    llm_only = WorkerMachine(WorkerMachineSpec(spec.connect, spec.keys, "db1", 0, 1), tmp_path)
+    assert [c.name for c in llm_only.workers()] == ["llm-1"]  # no executor: no proxy

@@ -153,6 +153,13 @@ class SessionView {
         ? "stream closed" : "reconnecting…";
     };
     this.source.onopen = () => { $("conn").textContent = ""; };
+    // Deleted (`oploop rm`, retention): said once, and the stream is not reopened.
+    this.source.addEventListener("removed", () => {
+      this.source.close();
+      this.setState("removed");
+      $("conn").textContent = "";
+      $("notice").textContent = `session ${this.sid} was removed`;
+    });
     api("GET", `/api/sessions/${this.sid}`).then(
       ({ session }) => this.setState(session.state),
       (err) => { $("notice").textContent = err.message; this.source.close(); });

@@ -1,0 +1,284 @@
+"""A shell command line as the permission rules judge it: every simple command it would
+run, every file it would write, and what the parser cannot decide.
+
+The line is parsed by tree-sitter-bash (the grammar editors and GitHub use for bash),
+never matched as a string. Each simple command is found wherever it sits: after `;`,
+`&&`, `||`, `|`, `&`, inside `$(...)`, backticks, `<(...)`, `>(...)`, subshells,
+`{ ...; }`, function bodies, `if`/`while`/`for`/`case`, strings and heredocs. Its
+name is what bash would look up (`\\rm`, `'r'm`, `"rm"` and `/bin/rm` all name `rm`).
+Wrappers (`sudo`, `env`, `nice`, `timeout`, `xargs`, `exec`, `command`, `builtin`,
+`coproc`, ...) are looked through to the command they run; a line with a line
+continuation (`r\\<newline>m`) is judged both as the grammar reads it and joined,
+as bash reads it; the code given to `eval`,
+`bash -c`/`sh -c` and `trap` is parsed in turn when it is written out literally.
+
+What is left `undecided` (the rules make it `ask`, never `allow`): a line that does not
+parse; a command name that is an expansion (`$X`, `$(...)`), a glob or a brace; code
+built at run time (`eval "$x"`, `bash -c "$x"`, `env -S`); a shell reading a script
+or its standard input (`bash x.sh`, `... | sh`, `source x`); a write to an expanded
+name (`> "$f"`); an assignment to a variable that changes what a command is
+(`PATH=`, `LD_PRELOAD=`, `BASH_ENV=`, ...); nesting deeper than `MAX_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING
+
+from actors.permissions.paths import lexical
+
+if TYPE_CHECKING:
+    from tree_sitter import Node, Parser
+
+#: How deep `eval`/`bash -c` inside one another is parsed before giving up (`ask`).
+MAX_DEPTH = 8
+
+#: Output redirections (a write to the file named after them).
+_WRITES = {">", ">>", ">|", "&>", "&>>", ">&"}
+#: Files a redirection may write without it being a write to a file of the user's.
+_NOT_FILES = re.compile(r"^/dev/(?:null|stdout|stderr|tty|fd/\d+)$")
+#: What a command name may hold once unquoted: anything else (a glob, a brace, `~`,
+#: `=`) is expanded or looked up in ways the rules do not follow.
+_NAME = re.compile(r"^[A-Za-z0-9_./+:@%-]+$")
+#: Variables that change which program a command name runs, or what a shell runs first.
+_RISKY_VARS = {"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV",
+               "IFS", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "GCONV_PATH"}
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"}
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass(frozen=True, slots=True)
+class Wrapper:
+    """A command that runs the command after its options: the options that take a
+    value (`-u USER`), and how many plain words come before the command (`timeout`'s
+    duration)."""
+
+    with_value: frozenset[str] = frozenset()
+    leading: int = 0
+    assignments: bool = False  # `env A=1 cmd`, `sudo A=1 cmd`
+    judged_itself: bool = False  # `sudo rm` is judged as `sudo rm` too
+
+
+WRAPPERS: dict[str, Wrapper] = {
+    "command": Wrapper(), "builtin": Wrapper(), "nohup": Wrapper(), "time": Wrapper(),
+    "coproc": Wrapper(),  # (the grammar knows no `coproc` keyword: it is a command here)
+    "exec": Wrapper(frozenset({"-a"})),
+    "nice": Wrapper(frozenset({"-n", "--adjustment"})),
+    "timeout": Wrapper(frozenset({"-s", "--signal", "-k", "--kill-after"}), leading=1),
+    "env": Wrapper(frozenset({"-u", "--unset", "-C", "--chdir"}), assignments=True),
+    "stdbuf": Wrapper(frozenset({"-i", "-o", "-e", "--input", "--output", "--error"})),
+    "setsid": Wrapper(), "ionice": Wrapper(frozenset({"-c", "-n", "-p", "-P", "-u"})),
+    "xargs": Wrapper(frozenset({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s",
+                                "--arg-file", "--delimiter", "--max-args", "--max-lines",
+                                "--max-procs", "--max-chars", "--replace"})),
+    "sudo": Wrapper(frozenset({"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-U", "-T",
+                               "--user", "--group", "--host", "--prompt", "--chdir"}),
+                    assignments=True, judged_itself=True),
+    "doas": Wrapper(frozenset({"-u", "-C"}), judged_itself=True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One simple command: its `name` (what bash looks up) and `text`, the name and its
+    arguments unquoted, joined by one space, what a `shell(GLOB)` rule is matched on."""
+
+    name: str
+    text: str
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A command line taken apart: its simple commands, the files it writes (absolute,
+    lexically normalised), and why parts of it cannot be judged."""
+
+    commands: list[Command] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+
+
+@cache
+def _parser() -> Parser:
+    import tree_sitter_bash
+    from tree_sitter import Language, Parser
+
+    return Parser(Language(tree_sitter_bash.language()))
+
+
+def parse(line: str, cwd: str = "") -> Parsed:
+    """Every simple command, write and undecidable part of `line` (paths against `cwd`)."""
+    out = Parsed()
+    walk = _Walk(out, cwd)
+    walk.line(line, 0)
+    if "\\\n" in line:
+        # bash joins `r\<newline>m` into `rm` before it reads words; the grammar splits
+        # it. Judged both ways (outside quotes bash's reading is the joined one).
+        walk.line(line.replace("\\\n", ""), 0)
+    return out
+
+
+class _Walk:
+    def __init__(self, out: Parsed, cwd: str) -> None:
+        self.out, self.cwd = out, cwd
+
+    def line(self, line: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            self.out.undecided.append("code nested deeper than the parser follows")
+            return
+        root = _parser().parse(line.encode("utf-8", "surrogatepass")).root_node
+        if root.has_error:
+            self.out.undecided.append("the command line does not parse")
+        self.node(root, depth)
+
+    def node(self, node: Node, depth: int) -> None:
+        kind = node.type
+        if kind == "ERROR" or node.is_missing:
+            return  # (the line is undecided already; judge what did parse)
+        if kind == "command":
+            self.command(node, depth)
+        elif kind == "file_redirect":
+            self.redirect(node)
+        elif kind == "variable_assignment":
+            name = node.child_by_field_name("name")
+            if name is not None and _text(name) in _RISKY_VARS:
+                self.out.undecided.append(f"{_text(name)}= changes what commands run")
+        for child in node.children:
+            self.node(child, depth)
+
+    def redirect(self, node: Node) -> None:
+        op = next((c.type for c in node.children if c.type != "file_descriptor"), "")
+        dest = node.child_by_field_name("destination") or node.children[-1]
+        if op not in _WRITES or dest.type == "number" or _text(dest) == "-":
+            return  # a read, or `>&2` / `>&-` (a descriptor, not a file)
+        target = literal(dest)
+        if target is None:
+            self.out.undecided.append(f"a write to {_text(dest)} (an expanded name)")
+        elif not _NOT_FILES.match(target):
+            self.out.writes.append(lexical(target, self.cwd))
+
+    def command(self, node: Node, depth: int) -> None:
+        name = node.child_by_field_name("name")
+        if name is None:
+            return  # assignments only (`A=1`): checked as assignments
+        words = [literal(name)]
+        for arg in node.children_by_field_name("argument"):
+            value = literal(arg)
+            words.append(value if value is not None else _text(arg))
+        if words[0] is None:
+            self.out.undecided.append(f"the command name {_text(name)} is expanded")
+            return
+        self.words([w for w in words if w is not None], depth)
+
+    def words(self, words: list[str], depth: int) -> None:
+        """Judge one simple command given as its unquoted words (a wrapper's inner one too)."""
+        first = words[0]
+        if not _NAME.match(first):
+            self.out.undecided.append(f"the command name {first} is expanded or a glob")
+            return
+        name = posixpath.basename(first) if "/" in first else first
+        args = words[1:]
+        text = " ".join([name, *(self.arg(a) for a in args)])
+        wrapper = WRAPPERS.get(name)
+        if wrapper is not None:
+            inner = _unwrap(wrapper, args)
+            if name == "env" and any(a in ("-S", "--split-string") or
+                                     a.startswith("--split-string=") for a in args):
+                self.out.undecided.append("env -S runs a string as a command line")
+            if inner is None or wrapper.judged_itself:
+                self.out.commands.append(Command(name, text))
+            if inner:
+                self.words(inner, depth)
+            return
+        self.out.commands.append(Command(name, text))
+        if name == "eval":
+            self.code(" ".join(args), args, depth, "eval")
+        elif name == "trap" and args:
+            self.code(args[0], args[:1], depth, "trap")
+        elif name in _SHELLS:
+            code = _dash_c(args)
+            if code is None:
+                self.out.undecided.append(f"{name} runs a script or its input, unseen")
+            else:
+                self.code(code, [code], depth, f"{name} -c")
+        elif name in ("source", "."):
+            self.out.undecided.append(f"{name} runs a script, unseen")
+
+    def code(self, code: str, parts: list[str], depth: int, what: str) -> None:
+        if any(p.startswith("$") or "$(" in p or "`" in p for p in parts):
+            self.out.undecided.append(f"{what} of code built at run time")
+        else:
+            self.line(code, depth + 1)
+
+    def arg(self, word: str) -> str:
+        """An argument as matched: a path written with `//`, `.`, `..` or a `/proc` alias
+        of `/` as the path it names."""
+        if word.startswith(("/", "~/")) or (
+                "/" in word and ".." in word.split("/") and self.cwd):
+            return lexical(word, self.cwd)
+        return word
+
+
+def _unwrap(wrapper: Wrapper, args: list[str]) -> list[str] | None:
+    """The words of the command `wrapper` runs, or None when it runs none."""
+    i, leading = 0, wrapper.leading
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            i += 1
+            break
+        if a.startswith("-") and len(a) > 1:
+            key = a.split("=", 1)[0]
+            i += 2 if key in wrapper.with_value and "=" not in a else 1
+            continue
+        if wrapper.assignments and _ASSIGN.match(a):
+            i += 1
+            continue
+        break
+    while leading and i < len(args):
+        i, leading = i + 1, leading - 1
+    rest = args[i:]
+    return rest or None
+
+
+def _dash_c(args: list[str]) -> str | None:
+    """The code of `sh -c CODE`, `bash -lc CODE`, ...; None when there is no `-c`."""
+    for i, a in enumerate(args):
+        if a.startswith("-") and not a.startswith("--") and "c" in a[1:]:
+            return args[i + 1] if i + 1 < len(args) else ""
+        if not a.startswith("-"):
+            return None
+    return None
+
+
+def literal(node: Node) -> str | None:
+    """The value of a word bash would not expand (quotes and backslashes removed), or
+    None when it holds an expansion or a substitution."""
+    kind = node.type
+    if kind in ("word", "command_name"):
+        if kind == "command_name":
+            return literal(node.children[0]) if node.child_count == 1 else None
+        return re.sub(r"\\(.)", r"\1", _text(node), flags=re.DOTALL)
+    if kind == "number":
+        return _text(node)
+    if kind == "raw_string":
+        return _text(node)[1:-1]
+    if kind == "string":
+        parts = []
+        for c in node.children:
+            if c.type == '"':
+                continue
+            if c.type != "string_content":
+                return None
+            parts.append(re.sub(r'\\([$`"\\\n])', r"\1", _text(c)))
+        return "".join(parts)
+    if kind == "concatenation":
+        values = [literal(c) for c in node.children]
+        return None if any(v is None for v in values) else "".join(v or "" for v in values)
+    return None
+
+
+def _text(node: Node) -> str:
+    return (node.text or b"").decode("utf-8", "surrogatepass")
