@@ -669,7 +669,8 @@ class Sandbox:
             # The tool user has a name and a home in its view (`whoami`, `id -un`).
             name = view.user if view is not None else "sandbox"
             home = view.home if view is not None and view.home else str(cwd)
-            spec["passwd"] = modes.passwd_lines(uid, int(spec["gid"]), name, home)  # type: ignore[call-overload]
+            gid = view.gid if tree and view is not None else uid
+            spec["passwd"] = modes.passwd_lines(uid, gid, name, home)
         if "landlock" in on:
             rw: list[str] = []
             if op is None or op[0] == "write":
