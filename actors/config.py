@@ -63,6 +63,9 @@ so a typo fails there with a message naming the key, never mid-session::
 
     [agents.ops]                  # any field of `Agent`
     model = "sonnet"
+    sandbox = "workspace-write"   # or "read-only", "scratch" (actors/sandbox/modes.py)
+    write_paths = ["~/notes"]     # writable besides the working directory
+    deny_read = ["~/private"]     # hidden from tools (credential folders always are)
     max_turns = 30
     category_allowlist = ["files"]
     approval_timeout_s = 600      # a call under "ask" is denied after this long
@@ -80,6 +83,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 import shutil
 import tomllib
@@ -141,6 +145,20 @@ class Agent:
     #: or contains a hidden path (/, /root, /home, /tmp) or lies in an oploop home or key
     #: folder is ignored; one under /root or /home is shown alone.
     read_paths: tuple[str, ...] = ()
+    #: Where and how the tools act (`actors/sandbox/modes.py`): "workspace-write" (the
+    #: session's working directory and `write_paths` writable, the rest readable but
+    #: what is hidden), "read-only" (nothing writable but a private /tmp), "scratch"
+    #: (an empty per-session workspace, only the system's files readable).
+    #: "" : the host's default (`OPLOOP_SANDBOX`, else "workspace-write").
+    sandbox: str = ""
+    #: The working directory of this agent's sessions, whatever directory they were
+    #: started in ("" : that directory, or `oploop run --cwd`).
+    cwd: str = ""
+    #: Directories writable besides the working directory (workspace-write).
+    write_paths: tuple[str, ...] = ()
+    #: Paths hidden from the tools in every mode, besides the oploop home, key and
+    #: credential folders.
+    deny_read: tuple[str, ...] = ()
     #: Permission rules, `[agents.NAME.permissions]` in order (`actors.permissions`):
     #: none means every call is allowed, as it always was.
     permissions: tuple[tuple[str, str, str | None, str], ...] = ()
@@ -150,6 +168,11 @@ class Agent:
     #: a tuple of allowed hosts (`actors.netproxy.allowlist`), reached through the host's
     #: filtering proxy (docs/sandbox.md, "Network").
     network: NetworkSetting = NONE
+
+    @property
+    def sandbox_mode(self) -> str:
+        """The sandbox mode this agent's tools run in (`sandbox`, or the default)."""
+        return self.sandbox or "workspace-write"
 
     def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""
@@ -561,6 +584,21 @@ def _agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
         raise ConfigError(f"{source}: agents.{name}.max_tokens: must be at least 1")
     if not 0.0 <= agent.temperature <= 1.0:
         raise ConfigError(f"{source}: agents.{name}.temperature: must be within 0..1")
+    from actors.sandbox.modes import MODES, not_writable
+
+    if agent.sandbox and agent.sandbox not in MODES:
+        raise ConfigError(f"{source}: agents.{name}.sandbox: expected one of "
+                          f"{', '.join(repr(m) for m in MODES)}, got {agent.sandbox!r}")
+    for key in ("cwd", *(f"{k}[{i}]" for k in ("write_paths", "deny_read")
+                         for i in range(len(getattr(agent, k))))):
+        base, _, index = key.partition("[")
+        value = getattr(agent, base) if not index else getattr(agent, base)[int(index[:-1])]
+        if value and not value.startswith(("/", "~")):
+            raise ConfigError(f"{source}: agents.{name}.{key}: expected an absolute path, "
+                              f"got {value!r}")
+        why = not_writable(os.path.normpath(value)) if base == "write_paths" else ""
+        if why:
+            raise ConfigError(f"{source}: agents.{name}.{key}: {value}: {why}")
     if agent.deadline_s < 0 or agent.tool_timeout_s <= 0:
         raise ConfigError(f"{source}: agents.{name}: deadline_s >= 0 and tool_timeout_s > 0")
     if agent.target_machine:

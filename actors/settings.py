@@ -33,6 +33,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
 | `OPLOOP_DEBUG` | 0 | `1`: the CLI prints tracebacks (`debug_wanted`) |
 | `ANTHROPIC_API_KEY`, `_BASE_URL` | | the model's endpoint: `model_choice` picks the model |
+| `OPLOOP_SANDBOX` | workspace-write | the sandbox mode of agents whose `sandbox` is not set (`read-only`, `scratch`) |
 
 `bus.endpoints.place_of` reads `OPLOOP_HOME`, `OPLOOP_CONNECT` and `OPLOOP_KEYS` (a
 bare `Client.connect()` follows them, and bus imports no actors): `load_settings`
@@ -245,6 +246,11 @@ def _with_env(config: Config, reader: _Reader) -> Config:
         retention = dataclasses.replace(retention, max_sessions=sessions)
     if days is not None:
         retention = dataclasses.replace(retention, max_age_s=days * 86_400.0)
+    mode = reader.choice("OPLOOP_SANDBOX", ("workspace-write", "read-only", "scratch", ""), "")
+    if mode:
+        agents = {name: agent if agent.sandbox else dataclasses.replace(agent, sandbox=mode)
+                  for name, agent in config.agents.items()}
+        config = dataclasses.replace(config, agents=agents)
     return dataclasses.replace(config, retention=retention, http=_http_env(config.http, reader))
 
 

@@ -50,7 +50,11 @@ class Price:
 #: for current Claude models. Override or extend with `[prices."MODEL"]` in
 #: `oploop.toml`. Not modelled: long-context (> 200k input) rates, batch discounts,
 #: 1-hour cache writes.
+OFFLINE_MODEL = "offline"
+"""The model id the offline model answers with (`actors/offline_model`): it costs nothing."""
+
 DEFAULT_PRICES: Mapping[str, Price] = {
+    OFFLINE_MODEL: Price(0.0, 0.0, 0.0, 0.0),
     "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
     "claude-opus-4-1": Price(15.0, 75.0, 18.75, 1.50),
     "claude-opus-4-0": Price(15.0, 75.0, 18.75, 1.50),
@@ -226,7 +230,7 @@ def money(cost: float | None) -> str:
     if cost is None:
         return ""
     if cost == 0:
-        return "$0"
+        return "$0.00"
     if cost < 0.01:
         return f"${cost:.4f}"
     return f"${cost:.2f}"

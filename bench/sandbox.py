@@ -29,6 +29,7 @@ from actors.sandbox import (
     SandboxConfig,
     bwrap,
     layers_report,
+    modes,
     release_all,
 )
 from actors.tools import Catalogue, ToolContext, invoke, make_list_dir, make_read_file
@@ -138,12 +139,29 @@ async def _until(cond: Callable[[], bool], bound_s: float = 10.0) -> None:
         await asyncio.sleep(0.002)
 
 
+def _in_mode(sandbox: Sandbox, view: modes.WorkView) -> Spawner:
+    """The full stack's shell in a sandbox mode (issue 26): the calls run in `view`."""
+    inner = sandbox.spawner("shell", Policy())
+
+    async def spawn(command: str, cwd: Path) -> Any:
+        with modes.using(view):
+            return await inner(command, Path(view.cwd))
+
+    return spawn
+
+
+#: The rows of the shell's full stack in each mode (the last layer step is scratch's).
+_MODE_ROWS = {modes.WORKSPACE_WRITE: "full stack, workspace-write",
+              modes.READ_ONLY: "full stack, read-only"}
+
+
 async def _measure(quick: bool) -> dict[str, Any]:
     n = 15 if quick else 60
     home = Path(tempfile.mkdtemp(prefix="opb-", dir="/tmp"))
     os.chmod(home, 0o711)  # passable by the tool uid, for the bwrap backend's row
     sandbox = Sandbox(SandboxConfig(), home / "workspaces", hide=(home,))
     sandbox.start()
+    project = Path(tempfile.mkdtemp(prefix="opbp-", dir="/tmp"))
     try:
         cwd = sandbox.workspace("bench")
         load_before = os.getloadavg()[0]
@@ -152,6 +170,10 @@ async def _measure(quick: bool) -> dict[str, Any]:
         for name, group in _STEPS:
             on |= group
             spawners[name] = sandbox.spawner("shell", Policy(off=frozenset(set(LAYERS) - on)))
+        # A project owned by an ordinary user (nobody), as a user's would be.
+        os.chown(project, 65534, 65534)
+        for mode, row in _MODE_ROWS.items():
+            spawners[row] = _in_mode(sandbox, sandbox.view(mode, str(project), "bench"))
         if bwrap.find()[0]:
             spawners["bwrap backend (full stack)"] = sandbox.spawner(
                 "shell", Policy(backend="bwrap")
@@ -176,7 +198,9 @@ async def _measure(quick: bool) -> dict[str, Any]:
         reads = {name: _summary(ts) for name, ts in read_samples.items()}
         read_added = round(reads["read_file confined"]["p50"]
                            - reads["read_file unconfined"]["p50"], 2)
-        shell_p50 = per_call[_STEPS[-1][0]]["p50"]
+        by_mode = {modes.SCRATCH: per_call[_STEPS[-1][0]]["p50"]}
+        by_mode.update({mode: per_call[row]["p50"] for mode, row in _MODE_ROWS.items()})
+        shell_p50 = max(by_mode.values())
         gone = _summary(await _kill_to_gone(sandbox, Policy(), cwd, max(10, n // 2)))
         return {
             "machine": {
@@ -194,6 +218,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
                 "read_added_goal_ms": GOAL_READ_ADDED_P50_MS,
                 "read_met": read_added <= GOAL_READ_ADDED_P50_MS,
                 "shell_p50_goal_ms": GOAL_SHELL_P50_MS,
+                "shell_p50_by_mode_ms": by_mode,
                 "shell_met": shell_p50 <= GOAL_SHELL_P50_MS,
                 "full_stack_p50_ms": GOAL_CALL_P50_MS,
                 "full_stack_overhead_p50_ms": round(
@@ -208,11 +233,13 @@ async def _measure(quick: bool) -> dict[str, Any]:
         sandbox.close()
         release_all(home)
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(project, ignore_errors=True)
 
 
 def _shares(per_call: dict[str, dict[str, float]]) -> dict[str, float]:
     """p50 added by each step over the previous one (the first over an unsandboxed call)."""
-    names = [n for n in per_call if not n.startswith("bwrap")]
+    names = [n for n in per_call
+             if not n.startswith("bwrap") and n not in _MODE_ROWS.values()]
     return {
         names[i]: round(per_call[names[i]]["p50"] - per_call[names[i - 1]]["p50"], 2)
         for i in range(1, len(names))
@@ -248,8 +275,9 @@ def table(result: dict[str, Any]) -> str:
         "",
         f"read_file confined adds {goals['read_added_p50_ms']:.2f} ms p50 (goal ≤ "
         f"{GOAL_READ_ADDED_P50_MS:g}): {'met' if goals['read_met'] else 'NOT met'}; "
-        f"shell full stack p50 goal ≤ {GOAL_SHELL_P50_MS:g} ms: "
-        f"{'met' if goals['shell_met'] else 'NOT met'}",
+        f"shell full stack p50 goal ≤ {GOAL_SHELL_P50_MS:g} ms in every mode ("
+        + ", ".join(f"{m} {v:.2f}" for m, v in goals["shell_p50_by_mode_ms"].items())
+        + f"): {'met' if goals['shell_met'] else 'NOT met'}",
         "",
         f"goals: full stack p50 ≤ {GOAL_CALL_P50_MS:g} ms, tree gone p99 ≤ "
         f"{GOAL_GONE_P99_MS:g} ms: {'met' if result['goals']['met'] else 'NOT met'}",

@@ -14,6 +14,11 @@ from homes import OUR_DIRS, make_home
 # The hosts of the tests run without the gateway (one process less each, and no port
 # to share); the gateway's own tests turn it on, on a free port.
 os.environ.setdefault("OPLOOP_HTTP_LISTEN", "off")
+# The hosts of the suite keep the tools in each session's scratch workspace (the
+# integration cases look there, and never write into the checkout they run from);
+# the modes that work in the start's directory: tests/sandbox/test_modes.py and the
+# cases that set OPLOOP_SANDBOX or an agent's `sandbox` themselves.
+os.environ.setdefault("OPLOOP_SANDBOX", "scratch")
 
 
 def _children() -> set[int]:

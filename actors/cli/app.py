@@ -162,6 +162,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--machine", metavar="NAME",
                      help="run the session's tools on worker machine NAME only "
                           "(see `oploop worker`)")
+    run.add_argument("--cwd", metavar="DIR",
+                     help="the session's working directory, where its tools act "
+                          "(default: the agent's cwd, else this directory)")
     out = run.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one event object per line")
     out.add_argument("-q", "--quiet", action="store_true",

@@ -226,11 +226,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from actors.sandbox import layers_report  # only status needs it
 
     layers = layers_report()
+    agents = _agent_modes()
     if args.json:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
                           "sessions": sessions, "machines": machines, "mcp": servers,
-                          "sandbox": layers}))
+                          "sandbox": layers, "agents": agents}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else "")
@@ -268,10 +269,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         if m["state"] == "failed":
             print(f"  {m['name']} FAILED: it kept failing (a crash loop); calls to it fail "
                   f"at once until it is tried again, a minute later")
+    print("agents (where their tools act):")
+    for name, a in agents.items():
+        where = a["cwd"] or "the directory each run starts in"
+        extra = f"; also writable: {', '.join(a['write_paths'])}" if a["write_paths"] else ""
+        print(f"  {name:<14}sandbox {a['sandbox']:<16}{where}{extra}")
     print("sandbox layers:")
     for layer, how in layers.items():
         print(f"  {layer:<14}{how}")
     return EXIT_OK
+
+
+def _agent_modes() -> dict[str, dict[str, Any]]:
+    """Each agent's sandbox mode, working directory and extra writable paths, as this
+    home's configuration says (`oploop.toml`, `OPLOOP_SANDBOX`)."""
+    try:
+        agents = load_settings().config.agents
+    except ConfigError:
+        return {}
+    return {name: {"sandbox": a.sandbox_mode,
+                   "cwd": a.cwd if a.sandbox_mode != "scratch" else "a workspace per session",
+                   "write_paths": list(a.write_paths)}
+            for name, a in agents.items()}
 
 
 def _fmt(v: Any) -> str:

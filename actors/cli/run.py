@@ -158,15 +158,44 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             return stop.status
 
 
+def working_directory(args: argparse.Namespace, settings: Settings) -> str:
+    """Where the run's tools act: `--cwd`, else the agent's `cwd`, else here; checked
+    for the agent's sandbox mode (CliError, one line, when it cannot be one). ""
+    for a follow-up: its session keeps the directory it has."""
+    if args.session:
+        if args.cwd:
+            raise CliError("--cwd: a session keeps the working directory it started in")
+        return ""
+    from actors.sandbox.modes import SCRATCH, WorkdirRefused, check_workdir
+
+    agent = settings.config.agent(args.agent or "")
+    if agent is not None and agent.cwd and args.cwd:
+        raise CliError(f"--cwd: agent {agent.name!r} works in its own cwd {agent.cwd} "
+                       "(oploop.toml)")
+    chosen = args.cwd or (os.path.expanduser(agent.cwd) if agent is not None and agent.cwd
+                          else os.getcwd())
+    chosen = os.path.abspath(os.path.expanduser(chosen))
+    mode = agent.sandbox_mode if agent is not None else "workspace-write"
+    if mode == SCRATCH:
+        return chosen
+    secret = (str(settings.home),) + ((settings.keys,) if settings.keys else ())
+    try:
+        check_workdir(chosen, mode, secret)
+    except WorkdirRefused as exc:
+        raise CliError(f"{exc}") from None
+    return chosen
+
+
 async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render: Renderer,
                stop: Interrupts) -> int:
+    cwd = working_directory(args, settings)
     async with attach(settings, start=True) as host, host_watch(host.host_pid, settings.home):
         stop.client = host.client
         stop.starting = True
         started = await host.client.start(
             prompt, session=args.session or "", agent=args.agent or "",
             max_turns=args.max_turns, deadline_s=args.deadline or 0.0,
-            machine=args.machine or "")
+            machine=args.machine or "", cwd=cwd or None)
         stop.session = started.session
         if stop.signal is not None:  # a signal came while the start was in flight
             stop.cancel_session()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from actors.config import Agent, Config
 from actors.permissions import refusal_here
 from actors.runtime import run_actor
-from actors.sandbox import PolicyError, Sandbox, SandboxConfig
+from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes
 from actors.sandbox.network import NetAccess, access
 from actors.settings import Settings
 from actors.storage import private_files
@@ -44,6 +46,10 @@ if TYPE_CHECKING:
     from actors.mcp.hub import McpHub
 
 log = logging.getLogger("oploop.executor")
+
+#: What a shell command prints when the sandbox refused it a write: its result then
+#: says which mode or key would allow it.
+_DENIED_WRITE = re.compile(r"Permission denied|Read-only file system|Operation not permitted")
 
 #: Tool calls one executor runs at once. One executor with many slots is the default
 #: (`OPLOOP_EXECUTORS`=1): an idle executor costs ~30 MB whatever its slots, a slot
@@ -93,6 +99,8 @@ class Executor(Worker):
         #: the job (a second layer: the supervisor refuses them first).
         self.config = config or Config()
         home = endpoints.run_dir.parent
+        #: Serving a host on another machine (`OPLOOP_CONNECT`): its paths are not ours.
+        self.remote = endpoints.remote
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
@@ -176,15 +184,21 @@ class Executor(Worker):
         agent = self.config.agent(job.agent) or self.config.agent("")
         found = self.catalogue.get(job.name)
         timeout_s = job.timeout_s if job.timeout_s > 0 else None
-        cwd = Path(job.cwd) if job.cwd else Path.cwd()
-        workspace = self.sandbox.workspace_path(env.sid or "default")  # (no I/O)
+        sid = env.sid or "default"
+        # The session's directory is a path of the host's machine: an executor serving
+        # a host elsewhere works in the session's scratch workspace (or the agent's own
+        # `cwd`, a path of this machine's configuration).
+        start = job.cwd
+        if self.remote:
+            start = os.path.expanduser(agent.cwd) if agent is not None and agent.cwd else ""
         risky = found is not None and found.spec.risky
-        if risky:
-            cwd = workspace
-        if agent is not None and agent.permissions:  # judged where the call will run
-            refusal = refusal_here(agent.permissions, job.name, job.input, str(cwd))
-            if refusal is not None:
-                return ToolResult(refusal, True, 0.0)
+        if self.mcp is not None and self.mcp.owns(job.name):
+            if agent is not None and agent.permissions:
+                refusal = refusal_here(agent.permissions, job.name, job.input,
+                                       job.cwd or str(Path.cwd()))
+                if refusal is not None:
+                    return ToolResult(refusal, True, 0.0)
+            return await self._call_mcp(env, job)
         if risky:
             if job.name not in self.sandboxed:
                 return ToolResult(
@@ -192,29 +206,54 @@ class Executor(Worker):
                 )
             policy = self.sandbox.config.policy(job.name)
             timeout_s = min(timeout_s or policy.timeout_s, policy.timeout_s)
-        if self.mcp is not None and self.mcp.owns(job.name):
-            return await self._call_mcp(env, job)
-        readable = ((job.cwd,) if job.cwd else ()) + tuple(job.read_paths)
-        ctx: ToolContext[None] = ToolContext(cwd=cwd, deadline=env.deadline or None,
-                                             private=self.private, workspace=workspace,
-                                             read_paths=readable)
         started = time.perf_counter()
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
             async with asyncio.timeout(timeout_s):
-                if risky:
-                    # Inside the timeout: a set-up that hangs (its file system) ends the call.
+                # In a thread, inside the timeout: the user's directory may be on a file
+                # system that hangs; the executor's loop keeps serving meanwhile.
+                try:
+                    view = await asyncio.to_thread(
+                        self.sandbox.view,
+                        agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE,
+                        start, sid,
+                        write_paths=agent.write_paths if agent is not None else (),
+                        deny_read=agent.deny_read if agent is not None else ())
+                except modes.WorkdirRefused as exc:  # a directory that cannot be one
+                    return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
+                if agent is not None and agent.permissions:  # judged where the call will run
+                    refusal = refusal_here(agent.permissions, job.name, job.input, view.cwd)
+                    if refusal is not None:
+                        return ToolResult(refusal, True, 0.0)
+                if risky and view.confined:
                     try:
-                        await asyncio.to_thread(self.sandbox.workspace, env.sid or "default")
+                        await asyncio.to_thread(self.sandbox.workspace, sid)
                     except ToolRefused as exc:  # no quota possible, the disk full, ...
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
-                outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
+                ctx = self._context(env, job, view, start)
+                with modes.using(view):
+                    outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000
             return ToolResult(f"{job.name} timed out after {timeout_s:g} s", True, elapsed_ms)
         elapsed_ms = (time.perf_counter() - started) * 1000
-        return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3))
+        output = outcome.output
+        if job.name == "shell" and outcome.is_error and _DENIED_WRITE.search(output):
+            output += f"\n[{view.allow_hint()}]"
+        return ToolResult(output, outcome.is_error, round(elapsed_ms, 3))
+
+    def _context(self, env: Envelope, job: ToolJob, view: modes.WorkView,
+                 start: str) -> ToolContext[None]:
+        """One working directory for every tool (the same relative path, the same file):
+        the session's cwd, or in scratch mode its workspace. In scratch mode the reads
+        also see the directory the session was started in, and the agent's `read_paths`."""
+        cwd = Path(view.cwd)
+        readable = (((start,) if start else ()) + tuple(job.read_paths)
+                    if view.confined else ())
+        return ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private,
+                           workspace=cwd, read_paths=readable, hidden=self.sandbox.hidden(view),
+                           kept=(view.cwd, *view.writable, *readable), mode=view.mode)
 
     async def serve(self) -> None:
         """Sweep what a dead executor left, adopt orphans, then serve; tidy up on the way out."""

@@ -23,6 +23,7 @@ from actors.offline_model.wire import (
     message_json,
     stream_events,
 )
+from actors.usage import OFFLINE_MODEL
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -145,7 +146,11 @@ def plan_response(
         return plan_error(fault.status, fault.error, request_id, fault.headers)
     reply = scripted_reply(turn, request)
     fresh, written, read = prompt or (input_tokens(request), 0, 0)
-    message = message_json(reply, model=str(request["model"]), message_id=message_id,
+    # The rules answer as themselves, whatever model was asked for: the run's costs say
+    # `offline` ($0.00), never the name of a model that did not answer. A scenario's
+    # scripted turn plays the model asked for (tests of pricing, of a model's replies).
+    model = OFFLINE_MODEL if turn.content is None else str(request["model"])
+    message = message_json(reply, model=model, message_id=message_id,
                            in_tokens=fresh, cache_write=written, cache_read=read)
     if isinstance(turn.fault, StreamFault) and turn.fault.what == "tool_input_not_object":
         message = {**message, "content": [

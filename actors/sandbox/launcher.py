@@ -321,7 +321,7 @@ class Launch:
             ll = spec.get("landlock")
             if ll:
                 self.layer("landlock", apply_landlock, ll["ro"], ll["rw"], ll["deny_tcp"], True,
-                           ll.get("tcp_connect", ()))
+                           ll.get("tcp_connect", ()), ll.get("ls", ()))
             if spec.get("seccomp"):
                 self.layer("seccomp", apply_seccomp, spec["seccomp"])
         except LayerFailed as exc:

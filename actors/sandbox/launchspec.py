@@ -80,3 +80,25 @@ def _reads_system_ro() -> tuple[str, ...]:
     real = {os.path.realpath(p) for p in SYSTEM_RO_PATHS if not p.startswith("/dev/")}
     real = {p for p in real if os.path.isdir(p)}
     return tuple(sorted(p for p in real if not any(p.startswith(q + "/") for q in real)))
+
+
+#: Devices a tool may read when the whole tree is readable (never a disk: its raw
+#: blocks would bypass every hidden path).
+_TREE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                 "/dev/tty", "/dev/pts")
+
+
+@functools.cache
+def _tree_ro() -> tuple[str, ...]:
+    """Readable (and executable) in the modes that work on the user's files: every
+    top-level directory but /dev, and the ordinary devices (Landlock cannot carve a
+    path out of a rule, so / is listed entry by entry). Hidden paths are covered by
+    the mount view; a directory made at / later is readable once the executor restarts."""
+    out = []
+    for name in sorted(os.listdir("/")):
+        path = os.path.realpath("/" + name)
+        if path == "/dev" or path.startswith("/dev/") or not os.path.isdir(path):
+            continue
+        out.append(path)
+    out += [d for d in _TREE_DEVICES if os.path.exists(d)]
+    return tuple(dict.fromkeys(out))

@@ -128,8 +128,10 @@ def _handled_fs(abi: int) -> int:
 
 
 def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
-                   tcp_connect: Sequence[int] = ()) -> int:
-    """Allow reading (and exec) beneath `ro`, everything beneath `rw`, nothing else.
+                   tcp_connect: Sequence[int] = (),
+                   ls: list[str] | tuple[str, ...] = ()) -> int:
+    """Allow reading (and exec) beneath `ro`, everything beneath `rw`, listing
+    directories beneath `ls`, nothing else.
 
     `deny_tcp` also handles TCP bind/connect (no rule allows any port but
     `tcp_connect`'s, for connect only: the forwarder to the network proxy);
@@ -153,7 +155,7 @@ def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
         "landlock_create_ruleset",
     )
     try:
-        for paths, access in ((ro, FS_READ_ONLY), (rw, handled)):
+        for paths, access in ((ls, FS_READ_DIR), (ro, FS_READ_ONLY), (rw, handled)):
             for path in paths:
                 _add_path_rule(ruleset, path, access & handled)
         if abi >= 4 and deny_tcp:
@@ -238,7 +240,46 @@ def set_rlimits(limits: list[tuple[str, int, int]]) -> None:
 
 
 def drop_uid(uid: int, gid: int) -> None:
-    """Become `uid`/`gid` with no supplementary groups; the capabilities go with root."""
+    """Become `uid`/`gid` with no supplementary groups; the capabilities go with root.
+
+    Staying uid 0 (a working directory owned by root) drops every capability
+    explicitly, and locks the securebits so that no exec gives them back: the tool
+    is then an ordinary owner of root's files, which Landlock keeps read-only.
+    """
+    if uid == 0:
+        _prctl(PR_SET_SECUREBITS, _SECBITS_LOCKED_NOROOT)
+        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+        for cap in range(64):
+            if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) < 0:
+                break  # past the kernel's last capability
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
+    if uid == 0:
+        _capset_none()
+
+
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+#: noroot, no_setuid_fixup, no_cap_ambient_raise, each with its lock; and keep_caps
+#: locked off (securebits.h).
+_SECBITS_LOCKED_NOROOT = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+_CAP_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32))
+
+
+def _capset_none() -> None:
+    """Clear the effective, permitted and inheritable capability sets."""
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")

@@ -73,7 +73,9 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
     hidden: list[str] = []
     detach_hidden_mounts([p for p, _ in spec["hide"]], [p for p, _ in kept])
     for path, mode in spec["hide"]:
-        if not os.path.isdir(path):  # absent, or already under a hidden path
+        if not os.path.isdir(path):  # absent, a file, or already under a hidden path
+            if os.path.isfile(path) and not any((path + "/").startswith(h) for h in hidden):
+                _hide_file(path)
             continue
         opts = f"size={spec['tmpfs_size']},mode={mode}"
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
@@ -85,6 +87,33 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
         os.close(fd)
     if new_proc:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def _hide_file(path: str) -> None:
+    """Cover a hidden file (a credential file such as ~/.netrc) with /dev/null bound on
+    it, remounted nodev and read-only: opening it fails (EACCES), as for a hidden folder."""
+    _mount("/dev/null", path, None, MS_BIND, None)
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def user_entries(spec: dict[str, Any]) -> None:
+    """Bind the generated /etc/passwd and /etc/group (`modes.passwd_lines`) over the
+    host's, from the private /run: the tool user has a name and a home."""
+    entries = spec.get("passwd")
+    if not entries or "/run" not in spec["private_run"]:
+        return
+    for data, name in zip(entries, ("passwd", "group"), strict=True):
+        src = f"/run/.oploop-{name}"
+        fd = os.open(src, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        target = f"/etc/{name}"
+        _mount(src, target, None, MS_BIND, None)
+        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+               None)
+        os.unlink(src)  # the mount holds the file: /run stays empty
 
 
 def detach_hidden_mounts(hide: list[str], keep: list[str]) -> None:
@@ -130,6 +159,7 @@ def mount_view(spec: dict[str, Any], new_proc: bool) -> None:
     private /run, and /sys and /proc/sys reduced (after the new /proc: it masks that)."""
     setup_mounts(spec, new_proc)
     private_run(spec["private_run"], spec["tmpfs_size"])
+    user_entries(spec)
     mask_host_info(spec["mask"])
 
 

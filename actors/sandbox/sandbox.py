@@ -24,7 +24,7 @@ from typing import Any
 from actors import fileops
 from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
-from . import bwrap, hostview, seccomp, uids
+from . import bwrap, hostview, modes, seccomp, uids
 from . import launcher as launcher_mod
 from .cgroups import CallCgroup, CgroupTree, Hierarchies, Limits, executor_limits
 from .filereplies import (
@@ -46,6 +46,7 @@ from .launchspec import (
     _masks,
     _reads_system_ro,
     _rlimits,
+    _tree_ro,
     _unshare_flags,
     _within,
 )
@@ -251,15 +252,31 @@ class Sandbox:
         return uids.assign(self.workspaces, mounted.name, *self.config.default.uid_range)[0]
 
     @staticmethod
-    def call_uid(policy: Policy, cwd: Path) -> int:
-        """The uid a call in `cwd` runs as: the workspace's owner when it lies in the
-        policy's range (its session's uid), else the range's first uid."""
+    def call_uid(policy: Policy, cwd: Path, view: modes.WorkView | None = None) -> int:
+        """The uid a call in `cwd` runs as: the working directory's owner in the modes
+        that work on the user's files (`view`); else the workspace's owner when it lies
+        in the policy's range (its session's uid), else the range's first uid."""
+        if view is not None and not view.confined:
+            return view.uid
         first, last = policy.uid_range
         try:
             owner = os.stat(cwd).st_uid
         except OSError:
             return first
         return owner if first <= owner <= last else first
+
+    def view(self, mode: str, cwd: str, session: str, *, write_paths: tuple[str, ...] = (),
+             deny_read: tuple[str, ...] = ()) -> modes.WorkView:
+        """The view of a session's calls (`modes.view_for`); WorkdirRefused when `cwd`
+        cannot be its working directory (hidden from tools, a system directory...)."""
+        return modes.view_for(mode, cwd, workspace=str(self.workspace_path(session)),
+                              write_paths=write_paths, deny_read=deny_read,
+                              secret=self.hide)
+
+    def hidden(self, view: modes.WorkView) -> tuple[str, ...]:
+        """Every path hidden from the calls of `view` (for the tools' messages)."""
+        homes = _HOMES if view.confined else ()
+        return (*homes, *self.hide, *view.hidden)
 
     def remove_workspace(self, session: str) -> None:
         """Delete the session's workspace and its quota image (the session is removed);
@@ -270,9 +287,21 @@ class Sandbox:
     def _applies_uid(self, policy: Policy) -> bool:
         return policy.applies("uid") and not self.layers.get("uid")
 
-    def check(self, tool: str, policy: Policy, *, writing: bool = False) -> None:
-        """Raise SandboxRefused if `policy` requires a layer this machine lacks."""
+    def check(self, tool: str, policy: Policy, *, writing: bool = False,
+              view: modes.WorkView | None = None) -> None:
+        """Raise SandboxRefused if `policy` requires a layer this machine lacks (or, for
+        a `view` on the user's files, one that view stands on)."""
         replaced: frozenset[str] = frozenset()
+        if view is not None and not view.confined:
+            if _uses_bwrap(policy, writing):
+                raise SandboxRefused(tool, "bubblewrap", f"the bubblewrap backend runs only "
+                                     f"sandbox mode scratch, not {view.mode}")
+            for layer in ("namespaces", "landlock", "uid"):
+                # The whole tree is readable and the tool runs as the user (even root,
+                # without capabilities): these are what keep the rest out of reach.
+                if self.layers.get(layer) or not policy.applies(layer):
+                    raise SandboxRefused(tool, layer, self.layers.get(layer) or "lowered "
+                                         f"in sandbox.toml; sandbox mode {view.mode} needs it")
         if _uses_bwrap(policy, writing):
             path, why = bwrap.find()
             if not path:
@@ -352,7 +381,8 @@ class Sandbox:
         code, _, reason = text.partition("\t")
         err = int(code) if code.isdigit() else 0
         if err in _DENIED:
-            reason += f" (the sandbox allows writes only inside the session workspace {cwd})"
+            view = modes.CURRENT.get() or modes.WorkView(modes.SCRATCH, str(cwd))
+            reason += f" ({view.allow_hint()})"
         raise OSError(err, reason or f"sandboxed writer exited with status {returncode}")
 
     async def _read_op(self, tool: str, policy: Policy, cwd: Path, what: tuple[str, str, int],
@@ -366,9 +396,11 @@ class Sandbox:
             return await self._file_op(tool, policy, cwd, (kind, {"path": path, "cap": cap}),
                                        readable, reply_cap)
         paths = (str(cwd), *readable)
+        view = modes.CURRENT.get()
         # Everything the reader's lockdown is made of (not the tool's name: read_file and
         # list_dir of one policy share a reader): a reader serves only its own key.
-        key = (policy, self.call_uid(policy, cwd), self.hide, paths, identity(paths))
+        key = (policy, self.call_uid(policy, cwd, view), self.hide, view, paths,
+               identity(paths))
         request = fileops.request(b"R" if kind == "read" else b"L", path, cap)
 
         async def launch(duplex: int) -> SandboxedChild:
@@ -437,10 +469,11 @@ class Sandbox:
         Refused (`ToolRefused`) when a layer is missing, or the disk is below its
         reserve, or the workspaces are at the host's cap."""
         policy = _network_policy(tool, policy, net, op)
-        self.check(tool, policy, writing=op is not None)
+        view = modes.CURRENT.get()
+        self.check(tool, policy, writing=op is not None, view=view)
         if op is None or op[0] == "write":  # (a read takes no room)
             self.spaces.check_room()
-        uid = self.call_uid(policy, cwd)
+        uid = self.call_uid(policy, cwd, view)
         if _uses_bwrap(policy, op is not None):
             _check_reachable(tool, cwd, uid)
         if not self._started:
@@ -448,7 +481,8 @@ class Sandbox:
         call = None
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
-        spec = self._spec(policy, cwd, call, uid, argv=argv, op=op, readable=readable)
+        spec = self._spec(policy, cwd, call, uid, argv=argv, op=op, readable=readable,
+                          view=view)
         if extra is not None:
             extra.apply(spec)
         if isinstance(net, Proxied) and op is None:
@@ -584,56 +618,85 @@ class Sandbox:
         argv: list[str] | None,
         op: tuple[str, dict[str, Any]] | None,
         readable: tuple[str, ...] = (),
+        view: modes.WorkView | None = None,
     ) -> dict[str, object]:
         on = {layer for layer in LAYERS if policy.applies(layer) and not self.layers.get(layer)}
         reading = op is not None and op[0] != "write"
         offline = policy.network == "none" or reading
         ns = "namespaces" in on
         uid = call_uid if "uid" in on else -1
+        # The user's own files (workspace-write, read-only), or only the system's (scratch).
+        tree = view is not None and not view.confined
         unshare = _unshare_flags(offline) if ns else 0
         if reading and ns:
             # A read needs no network, ipc or uts namespace (seccomp refuses it sockets):
             # only the mounts (what it may see) and the pid namespace (a fresh /proc).
             unshare = launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWPID
+        # Only those present now (one made during the call is the call's own doing): each
+        # costs the launcher a few stats and a pass over the mount table.
+        hidden = [p for p in view.hidden if os.path.lexists(p)] if view is not None else []
+        homes = [] if tree else list(_HOMES)
         spec: dict[str, object] = {
-            "required": sorted(layer for layer in LAYERS if policy.requires(layer)),
+            # On the user's files these three hold the rest out of reach (`check`): never
+            # skipped when they fail at launch, whatever the policy says.
+            "required": sorted({layer for layer in LAYERS if policy.requires(layer)}
+                               | ({"namespaces", "landlock", "uid"} if tree else set())),
             "cgroup": (call.launch_spec(self._hier, _within(policy.limits, self.executor_limits))
                        if call else None),
             "pdeathsig": "pdeathsig" in on,
             "ppid": os.getpid(),
-            "rlimits": _rlimits(policy, uid >= 0) if "rlimits" in on else [],
+            # A session uid's RLIMIT_NPROC bounds that session alone; the user's own uid
+            # counts all their processes on the machine: the call's cgroup bounds it.
+            "rlimits": _rlimits(policy, uid >= 0 and not tree) if "rlimits" in on else [],
             "unshare": unshare,
-            "hide": [(p, "0755") for p in _HOMES] + [(p, "1777") for p in _PRIVATE_TMP]
-            + [(p, "0755") for p in self.hide],
-            "secret": list(self.hide),
-            "keep": [str(cwd)],
-            "readable": list(readable) if reading else [],
+            "hide": [(p, "0755") for p in homes] + [(p, "1777") for p in _PRIVATE_TMP]
+            + [(p, "0755") for p in self.hide] + [(p, "0000") for p in hidden],
+            "secret": list(self.hide) + hidden,
+            "keep": [str(cwd)] + ([p for p in view.writable if p != str(cwd)] if tree else []),
+            "readable": list(readable) if reading and not tree else [],
             "tmpfs_size": TMPFS_SIZE,
             "private_run": hostview.private_run(cwd) if ns else [],
             "mask": _masks() if ns else [],
             # A read takes absolute paths, and its session may have no workspace yet.
             "cwd": "/" if reading else str(cwd),
             "uid": uid,
-            "gid": uid,
+            "gid": view.gid if tree and uid >= 0 else uid,
             "landlock": None,
             "seccomp": (seccomp.build(network=not offline, unix=policy.unix_sockets)
                         if "seccomp" in on else None),
         }
+        if uid >= 0 and ns and (view is None or view.confined or not view.user_known):
+            # The tool user has a name and a home in its view (`whoami`, `id -un`).
+            name = view.user if view is not None else "sandbox"
+            home = view.home if view is not None and view.home else str(cwd)
+            gid = view.gid if tree and view is not None else uid
+            spec["passwd"] = modes.passwd_lines(uid, gid, name, home)
         if "landlock" in on:
             rw: list[str] = []
             if op is None or op[0] == "write":
-                rw.append(str(cwd))
+                rw += list(view.writable) if tree else [str(cwd)]
             if op is None:
-                rw += list(RW_DEVICES) + (list(_PRIVATE_TMP) if ns else [])
-            system = _reads_system_ro() if reading else SYSTEM_RO_PATHS
-            ro = list(system) + list(policy.ro_paths) + ([str(cwd)] if reading else [])
-            spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline}
+                rw += list(RW_DEVICES) + (_private_tmp(cwd, view) if ns else [])
+            if tree:
+                ro = list(_tree_ro()) + list(policy.ro_paths)
+            else:
+                system = (*_reads_system_ro(), *_PRIVATE_TMP) if reading else SYSTEM_RO_PATHS
+                ro = list(system) + list(policy.ro_paths) + ([str(cwd)] if reading else [])
+            # Listing is allowed everywhere in those modes (`ls /`): names only; files
+            # under /dev stay unreadable, hidden paths are empty.
+            spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline,
+                                "ls": ["/"] if tree else []}
         if op is not None:
             spec[op[0]] = op[1]
             return spec
+        user = view.user if view is not None and uid >= 0 else "sandbox"
+        home = view.home if view is not None and view.home and uid >= 0 else str(cwd)
         env = {
-            "PATH": _SANDBOX_PATH, "HOME": str(cwd), "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-            "TERM": "dumb", "USER": "sandbox", "OPLOOP_SANDBOX": secrets.token_hex(4),
+            "PATH": _SANDBOX_PATH, "HOME": home, "TMPDIR": (_private_tmp(cwd, view) or ["/tmp"])[0],
+            "LANG": "C.UTF-8",
+            "TERM": "dumb", "USER": user, "LOGNAME": user,
+            "OPLOOP_SANDBOX": view.mode if view is not None else modes.SCRATCH,
+            "OPLOOP_SANDBOX_ID": secrets.token_hex(4),
         }
         spec["argv"] = argv or ["/bin/true"]
         spec["env"] = env
@@ -669,6 +732,15 @@ class Extra:
 
 
 _BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
+
+
+def _private_tmp(cwd: Path, view: modes.WorkView | None) -> list[str]:
+    """The private temporary directories a command may write: in read-only mode never
+    one holding the working directory (bound back inside it: a rule on it would make
+    the working directory writable too)."""
+    if view is None or view.mode != modes.READ_ONLY:
+        return list(_PRIVATE_TMP)
+    return [p for p in _PRIVATE_TMP if not cwd.is_relative_to(p)]
 
 
 def _network_policy(tool: str, policy: Policy, net: NetAccess, op: object) -> Policy:

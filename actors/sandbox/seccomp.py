@@ -12,7 +12,11 @@ AF_UNIX, for multiprocessing's forkserver and local test servers) and every
 `socketpair()` but AF_UNIX (a connected pair reaches nothing outside, and
 multiprocessing's pipes are such pairs); ptrace, process_vm_*, io_uring_*,
 unshare/setns/mount and friends, namespace flags on clone, bpf, keyctl,
-perf_event_open, userfaultfd, TIOCSTI and TIOCLINUX (terminal injection).
+perf_event_open, userfaultfd, TIOCSTI and TIOCLINUX (terminal injection), and
+setting a file's setuid or setgid bit (chmod and friends, or a file created with
+it): a tool running as the working directory's owner (root, without
+capabilities, for a root-owned one) must not leave a setuid program there for
+anyone who runs it later.
 clone3 answers ENOSYS, so libc falls back to clone, whose flags a filter can
 see. Other architectures are killed (the i386 `int 0x80` and x32 ABIs too).
 """
@@ -46,6 +50,12 @@ _NAMESPACE_FLAGS = (
     0x20000000,  # CLONE_NEWPID
     0x40000000,  # CLONE_NEWNET
 )
+_S_ISUID = 0o4000
+_S_ISGID = 0o2000
+_O_CREAT = 0o100
+#: (syscall, index of its mode argument, index of its flags argument or -1).
+_MODE_ARGS = (("chmod", 1, -1), ("fchmod", 1, -1), ("fchmodat", 2, -1),
+              ("fchmodat2", 2, -1), ("creat", 1, -1), ("open", 2, 1), ("openat", 3, 2))
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _LOW32 = 0xFFFFFFFF
@@ -106,6 +116,15 @@ def build(*, network: bool, unix: bool = False, proxied: bool = False) -> bytes:
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for flag in _NAMESPACE_FLAGS:
         f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    for name, mode, flags in _MODE_ARGS:
+        for bit in (_S_ISUID, _S_ISGID):
+            args = [sc.Arg(mode, sc.MASKED_EQ, bit, bit)]
+            if flags >= 0:
+                args.append(sc.Arg(flags, sc.MASKED_EQ, _O_CREAT, _O_CREAT))
+            try:
+                f.add_rule(deny, name, *args)
+            except (OSError, ValueError, RuntimeError):
+                continue  # not a syscall here (open, chmod and creat on arm64; fchmodat2)
     # ioctl's request is 32 bits: compare only those, or high garbage bits would slip by.
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -234,7 +235,9 @@ class Runs:
         if session is None:
             agent = self.sup.config.agent(req.agent)
             assert agent is not None
-            session = Session(secrets.token_hex(6), agent, req.cwd)
+            # An agent with a `cwd` of its own works there, wherever the run was started.
+            cwd = os.path.expanduser(agent.cwd) if agent.cwd else req.cwd
+            session = Session(secrets.token_hex(6), agent, cwd)
             self.sup.sessions[session.id] = session
         if req.machine and req.machine != session.agent.target_machine:
             # The session's tools go there from this run on (its agent, as journaled in

@@ -14,6 +14,7 @@ here), and `BUILTIN` holds the local, unsandboxed ones for embedding and tests.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -68,6 +69,27 @@ def resolve_path(ctx: ToolContext[Any], path: str) -> Path:
     return p if p.is_absolute() else ctx.cwd / p
 
 
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def hidden_error(tool_name: str, ctx: ToolContext[Any], target: Path,
+                 resolve: bool = False) -> ToolOutcome | None:
+    """The error for a path the sandbox hides from this call (`ctx.hidden`, less what it
+    binds back), or None. `resolve`: also by its real path, as the host sees it (a
+    link to a hidden path; asked only after the sandbox failed, for the message)."""
+    if not ctx.hidden:
+        return None
+    paths = [os.path.normpath(target)]
+    if resolve:
+        paths.append(os.path.realpath(target))
+    for path in paths:
+        if _under(path, ctx.hidden) and not _under(path, ctx.kept):
+            return ToolOutcome.error(f"{tool_name}: hidden by the sandbox: "
+                                     f"{shown_name(str(target))} (mode {ctx.mode})")
+    return None
+
+
 def _os_error(tool_name: str, path: Path, exc: OSError | ValueError) -> ToolOutcome:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     is_dir = isinstance(exc, IsADirectoryError)
@@ -99,13 +121,15 @@ def make_read_file(reader: FileReader = read_local) -> Tool:
         """Read a text file and return its contents (UTF-8, undecodable bytes replaced;
         at most 256 KiB, with a note saying how much was cut)."""
         target = resolve_path(ctx, path)
+        if (hidden := hidden_error("read_file", ctx, target)) is not None:
+            return hidden
         try:
             data, more, size, real = await reader(target, ctx.workspace or ctx.cwd,
                                                   ctx.read_paths)
         except ToolRefused as exc:
             return ToolOutcome.error(f"read_file: {exc}")
         except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in the path
-            return _os_error("read_file", target, exc)
+            return _failed("read_file", ctx, target, exc)
         if _is_private(real, ctx.private):
             return _os_error("read_file", target, PermissionError(
                 13, "oploop's own files are not readable by tools"))
@@ -144,13 +168,15 @@ def make_list_dir(lister: DirLister = list_local) -> Tool:
         """List a directory's entries, sorted, one per line: directories end in "/",
         symbolic links in "@" (at most 1000 entries)."""
         target = resolve_path(ctx, path)
+        if (hidden := hidden_error("list_dir", ctx, target)) is not None:
+            return hidden
         try:
             entries, total, real = await lister(target, ctx.workspace or ctx.cwd,
                                                 ctx.read_paths)
         except ToolRefused as exc:
             return ToolOutcome.error(f"list_dir: {exc}")
         except (OSError, ValueError) as exc:
-            return _os_error("list_dir", target, exc)
+            return _failed("list_dir", ctx, target, exc)
         if _is_private(real, ctx.private):
             return _os_error("list_dir", target, PermissionError(
                 13, "oploop's own files are not listable by tools"))
@@ -192,6 +218,20 @@ def _escaped(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+def _failed(tool_name: str, ctx: ToolContext[Any], target: Path,
+            exc: OSError | ValueError) -> ToolOutcome:
+    """The error for a failed file operation: "hidden by the sandbox" when the path
+    leads into a hidden one (through a link), else the OS's reason."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM):
+        try:
+            hidden = hidden_error(tool_name, ctx, target, resolve=True)
+        except (OSError, ValueError):
+            hidden = None
+        if hidden is not None:
+            return hidden
+    return _os_error(tool_name, target, exc)
+
+
 def _is_private(real: str, private: tuple[Path, ...]) -> bool:
     """Whether the file read (by its real path, as the reader opened it) lies in one of
     the `private` directories: a second layer behind the sandbox, which hides them."""
@@ -228,12 +268,14 @@ def make_write_file(writer: FileWriter = write_local) -> Tool:
             return ToolOutcome.error(
                 f"write_file: the content is not valid UTF-8 text (a lone surrogate at "
                 f"character {exc.start}); nothing written")
+        if (hidden := hidden_error("write_file", ctx, target)) is not None:
+            return hidden
         try:
             real = await writer(target, data, ctx.cwd)
         except ToolRefused as exc:
             return ToolOutcome.error(f"write_file: {exc}")
         except (OSError, ValueError) as exc:
-            return _os_error("write_file", target, exc)
+            return _failed("write_file", ctx, target, exc)
         return f"wrote {len(data)} bytes to {shown_name(real)}"
 
     return write_file

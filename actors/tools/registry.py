@@ -48,6 +48,12 @@ class ToolContext(Generic[Deps]):
     private: tuple[Path, ...] = ()
     workspace: Path | None = None
     read_paths: tuple[str, ...] = ()
+    #: Paths the sandbox hides from this call, and those it binds back among them (the
+    #: working directory): the file tools answer "hidden by the sandbox" for them.
+    hidden: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    #: The session's sandbox mode ("" outside a sandbox), named in those messages.
+    mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)

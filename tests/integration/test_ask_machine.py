@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +39,12 @@ from bus.security import ClientKeys
 # A guard only: three hosts start with the module's first test (~20 s in all here).
 pytestmark = pytest.mark.timeout(180)
 
+#: A directory of B's machine outside any home, named before the scenarios are written:
+#: the hosts' sessions run in scratch mode (tests/conftest.py), where the file tools
+#: read the directory a run was started in by its path (relative paths are the
+#: session's workspace's).
+FLAG_DIR = Path(f"/tmp/askflag-{os.getpid()}")
+
 #: What B's and C's agents do, by the `#name` of the prompt A's model sends them.
 REMOTE = {
     "echo": [{"reply": [tool_use("shell", command="echo from-the-remote")]},
@@ -46,7 +53,8 @@ REMOTE = {
     "hidden": [{"reply": [tool_use("write_file", path="x.txt", content="no")]},
                {"reply": [tool_use("shell", command="echo denied-ran > y.txt")]},
                {"reply": "could not"}],
-    "readflag": [{"reply": [tool_use("read_file", path="flag.txt")]}, {"reply": "read"}],
+    "readflag": [{"reply": [tool_use("read_file", path=f"{FLAG_DIR}/flag.txt")]},
+                 {"reply": "read"}],
 }
 
 #: What A's agent does.
@@ -310,7 +318,8 @@ def test_a_peer_key_starts_runs_on_its_own_agent_only(hosts):
 
 def test_a_peer_key_cannot_choose_the_directory(hosts):
     # A directory of B's machine, outside any home: a run there may read flag.txt ...
-    place = Path(make_home("askflag-"))
+    place = FLAG_DIR
+    place.mkdir()
     try:
         (place / "flag.txt").write_text("the flag")
         place.chmod(0o755)  # (tools read as a uid of their own, not as the host's user)
@@ -329,7 +338,7 @@ def test_a_peer_key_cannot_choose_the_directory(hosts):
         end = of_type(events, "TOOL_END")[0]["data"]
         assert end["is_error"] and "the flag" not in end["output"], end
     finally:
-        remove_home(place)
+        shutil.rmtree(place, ignore_errors=True)
 
 
 def test_a_peer_key_can_do_no_more_than_its_role(hosts):

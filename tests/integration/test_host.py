@@ -25,13 +25,20 @@ def host(short_home):
         yield home
 
 
-def test_session_through_every_actor(host, tmp_path):
+def test_session_through_every_actor(short_home, tmp_path):
     (tmp_path / "note.txt").write_text("hello from a file\n")
-    os.chmod(tmp_path, 0o755)  # read_file reads as the tool uid: what others may read
+    os.chmod(tmp_path, 0o755)
+    # The default mode: the tools act in the directory the run starts in.
+    mode = {"OPLOOP_SANDBOX": "workspace-write"}
+    with running_host(short_home, mode) as host:
+        _through_every_actor(host, tmp_path, mode)
+
+
+def _through_every_actor(host, tmp_path, mode):
     run = subprocess.run(
         [*OPLOOP, "run", "--json", "read note.txt and run `echo hi`"],
-        env={**os.environ, "OPLOOP_HOME": host}, cwd=tmp_path, capture_output=True, text=True,
-        timeout=60,
+        env={**os.environ, "OPLOOP_HOME": host, **mode}, cwd=tmp_path, capture_output=True,
+        text=True, timeout=60,
     )
     assert run.returncode == 0, run.stderr
     events = events_of(run.stdout)

@@ -112,7 +112,8 @@ def test_an_unknown_model_reports_tokens_and_no_price(host):
     assert done.cost is None and done.output > 0
     assert events[-1]["data"]["usage"]["cost_usd"] is None
 
-    plain = oploop(host, "run", "--agent", "unpriced", "hello there")
+    # (A scripted turn plays the agent's model; the rules answer as `offline`, at $0.00.)
+    plain = oploop(host, "run", "--agent", "unpriced", "#tools go")
     assert plain.returncode == 0, plain.stderr
     last = plain.stdout.strip().splitlines()[-1]
     assert last.startswith("  tokens: ") and " in · " in last and "$" not in last
@@ -124,6 +125,9 @@ def test_plain_run_ends_with_the_runs_tokens_and_cost(host):
     lines = plain.stdout.strip().splitlines()
     assert lines[-2].startswith("— done")
     assert lines[-1].startswith("  tokens: ") and " out · " in lines[-1] and "$" in lines[-1]
+    # The rules answered: the offline model, which says so and costs nothing.
+    assert lines[-1].endswith("· $0.00"), lines[-1]
+    assert "I'm `offline`" in run(host, "hello there")[-1]["data"]["text"]
 
 
 async def _follow_up(home: str, session: str) -> list[dict[str, Any]]:

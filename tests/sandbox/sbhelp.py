@@ -26,6 +26,7 @@ from actors.sandbox import (
     SandboxConfig,
     bwrap,
     machine_layers,
+    modes,
     release_all,
 )
 from actors.sandbox.network import NetAccess
@@ -68,6 +69,13 @@ class Host:
     workspace: Path
     outside: Path
     backend: str
+    #: The session's view (`modes.WorkView`): None runs as the suite always did (scratch).
+    view: modes.WorkView | None = None
+
+    @property
+    def mode(self) -> str:
+        """The sandbox mode the calls run in."""
+        return self.view.mode if self.view is not None else modes.SCRATCH
 
     @property
     def uid(self) -> int:
@@ -86,12 +94,13 @@ class Host:
         """Run `command` in the workspace under `policy` (on this host's backend), to
         completion; `net`: its network ("none", "all", or through a proxy)."""
         policy = dataclasses.replace(policy, backend=self.backend)
-        return asyncio.run(
-            run_command(
-                command, self.workspace, timeout_s=timeout_s, cap=64 * 1024,
-                spawn=self.sandbox.spawner("shell", policy, net=net),
+        with modes.using(self.view):
+            return asyncio.run(
+                run_command(
+                    command, self.workspace, timeout_s=timeout_s, cap=64 * 1024,
+                    spawn=self.sandbox.spawner("shell", policy, net=net),
+                )
             )
-        )
 
     def py(self, code: str, policy: Policy = TEST_POLICY, net: NetAccess = "none"
            ) -> CommandResult:
@@ -128,6 +137,47 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
         sandbox.close()
         release_all(home)
         shutil.rmtree(home, ignore_errors=True)
+
+
+PROJECT_UID = 4242
+"""The owner of the project directory of `mhost` (a uid no user has: the view names it)."""
+
+
+@pytest.fixture(params=[("launcher", modes.SCRATCH), ("bwrap", modes.SCRATCH),
+                        ("launcher", modes.WORKSPACE_WRITE), ("launcher", modes.READ_ONLY)],
+                ids=lambda p: "-".join(p))
+def mhost(request: pytest.FixtureRequest) -> Iterator[Host]:
+    """`host` in every sandbox mode: in workspace-write and read-only the calls run in a
+    project directory under /home owned by `PROJECT_UID` (as that uid), not in the
+    session's workspace."""
+    backend, mode = request.param
+    if backend == "bwrap" and bwrap.find()[1]:
+        pytest.skip(f"bubblewrap backend absent on this machine: {bwrap.find()[1]}")
+    from homes import make_home
+
+    home = Path(make_home("ophs-"))
+    os.chmod(home, 0o711)
+    outside = home / "outside"
+    outside.mkdir()
+    sandbox = Sandbox(SandboxConfig(TEST_POLICY), home / "workspaces", hide=(home,))
+    sandbox.start()
+    project = None
+    try:
+        if mode == modes.SCRATCH:
+            yield Host(home, sandbox, sandbox.workspace("s1"), outside, backend)
+        else:
+            import tempfile
+
+            project = Path(tempfile.mkdtemp(prefix="ophp-", dir="/home"))
+            os.chown(project, PROJECT_UID, PROJECT_UID)
+            view = sandbox.view(mode, str(project), "s1")
+            yield Host(home, sandbox, project, outside, backend, view)
+    finally:
+        sandbox.close()
+        release_all(home)
+        shutil.rmtree(home, ignore_errors=True)
+        if project is not None:
+            shutil.rmtree(project, ignore_errors=True)
 
 
 def processes_with(token: str) -> list[psutil.Process]:

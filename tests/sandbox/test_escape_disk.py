@@ -230,8 +230,12 @@ def test_the_executor_answers_a_refused_workspace_as_the_tool_s_error(home: Path
     from bus.endpoints import Endpoints
     from bus.messages import Envelope, ToolJob, ToolResult
 
+    from actors.config import Agent, Config
+
     (home / "sandbox.toml").write_text("[workspaces]\nreserve_mb = 1000000000\n")
-    executor = Executor(Endpoints.for_home(home))
+    # Scratch mode: the calls' working directory is the session's workspace image.
+    scratch = Config(agents={"default": Agent(sandbox="scratch")})
+    executor = Executor(Endpoints.for_home(home), config=scratch)
     executor.reactor.close()  # no supervisor here: only perform() is exercised
     try:
         for tool, data in (("shell", {"command": "echo ran"}),

@@ -1,4 +1,6 @@
-"""Adversarial: the file system. A tool writes only its workspace and reads only the system."""
+"""Adversarial: the file system. A tool writes only its working directory (in read-only
+mode nothing), reads only what its mode lets it, never the oploop home; in every mode
+(`mhost`: scratch on both backends, workspace-write, read-only)."""
 
 from __future__ import annotations
 
@@ -7,21 +9,32 @@ import os
 import secrets
 from pathlib import Path
 
+import pytest
 from sbhelp import TEST_POLICY, Host, need
 
+from actors.sandbox import modes
 from actors.tools import Catalogue, ToolContext, invoke, make_write_file
 
 
 def write_file(host: Host, path: str, content: str = "pwned") -> tuple[str, bool]:
     tool = make_write_file(host.sandbox.file_writer("write_file", TEST_POLICY))
-    out = asyncio.run(
-        invoke(Catalogue([tool]), "write_file", {"path": path, "content": content},
-               ToolContext(cwd=host.workspace))
-    )
+    with modes.using(host.view):
+        out = asyncio.run(
+            invoke(Catalogue([tool]), "write_file", {"path": path, "content": content},
+                   ToolContext(cwd=host.workspace))
+        )
     return out.output, out.is_error
 
 
-def test_workspace_is_writable(host: Host) -> None:
+def writable(host: Host) -> None:
+    """Skip a case that needs a writable working directory in read-only mode."""
+    if host.mode == modes.READ_ONLY:
+        pytest.skip("read-only: the working directory is not writable (test_modes.py)")
+
+
+def test_workspace_is_writable(mhost: Host) -> None:
+    host = mhost
+    writable(host)
     res = host.run("echo hello > f && cat f && mkdir -p a/b && mv f a/b/g && ls a/b")
     assert res.returncode == 0, res.output
     assert res.output == "hello\ng\n"
@@ -31,7 +44,8 @@ def test_workspace_is_writable(host: Host) -> None:
     assert (host.workspace / "notes" / "n.txt").read_text() == "hi"
 
 
-def test_write_outside_workspace_etc_and_host_tmp(host: Host) -> None:
+def test_write_outside_workspace_etc_and_host_tmp(mhost: Host) -> None:
+    host = mhost
     need("landlock")
     token = secrets.token_hex(4)
     for target in (host.outside / "x", Path(f"/etc/oploop-{token}")):
@@ -42,7 +56,7 @@ def test_write_outside_workspace_etc_and_host_tmp(host: Host) -> None:
         assert not target.exists(), f"{target} was written from the sandbox"
     host_tmp = Path(f"/tmp/oploop-{token}")
     out, is_error = write_file(host, str(host_tmp))
-    assert is_error and "only inside the session workspace" in out, out
+    assert is_error and f"sandbox mode {host.mode}" in out, out
     host.run(f"echo pwned > {host_tmp}")
     assert not host_tmp.exists(), "the sandbox wrote the host's /tmp"
     # /tmp inside is private: a write there never reaches the host's /tmp.
@@ -51,7 +65,8 @@ def test_write_outside_workspace_etc_and_host_tmp(host: Host) -> None:
     assert not Path(f"/tmp/oploop-{token}-p").exists()
 
 
-def test_read_root_ssh_and_host_init_environ(host: Host) -> None:
+def test_read_root_ssh_and_host_init_environ(mhost: Host) -> None:
+    host = mhost
     need("landlock")
     for command in ("ls /root", "cat /root/.ssh/authorized_keys", "ls /root/.ssh",
                     "cat /root/.bashrc", f"ls {host.outside}"):
@@ -67,7 +82,8 @@ def test_read_root_ssh_and_host_init_environ(host: Host) -> None:
     assert not host_env or host_env.decode(errors="replace") not in res.output
 
 
-def test_symlink_escape_read_and_write(host: Host) -> None:
+def test_symlink_escape_read_and_write(mhost: Host) -> None:
+    host = mhost
     need("landlock")
     secret = host.outside / "secret"
     secret.write_text("top secret\n")
@@ -81,7 +97,9 @@ def test_symlink_escape_read_and_write(host: Host) -> None:
     assert secret.read_text() == "top secret\n"
 
 
-def test_symlink_swapped_in_for_a_directory(host: Host) -> None:
+def test_symlink_swapped_in_for_a_directory(mhost: Host) -> None:
+    host = mhost
+    writable(host)
     need("landlock")
     (host.workspace / "dir").mkdir()
     os.chown(host.workspace / "dir", host.uid, host.uid)
@@ -101,7 +119,8 @@ def test_symlink_swapped_in_for_a_directory(host: Host) -> None:
     assert not Path("/etc/oploop-swap").exists()
 
 
-def test_hardlink_in_and_rename_out(host: Host) -> None:
+def test_hardlink_in_and_rename_out(mhost: Host) -> None:
+    host = mhost
     need("landlock")
     res = host.run("ln /etc/passwd hl")
     assert res.returncode != 0
@@ -115,7 +134,8 @@ def test_hardlink_in_and_rename_out(host: Host) -> None:
         assert not Path(dest).exists()
 
 
-def test_tool_cannot_edit_its_own_policy(host: Host) -> None:
+def test_tool_cannot_edit_its_own_policy(mhost: Host) -> None:
+    host = mhost
     need("landlock")
     policy_file = host.home / "sandbox.toml"
     policy_file.write_text('[sandbox]\noff = []\n')
@@ -127,7 +147,8 @@ def test_tool_cannot_edit_its_own_policy(host: Host) -> None:
     assert policy_file.read_text() == '[sandbox]\noff = []\n'
 
 
-def test_no_write_to_cgroupfs_or_proc_sys(host: Host) -> None:
+def test_no_write_to_cgroupfs_or_proc_sys(mhost: Host) -> None:
+    host = mhost
     need("landlock")
     for target in ("/sys/fs/cgroup/pids/pids.max", "/proc/sys/kernel/hostname",
                    "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"):

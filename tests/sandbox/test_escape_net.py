@@ -43,7 +43,8 @@ def no_connection(srv: socket.socket) -> bool:
     return False
 
 
-def test_tcp_to_loopback_and_host_endpoints(host: Host, tcp_listener: socket.socket) -> None:
+def test_tcp_to_loopback_and_host_endpoints(mhost: Host, tcp_listener: socket.socket) -> None:
+    host = mhost
     need("seccomp", "namespaces")
     port = tcp_listener.getsockname()[1]
     res = host.py(ATTEMPT + f"""
@@ -66,7 +67,8 @@ attempt(lambda: socket.create_connection(("::1", {port}), timeout=2))
         ("AF_VSOCK", "SOCK_STREAM", 0),    # the hypervisor
     ],
 )
-def test_socket_families_denied(host: Host, family: str, kind: str, proto: int) -> None:
+def test_socket_families_denied(mhost: Host, family: str, kind: str, proto: int) -> None:
+    host = mhost
     need("seccomp")
     res = host.py(ATTEMPT + f"""
 fam = getattr(socket, "{family}", None)
@@ -78,7 +80,8 @@ else:
     assert res.output.startswith("DENIED 1 "), res.output  # EPERM: the filter, not luck
 
 
-def test_udp_send_and_dns(host: Host) -> None:
+def test_udp_send_and_dns(mhost: Host) -> None:
+    host = mhost
     need("seccomp")
     res = host.py(ATTEMPT + """
 def udp():
@@ -92,7 +95,8 @@ attempt(lambda: socket.getaddrinfo("example.com", 80))
     assert res.returncode != 0 and "example.com" not in res.output
 
 
-def test_io_uring_denied(host: Host) -> None:
+def test_io_uring_denied(mhost: Host) -> None:
+    host = mhost
     need("seccomp")
     res = host.py("""
 import ctypes, os
@@ -104,7 +108,8 @@ print(fd, ctypes.get_errno())
     assert res.output.split() == ["-1", "1"], res.output  # EPERM
 
 
-def test_host_ipc_socket_unreachable(host: Host) -> None:
+def test_host_ipc_socket_unreachable(mhost: Host) -> None:
+    host = mhost
     need("namespaces")
     run_dir = host.home / "run"
     run_dir.mkdir(mode=0o700)
@@ -128,7 +133,8 @@ print("VISIBLE" if os.path.exists("{run_dir}") and os.listdir("{run_dir}") else 
         srv.close()
 
 
-def test_abstract_socket_unreachable(host: Host) -> None:
+def test_abstract_socket_unreachable(mhost: Host) -> None:
+    host = mhost
     need("namespaces")
     name = f"oploop-test-{secrets.token_hex(4)}"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -148,7 +154,8 @@ attempt(abstract)
         srv.close()
 
 
-def test_network_host_policy_lifts_only_the_network(host: Host) -> None:
+def test_network_host_policy_lifts_only_the_network(mhost: Host) -> None:
+    host = mhost
     from sbhelp import TEST_POLICY
 
     need("seccomp")

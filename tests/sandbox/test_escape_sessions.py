@@ -300,3 +300,54 @@ def test_executor_caps_default_from_the_machine_and_config(tmp_path: Path) -> No
         (tmp_path / "sandbox.toml").write_text(f"[sandbox]\n{bad}\n")
         with pytest.raises(PolicyError):
             SandboxConfig.load(tmp_path)
+
+
+def test_sessions_of_one_user_cannot_signal_or_ptrace_each_other(mhost: Host) -> None:
+    """In the modes on the user's files two sessions run as the same uid: the pid
+    namespace (no pid of the other is nameable) and Landlock's signal scope stop it."""
+    need("namespaces", "landlock", "seccomp")
+    need_python()
+    host = mhost
+    if host.view is None:
+        pytest.skip("scratch: sessions have different uids (the case above)")
+    probe = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pid = int(sys.argv[1])
+try:
+    os.kill(pid, 9)
+    print("SIGNAL ok", flush=True)
+except OSError as exc:
+    print("SIGNAL", exc.errno, flush=True)
+print("PTRACE", libc.ptrace(16, pid, 0, 0), ctypes.get_errno(), flush=True)
+try:
+    os.kill(-1, 9)
+except OSError as exc:
+    print("KILLALL", exc.errno)
+"""
+
+    async def attack() -> tuple[str, str, bool]:
+        from actors.sandbox import modes
+
+        with modes.using(host.view):
+            victim = await start(host.sandbox, host.policy, host.workspace,
+                                 "import os, time\nprint(os.getuid(), flush=True)\n"
+                                 "time.sleep(3600)\n")
+            try:
+                uid_a = (await first_line(victim)).strip()
+                pid = _descendant_running(victim.process.pid, "case.py")
+                (host.workspace / "probe.py").write_text(probe)
+                os.chmod(host.workspace / "probe.py", 0o644)
+                across = await shell(host.sandbox, host.policy, host.workspace,
+                                     f"id -u; {PYTHON} -I -S probe.py {pid}")
+                alive = victim.process.returncode is None and _descendant_running(
+                    victim.process.pid, "case.py") == pid
+                return uid_a, across, alive
+            finally:
+                victim.kill()
+                await release(victim)
+
+    uid_a, across, alive = asyncio.run(attack())
+    assert across.split()[0] == uid_a, (uid_a, across)  # the same user ...
+    assert "SIGNAL ok" not in across and "PTRACE -1" in across, across
+    assert alive, across  # ... and the victim still runs

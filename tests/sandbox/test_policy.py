@@ -91,8 +91,10 @@ def test_layers_report_names_every_layer() -> None:
 
 
 def test_executor_runs_risky_tools_in_the_session_workspace(short_home: str) -> None:
+    """In scratch mode, the working directory is the session's own workspace."""
     home = Path(short_home)
-    executor = Executor(Endpoints.for_home(home))
+    scratch = parse_config({"agents": {"default": {"sandbox": "scratch"}}}, "oploop.toml")
+    executor = Executor(Endpoints.for_home(home), config=scratch)
     executor.reactor.close()  # no supervisor here: only perform() is exercised
     try:
         result = asyncio.run(executor.perform(Envelope(
@@ -173,7 +175,7 @@ def test_bwrap_refuses_an_unreachable_workspace(host: Host) -> None:
 def test_executor_refuses_a_denied_call_whoever_sends_it(short_home: str) -> None:
     """A `deny` rule holds in the executor even when the supervisor is bypassed (a job
     sent straight to it): the executor reads the agent's rules from its own config."""
-    config = parse_config({"agents": {"ops": {"permissions": {
+    config = parse_config({"agents": {"ops": {"sandbox": "scratch", "permissions": {
         "shell(echo ok*)": "allow", "shell": "deny"}}}}, "oploop.toml")
     executor = Executor(Endpoints.for_home(Path(short_home)), config=config)
     executor.reactor.close()
