@@ -30,7 +30,6 @@ import os
 import pwd
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 WORKSPACE_WRITE = "workspace-write"
 READ_ONLY = "read-only"
