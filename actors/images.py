@@ -3,9 +3,9 @@
 An executor (an MCP server's image, `actors/mcp/results.py`) sends image blocks beside
 a tool's text. The history is sent again every turn, so one block the Messages API
 refuses (not base64, a type it does not take, bytes of another type, too large) would
-fail every later turn of the session with a 400. And an executor may be a worker machine elsewhere: its
-blocks are checked here, on the host, not trusted. A block that fails is replaced by
-a line of text saying why.
+fail every later turn of the session with a 400. And an executor may be a worker
+machine elsewhere: its blocks are checked here, on the host, not trusted. A block
+that fails is replaced by a line of text saying why.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_HTTP_LISTEN` | 127.0.0.1:7480 | overrides `[http] listen` (port 0: any); `off`: none |
 | `OPLOOP_DEBUG` | 0 | `1`: the CLI prints tracebacks (`debug_wanted`) |
 | `ANTHROPIC_API_KEY`, `_BASE_URL` | | the model's endpoint: `model_choice` picks the model |
-| `OPLOOP_SANDBOX` | workspace-write | the sandbox mode of agents whose `sandbox` is not set (`read-only`, `scratch`) |
+| `OPLOOP_SANDBOX` | workspace-write | the mode of agents naming no `sandbox` |
 
 `bus.endpoints.place_of` reads `OPLOOP_HOME`, `OPLOOP_CONNECT` and `OPLOOP_KEYS` (a
 bare `Client.connect()` follows them, and bus imports no actors): `load_settings`

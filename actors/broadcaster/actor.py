@@ -136,7 +136,8 @@ class Broadcaster:
             self.replay.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
             return
         if not isinstance(body, ReplayRequest):
-            self.replay.reply_error(peer, env.id, "bad_request", f"replay does not serve {env.kind}")
+            self.replay.reply_error(peer, env.id, "bad_request",
+                                    f"replay does not serve {env.kind}")
             return
         last = self.log.last_seq(env.sid)
         if last is None:

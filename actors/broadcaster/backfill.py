@@ -21,6 +21,9 @@ from bus.errors import AccessDenied, BadFrame, BusError, RemoteError, RequestTim
 from bus.messages import Event, ListSessions, ReplayBatch, ReplayRequest, SessionList
 from bus.rpc import Requester
 
+#: How long the start-up reconcile waits for the supervisor's session list.
+RECONCILE_S = 5.0
+
 log = logging.getLogger("oploop.broadcaster")
 
 #: Early events held per session while the hole before them is fetched.
@@ -73,10 +76,11 @@ class Backfill:
         if not held:
             self.held.pop(sid, None)
 
-    async def reconcile(self, timeout: float = 5.0) -> None:
-        """Compare every session the supervisor holds with the log; fetch what is missing."""
+    async def reconcile(self) -> None:
+        """Compare every session the supervisor holds with the log; fetch what is missing
+        (the supervisor's list within `RECONCILE_S`, the request's own deadline)."""
         try:
-            reply = await self.supervisor.request(ListSessions(), timeout=timeout)
+            reply = await self.supervisor.request(ListSessions(), timeout=RECONCILE_S)
         except BusError as exc:
             log.info("no session list from the supervisor (%s): nothing to reconcile", exc)
             return

@@ -128,7 +128,8 @@ class EventLog:
         """The newest seq of every session."""
         return dict(self._heads)
 
-    def range(self, sid: str, from_seq: int, to_seq: int, max_bytes: int) -> tuple[list[bytes], bool]:
+    def range(self, sid: str, from_seq: int, to_seq: int,
+              max_bytes: int) -> tuple[list[bytes], bool]:
         """Frames `from_seq..to_seq` (inclusive, clipped to the log) up to `max_bytes`;
         and whether the answer was cut. The first frame always fits."""
         end = min(to_seq, self._heads.get(sid, 0))

@@ -190,7 +190,9 @@ class Executor(Worker):
         # `cwd`, a path of this machine's configuration).
         start = job.cwd
         if self.remote:
-            start = os.path.expanduser(agent.cwd) if agent is not None and agent.cwd else ""
+            # (expanduser reads $HOME or one passwd entry: no wait worth a thread)
+            start = (os.path.expanduser(agent.cwd)  # noqa: ASYNC240
+                     if agent is not None and agent.cwd else "")
         risky = found is not None and found.spec.risky
         if self.mcp is not None and self.mcp.owns(job.name):
             if agent is not None and agent.permissions:

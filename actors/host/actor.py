@@ -206,7 +206,8 @@ class Host:
         if state == "ready" and any(c.state == "failed" for c in self.children):
             state = "degraded"  # until the host stops: a failed actor stays failed
         data = {"pid": os.getpid(), "state": state, "home": str(self.home),
-                "offline": self.offline, "embedded": self.embedded, "actors": [c.describe() for c in self.children],
+                "offline": self.offline, "embedded": self.embedded,
+                "actors": [c.describe() for c in self.children],
                 "listen": self.network.listen if self.network else None,
                 "curve": bool(self.network and self.network.curve)}
         tmp = self.run_dir / (STATE_FILE + ".tmp")

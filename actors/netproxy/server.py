@@ -12,8 +12,8 @@ setting to change; the proxy resolves names itself (the sandbox cannot).
 The request head is parsed by h11 (already a dependency); after it, bytes are
 relayed as they come. Bounded: `MAX_CONNECTIONS` at once (`MAX_PER_LIST` of them
 for one allowlist), the head within `HEAD_S` and 64 KiB, the upstream connect
-within `CONNECT_S`, `IDLE_S` without a byte either way ends a connection. A failed request is a status line and one
-line of text, never a traceback.
+within `CONNECT_S`, `IDLE_S` without a byte either way ends a connection. A failed
+request is a status line and one line of text, never a traceback.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from actors.offline_model.wire import Reply, count_tokens, text_chunks
 HELP_TEXT = (
     "I'm `offline`, the offline model (free: $0.00): no API key is configured, so I follow "
     'simple rules instead of thinking. I can run a command ("run `uname -a`"), read a '
-    'file ("read README.md"), list a directory ("list /tmp") or write a file ("write HELLO to notes.txt"), and '
+    'file ("read README.md"), list a directory ("list /tmp") or write a file '
+    '("write HELLO to notes.txt"), and '
     'several at once ("list /tmp and read README.md, then run `date`"). Set '
     "ANTHROPIC_API_KEY to talk to a real model."
 )

@@ -5,9 +5,9 @@ tools may do there (`oploop.toml`, `[agents.NAME]`):
 
 | mode | working directory | writable | tool user |
 |---|---|---|---|
-| `workspace-write` (default) | the session's cwd | the cwd, `write_paths`, a private /tmp | the cwd's owner |
-| `read-only` | the session's cwd | a private /tmp only | the cwd's owner |
-| `scratch` | an empty per-session workspace image | that workspace, a private /tmp | the session's own uid |
+| `workspace-write` (default) | the session's cwd | it, `write_paths`, a private /tmp | its owner |
+| `read-only` | the session's cwd | a private /tmp only | its owner |
+| `scratch` | an empty per-session workspace | it, a private /tmp | the session's uid |
 
 In the first two the rest of the file system is readable, as the tool user's
 permissions allow, except what is hidden; in `scratch` only the system's paths

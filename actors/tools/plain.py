@@ -144,7 +144,7 @@ def _shown(bound: float) -> str:
 
 def _check_schema(tool: str, schema: dict[str, Any]) -> None:
     """Refuse, at definition, a schema this module would not enforce in full."""
-    if schema.get("type") != "object" or not _TOP_KEYS >= schema.keys():
+    if schema.get("type") != "object" or not schema.keys() <= _TOP_KEYS:
         raise TypeError(f"tool {tool}: a plain schema is an object with {sorted(_TOP_KEYS)}")
     if schema.get("additionalProperties") is not False:
         raise TypeError(f"tool {tool}: a plain schema must forbid additional properties")
