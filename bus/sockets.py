@@ -19,6 +19,7 @@ a port is drained while `ZMQ_EVENTS` says POLLIN, never until `EAGAIN`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -52,6 +53,15 @@ _SEND_ONLY = {zmq.PUSH, zmq.PUB}
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                      | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+# What a connecting socket's monitor also follows, to notice a connection libzmq gave up.
+_CONNECTION_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED
+                      | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
+
+#: A connecting port disconnected without libzmq scheduling a reconnect within this
+#: long (it does at once when it means to) is connected again by the reactor: see
+#: `Reactor.watch_handshakes`. Also the pace of those reconnects (RECONNECT_IVL_MAX).
+REVIVE_AFTER_S = 0.5
 
 # Handshake failures that a retry cannot mend: the two sides are set up apart.
 _MISCONFIGURED = {int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH),
@@ -109,6 +119,13 @@ class Port:
         #: Where the message being handled came from (`identify` ports over TCP:
         #: "IP" as libzmq's Peer-Address gives it; None otherwise).
         self.peer_address: str | None = None
+        #: The address a connecting port connects to (None: it binds).
+        self.connect_to: str | None = None
+        #: Whether libzmq has dropped its connection for good (watched ports only:
+        #: `Reactor.watch_handshakes`), until the reactor connects it again.
+        self.abandoned = False
+        #: How often the reactor connected it again after libzmq gave up.
+        self.revived = 0
 
     # -- sending -----------------------------------------------------------------------
 
@@ -122,7 +139,15 @@ class Port:
             raise Closed(f"port {self.name} is closed")
         try:
             if peer is None:
-                self.sock.send(frame, _NOBLOCK)
+                try:
+                    self.sock.send(frame, _NOBLOCK)
+                except zmq.Again:
+                    if not self.abandoned:
+                        raise
+                    # libzmq dropped the connection (and the queue with it): connect
+                    # again now, and queue the frame on the new connection.
+                    self.reactor.revive(self)
+                    self.sock.send(frame, _NOBLOCK)
             else:
                 # Two sends, not send_multipart: its flag arithmetic on pyzmq's enums cost
                 # more than the sends. A refusal (EAGAIN, EHOSTUNREACH) comes on the first.
@@ -280,9 +305,12 @@ class Port:
 
     def statistics(self) -> dict[str, Any]:
         """Counters of this port: messages received, frames rejected by reason,
-        replies not delivered."""
-        return {"received": self.received, "rejected": dict(self.rejected),
-                "undelivered": self.undelivered}
+        replies not delivered (and `revived`: connections made again, when any)."""
+        out: dict[str, Any] = {"received": self.received, "rejected": dict(self.rejected),
+                               "undelivered": self.undelivered}
+        if self.revived:
+            out["revived"] = self.revived
+        return out
 
 
 class Reactor:
@@ -355,6 +383,7 @@ class Reactor:
             self, sock, name, handler,
             priority=priority, reply_errors=reply_errors, raw_handler=raw_handler,
         )
+        port.connect_to = connect
         self._serve(port)
         return port
 
@@ -369,9 +398,20 @@ class Reactor:
         (a CURVE key it does not admit, no CURVE on one side, another server key),
         and None once a handshake succeeds. A refused connection never delivers:
         without this, a request would only time out. A connection cut mid-handshake
-        (a peer restarting) is no refusal: libzmq connects again by itself."""
-        mon: zmq.Socket[bytes] = port.sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+        (a peer restarting) is no refusal: libzmq connects again by itself.
+
+        It also mends what libzmq does not: when something other than a ZeroMQ peer
+        answers at the address (an HTTP proxy or captive portal while the route to the
+        host is gone, another program on the port while the host is away), a CURVE
+        socket reads its bytes as a ZMTP 1.0 greeting, refuses it, and drops that
+        endpoint for good, with no handshake event and no reconnect: every later send
+        fails with EAGAIN, even once the host answers there again. So a disconnect
+        that no reconnect follows within `REVIVE_AFTER_S` (and that no refusal above
+        explains: a refused key is not retried) connects the endpoint again."""
+        mon: zmq.Socket[bytes] = port.sock.get_monitor_socket(
+            _HANDSHAKE_EVENTS | _CONNECTION_EVENTS)
         mon.setsockopt(zmq.LINGER, 0)
+        refused = [False]  # this connection's handshake was refused (no revival)
 
         def handle(frames: list[bytes]) -> None:
             try:
@@ -379,16 +419,50 @@ class Reactor:
             except RuntimeError:
                 return
             event, value = message["event"], int(message["value"])
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if event in (zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_DELAYED,
+                         zmq.EVENT_CONNECT_RETRIED):
+                port.abandoned = False  # libzmq is (still) at it
+                if event == zmq.EVENT_CONNECTED:
+                    refused[0] = False
+            elif event == zmq.EVENT_DISCONNECTED:
+                if not refused[0] and port.connect_to is not None:
+                    port.abandoned = True
+                    asyncio.get_running_loop().call_later(REVIVE_AFTER_S, self.revive, port)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 on_change(None)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                refused[0] = True
                 on_change("refused this key")
             elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value in _MISCONFIGURED:
+                refused[0] = True
                 on_change("failed the handshake (CURVE on one side only, or another "
                           "server key)")
 
         self._serve(Port(self, mon, f"{port.name}.monitor", None, priority=False,
                          reply_errors=False, raw_handler=handle))
+
+    def revive(self, port: Port) -> None:
+        """Connect `port` again if libzmq has given it up and still has not (see
+        `watch_handshakes`); also called by a send that finds it so."""
+        if not port.abandoned or port.closed or port not in self.ports:
+            return
+        address = port.connect_to
+        assert address is not None
+        port.abandoned = False
+        port.revived += 1
+        if port.revived <= 3 or port.revived % 100 == 0:
+            log.warning("%s: libzmq dropped its connection to %s for good (what answered "
+                        "there did not complete a ZMTP handshake: not a ZeroMQ peer?); "
+                        "connecting again [%d]", port.name, address, port.revived)
+        with contextlib.suppress(zmq.ZMQError):  # (the endpoint may be gone already)
+            port.sock.disconnect(address)
+        try:
+            port.sock.connect(address)
+        except zmq.ZMQError as exc:
+            log.warning("%s: cannot connect %s again: %s", port.name, address, exc)
+            return
+        port.pending = True
+        self.kick()
 
     def _signal(self, port: Port) -> None:
         """The fd of `port` fired: look at it in the next round."""

@@ -24,7 +24,7 @@ from actors.ask.tool import NAME, check, spec
 from actors.bounds import MAX_RESULT_CHARS, cut_text
 from bus.client import Client
 from bus.endpoints import Endpoints
-from bus.errors import BusError, RemoteError, RequestTimeout
+from bus.errors import Backpressure, BusError, RemoteError, RequestTimeout
 from bus.vocab import CancelMode
 
 log = logging.getLogger("oploop.ask")
@@ -117,6 +117,10 @@ class Asker:
                 return
             except RequestTimeout:
                 continue  # the link is down: ask again (a late ack is harmless)
+            except Backpressure as exc:  # not connected (yet): the link may come back
+                log.info("cannot cancel %s's session %s yet: %s", peer.name, session, exc)
+                await asyncio.sleep(link.RENEW_EVERY_S)
+                continue
             except BusError as exc:
                 log.warning("cannot cancel %s's session %s: %s", peer.name, session, exc)
                 return

@@ -102,12 +102,19 @@ class Namespace:
         ip("netns", "exec", self.name, "ip", *args)
 
     def cut(self) -> None:
-        """The link goes silent (both ends lose carrier)."""
-        ip("link", "set", self.outer_if, "down")
+        """The link goes silent: its far end (inside) goes down, so both ends lose
+        carrier and what is sent to `inner` is dropped, with no RST and no ICMP.
+
+        Not the near end: taking `outer_if` down deletes this namespace's route to
+        `inner`, so packets for it take the default route off the box instead, and
+        what answers there depends on the box (a sandbox's egress proxy answered any
+        port outside 32768..60999 with "HTTP/1.1 400" and refused the rest), not on
+        the link (`bench.netlink.Lab.cut` takes the machine's end down too)."""
+        self.exec_ip("link", "set", self.inner_if, "down")
 
     def mend(self) -> None:
         """The link comes back."""
-        ip("link", "set", self.outer_if, "up")
+        self.exec_ip("link", "set", self.inner_if, "up")
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):

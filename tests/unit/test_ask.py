@@ -93,3 +93,29 @@ def test_a_chatty_remote_is_capped_and_its_end_always_goes():
     (end,) = relay.feed(ev(11, "DONE", text="x" * (MAX_FIELD_CHARS + 10)), 11.0)
     assert end["dropped"] == 7
     assert len(end["event"]["data"]["text"]) < MAX_FIELD_CHARS + 40
+
+
+def test_a_cancel_not_yet_sendable_is_sent_again(monkeypatch):
+    """A remote run's cancel that cannot leave yet (Backpressure: no connection to the
+    peer) is tried again, like one that timed out, instead of being given up."""
+    import asyncio
+
+    from actors.ask import asker as asker_mod
+    from actors.ask.asker import Asker
+    from actors.ask.peers import Peer
+    from bus.errors import Backpressure
+
+    monkeypatch.setattr(asker_mod.link, "RENEW_EVERY_S", 0.01)
+
+    class Client:
+        calls = 0
+
+        async def cancel(self, session, mode, reason, **_):
+            Client.calls += 1
+            if Client.calls < 3:
+                raise Backpressure("client.control: not connected")
+
+    peer = Peer("b", "tcp://127.0.0.1:7480", None)
+    ask = Asker({"b": peer})
+    asyncio.run(ask._send_cancel(Client(), peer, "s1"))  # type: ignore[arg-type]
+    assert Client.calls == 3 and ask.counts["cancels_sent"] == 3
