@@ -172,9 +172,12 @@ class Client:
         Sent again every `START_RESEND_S` without a reply, until `timeout`: a
         supervisor restarting loses what it had not answered. Every resend carries
         the same key, so the run starts once however many arrive. `lease_s` > 0: the
-        run is cancelled unless `renew` keeps it, at least that often.
+        run is cancelled unless `renew` keeps it, at least that often. `cwd`: the
+        session's working directory (None: this process's; "": none of the client's
+        choosing, the agent's `cwd` or the session's scratch workspace).
         """
-        body = StartRun(prompt, session, agent, max_turns, deadline_s, cwd or os.getcwd(),
+        body = StartRun(prompt, session, agent, max_turns, deadline_s,
+                        os.getcwd() if cwd is None else cwd,
                         key=secrets.token_hex(8), lease_s=lease_s, machine=machine)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout

@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -278,9 +277,11 @@ async def start_session(request: web.Request) -> web.Response:
     deadline_s = field(body, "deadline_s", (int, float), 0.0)
     if max_turns < 0 or deadline_s < 0:
         raise ApiError(400, "bad_request", "max_turns and deadline_s must be >= 0")
+    # No directory unless the request names one (the gateway's own is nobody's choice):
+    # the agent's `cwd`, else the session's scratch workspace.
     reply = await gw.client.start(prompt, agent=field(body, "agent", str, ""),
                                   max_turns=max_turns, deadline_s=float(deadline_s),
-                                  cwd=field(body, "cwd", str, "") or os.getcwd())
+                                  cwd=field(body, "cwd", str, ""))
     return started(reply.session, reply.run, reply.from_seq)
 
 

@@ -108,6 +108,10 @@ log = logging.getLogger("oploop.supervisor")
 #: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
 CONTROLLERS = frozenset({None, "local", "control"})
 
+#: The role of a remote user's key: all a local user may do, but in no directory of its
+#: choosing (its path names a directory of another machine).
+CONTROL = "control"
+
 #: The role of another host's key (`ask_machine`): it may start new runs (in no
 #: directory of its choosing), and cancel and renew the runs it started; nothing else.
 PEER = "peer"
@@ -211,6 +215,12 @@ class Runs:
             # a lease, whatever its client sent.
             req = dataclasses.replace(req, cwd="",
                                       lease_s=req.lease_s or PEER_DEFAULT_LEASE_S)
+        elif _role(user) == CONTROL and req.cwd:
+            # A path sent over TCP names a directory of the client's machine, and the
+            # tools would act there as its owner: a remote key never chooses it (the
+            # agent's `cwd`, else the session's scratch workspace). Only the host's own
+            # user (ipc, or the host's key) starts runs in a directory of their choosing.
+            req = dataclasses.replace(req, cwd="")
         known = self.sup.started_by(req.key)
         if known is not None:  # a resend: the first one started the run
             self.sup.reply_committed(Envelope(known, id=env.id, sid=known.session), peer)

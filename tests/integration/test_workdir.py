@@ -84,3 +84,43 @@ def test_the_tools_work_in_the_directory_the_run_started_in(
             assert "working directory" in refused.stderr
         status = oploop(short_home, "status", "--json", env=ENV)
         assert json.loads(status.stdout)["agents"]["default"]["sandbox"] == "workspace-write"
+
+
+def test_a_remote_control_key_never_chooses_the_working_directory(
+        short_home: str, project: tuple[Path, int]) -> None:
+    """A path sent over TCP names a directory of the client's machine, where the tools
+    would act as its owner: the run works in its scratch workspace instead, while the
+    local user's start in the same directory works there."""
+    import asyncio
+
+    from ports import free_ports
+
+    from bus.client import Client
+    from bus.endpoints import Endpoints
+
+    proj, _ = project
+    listen = f"tcp://127.0.0.1:{free_ports()}"
+    Path(short_home, "oploop.toml").write_text(f'[network]\nlisten = "{listen}"\n')
+    with running_host(short_home, ENV):
+        added = oploop(short_home, "keys", "add", "laptop", "--role", "control")
+        assert added.returncode == 0, added.stderr
+        laptop = Path(short_home) / "keys" / "issued" / "laptop"
+
+        async def pwd(client: Client) -> str:
+            started = await client.start("run `pwd`", cwd=str(proj))
+            events = [e async for e in client.events(started.session, stop_at="first")]
+            assert events[-1]["type"] == "DONE", events[-1]
+            (end,) = [e["data"] for e in events if e["type"] == "TOOL_END"]
+            assert not end["is_error"], end
+            return str(end["output"]).strip()
+
+        async def scenario() -> tuple[str, str]:
+            async with Client.connect(endpoints=Endpoints.elsewhere(listen, laptop)) as far:
+                remote = await pwd(far)
+            async with Client.connect(Path(short_home)) as near:
+                local = await pwd(near)
+            return remote, local
+
+        remote, local = asyncio.run(scenario())
+        assert local == str(proj)
+        assert remote != str(proj) and not remote.startswith(str(proj.parent)), remote
