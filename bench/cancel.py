@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -121,10 +122,8 @@ class _Session:
             survivors = [p for p in self.pids if _alive(p)]
             out["tree_survivors"] = len(survivors)
             for pid in survivors:  # killed here, never left behind
-                try:
+                with contextlib.suppress(psutil.Error):
                     psutil.Process(pid).kill()
-                except psutil.Error:
-                    pass
         assert self.viewer is not None
         await self.viewer
         return out
@@ -198,7 +197,8 @@ def table(result: dict[str, Any]) -> str:
             if s:
                 lines.append(f"{via:<9}{label:<22}{s['p50']:>9}{s['p99']:>9}{s['max']:>9}"
                              f"{s['n']:>5}")
-        lines.append(f"{via:<9}{'trees with survivors':<22}{result[via]['trees_with_survivors']:>9}")
+        survivors = result[via]['trees_with_survivors']
+        lines.append(f"{via:<9}{'trees with survivors':<22}{survivors:>9}")
     return "\n".join(lines)
 
 

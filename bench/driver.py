@@ -9,6 +9,7 @@ time is the supervisor's own view: from one turn's start to the next one's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,10 +84,8 @@ class Driver:
 
     async def __aexit__(self, *exc: object) -> None:
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
         self._reactor.close()
         await self._client_cm.__aexit__(None, None, None)
 
@@ -113,7 +112,8 @@ class Driver:
         run = self._run(started.session)
         await asyncio.wait_for(run.done.wait(), timeout)
         if run.terminal != "DONE" or len(run.starts) != turns:
-            raise RuntimeError(f"run ended {run.terminal} {run.stop!r} after {len(run.starts)} turns")
+            raise RuntimeError(f"run ended {run.terminal} {run.stop!r} after "
+                               f"{len(run.starts)} turns")
         return run
 
     async def many(self, sessions: int, turns: int, timeout: float = 300.0) -> float:
@@ -129,5 +129,6 @@ class Driver:
         elapsed = time.perf_counter() - t0
         bad = [r for r in runs if r.terminal != "DONE"]
         if bad:
-            raise RuntimeError(f"{len(bad)} of {sessions} runs ended {bad[0].terminal} {bad[0].stop!r}")
+            raise RuntimeError(f"{len(bad)} of {sessions} runs ended {bad[0].terminal} "
+                               f"{bad[0].stop!r}")
         return (self.turns_ended - before) / elapsed

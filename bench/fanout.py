@@ -95,7 +95,7 @@ async def _view(home: str, sid: str, pause_s: float, streaming_over: Any) -> dic
                 lat.append(now - data["t0"])
                 push_lat.append(now - ev["ts"])
             if pause_s and not streaming_over.is_set():
-                time.sleep(pause_s)  # blocking on purpose: this viewer is slow
+                time.sleep(pause_s)  # noqa: ASYNC251 - blocking on purpose: a slow viewer
     return {
         "events": seqs, "last_seq": expected - 1, "gaps": gaps, "digest": digest.hexdigest(),
         "token_events": len(lat), "deltas": deltas, "span_s": last - first,
@@ -366,7 +366,8 @@ def table(result: dict[str, Any]) -> str:
         f"{'yes' if c['slow_within_10pct'] else 'NO'}"
     )
     lines.append("p50/p99: first delta of a batch produced -> viewer (batching delay included); "
-                 "push: event pushed to the broadcaster -> viewer. The extra viewer is not counted in the "
+                 "push: event pushed to the broadcaster -> viewer. The extra viewer is not "
+                 "counted in the "
                  "figures; 'missed live' counts events a viewer got from replay instead.")
     return "\n".join(lines)
 

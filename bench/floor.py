@@ -12,6 +12,7 @@ Raw pyzmq (blocking REQ/REP, no codec, no asyncio) is given beside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -108,10 +109,8 @@ async def _reactor_figures(address: str, server_pid: int, quick: bool) -> dict[s
         echo_cpu = (_cpu(me) + _cpu(peer) - cpu0) / n
     finally:
         task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
         reactor.close()
     return {"rtt_p50_s": median(rtts), "rtt_p99_s": percentile(rtts, 99), "echo_msg_s": rate,
             "rtt_cpu_s": rtt_cpu, "echo_cpu_s": echo_cpu}

@@ -1,9 +1,10 @@
 """Memory: what an idle host holds, and what each idle session adds.
 
 Measured with the scripted model (no offline model process, no SDK), and
-for comparison with the default model set-up. RSS counts every resident page of each process, shared or not; PSS divides a
-shared page among the processes sharing it, the fairer sum for processes that
-share code. Both are summed over the host and every process under it. Then
+for comparison with the default model set-up. RSS counts every resident page of each
+process, shared or not; PSS divides a shared page among the processes sharing it, the
+fairer sum for processes that share code. Both are summed over the host and every
+process under it. Then
 1000 sessions are opened (one short run each, then idle) and the added RSS,
 over all processes, is divided by their number.
 """

@@ -92,7 +92,7 @@ def openai_agents_runner(target: str) -> Callable[[int], Awaitable[Timing]]:
             if n <= self.turns:
                 item: Any = ResponseFunctionToolCall(
                     type="function_call", call_id=f"c{n}", name="read_file",
-                    arguments='{"path": "%s"}' % target, id=f"fc{n}", status="completed",
+                    arguments=f'{{"path": "{target}"}}', id=f"fc{n}", status="completed",
                 )
             else:
                 item = ResponseOutputMessage(

@@ -88,9 +88,8 @@ async def _one(client: Client, model: _Model, phase: str) -> float:
     async for event in client.events(started.session, started.from_seq, stop_at="first"):
         if event["type"] == "RETRY" and retry_ts is None:
             retry_ts = event["ts"]
-        elif event["type"] in TERMINAL:
-            if retry_ts is None or event["type"] != "DONE":
-                raise RuntimeError(f"{phase}: no retry, or the run ended {event['type']}")
+        elif event["type"] in TERMINAL and (retry_ts is None or event["type"] != "DONE"):
+            raise RuntimeError(f"{phase}: no retry, or the run ended {event['type']}")
     assert retry_ts is not None
     return float(retry_ts) - model.server.last_stall_at
 

@@ -72,7 +72,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
     def line(row: list[str]) -> str:
         return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
 
     sep = "  ".join("-" * w for w in widths)

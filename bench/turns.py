@@ -90,7 +90,8 @@ def run(quick: bool) -> dict[str, Any]:
                 # the peers on the default asyncio loop, as their users run them
                 result["systems"][name] = asyncio.run(_peer(name, target, runs))
             except ImportError as exc:
-                result["systems"][name] = {"error": f"not installed ({exc.name}): ./scripts/bench installs it"}
+                result["systems"][name] = {
+                    "error": f"not installed ({exc.name}): ./scripts/bench installs it"}
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -36,10 +37,8 @@ def no_leaked_processes():
         psutil.wait_procs([psutil.Process(p) for p in leaked if psutil.pid_exists(p)], timeout=0.2)
         leaked = {p for p in _children() - before if psutil.pid_exists(p)}
     for pid in leaked:
-        try:
+        with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
     assert not leaked, f"test leaked processes: {sorted(leaked)}"
 
 

@@ -57,7 +57,8 @@ async def run_with(scenario, prompt, **kw):
 
 
 def test_output_is_parsed_into_a_dataclass_after_one_repair():
-    scenario = [reply("It is mild in Oslo."), reply('```json\n{"city": "Oslo", "temp_c": 3.5}\n```')]
+    scenario = [reply("It is mild in Oslo."),
+                reply('```json\n{"city": "Oslo", "temp_c": 3.5}\n```')]
     result = asyncio.run(run_with(scenario, "weather?", output_type=Weather))
     assert result.output == Weather("Oslo", 3.5)
     ends = [e["data"]["stop"] for e in result.events if e["type"] == "TURN_END"]

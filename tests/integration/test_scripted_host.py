@@ -59,13 +59,15 @@ def test_long_sessions_on_two_callers_keep_their_whole_history(scripted_host, tm
                 done = events[-1]["data"]
                 assert (done["text"], done["turns"], done["stop"]) == ("finished", 26, "end_turn")
                 ends = [e for e in events if e["type"] == "TOOL_END"]
-                assert len(ends) == 25 and all("scripted hello" in e["data"]["output"] for e in ends)
+                assert len(ends) == 25
+                assert all("scripted hello" in e["data"]["output"] for e in ends)
                 info = await client.inspect(run.session)
                 assert len(info.history) == 52 and is_valid(info.history)
             # a follow-up plays the scenario again on top of the kept history
             more = await client.start("once more", session=runs[0].session, max_turns=30,
                                       cwd=cwd)
-            last = [e async for e in client.events(more.session, more.from_seq, stop_at="first")][-1]
+            events = client.events(more.session, more.from_seq, stop_at="first")
+            last = [e async for e in events][-1]
             assert last["data"]["turns"] == 26
             assert len((await client.inspect(more.session)).history) == 104
 

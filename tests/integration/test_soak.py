@@ -6,7 +6,8 @@ executor and the offline model, at set times while sessions run. What is asserte
 does not depend on where the kills land: every session ends with exactly one
 terminal event (DONE; CANCELLED for those the driver cancels, once acknowledged),
 every viewer's events are contiguous and identical (and identical to the stored
-log), every actor came back, and nothing is left after `oploop down`. RSS is reported but checked only by the script (a timing-ish figure).
+log), every actor came back, and nothing is left after `oploop down`. RSS is reported
+but checked only by the script (a timing-ish figure).
 """
 
 from __future__ import annotations

@@ -226,11 +226,10 @@ def test_workspaces_settings_are_read() -> None:
 
 
 def test_the_executor_answers_a_refused_workspace_as_the_tool_s_error(home: Path) -> None:
+    from actors.config import Agent, Config
     from actors.executor.actor import Executor
     from bus.endpoints import Endpoints
     from bus.messages import Envelope, ToolJob, ToolResult
-
-    from actors.config import Agent, Config
 
     (home / "sandbox.toml").write_text("[workspaces]\nreserve_mb = 1000000000\n")
     # Scratch mode: the calls' working directory is the session's workspace image.

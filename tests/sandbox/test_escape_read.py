@@ -369,7 +369,8 @@ def test_default_home_under_a_0700_directory(root_home: Path) -> None:
 
         (sh, sh_err), (wr, wr_err), (rd, rd_err), (ls, ls_err), (peek, peek_err) = (
             asyncio.run(session()))
-        assert not sh_err and sh.startswith("hi\n") and sh.split()[-1] == str(os.stat(ws).st_uid), sh  # the session's uid
+        assert not sh_err and sh.startswith("hi\n"), sh
+        assert sh.split()[-1] == str(os.stat(ws).st_uid), sh  # the session's uid
         assert not wr_err, wr
         assert not rd_err and rd == "written", rd
         assert not ls_err and {"f", "g.txt"} <= set(ls.splitlines()), ls

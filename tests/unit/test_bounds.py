@@ -14,10 +14,10 @@ import pytest
 from actors import bounds
 from actors.bounds import cut_line, cut_reason, cut_text, estimate, fit_messages, size_of
 from actors.config import Agent, ConfigError, Limits, parse_config
+from actors.core.request import build_request
 from actors.mcp.hub import McpHub
 from actors.mcp.results import outcome_of
 from actors.mcp.servers import McpServer
-from actors.core.request import build_request
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")

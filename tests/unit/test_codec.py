@@ -11,7 +11,8 @@ from bus.messages import MESSAGE_TYPES, Envelope, Event, StartRun, ToolJob
 
 
 def test_round_trip_keeps_every_field():
-    env = Envelope(Event(3, "TOKEN", 1, 1.5, {"text": "hi"}), id="m1", sid="s1", job="j", deadline=9.0)
+    env = Envelope(Event(3, "TOKEN", 1, 1.5, {"text": "hi"}), id="m1", sid="s1", job="j",
+                   deadline=9.0)
     assert decode(encode(env)) == env
 
 
@@ -51,4 +52,5 @@ def test_bool_is_not_an_int():
     frame = msgpack.packb([1, "start_run", "", "", "", 0, {"prompt": "x", "max_turns": True}])
     with pytest.raises(BadFrame):
         decode(frame)
-    assert decode(encode(Envelope(ToolJob("shell", {"command": "ls"})))).body.input == {"command": "ls"}
+    job = Envelope(ToolJob("shell", {"command": "ls"}))
+    assert decode(encode(job)).body.input == {"command": "ls"}

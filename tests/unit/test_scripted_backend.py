@@ -22,12 +22,17 @@ def request(messages, session="s1"):
             "metadata": {"user_id": session}, "tools": [{"name": "read_file"}]}
 
 
+def _collect(into: list[str]):
+    """An `on_delta` that keeps each delta's text in `into`."""
+    return lambda _channel, text: into.append(text)
+
+
 def play(backend, messages, session="s1"):
     """Answer like the loop would: append each reply and a result, until no tool is asked."""
     replies = []
     for _ in range(10):
-        got = []
-        reply = asyncio.run(backend.stream(request(messages, session), lambda c, t: got.append(t),
+        got: list[str] = []
+        reply = asyncio.run(backend.stream(request(messages, session), _collect(got),
                                            bounds=StreamBounds(), timeout_s=1))
         replies.append((reply, "".join(got)))
         messages.append({"role": "assistant", "content": reply["content"]})

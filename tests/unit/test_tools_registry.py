@@ -50,7 +50,8 @@ def test_schema_types_required_and_defaults() -> None:
     assert props["count"] == {"type": "integer"}
     assert props["ratio"] == {"type": "number", "default": 0.5}
     assert props["loud"] == {"type": "boolean", "default": False}
-    assert props["words"]["anyOf"] == [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
+    assert props["words"]["anyOf"] == [{"type": "array", "items": {"type": "string"}},
+                                       {"type": "null"}]
 
 
 def test_schema_has_no_noise_and_is_json() -> None:
@@ -115,7 +116,8 @@ def test_validate_returns_kwargs() -> None:
         ),
     ],
 )
-def test_validation_errors_name_the_field(data: dict[str, object], field: str, message: str) -> None:
+def test_validation_errors_name_the_field(data: dict[str, object], field: str,
+                                          message: str) -> None:
     with pytest.raises(ToolInputError) as info:
         demo.validate(data)
     assert info.value.tool == "demo"
@@ -152,7 +154,8 @@ def test_validation_rejects_non_object() -> None:
         ("async def f(x: int) -> str:\n    return ''", "needs a docstring"),
         ("async def f(x) -> str:\n    'Doc.'\n    return ''", "needs a type hint"),
         ("async def f(*xs: int) -> str:\n    'Doc.'\n    return ''", "must be a named parameter"),
-        ("async def f(ctx: int) -> str:\n    'Doc.'\n    return ''", "must be annotated ToolContext"),
+        ("async def f(ctx: int) -> str:\n    'Doc.'\n    return ''",
+         "must be annotated ToolContext"),
     ],
 )
 def test_decorator_rejects_bad_functions(source: str, message: str) -> None:
@@ -264,7 +267,8 @@ def test_invoke_tool_timeout_error_is_not_a_deadline() -> None:
 
 def test_invoke_deadline_already_passed() -> None:
     blocker = Blocker()
-    out = asyncio.run(invoke(Catalogue([blocker.tool]), "block", {}, ToolContext(Path("."), time.time() - 1)))
+    past = ToolContext(Path("."), time.time() - 1)
+    out = asyncio.run(invoke(Catalogue([blocker.tool]), "block", {}, past))
     assert out == ToolOutcome("block: deadline passed before the call started", True)
     assert not blocker.started.is_set()
 

@@ -1,6 +1,7 @@
 """The shell tool: output, exit status, caps, and that no process outlives a call."""
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +53,7 @@ async def wait_pids(pid_file: Path, count: int) -> list[psutil.Process]:
     """Wait until the command has written `count` pids (one per line) and return them."""
     deadline = time.monotonic() + BOUND_S
     while True:
-        text = pid_file.read_text() if pid_file.exists() else ""
+        text = pid_file.read_text() if pid_file.exists() else ""  # noqa: ASYNC240 - a tiny file
         if text.count("\n") >= count:
             procs = [psutil.Process(int(pid)) for pid in text.split()[:count]]
             assert all(is_alive(p) for p in procs)
@@ -100,10 +101,8 @@ def test_background_child_killed_after_normal_exit(tmp_path: Path) -> None:
     assert not out.is_error
     # The sleep held our pipe open: returning at all shows it was dealt with.
     pid = int(out.output)
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         wait_gone([psutil.Process(pid)])
-    except psutil.NoSuchProcess:
-        pass
 
 
 def test_timeout_kills_the_tree(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -63,8 +64,8 @@ class ScriptedIO:
         assert not self.replies, f"{len(self.replies)} scripted replies never asked for"
 
 
-def run(io, prompt="go", agent=Agent(), max_turns=0):
-    session = Session("s1", agent, "/tmp")
+def run(io, prompt="go", agent=None, max_turns=0):
+    session = Session("s1", agent or Agent(), "/tmp")
     asyncio.run(run_session(session, io, prompt, max_turns))
     return session
 
@@ -92,7 +93,8 @@ def test_reminders_are_sent_but_not_stored():
     session = run(io)
     system = " ".join(b["text"] for b in io.requests[0]["system"])
     assert "Identity:" in system and "Identity:" not in str(session.history)
-    assert io.requests[0]["temperature"] == 0.3 and io.requests[0]["tool_choice"] == {"type": "auto"}
+    assert io.requests[0]["temperature"] == 0.3
+    assert io.requests[0]["tool_choice"] == {"type": "auto"}
 
 
 def test_turn_limit_ends_with_a_valid_history():
@@ -133,10 +135,8 @@ def test_cancel_mid_tool_leaves_a_valid_history_and_one_terminal_event():
         while "TOOL_START" not in types(io):
             await asyncio.sleep(0)
         task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
 
     asyncio.run(main())
     assert types(io)[-1] == "CANCELLED" and types(io).count("CANCELLED") == 1
