@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
     from actors.config import Limits
-    from actors.sandbox.sandbox import Sandbox, SandboxedChild
+    from actors.sandbox.child import SandboxedChild
+    from actors.sandbox.sandbox import Sandbox
 
 log = logging.getLogger("oploop.mcp")
 
@@ -217,8 +218,8 @@ class McpHub:
             if sandbox is None:
                 raise McpServerError(config.name, "no sandbox here: a stdio server runs only "
                                                   "in an executor's sandbox")
+            from actors.sandbox.launchspec import Extra
             from actors.sandbox.network import access
-            from actors.sandbox.sandbox import Extra
 
             argv = resolved(config.command, config.name)
             policy = sandbox.config.policy("shell")
