@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.bounds import cut_line, cut_text, schema_chars
+from actors.configparts.limits import Limits
 from actors.tools.spec import ToolSpec
 
 from .config import McpServerConfig
@@ -48,7 +49,6 @@ from .transport import Fault, StderrTail, sandboxed_stdio
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
-    from actors.config import Limits
     from actors.sandbox.child import SandboxedChild
     from actors.sandbox.sandbox import Sandbox
 
@@ -76,8 +76,6 @@ class McpHub:
     def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
                  on_change: Callable[[], None], reserved: frozenset[str] = frozenset(),
                  limits: Limits | None = None, run_dir: Path | None = None) -> None:
-        from actors.config import Limits  # (at run time: actors.config imports mcp.config)
-
         self.limits = limits or Limits()
         self.sandbox = sandbox
         #: The host's runtime dir: its `net/` holds the network proxy's sockets.
