@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from actors.netproxy.allowlist import NONE, NetworkSetting, parse_network
+from actors.allowlist import NONE, NetworkSetting, parse_network
 
 from .checks import ConfigError, as_table, record
 
@@ -77,7 +77,7 @@ class Agent:
     #: Seconds a call under `ask` waits for a decision before it is denied.
     approval_timeout_s: float = 600.0
     #: What `shell` may reach: "none" (no socket at all), "all" (the host's network), or
-    #: a tuple of allowed hosts (`actors.netproxy.allowlist`), reached through the host's
+    #: a tuple of allowed hosts (`actors.allowlist`), reached through the host's
     #: filtering proxy (docs/sandbox.md, "Network").
     network: NetworkSetting = NONE
 

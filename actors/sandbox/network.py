@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.netproxy.allowlist import ALL, NONE, NetworkSetting, socket_name
+from actors.allowlist import ALL, NONE, NetworkSetting, socket_name
 from actors.tools.process import ToolRefused
 
 from . import seccomp

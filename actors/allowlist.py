@@ -3,7 +3,9 @@
 Pure: no sockets, no resolving. The configuration parses a setting here (an
 agent's `network`, an MCP server's), the executor and the proxy name the
 proxy's socket of each allowlist the same way (`socket_name`), and the proxy
-asks `Allowlist.allows(host, port)` for every request.
+asks `Allowlist.allows(host, port)` for every request. It stands beside the
+configuration, not in `netproxy/`: the config, the sandbox and the MCP servers
+read settings here, and none of them needs the proxy.
 
 An entry is a host name (`pypi.org`), a wildcard over its subdomains
 (`*.corp.example`: `a.corp.example`, `b.a.corp.example`, not `corp.example`
