@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.netproxy.allowlist import socket_name
+from actors.allowlist import socket_name
 from actors.runtime import read_ready_line
 from actors.sandbox import Policy, Sandbox, SandboxConfig, release_all
 from actors.sandbox.network import NetAccess, Proxied

@@ -285,7 +285,7 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
 
 def _wants_netproxy(settings: Settings) -> bool:
     """Whether some agent or MCP server of the configuration has a network allowlist."""
-    from actors.netproxy.allowlist import allowlists
+    from actors.allowlist import allowlists
 
     return bool(allowlists(settings.config))
 

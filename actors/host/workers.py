@@ -187,8 +187,8 @@ class WorkerMachine:
 def _has_allowlist(env: dict[str, str]) -> bool:
     """Whether the configuration the workers started with `env` read has a network
     allowlist (a configuration they cannot read: they say so themselves)."""
+    from actors.allowlist import allowlists
     from actors.config import ConfigError
-    from actors.netproxy.allowlist import allowlists
     from actors.settings import load_settings
 
     try:

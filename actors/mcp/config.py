@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.netproxy.allowlist import ALL, NONE, NetworkSetting, parse_network
+from actors.allowlist import ALL, NONE, NetworkSetting, parse_network
 
 #: A server's name becomes part of every tool name it offers (`mcp__NAME__tool`), which
 #: the Messages API limits to `[a-zA-Z0-9_-]{1,64}`: kept short and plain on purpose.

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.bounds import cut_line, cut_text, schema_chars
+from actors.configparts.limits import Limits
 from actors.tools.spec import ToolSpec
 
 from .config import McpServerConfig
@@ -48,8 +49,8 @@ from .transport import Fault, StderrTail, sandboxed_stdio
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
-    from actors.config import Limits
-    from actors.sandbox.sandbox import Sandbox, SandboxedChild
+    from actors.sandbox.child import SandboxedChild
+    from actors.sandbox.sandbox import Sandbox
 
 log = logging.getLogger("oploop.mcp")
 
@@ -75,8 +76,6 @@ class McpHub:
     def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
                  on_change: Callable[[], None], reserved: frozenset[str] = frozenset(),
                  limits: Limits | None = None, run_dir: Path | None = None) -> None:
-        from actors.config import Limits  # (at run time: actors.config imports mcp.config)
-
         self.limits = limits or Limits()
         self.sandbox = sandbox
         #: The host's runtime dir: its `net/` holds the network proxy's sockets.
@@ -217,8 +216,8 @@ class McpHub:
             if sandbox is None:
                 raise McpServerError(config.name, "no sandbox here: a stdio server runs only "
                                                   "in an executor's sandbox")
+            from actors.sandbox.launchspec import Extra
             from actors.sandbox.network import access
-            from actors.sandbox.sandbox import Extra
 
             argv = resolved(config.command, config.name)
             policy = sandbox.config.policy("shell")

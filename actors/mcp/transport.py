@@ -32,7 +32,7 @@ from actors.tools.process import release
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
-    from actors.sandbox.sandbox import SandboxedChild
+    from actors.sandbox.child import SandboxedChild
 
 #: Longest line (one message) read from a server: a tool's result can be large (an
 #: image), but a server that never ends its line must not take the executor's memory.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.netproxy.allowlist import allowlists
+from actors.allowlist import allowlists
 from actors.netproxy.server import NetProxy
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings

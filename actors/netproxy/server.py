@@ -32,7 +32,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import h11
 
-from .allowlist import Allowlist, BadEntry, normal_host, split_host_port
+from actors.allowlist import Allowlist, BadEntry, normal_host, split_host_port
 
 log = logging.getLogger("oploop.netproxy")
 

@@ -28,9 +28,11 @@ missing refuses the call (`SandboxRefused`) unless `sandbox.toml` lowers it.
 
 from . import bwrap
 from .cgroups import Limits
+from .child import SandboxedChild
 from .layers import layers_report, machine_layers
 from .policy import LAYERS, Policy, PolicyError, SandboxConfig
-from .sandbox import Sandbox, SandboxedChild, SandboxRefused, SandboxStatistics
+from .refusal import SandboxRefused
+from .sandbox import Sandbox, SandboxStatistics
 from .workspaces import WorkspaceQuota, WorkspaceRefused, Workspaces, release_all
 
 __all__ = [

@@ -1,20 +1,27 @@
-"""What a sandboxed call's launch spec is made of: namespaces, rlimits, hidden paths, masks.
+"""A sandboxed call's launch spec: what it is made of, and `build_spec` that assembles it.
 
-The pieces `Sandbox` puts in the spec it hands the launcher (`launcher.py`),
-computed in the executor: the namespaces to unshare, the rlimits, the paths
-hidden under a tmpfs, the copies of /sys and /proc/sys a tool may read, and
-the system paths a read may see.
+The spec `Sandbox` hands the launcher (`launcher.py`), computed in the executor
+from the policy, the machine's layers and the call's view: the namespaces to
+unshare, the rlimits, the paths hidden under a tmpfs, the copies of /sys and
+/proc/sys a tool may read, the system paths a read may see, Landlock's rules,
+the seccomp filter and the tool's environment; `Extra` adds what an MCP server
+may use beyond its policy.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from . import hostview
+from . import bwrap, hostview, modes, seccomp
 from . import launcher as launcher_mod
-from .cgroups import Limits
-from .policy import SYSTEM_RO_PATHS, Policy
+from .cgroups import CallCgroup, Hierarchies, Limits
+from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy
+from .refusal import uses_bwrap
 
 _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 TMPFS_SIZE = "64m"
@@ -102,3 +109,142 @@ def _tree_ro() -> tuple[str, ...]:
         out.append(path)
     out += [d for d in _TREE_DEVICES if os.path.exists(d)]
     return tuple(dict.fromkeys(out))
+
+
+def private_tmp(cwd: Path, view: modes.WorkView | None) -> list[str]:
+    """The private temporary directories a command may write: in read-only mode never
+    one holding the working directory (bound back inside it: a rule on it would make
+    the working directory writable too)."""
+    if view is None or view.mode != modes.READ_ONLY:
+        return list(_PRIVATE_TMP)
+    return [p for p in _PRIVATE_TMP if not cwd.is_relative_to(p)]
+
+
+def build_spec(
+    policy: Policy,
+    cwd: Path,
+    call: CallCgroup | None,
+    call_uid: int,
+    *,
+    layers: dict[str, str],
+    hier: Hierarchies,
+    executor_limits: Limits,
+    hide: tuple[str, ...],
+    argv: list[str] | None,
+    op: tuple[str, dict[str, Any]] | None,
+    readable: tuple[str, ...] = (),
+    view: modes.WorkView | None = None,
+) -> dict[str, object]:
+    """The launch spec of one call (`launcher.py` reads it): run `argv`, or the file
+    operation `op`, under `policy` with the machine's `layers` (name -> "" when
+    present), as `call_uid`, in `call`'s cgroup (capped by `executor_limits`),
+    with the `hide` paths hidden, in the call's `view`."""
+    on = {layer for layer in LAYERS if policy.applies(layer) and not layers.get(layer)}
+    reading = op is not None and op[0] != "write"
+    offline = policy.network == "none" or reading
+    ns = "namespaces" in on
+    uid = call_uid if "uid" in on else -1
+    # The user's own files (workspace-write, read-only), or only the system's (scratch).
+    tree = view is not None and not view.confined
+    unshare = _unshare_flags(offline) if ns else 0
+    if reading and ns:
+        # A read needs no network, ipc or uts namespace (seccomp refuses it sockets):
+        # only the mounts (what it may see) and the pid namespace (a fresh /proc).
+        unshare = launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWPID
+    # Only those present now (one made during the call is the call's own doing): each
+    # costs the launcher a few stats and a pass over the mount table.
+    hidden = [p for p in view.hidden if os.path.lexists(p)] if view is not None else []
+    homes = [] if tree else list(_HOMES)
+    spec: dict[str, object] = {
+        # On the user's files these three hold the rest out of reach (`check_layers`): never
+        # skipped when they fail at launch, whatever the policy says.
+        "required": sorted({layer for layer in LAYERS if policy.requires(layer)}
+                           | ({"namespaces", "landlock", "uid"} if tree else set())),
+        "cgroup": (call.launch_spec(hier, _within(policy.limits, executor_limits))
+                   if call else None),
+        "pdeathsig": "pdeathsig" in on,
+        "ppid": os.getpid(),
+        # A session uid's RLIMIT_NPROC bounds that session alone; the user's own uid
+        # counts all their processes on the machine: the call's cgroup bounds it.
+        "rlimits": _rlimits(policy, uid >= 0 and not tree) if "rlimits" in on else [],
+        "unshare": unshare,
+        "hide": [(p, "0755") for p in homes] + [(p, "1777") for p in _PRIVATE_TMP]
+        + [(p, "0755") for p in hide] + [(p, "0000") for p in hidden],
+        "secret": list(hide) + hidden,
+        "keep": [str(cwd)] + ([p for p in view.writable if p != str(cwd)] if tree else []),
+        "readable": list(readable) if reading and not tree else [],
+        "tmpfs_size": TMPFS_SIZE,
+        "private_run": hostview.private_run(cwd) if ns else [],
+        "mask": _masks() if ns else [],
+        # A read takes absolute paths, and its session may have no workspace yet.
+        "cwd": "/" if reading else str(cwd),
+        "uid": uid,
+        "gid": view.gid if tree and uid >= 0 else uid,
+        "landlock": None,
+        "seccomp": (seccomp.build(network=not offline, unix=policy.unix_sockets)
+                    if "seccomp" in on else None),
+    }
+    if uid >= 0 and ns and (view is None or view.confined or not view.user_known):
+        # The tool user has a name and a home in its view (`whoami`, `id -un`).
+        name = view.user if view is not None else "sandbox"
+        home = view.home if view is not None and view.home else str(cwd)
+        gid = view.gid if tree and view is not None else uid
+        spec["passwd"] = modes.passwd_lines(uid, gid, name, home)
+    if "landlock" in on:
+        rw: list[str] = []
+        if op is None or op[0] == "write":
+            rw += list(view.writable) if tree else [str(cwd)]
+        if op is None:
+            rw += list(RW_DEVICES) + (private_tmp(cwd, view) if ns else [])
+        if tree:
+            ro = list(_tree_ro()) + list(policy.ro_paths)
+        else:
+            system = (*_reads_system_ro(), *_PRIVATE_TMP) if reading else SYSTEM_RO_PATHS
+            ro = list(system) + list(policy.ro_paths) + ([str(cwd)] if reading else [])
+        # Listing is allowed everywhere in those modes (`ls /`): names only; files
+        # under /dev stay unreadable, hidden paths are empty.
+        spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline,
+                            "ls": ["/"] if tree else []}
+    if op is not None:
+        spec[op[0]] = op[1]
+        return spec
+    user = view.user if view is not None and uid >= 0 else "sandbox"
+    home = view.home if view is not None and view.home and uid >= 0 else str(cwd)
+    env = {
+        "PATH": _SANDBOX_PATH, "HOME": home, "TMPDIR": (private_tmp(cwd, view) or ["/tmp"])[0],
+        "LANG": "C.UTF-8",
+        "TERM": "dumb", "USER": user, "LOGNAME": user,
+        "OPLOOP_SANDBOX": view.mode if view is not None else modes.SCRATCH,
+        "OPLOOP_SANDBOX_ID": secrets.token_hex(4),
+    }
+    spec["argv"] = argv or ["/bin/true"]
+    spec["env"] = env
+    if uses_bwrap(policy, writing=False):
+        # bwrap makes the namespaces and the file system view; Landlock would
+        # forbid the mounts it needs, and its own seccomp fd carries our filter.
+        spec["unshare"] = 0
+        spec["landlock"] = None
+        spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env, TMPFS_SIZE)
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """What a launch may see and use beyond its policy (an MCP server's `[mcp.NAME]`):
+    environment variables added to the sandbox's own, and paths bound into its mount
+    view, read-only (`ro`) or writable (`rw`) under Landlock."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    ro: tuple[str, ...] = ()
+    rw: tuple[str, ...] = ()
+
+    def apply(self, spec: dict[str, Any]) -> None:
+        """Add these to a launch spec made by `build_spec` for an `argv`."""
+        if "env" in spec:
+            spec["env"] = {**spec["env"], **dict(self.env)}
+        spec["keep"] = list(spec["keep"]) + [p for p in (*self.ro, *self.rw)
+                                             if p not in spec["keep"]]
+        landlock = spec.get("landlock")
+        if landlock:
+            landlock["ro"] = list(landlock["ro"]) + list(self.ro)
+            landlock["rw"] = list(landlock["rw"]) + list(self.rw)

@@ -5,7 +5,8 @@ setting: by default a private network namespace and no socket() at all), "all"
 (the host's network namespace: the policy lowered to `network = "host"`), or a
 `Proxied`: the private namespace still, with the launcher's forwarder
 (`netbridge.py`) to the proxy's socket for one allowlist. `apply_network` turns
-an offline launch spec into that one; everything it changes is here.
+an offline launch spec into that one; everything it changes is here, and
+`network_policy` the policy a command runs under given its network.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.netproxy.allowlist import ALL, NONE, NetworkSetting, socket_name
+from actors.allowlist import ALL, NONE, NetworkSetting, socket_name
+from actors.tools.process import ToolRefused
 
 from . import seccomp
 from .netbridge import PORT
@@ -68,3 +70,18 @@ def apply_network(spec: dict[str, Any], net: Proxied, policy: Policy) -> None:
     landlock = spec.get("landlock")
     if landlock:
         landlock["tcp_connect"] = [PORT]
+
+
+def network_policy(tool: str, policy: Policy, net: NetAccess, op: object) -> Policy:
+    """The policy a command runs under given its network: "all" opens the host's
+    network; a `Proxied` one starts from the offline policy (`apply_network` then adds
+    the way to the proxy), and needs the launcher's own namespaces."""
+    if op is not None or net == "none":
+        return policy
+    if net == "all":
+        return policy.lowered(network="host")
+    if policy.backend == "bwrap":
+        raise ToolRefused(f"{tool}: refused: a network allowlist needs the launcher "
+                          f"backend (backend = \"launcher\" in sandbox.toml): bubblewrap "
+                          f"gives no way to the network proxy")
+    return policy.lowered(network="none")

@@ -39,9 +39,7 @@ from dataclasses import dataclass, field
 from actors import fileops
 from actors.tools.process import ToolRefused, release
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .sandbox import SandboxedChild
+from .child import SandboxedChild
 
 Key = tuple[object, ...]
 

@@ -1,9 +1,13 @@
 """`Sandbox`: start risky tools through the launcher, and kill their whole tree.
 
-The executor owns one Sandbox. A call becomes a launch spec (policy × machine
-layers), the launcher is exec'd with it, and the returned `SandboxedChild`
-kills by cgroup (v2 `cgroup.kill` or v1 freeze-kill-thaw) plus the launcher,
-whose pid namespace dies with it; `aclose` waits until the cgroup is empty.
+The executor owns one Sandbox. A call is checked against the machine's layers
+(`refusal.py`), becomes a launch spec (`launchspec.py`: policy × machine layers ×
+the call's view, its network from `network.py`), the launcher is forked or
+exec'd with it, and the returned `SandboxedChild` (`child.py`) kills by cgroup
+plus the launcher, whose pid namespace dies with it. Reads and listings go to
+the session's persistent reader (`readers.py`).
+
+`Extra`, `SandboxedChild` and `SandboxRefused` are re-exported from here.
 """
 
 from __future__ import annotations
@@ -13,20 +17,20 @@ import contextlib
 import logging
 import marshal
 import os
-import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors import fileops
 from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
-from . import bwrap, hostview, modes, seccomp, uids
 from . import launcher as launcher_mod
+from . import modes, uids
 from .cgroups import CallCgroup, CgroupTree, Hierarchies, Limits, executor_limits
+from .child import SandboxedChild, remove_when_empty
 from .filereplies import (
     _DENIED,
     _LIST_ENTRY_BYTES,
@@ -37,24 +41,16 @@ from .filereplies import (
     _read_framed,
 )
 from .forkserver import IDLE_S as FORK_IDLE_S
-from .forkserver import ForkServer, ForkServerGone, ServedProcess
-from .launchspec import (
-    _HOMES,
-    _PRIVATE_TMP,
-    _SANDBOX_PATH,
-    TMPFS_SIZE,
-    _masks,
-    _reads_system_ro,
-    _rlimits,
-    _tree_ro,
-    _unshare_flags,
-    _within,
-)
+from .forkserver import ForkServer, ForkServerGone
+from .launchspec import _HOMES, Extra, build_spec
 from .layers import machine_layers
-from .network import NetAccess, Proxied, apply_network
-from .policy import LAYERS, RW_DEVICES, SYSTEM_RO_PATHS, Policy, SandboxConfig
+from .network import NetAccess, Proxied, apply_network, network_policy
+from .policy import Policy, SandboxConfig
 from .readers import ReaderPool, identity
+from .refusal import SandboxRefused, check_layers, check_reachable, uses_bwrap
 from .workspaces import Workspaces, commands_paused, safe_name
+
+__all__ = ["Extra", "Sandbox", "SandboxRefused", "SandboxStatistics", "SandboxedChild"]
 
 log = logging.getLogger("oploop.sandbox")
 
@@ -73,74 +69,6 @@ BOOTSTRAP = (
 )
 """What the launcher's interpreter runs: the cached launcher module, not a script."""
 _PR_SET_CHILD_SUBREAPER = 36
-_GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
-
-
-class SandboxRefused(ToolRefused):
-    """A policy requires a layer this machine (or this launch) does not have."""
-
-    def __init__(self, tool: str, layer: str, reason: str) -> None:
-        super().__init__(
-            f"{tool}: refused: sandbox layer '{layer}' is missing ({reason}); "
-            f"lower the policy in sandbox.toml to run without it"
-        )
-        self.tool = tool
-        self.layer = layer
-
-
-@dataclass(slots=True)
-class SandboxedChild:
-    """A launched sandbox: the launcher process, its cgroup, and its error pipe."""
-
-    process: asyncio.subprocess.Process | ServedProcess
-    cgroup: CallCgroup | None
-    errfd: int
-    on_close: Callable[[SandboxedChild], None] | None = None
-    killed: bool = field(default=False)
-
-    def kill(self) -> None:
-        """Kill the tree: its cgroup at once, and the launcher (the pid namespace follows)."""
-        self.killed = True
-        if self.cgroup is not None:
-            self.cgroup.kill()
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-
-    async def aclose(self) -> str:
-        """Wait until the cgroup is empty, remove it; return the launcher's refusal ("" if none).
-
-        Safe to call again after a cancellation cut it short: the cgroup steps
-        are redone harmlessly, the error pipe is closed (and `on_close` run) once.
-        """
-        try:
-            if self.cgroup is not None and not await _remove_when_empty(self.cgroup):
-                log.error("sandbox cgroup %s still populated after kill", self.cgroup.dirs[0])
-            return _read_all(self.errfd) if self.errfd >= 0 else ""
-        finally:
-            if self.errfd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(self.errfd)
-                self.errfd = -1  # never closed twice: the number may be another file's by then
-                if self.on_close is not None:
-                    self.on_close(self)
-
-
-async def _remove_when_empty(cgroup: CallCgroup) -> bool:
-    """Kill what is left in `cgroup` until it is empty (bounded), then remove it;
-    False if it stayed populated."""
-    emptied = await cgroup.wait_empty(_GONE_S)
-    cgroup.remove()
-    return emptied
-
-
-def _read_all(fd: int) -> str:
-    os.set_blocking(fd, False)
-    chunks = []
-    with contextlib.suppress(BlockingIOError):
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,32 +218,8 @@ class Sandbox:
     def check(self, tool: str, policy: Policy, *, writing: bool = False,
               view: modes.WorkView | None = None) -> None:
         """Raise SandboxRefused if `policy` requires a layer this machine lacks (or, for
-        a `view` on the user's files, one that view stands on)."""
-        replaced: frozenset[str] = frozenset()
-        if view is not None and not view.confined:
-            if _uses_bwrap(policy, writing):
-                raise SandboxRefused(tool, "bubblewrap", f"the bubblewrap backend runs only "
-                                     f"sandbox mode scratch, not {view.mode}")
-            for layer in ("namespaces", "landlock", "uid"):
-                # The whole tree is readable and the tool runs as the user (even root,
-                # without capabilities): these are what keep the rest out of reach.
-                if self.layers.get(layer) or not policy.applies(layer):
-                    raise SandboxRefused(tool, layer, self.layers.get(layer) or "lowered "
-                                         f"in sandbox.toml; sandbox mode {view.mode} needs it")
-        if _uses_bwrap(policy, writing):
-            path, why = bwrap.find()
-            if not path:
-                raise SandboxRefused(tool, "bubblewrap", why)
-            if not self._applies_uid(policy):
-                # bwrap started by root maps the tool to host root: never that.
-                raise SandboxRefused(
-                    tool, "uid", "the bubblewrap backend runs bwrap as the tool uid only"
-                )
-            replaced = _BWRAP_REPLACES
-        for layer in LAYERS:
-            reason = self.layers.get(layer, "unknown layer")
-            if reason and policy.requires(layer) and layer not in replaced:
-                raise SandboxRefused(tool, layer, reason)
+        a `view` on the user's files, one that view stands on): `refusal.check_layers`."""
+        check_layers(tool, policy, self.layers, writing=writing, view=view)
 
     # -- launching ---------------------------------------------------------------------
 
@@ -468,21 +372,22 @@ class Sandbox:
 
         Refused (`ToolRefused`) when a layer is missing, or the disk is below its
         reserve, or the workspaces are at the host's cap."""
-        policy = _network_policy(tool, policy, net, op)
+        policy = network_policy(tool, policy, net, op)
         view = modes.CURRENT.get()
         self.check(tool, policy, writing=op is not None, view=view)
         if op is None or op[0] == "write":  # (a read takes no room)
             self.spaces.check_room()
         uid = self.call_uid(policy, cwd, view)
-        if _uses_bwrap(policy, op is not None):
-            _check_reachable(tool, cwd, uid)
+        if uses_bwrap(policy, op is not None):
+            check_reachable(tool, cwd, uid)
         if not self._started:
             self.start()
         call = None
         if self._cgroups is not None and self._use_cgroup(policy):
             call = self._cgroups.new_call()
-        spec = self._spec(policy, cwd, call, uid, argv=argv, op=op, readable=readable,
-                          view=view)
+        spec = build_spec(policy, cwd, call, uid, layers=self.layers, hier=self._hier,
+                          executor_limits=self.executor_limits, hide=self.hide, argv=argv,
+                          op=op, readable=readable, view=view)
         if extra is not None:
             extra.apply(spec)
         if isinstance(net, Proxied) and op is None:
@@ -496,7 +401,7 @@ class Sandbox:
             if call is not None:
                 # Cancelled (or failed) after the launcher was started: it is killed and
                 # reaped by now, but may have made the call's cgroup, and forked into it.
-                await run_to_end(_remove_when_empty(call))
+                await run_to_end(remove_when_empty(call))
             raise
 
     async def _start(self, spec: dict[str, object], call: CallCgroup | None,
@@ -607,175 +512,3 @@ class Sandbox:
 
     def _use_cgroup(self, policy: Policy) -> bool:
         return self._cgroups is not None and policy.applies("cgroup") and not self.layers["cgroup"]
-
-    def _spec(
-        self,
-        policy: Policy,
-        cwd: Path,
-        call: CallCgroup | None,
-        call_uid: int,
-        *,
-        argv: list[str] | None,
-        op: tuple[str, dict[str, Any]] | None,
-        readable: tuple[str, ...] = (),
-        view: modes.WorkView | None = None,
-    ) -> dict[str, object]:
-        on = {layer for layer in LAYERS if policy.applies(layer) and not self.layers.get(layer)}
-        reading = op is not None and op[0] != "write"
-        offline = policy.network == "none" or reading
-        ns = "namespaces" in on
-        uid = call_uid if "uid" in on else -1
-        # The user's own files (workspace-write, read-only), or only the system's (scratch).
-        tree = view is not None and not view.confined
-        unshare = _unshare_flags(offline) if ns else 0
-        if reading and ns:
-            # A read needs no network, ipc or uts namespace (seccomp refuses it sockets):
-            # only the mounts (what it may see) and the pid namespace (a fresh /proc).
-            unshare = launcher_mod.CLONE_NEWNS | launcher_mod.CLONE_NEWPID
-        # Only those present now (one made during the call is the call's own doing): each
-        # costs the launcher a few stats and a pass over the mount table.
-        hidden = [p for p in view.hidden if os.path.lexists(p)] if view is not None else []
-        homes = [] if tree else list(_HOMES)
-        spec: dict[str, object] = {
-            # On the user's files these three hold the rest out of reach (`check`): never
-            # skipped when they fail at launch, whatever the policy says.
-            "required": sorted({layer for layer in LAYERS if policy.requires(layer)}
-                               | ({"namespaces", "landlock", "uid"} if tree else set())),
-            "cgroup": (call.launch_spec(self._hier, _within(policy.limits, self.executor_limits))
-                       if call else None),
-            "pdeathsig": "pdeathsig" in on,
-            "ppid": os.getpid(),
-            # A session uid's RLIMIT_NPROC bounds that session alone; the user's own uid
-            # counts all their processes on the machine: the call's cgroup bounds it.
-            "rlimits": _rlimits(policy, uid >= 0 and not tree) if "rlimits" in on else [],
-            "unshare": unshare,
-            "hide": [(p, "0755") for p in homes] + [(p, "1777") for p in _PRIVATE_TMP]
-            + [(p, "0755") for p in self.hide] + [(p, "0000") for p in hidden],
-            "secret": list(self.hide) + hidden,
-            "keep": [str(cwd)] + ([p for p in view.writable if p != str(cwd)] if tree else []),
-            "readable": list(readable) if reading and not tree else [],
-            "tmpfs_size": TMPFS_SIZE,
-            "private_run": hostview.private_run(cwd) if ns else [],
-            "mask": _masks() if ns else [],
-            # A read takes absolute paths, and its session may have no workspace yet.
-            "cwd": "/" if reading else str(cwd),
-            "uid": uid,
-            "gid": view.gid if tree and uid >= 0 else uid,
-            "landlock": None,
-            "seccomp": (seccomp.build(network=not offline, unix=policy.unix_sockets)
-                        if "seccomp" in on else None),
-        }
-        if uid >= 0 and ns and (view is None or view.confined or not view.user_known):
-            # The tool user has a name and a home in its view (`whoami`, `id -un`).
-            name = view.user if view is not None else "sandbox"
-            home = view.home if view is not None and view.home else str(cwd)
-            gid = view.gid if tree and view is not None else uid
-            spec["passwd"] = modes.passwd_lines(uid, gid, name, home)
-        if "landlock" in on:
-            rw: list[str] = []
-            if op is None or op[0] == "write":
-                rw += list(view.writable) if tree else [str(cwd)]
-            if op is None:
-                rw += list(RW_DEVICES) + (_private_tmp(cwd, view) if ns else [])
-            if tree:
-                ro = list(_tree_ro()) + list(policy.ro_paths)
-            else:
-                system = (*_reads_system_ro(), *_PRIVATE_TMP) if reading else SYSTEM_RO_PATHS
-                ro = list(system) + list(policy.ro_paths) + ([str(cwd)] if reading else [])
-            # Listing is allowed everywhere in those modes (`ls /`): names only; files
-            # under /dev stay unreadable, hidden paths are empty.
-            spec["landlock"] = {"ro": ro, "rw": rw, "deny_tcp": offline,
-                                "ls": ["/"] if tree else []}
-        if op is not None:
-            spec[op[0]] = op[1]
-            return spec
-        user = view.user if view is not None and uid >= 0 else "sandbox"
-        home = view.home if view is not None and view.home and uid >= 0 else str(cwd)
-        env = {
-            "PATH": _SANDBOX_PATH, "HOME": home, "TMPDIR": (_private_tmp(cwd, view) or ["/tmp"])[0],
-            "LANG": "C.UTF-8",
-            "TERM": "dumb", "USER": user, "LOGNAME": user,
-            "OPLOOP_SANDBOX": view.mode if view is not None else modes.SCRATCH,
-            "OPLOOP_SANDBOX_ID": secrets.token_hex(4),
-        }
-        spec["argv"] = argv or ["/bin/true"]
-        spec["env"] = env
-        if _uses_bwrap(policy, writing=False):
-            # bwrap makes the namespaces and the file system view; Landlock would
-            # forbid the mounts it needs, and its own seccomp fd carries our filter.
-            spec["unshare"] = 0
-            spec["landlock"] = None
-            spec["bwrap"] = bwrap.argv(bwrap.find()[0], policy, str(cwd), env, TMPFS_SIZE)
-        return spec
-
-
-@dataclass(frozen=True, slots=True)
-class Extra:
-    """What a launch may see and use beyond its policy (an MCP server's `[mcp.NAME]`):
-    environment variables added to the sandbox's own, and paths bound into its mount
-    view, read-only (`ro`) or writable (`rw`) under Landlock."""
-
-    env: tuple[tuple[str, str], ...] = ()
-    ro: tuple[str, ...] = ()
-    rw: tuple[str, ...] = ()
-
-    def apply(self, spec: dict[str, Any]) -> None:
-        """Add these to a launch spec made by `Sandbox._spec` for an `argv`."""
-        if "env" in spec:
-            spec["env"] = {**spec["env"], **dict(self.env)}
-        spec["keep"] = list(spec["keep"]) + [p for p in (*self.ro, *self.rw)
-                                             if p not in spec["keep"]]
-        landlock = spec.get("landlock")
-        if landlock:
-            landlock["ro"] = list(landlock["ro"]) + list(self.ro)
-            landlock["rw"] = list(landlock["rw"]) + list(self.rw)
-
-
-_BWRAP_REPLACES = frozenset({"namespaces", "landlock"})
-
-
-def _private_tmp(cwd: Path, view: modes.WorkView | None) -> list[str]:
-    """The private temporary directories a command may write: in read-only mode never
-    one holding the working directory (bound back inside it: a rule on it would make
-    the working directory writable too)."""
-    if view is None or view.mode != modes.READ_ONLY:
-        return list(_PRIVATE_TMP)
-    return [p for p in _PRIVATE_TMP if not cwd.is_relative_to(p)]
-
-
-def _network_policy(tool: str, policy: Policy, net: NetAccess, op: object) -> Policy:
-    """The policy a command runs under given its network: "all" opens the host's
-    network; a `Proxied` one starts from the offline policy (`apply_network` then adds
-    the way to the proxy), and needs the launcher's own namespaces."""
-    if op is not None or net == "none":
-        return policy
-    if net == "all":
-        return policy.lowered(network="host")
-    if policy.backend == "bwrap":
-        raise ToolRefused(f"{tool}: refused: a network allowlist needs the launcher "
-                          f"backend (backend = \"launcher\" in sandbox.toml): bubblewrap "
-                          f"gives no way to the network proxy")
-    return policy.lowered(network="none")
-
-
-def _uses_bwrap(policy: Policy, writing: bool) -> bool:
-    # The file operations run Python code after the lockdown: always in the launcher itself.
-    return policy.backend == "bwrap" and not writing
-
-
-def _check_reachable(tool: str, path: Path, uid: int) -> None:
-    """bwrap runs as the tool uid, so every parent of the workspace must let it pass."""
-    for parent in path.parents:
-        try:
-            st = os.stat(parent)
-        except FileNotFoundError:
-            continue  # not made yet: `workspace` makes the parents 0755
-        if st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100):
-            continue
-        raise SandboxRefused(
-            tool, "bubblewrap",
-            f"uid {uid} cannot reach the workspace {path}: {parent} is not traversable "
-            f"(use the launcher backend, or an OPLOOP_HOME the tool uid can pass through)",
-        )
-
-

@@ -26,6 +26,7 @@ from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
+from actors.supervisor.replay import replay_batch
 from actors.supervisor.runs import PEER, Runs
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
@@ -73,8 +74,6 @@ MAX_OUTBOX_BYTES = 256 << 20
 #: Start keys remembered in memory (resends come within seconds; older ones, and
 #: every one across a restart, are looked up in the session log).
 MAX_START_KEYS = 1_024
-#: Longest resend answer to the broadcaster, in bytes of events (it asks again).
-RESEND_BATCH_BYTES = 1 << 20
 #: How long a failed journal commit waits before it is tried again.
 JOURNAL_RETRY_S = 1.0
 #: How often the session log's reserve file is checked (and remade once space returns).
@@ -327,8 +326,8 @@ class Supervisor:
                     log.error("session %s: its summary does not decode; not listed", sid)
         return out
 
-    def _resend(self, sid: str, req: ReplayRequest) -> Any:
-        """Events `req` asks for, from the session log (the broadcaster lost them).
+    def _resend(self, sid: str, req: ReplayRequest) -> ReplayBatch | ErrorReply:
+        """Events `req` asks for, from the session log (the broadcaster lost them): `replay.py`.
 
         What this loop iteration emitted is committed (and pushed) first. The broadcaster
         asks for what `ListSessions` reported, whose `last_seq` counts an event from its
@@ -341,26 +340,7 @@ class Supervisor:
             return ErrorReply("gone", "this supervisor keeps no journal")
         if self._flush_scheduled:
             self._flush()
-        try:
-            last = self.journal.log.last_seq(sid)
-            if last is None:
-                return self._not_kept(sid, req, f"no events kept for {sid!r}")
-            to_seq = min(req.to_seq or last, last)
-            rows, more = self.journal.log.range(sid, req.from_seq, to_seq, RESEND_BATCH_BYTES)
-        except JournalError as exc:
-            return ErrorReply("unavailable", str(exc))
-        if not rows:
-            return self._not_kept(sid, req,
-                                  f"events {req.from_seq}..{to_seq} of {sid} are not kept")
-        return ReplayBatch([frame for _, frame in rows], last, more)
-
-    def _not_kept(self, sid: str, req: ReplayRequest, why: str) -> ErrorReply:
-        """The log has none of what `req` asks for: "gone", unless they wait for a failing
-        commit, "unavailable" (they are pushed once it succeeds: the broadcaster waits)."""
-        if any(s == sid and seq >= req.from_seq for s, seq, _ in self._unjournaled):
-            return ErrorReply("unavailable", f"events of {sid} from #{req.from_seq} wait for "
-                                             "the session log to commit them")
-        return ErrorReply("gone", why)
+        return replay_batch(self.journal.log, sid, req, self._unjournaled)
 
     # -- api ---------------------------------------------------------------------------
 

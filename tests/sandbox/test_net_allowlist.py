@@ -26,8 +26,8 @@ import psutil
 import pytest
 from sbhelp import BOUND_S, Host, need, need_python
 
+from actors.allowlist import socket_name
 from actors.host.children import Child, keep_alive, spawn, stop_all
-from actors.netproxy.allowlist import socket_name
 from actors.runtime import read_ready_line
 from actors.sandbox.network import Proxied
 from actors.settings import READY_FD_ENV

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.config import ConfigError, parse_config
-from actors.netproxy.allowlist import (
+from actors.allowlist import (
     Allowlist,
     BadEntry,
     allowlists,
@@ -13,6 +12,7 @@ from actors.netproxy.allowlist import (
     parse_network,
     socket_name,
 )
+from actors.config import ConfigError, parse_config
 from actors.netproxy.server import Refused, parse_request
 
 LIST = ("pypi.org", "*.corp.example", "127.0.0.1:8080", "[::1]:9000", "Bücher.Example.")
@@ -43,7 +43,7 @@ def test_entries_are_normalised() -> None:
     ("xn--bcher-kva.example", 443, True),
 ])
 def test_matching(host: str, port: int, allowed: bool) -> None:
-    from actors.netproxy.allowlist import normal_host
+    from actors.allowlist import normal_host
 
     assert ops().allows(normal_host(host), port) is allowed
 

@@ -3,7 +3,9 @@
 Pure: no sockets, no resolving. The configuration parses a setting here (an
 agent's `network`, an MCP server's), the executor and the proxy name the
 proxy's socket of each allowlist the same way (`socket_name`), and the proxy
-asks `Allowlist.allows(host, port)` for every request.
+asks `Allowlist.allows(host, port)` for every request. It stands beside the
+configuration, not in `netproxy/`: the config, the sandbox and the MCP servers
+read settings here, and none of them needs the proxy.
 
 An entry is a host name (`pypi.org`), a wildcard over its subdomains
 (`*.corp.example`: `a.corp.example`, `b.a.corp.example`, not `corp.example`
@@ -19,11 +21,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from actors.config import Config
+from typing import Protocol
 
 NONE = "none"
 ALL = "all"
@@ -189,7 +189,32 @@ def socket_name(kind: str, name: str) -> str:
     return f"{kind}-{name}.sock"
 
 
-def allowlists(config: Config) -> dict[str, Allowlist]:
+class _Networked(Protocol):
+    """An agent's configuration, as far as its network goes (`actors.config.Agent`)."""
+
+    @property
+    def network(self) -> NetworkSetting: ...
+
+
+class _Sandboxed(Protocol):
+    """An MCP server's configuration, as far as its network goes."""
+
+    @property
+    def sandbox(self) -> _Networked: ...
+
+
+class Configured(Protocol):
+    """What `allowlists` reads of an `actors.config.Config` (which imports this module:
+    named by its shape here, not imported)."""
+
+    @property
+    def agents(self) -> Mapping[str, _Networked]: ...
+
+    @property
+    def mcp(self) -> Mapping[str, _Sandboxed]: ...
+
+
+def allowlists(config: Configured) -> dict[str, Allowlist]:
     """Every allowlist `config` sets, by the name of its socket: agents' `network`
     lists and MCP servers' (none: the host runs no proxy)."""
     out: dict[str, Allowlist] = {}
