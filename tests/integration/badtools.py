@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from actors.config import Agent, Config
 from actors.executor.actor import Executor
 from actors.tools import Catalogue, ToolContext, tool
 from bus.codec import MAX_FRAME_BYTES
@@ -45,7 +46,11 @@ async def hang(ctx: ToolContext[Any]) -> str:
 
 def main() -> None:
     """Serve until killed."""
-    executor = Executor(Endpoints.for_home(Path(sys.argv[1])),
+    # The jobs name "/" as their directory: the tools here touch no file, and these
+    # tests are about slots, so the default agent works in scratch mode (where "/" is
+    # only a start directory, never a writable one).
+    config = Config(agents={"default": Agent(sandbox="scratch")})
+    executor = Executor(Endpoints.for_home(Path(sys.argv[1])), config=config,
                         catalogue=Catalogue([surrogate, huge, echo, hang]))
     asyncio.run(executor.serve())
 

@@ -28,6 +28,11 @@ def cli_env(home: str, env: dict[str, str] | None = None,
     """This process's environment for a CLI against `home`: the variables starting with
     `drop` left out (the model's, by default), `env` added."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    # The suite's hosts work in scratch mode (tests/conftest.py) unless a test names a
+    # mode: a host started from here in the default mode would make the checkout the
+    # tools' writable working directory.
+    if "OPLOOP_SANDBOX" in os.environ:
+        full_env.setdefault("OPLOOP_SANDBOX", os.environ["OPLOOP_SANDBOX"])
     full_env.update(env or {}, OPLOOP_HOME=home)
     return full_env
 
@@ -145,7 +150,11 @@ def ready_workspace(home: str, session: str) -> Path:
         except FileNotFoundError:
             return False
 
-    wait_until(ready, f"the workspace {path} to be ready")
+    try:
+        wait_until(ready, f"the workspace {path} to be ready")
+    except AssertionError:
+        print_log_tail(home)
+        raise
     return path
 
 

@@ -28,7 +28,8 @@ PORT = 7600
 
 def _env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ANTHROPIC_", "OPLOOP_")) or k == "OPLOOP_HTTP_LISTEN"}
+           if not k.startswith(("ANTHROPIC_", "OPLOOP_"))
+           or k in ("OPLOOP_HTTP_LISTEN", "OPLOOP_SANDBOX")}  # (scratch: tests/conftest.py)
     env.update(extra or {}, OPLOOP_HOME=str(home))
     return env
 

@@ -12,7 +12,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _env(home: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPLOOP_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ANTHROPIC_", "OPLOOP_")) or k == "OPLOOP_SANDBOX"}
     env.update(OPLOOP_HOME=home, **extra)
     return env
 
