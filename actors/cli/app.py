@@ -10,7 +10,7 @@ from typing import Any
 
 from actors.cli import commands, hostcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
-from actors.cli.interrupts import interruptible
+from actors.cli.interrupts import exit_with, interruptible
 from actors.config import ConfigError, parse_duration
 from actors.settings import Settings
 from bus.endpoints import EndpointError, oploop_home
@@ -299,4 +299,4 @@ def main(argv: list[str] | None = None) -> None:
         p.print_help()
         sys.exit(EXIT_USAGE)
     fn: Any = args.fn
-    sys.exit(guarded(lambda: fn(args)))
+    exit_with(guarded(lambda: fn(args)))

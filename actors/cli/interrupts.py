@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable
+from typing import NoReturn
 
 from actors.cli.errors import EXIT_CANCELLED, EXIT_TERMINATED
 
@@ -52,3 +53,16 @@ async def interruptible(command: Awaitable[int]) -> int:
     finally:
         for sig in _SIGNALS:
             loop.remove_signal_handler(sig)
+
+
+def exit_with(status: int) -> NoReturn:
+    """Exit with the command's `status`, whatever signal comes now.
+
+    The command is over; a Ctrl-C pressed meanwhile (the second of a cancel, say)
+    would otherwise land outside every handler, as an uncaught KeyboardInterrupt,
+    which makes the interpreter kill itself with SIGINT (status -2, not 130), or
+    during its finalisation, when its handlers are already the defaults. Blocked,
+    such a signal stays pending until the process is gone.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    sys.exit(status)
