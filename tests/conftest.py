@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from homes import OUR_DIRS, make_home
+from homes import OUR_DIRS, make_home, remove_home
 
 # The hosts of the tests run without the gateway (one process less each, and no port
 # to share); the gateway's own tests turn it on, on a free port.
@@ -77,8 +77,3 @@ def short_home():
     remove_home(Path(home))
 
 
-def remove_home(home: Path) -> None:
-    """Delete a test's home, unmounting the workspace file systems it still has."""
-    from actors.sandbox.workspaces import remove_home as remove
-
-    remove(home)

@@ -15,8 +15,7 @@ import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import DefaultResolver
-from conftest import remove_home
-from homes import make_home
+from homes import make_home, remove_home
 from hostkit import (
     TERMINAL,
     actor,

@@ -22,8 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import zmq
-from conftest import remove_home
-from homes import make_home
+from homes import make_home, remove_home
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.gateway.api import SLOW_CLIENT_S

@@ -15,8 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import remove_home
-from homes import make_home
+from homes import make_home, remove_home
 from hostkit import assert_one_run, of_type, processes_with, run, wait_until
 from machines_lab import (
     OPLOOP,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from homes import make_home, remove_home
 from hostkit import assert_one_run, scripted_host
 from mcpkit import DONE, PYTHON, TEST_SERVER, call, wait_tools
 
@@ -62,8 +63,6 @@ read_paths = ["{tests}"]
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from conftest import make_home, remove_home
-
     home = make_home("opr-")
     (Path(home) / "oploop.toml").write_text(config())
     files = tmp_path_factory.mktemp("rules")

@@ -23,8 +23,7 @@ import aiohttp
 import psutil
 import pytest
 from aiohttp import web
-from conftest import remove_home
-from homes import make_home
+from homes import make_home, remove_home
 from hostkit import OPLOOP, oploop, running_host
 
 from actors.gateway.limits import HEADER_S

@@ -14,8 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import remove_home
-from homes import make_home
+from homes import make_home, remove_home
 from hostkit import running_host
 
 from actors.gateway.urls import page_url
