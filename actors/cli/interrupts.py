@@ -18,7 +18,7 @@ import sys
 from collections.abc import Awaitable
 from typing import NoReturn
 
-from actors.cli.errors import EXIT_CANCELLED, EXIT_TERMINATED
+from actors.cli.errors import EXIT_CANCELLED, EXIT_TERMINATED, quiet_pipe
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -62,7 +62,17 @@ def exit_with(status: int) -> NoReturn:
     would otherwise land outside every handler, as an uncaught KeyboardInterrupt,
     which makes the interpreter kill itself with SIGINT (status -2, not 130), or
     during its finalisation, when its handlers are already the defaults. Blocked,
-    such a signal stays pending until the process is gone.
+    such a signal stays pending until the process is gone. And the process goes at
+    once: nothing is left to clean up (every command closes its own sockets), while
+    finalisation would join worker threads, such as one still reading an approval
+    answer from the terminal, which no blocked Ctrl-C could then interrupt.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    sys.exit(status)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        status = quiet_pipe()
+    except (OSError, ValueError):
+        pass
+    os._exit(status)
