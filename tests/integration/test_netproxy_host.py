@@ -12,13 +12,13 @@ import http.server
 import os
 import shutil
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from homes import make_home
 from hostkit import actor, of_type, run, running_host, wait_until
+from httpkit import serving
 
 from actors.sandbox import machine_layers
 from actors.sandbox.workspaces import remove_home
@@ -38,15 +38,8 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def upstream() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(_Hello) as port:
+        yield port
 
 
 @pytest.fixture

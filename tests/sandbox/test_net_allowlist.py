@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from httpkit import serving
 from sbhelp import BOUND_S, Host, need, need_python
 
 from actors.allowlist import socket_name
@@ -61,15 +61,8 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def upstream() -> Iterator[int]:
     """An HTTP server on the host's loopback (the allowed host); its port."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(_Hello) as port:
+        yield port
 
 
 def write_config(home: Path, port: int) -> None:
