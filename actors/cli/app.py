@@ -242,6 +242,11 @@ def parser() -> argparse.ArgumentParser:
                                              "eval \"$(oploop completion bash)\"")
     comp.add_argument("shell", choices=("bash", "zsh"))
     comp.set_defaults(fn=lambda args: _completion(args.shell))
+    mem = sub.add_parser("memory", help="the memory folders of `memory = \"NAME\"` agents: "
+                                        "names, one folder, or one file")
+    mem.add_argument("name", nargs="?", default="", help="a memory name (none: list them)")
+    mem.add_argument("path", nargs="?", default="", help="a file under /memories to show")
+    mem.set_defaults(fn=_home_checked(_memory, create=False))
     logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
     logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
                                                "executor, llm_caller, broadcaster, host, ...)")
@@ -249,6 +254,12 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines")
     logs.set_defaults(fn=_home_checked(hostcmds.cmd_logs, create=False))
     return p
+
+
+def _memory(args: argparse.Namespace) -> int:
+    from actors.cli.memorycmd import cmd_memory
+
+    return cmd_memory(args)
 
 
 def _completion(shell: str) -> int:

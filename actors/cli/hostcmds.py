@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from actors import memorytool
 from actors.cli.errors import EXIT_OK, CliError, fail
 from actors.cli.hosting import offline_notice, spawn_host
 from actors.config import ConfigError
@@ -37,12 +38,12 @@ def check_settings() -> Settings:
         from actors.tools import BUILTIN
 
         for (platform, mode), names in settings.config.hidden.items():
-            unknown = sorted(n for n in set(names) - set(BUILTIN)
+            unknown = sorted(n for n in set(names) - set(BUILTIN) - {memorytool.NAME}
                              if not names_a_server_tool(n, settings.config.mcp))
             if unknown:
                 raise ConfigError(f"{source}: hidden.{platform}.{mode}: no tool named "
                                   f"{', '.join(map(repr, unknown))} (the tools: "
-                                  f"{', '.join(sorted(BUILTIN))})")
+                                  f"{', '.join(sorted({*BUILTIN, memorytool.NAME}))})")
     rules = {name: a.permissions for name, a in settings.config.agents.items() if a.permissions}
     if rules:  # a rule naming no tool would silently never match
         from actors.permissions import check_tools
@@ -50,7 +51,7 @@ def check_settings() -> Settings:
 
         for name, agent_rules in rules.items():
             # An MCP server's tools are known once it runs: a rule may name them ahead.
-            known = set(BUILTIN) | {rule[1] for rule in agent_rules
+            known = set(BUILTIN) | {memorytool.NAME} | {rule[1] for rule in agent_rules
                                     if names_a_server_tool(rule[1], settings.config.mcp)}
             problem = check_tools(agent_rules, known)
             if problem:

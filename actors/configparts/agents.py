@@ -80,6 +80,9 @@ class Agent:
     #: a tuple of allowed hosts (`actors.allowlist`), reached through the host's
     #: filtering proxy (docs/sandbox.md, "Network").
     network: NetworkSetting = NONE
+    #: The memory folder this agent's `memory` tool works in (`$OPLOOP_HOME/memory/NAME`,
+    #: shared by every agent naming it); "" : no memory tool.
+    memory: str = ""
 
     @property
     def sandbox_mode(self) -> str:
@@ -141,6 +144,12 @@ def parse_agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
             raise ConfigError(f"{source}: agents.{name}.{key}: {value}: {why}")
     if agent.deadline_s < 0 or agent.tool_timeout_s <= 0:
         raise ConfigError(f"{source}: agents.{name}: deadline_s >= 0 and tool_timeout_s > 0")
+    if agent.memory:
+        from actors.memorytool import folder_name_error
+
+        problem = folder_name_error(agent.memory)
+        if problem is not None:
+            raise ConfigError(f"{source}: agents.{name}.memory: {problem}")
     if agent.target_machine:
         from actors.machines import LOCAL, machine_name_error
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from actors import memorytool
 from actors.config import Agent
 from actors.permissions import rule_of_tool
 
@@ -20,8 +21,11 @@ def resolve_tools(
     turn: int,
     hidden: Mapping[tuple[str, str], frozenset[str]] = DEFAULT_HIDDEN,
 ) -> list[ToolSpecDict]:
-    """The tools offered on `turn`, in catalogue order."""
+    """The tools offered on `turn`, in catalogue order (`memory` only to an agent with
+    a `memory` folder)."""
     tools = catalogue
+    if not agent.memory:
+        tools = [t for t in tools if t["name"] != memorytool.NAME]
     if turn == 1 and agent.category_allowlist:
         allow = set(agent.category_allowlist)
         tools = [t for t in tools if t.get("core") or allow.intersection(t.get("tags", ()))]

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from actors import memorytool
 from actors.bounds import MAX_REQUEST_BYTES, fit_messages, size_of
 from actors.config import CACHE_BOUNDARY, MODEL_ALIASES, Agent
 from actors.core.history import Message, blocks
@@ -131,10 +132,8 @@ def build_request(
         "metadata": {"user_id": session},
     }
     if tools:
-        request["tools"] = [
-            {"name": t["name"], "description": t["description"], "input_schema": t["input_schema"]}
-            for t in tools
-        ]
+        model = request["model"]
+        request["tools"] = [memorytool.api_tool(t, model) for t in tools]
         request["tool_choice"] = {"type": "auto"}
     # The last resort: never a request the bus cannot carry (the history is untouched).
     history = fit_messages(history, max_bytes - size_of(request))

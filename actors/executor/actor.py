@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors import memorytool
 from actors.config import Agent, Config
 from actors.permissions import refusal_here
 from actors.runtime import run_actor
@@ -32,6 +33,7 @@ from actors.tools import (
     ToolContext,
     invoke,
     make_list_dir,
+    make_memory,
     make_read_file,
     make_shell,
     make_write_file,
@@ -65,6 +67,7 @@ def sandboxed_catalogue(sandbox: Sandbox, net: NetAccess = "none") -> Catalogue:
         make_list_dir(sandbox.dir_lister(LIST_CAP)),
         make_write_file(sandbox.file_writer("write_file")),
         make_shell(sandbox.spawner("shell", net=net)),
+        make_memory(sandbox.memory_runner()),
     ])
 
 
@@ -99,6 +102,8 @@ class Executor(Worker):
         #: the job (a second layer: the supervisor refuses them first).
         self.config = config or Config()
         home = endpoints.run_dir.parent
+        #: The host's home: the memory folders are in `home/memory` (`memorytool.folder`).
+        self.home = home
         #: Serving a host on another machine (`OPLOOP_CONNECT`): its paths are not ours.
         self.remote = endpoints.remote
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
@@ -116,7 +121,7 @@ class Executor(Worker):
         self._net_catalogues: dict[NetAccess, Catalogue] | None = None
         if catalogue is None:
             catalogue = sandboxed_catalogue(self.sandbox)
-            self.sandboxed = frozenset({"shell", "write_file"})
+            self.sandboxed = frozenset({"shell", "write_file", memorytool.NAME})
             self._net_catalogues = {}
         else:
             # A caller-supplied catalogue: its risky tools are refused unless the
@@ -228,12 +233,12 @@ class Executor(Worker):
                     refusal = refusal_here(agent.permissions, job.name, job.input, view.cwd)
                     if refusal is not None:
                         return ToolResult(refusal, True, 0.0)
-                if risky and view.confined:
+                if risky and view.confined and job.name != memorytool.NAME:
                     try:
                         await asyncio.to_thread(self.sandbox.workspace, sid)
                     except ToolRefused as exc:  # no quota possible, the disk full, ...
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
-                ctx = self._context(env, job, view, start)
+                ctx = self._context(env, job, view, start, agent)
                 with modes.using(view):
                     outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
         except TimeoutError:
@@ -246,16 +251,21 @@ class Executor(Worker):
         return ToolResult(output, outcome.is_error, round(elapsed_ms, 3))
 
     def _context(self, env: Envelope, job: ToolJob, view: modes.WorkView,
-                 start: str) -> ToolContext[None]:
+                 start: str, agent: Agent | None) -> ToolContext[None]:
         """One working directory for every tool (the same relative path, the same file):
         the session's cwd, or in scratch mode its workspace. In scratch mode the reads
-        also see the directory the session was started in, and the agent's `read_paths`."""
+        also see the directory the session was started in, and the agent's `read_paths`.
+        `memory`: the folder of the agent's `memory` name (by this executor's own
+        configuration, whoever sent the job)."""
         cwd = Path(view.cwd)
+        memory = (memorytool.folder(self.home, agent.memory)
+                  if agent is not None and agent.memory else None)
         readable = (((start,) if start else ()) + tuple(job.read_paths)
                     if view.confined else ())
         return ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private,
                            workspace=cwd, read_paths=readable, hidden=self.sandbox.hidden(view),
-                           kept=(view.cwd, *view.writable, *readable), mode=view.mode)
+                           kept=(view.cwd, *view.writable, *readable), mode=view.mode,
+                           memory=memory)
 
     async def serve(self) -> None:
         """Sweep what a dead executor left, adopt orphans, then serve; tidy up on the way out."""

@@ -118,7 +118,34 @@ def validate_request(body: Any) -> dict[str, Any]:
             raise InvalidRequest(f"{name}: must be a list")
     if "metadata" in body and not isinstance(body["metadata"], dict):
         raise InvalidRequest("metadata: must be an object")
+    for i, tool in enumerate(body.get("tools") or ()):
+        _check_tool(i, tool)
     return body
+
+
+#: The API's typed tools this server knows, by type: the name each must have.
+TYPED_TOOLS = {"memory_20250818": "memory"}
+
+
+def _check_tool(i: int, tool: Any) -> None:
+    """A tool definition as the API checks it: a custom tool (name, input_schema an
+    object) or a typed one it knows (`{"type": "memory_20250818", "name": "memory"}`)."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise InvalidRequest(f"tools.{i}: must be an object with a name")
+    kind = tool.get("type", "custom")
+    if kind == "custom":
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise InvalidRequest(f"tools.{i}.input_schema: field required (an object schema)")
+        return
+    if kind not in TYPED_TOOLS:
+        raise InvalidRequest(f"tools.{i}.type: unknown tool type {kind!r}")
+    if tool["name"] != TYPED_TOOLS[kind]:
+        raise InvalidRequest(f"tools.{i}.name: a {kind} tool is named "
+                             f"{TYPED_TOOLS[kind]!r}, got {tool['name']!r}")
+    extra = set(tool) - {"type", "name", "cache_control"}
+    if extra:
+        raise InvalidRequest(f"tools.{i}.{sorted(extra)[0]}: Extra inputs are not permitted")
 
 
 def message_json(reply: Reply, *, model: str, message_id: str, in_tokens: int,

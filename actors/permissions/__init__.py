@@ -29,6 +29,10 @@ Rules judge what a call does, not how it is written:
   one `ask` asks, and it is allowed only when every part is. What the parser cannot
   decide (see `actors.permissions.shell`) is `ask`. A `shell` with no pattern rule
   and no `write_file` rule is judged whole, as written (there is nothing to match).
+- For `memory` the glob is matched on the `/memories` path the call names, normalised
+  (`memory(/memories/notes/*)`); a `rename` is judged on both its paths, the
+  strictest verdict deciding. Those paths never leave the memory folder (the
+  command refuses `..` and links), so they are judged as written.
 - A tool name may hold `*` (`mcp__git__*`): it matches every tool named so.
 
 `decide` is a pure function of the rules, the call and its working directory: the
@@ -55,6 +59,7 @@ MAIN_ARGUMENT: dict[str, str] = {
     "write_file": "path",
     "read_file": "path",
     "list_dir": "path",
+    "memory": "path",
 }
 
 #: One rule: (key as written, tool or "default", glob or None, value).
@@ -127,6 +132,8 @@ def decide(rules: tuple[Rule, ...], name: str, arguments: Any,
     as `undecided: why`)."""
     if not rules:
         return "allow", ""
+    if name == "memory":
+        return _decide_memory(rules, arguments)
     arg = arguments.get(MAIN_ARGUMENT.get(name, "")) if isinstance(arguments, Mapping) \
         else None
     if not isinstance(arg, str):
@@ -175,6 +182,17 @@ def _decide_shell(rules: tuple[Rule, ...], line: str, cwd: str) -> tuple[str, st
     verdicts += [("ask", f"undecided: {why}") for why in parsed.undecided]
     if not verdicts:
         return plain
+    return max(verdicts, key=lambda v: _STRICTNESS[v[0]])
+
+
+def _decide_memory(rules: tuple[Rule, ...], arguments: Any) -> tuple[str, str]:
+    """The strictest verdict over the /memories paths a memory call names."""
+    from actors.memorytool import paths_of
+
+    named = paths_of(arguments)
+    if not named:
+        return _first(rules, "memory", None)
+    verdicts = [_first(rules, "memory", paths.lexical(p)) for p in named]
     return max(verdicts, key=lambda v: _STRICTNESS[v[0]])
 
 

@@ -34,10 +34,13 @@ import sys
 
 # The file operations (actors/fileops.py). Run by the bootstrap, this file is a top-level
 # module with actors/ on sys.path; imported by the executor, it is actors.sandbox.launcher.
+# The memory tool's commands (actors/memoryfs.py) likewise: imported before the lockdown,
+# which leaves the source tree unreadable (the fork server has them loaded already).
 if __package__:
-    from actors import fileops
+    from actors import fileops, memoryfs
 else:
     import fileops  # type: ignore[no-redef]
+    import memoryfs  # type: ignore[no-redef]
 # The lockdown primitives (lockdown.py) and the mount view (mounts.py), imported the same
 # two ways. The star imports keep every public name of theirs importable from here, and
 # `_x as _x` the private ones the executor and the zygote use.
@@ -350,7 +353,8 @@ class Launch:
 
 
 _FILE_OPS = (("write", fileops.run_writer), ("read", fileops.run_reader),
-             ("list", fileops.run_lister), ("serve", fileops.run_server))
+             ("list", fileops.run_lister), ("serve", fileops.run_server),
+             ("memory", memoryfs.run_memory))
 
 
 def _file_op(spec: dict[str, Any]):  # type: ignore[no-untyped-def]

@@ -28,6 +28,8 @@ TMPFS_SIZE = "64m"
 """The size of each private tmpfs (/tmp, /var/tmp, /dev/shm, /run): a fill stops there."""
 _HOMES = ("/root", "/home")
 """Hidden from every tool (tmpfs): root's and the users' homes, whatever their modes."""
+#: The file operations that write (the others read): in the call's working directory.
+WRITING_OPS = ("write", "memory")
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -140,7 +142,7 @@ def build_spec(
     present), as `call_uid`, in `call`'s cgroup (capped by `executor_limits`),
     with the `hide` paths hidden, in the call's `view`."""
     on = {layer for layer in LAYERS if policy.applies(layer) and not layers.get(layer)}
-    reading = op is not None and op[0] != "write"
+    reading = op is not None and op[0] not in WRITING_OPS
     offline = policy.network == "none" or reading
     ns = "namespaces" in on
     uid = call_uid if "uid" in on else -1
@@ -192,7 +194,7 @@ def build_spec(
         spec["passwd"] = modes.passwd_lines(uid, gid, name, home)
     if "landlock" in on:
         rw: list[str] = []
-        if op is None or op[0] == "write":
+        if op is None or op[0] in WRITING_OPS:
             rw += list(view.writable) if tree else [str(cwd)]
         if op is None:
             rw += list(RW_DEVICES) + (private_tmp(cwd, view) if ns else [])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors import fileops
+from actors import fileops, memoryfs
 from actors.tools.process import Spawner, ToolRefused, release, run_to_end
 
 from . import launcher as launcher_mod
@@ -42,7 +42,7 @@ from .filereplies import (
 )
 from .forkserver import IDLE_S as FORK_IDLE_S
 from .forkserver import ForkServer, ForkServerGone
-from .launchspec import _HOMES, Extra, build_spec
+from .launchspec import _HOMES, WRITING_OPS, Extra, build_spec
 from .layers import machine_layers
 from .network import NetAccess, Proxied, apply_network, network_policy
 from .policy import Policy, SandboxConfig
@@ -59,6 +59,10 @@ ReadResult = tuple[bytes, bool, int, str]
 ListResult = tuple[list[tuple[bytes, str]], int, str]
 FileReaderFn = Callable[[Path, Path, tuple[str, ...]], Awaitable[ReadResult]]
 DirListerFn = Callable[[Path, Path, tuple[str, ...]], Awaitable[ListResult]]
+MemoryRunnerFn = Callable[[Path, dict[str, Any]], Awaitable[tuple[bool, str]]]
+#: Bytes of a memory command's reply at most: a file view of `memoryfs.FILE_MAX` bytes,
+#: numbered (7 bytes more a line: one-byte lines make it 4.5 times as long).
+_MEMORY_REPLY_CAP = 5 * memoryfs.FILE_MAX
 
 LAUNCHER_DIR = str(Path(launcher_mod.__file__).resolve().parent)
 #: `actors/`, after the launcher's own directory: the launcher imports `fileops` from it.
@@ -269,6 +273,40 @@ class Sandbox:
 
         return listing
 
+    def memory_runner(self, tool: str = "memory", policy: Policy | None = None
+                      ) -> MemoryRunnerFn:
+        """A `MemoryRunner` (for `make_memory`): each command runs in a launcher locked
+        down like a write whose working directory, and only writable path, is the
+        memory folder; the rest of the oploop home stays hidden."""
+
+        async def run(folder: Path, command: dict[str, Any]) -> tuple[bool, str]:
+            pol = policy or self.config.policy(tool)
+            return await self.memory(tool, pol, folder, command)
+
+        return run
+
+    async def memory(self, tool: str, policy: Policy, folder: Path,
+                     command: dict[str, Any]) -> tuple[bool, str]:
+        """Run one memory command (`memoryfs`) on `folder` in the sandbox: (is_error,
+        text). The folder is made (0700) and given a uid of the policy's range of its
+        own, as a workspace is. Raises OSError or ToolRefused."""
+        await asyncio.to_thread(self._memory_folder, policy, folder)
+        # Not the session's view: the call sees and writes the memory folder alone.
+        with modes.using(None):
+            returncode, reply = await self._run_op(tool, policy, folder,
+                                                   ("memory", {"input": command}), (),
+                                                   _MEMORY_REPLY_CAP, framed=False)
+        if returncode == 0 and reply[:1] in (b"E", b"O"):
+            return reply[:1] == b"E", reply[1:].decode("utf-8", "replace")
+        raise OSError(0, f"the sandboxed memory command exited with status {returncode}")
+
+    def _memory_folder(self, policy: Policy, folder: Path) -> None:
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._applies_uid(policy):
+            uids.assign(folder.parent, folder.name, *policy.uid_range)
+        else:
+            folder.mkdir(mode=0o700, exist_ok=True)
+
     async def write_file(
         self, tool: str, policy: Policy, target: Path, data: bytes, cwd: Path
     ) -> str:
@@ -375,7 +413,7 @@ class Sandbox:
         policy = network_policy(tool, policy, net, op)
         view = modes.CURRENT.get()
         self.check(tool, policy, writing=op is not None, view=view)
-        if op is None or op[0] == "write":  # (a read takes no room)
+        if op is None or op[0] in WRITING_OPS:  # (a read takes no room)
             self.spaces.check_room()
         uid = self.call_uid(policy, cwd, view)
         if uses_bwrap(policy, op is not None):
@@ -450,7 +488,7 @@ class Sandbox:
             os.write(spec_fd, marshal.dumps(spec))
             os.lseek(spec_fd, 0, os.SEEK_SET)
             unshare = int(spec["unshare"])  # type: ignore[call-overload]
-            file_op = any(key in spec for key in ("write", "read", "list", "serve"))
+            file_op = any(key in spec for key in ("write", "read", "list", "serve", "memory"))
             pid_ns = file_op and bool(unshare & launcher_mod.CLONE_NEWPID)
             proc, err_r = await self._fork.launch(spec_fd, pid_ns=pid_ns, duplex=duplex,
                                                   stderr=stderr)

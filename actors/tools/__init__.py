@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run
     from .builtin import make_shell as make_shell
     from .builtin import make_write_file as make_write_file
     from .builtin import shown_name as shown_name
+    from .memory import make_memory as make_memory
     from .plain import ToolInputError as ToolInputError
     from .process import Child as Child
     from .process import CommandResult as CommandResult
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # (the "X as X" form: re-exported, as __getattr__ does at run
 _HOMES = {
     "BUILTIN": "builtin", "FileWriter": "builtin", "make_shell": "builtin",
     "make_write_file": "builtin", "make_read_file": "builtin", "make_list_dir": "builtin",
-    "shown_name": "builtin",
+    "shown_name": "builtin", "make_memory": "memory",
     "Child": "process", "CommandResult": "process", "Spawner": "process",
     "ToolRefused": "process", "run_command": "process", "spawn_local": "process",
     "Catalogue": "registry", "Tool": "registry", "ToolContext": "registry",

@@ -54,6 +54,9 @@ class ToolContext(Generic[Deps]):
     kept: tuple[str, ...] = ()
     #: The session's sandbox mode ("" outside a sandbox), named in those messages.
     mode: str = ""
+    #: The folder of the agent's `memory` name, where the `memory` tool works (None:
+    #: the agent has none, and `memory` is refused).
+    memory: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,7 @@ def test_an_executor_with_its_sandboxed_catalogue_never_loads_pydantic(tmp_path)
         "from actors.executor.actor import sandboxed_catalogue, default_sandbox\n"
         "from pathlib import Path\n"
         f"cat = sandboxed_catalogue(default_sandbox(Path({str(tmp_path)!r})))\n"
-        "assert sorted(cat) == ['list_dir', 'read_file', 'shell', 'write_file']\n"
+        "assert sorted(cat) == ['list_dir', 'memory', 'read_file', 'shell', 'write_file']\n"
         "cat['shell'].validate({'command': 'true', 'timeout_s': 5})\n"
         "[s.to_wire() for s in cat.specs()]")
     assert "actors.tools.builtin" in loaded
