@@ -135,6 +135,29 @@ def debug_wanted(environ: Mapping[str, str] | None = None) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceSettings:
+    """OpenTelemetry traces (`actors/tracing.py`), on when an OTLP endpoint is set
+    (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`; the SDK's
+    exporter reads those and the other `OTEL_EXPORTER_OTLP_*` itself)."""
+
+    #: `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`: prompts, replies,
+    #: tool input and output are recorded on the spans.
+    capture_content: bool = False
+
+
+def trace_settings(env: Mapping[str, str]) -> TraceSettings | None:
+    """The traces `env` asks for, or None (off: no endpoint, `OTEL_SDK_DISABLED=true`
+    or `OTEL_TRACES_EXPORTER=none`)."""
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" \
+            or env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return None
+    capture = env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+    return TraceSettings(capture_content=capture.strip().lower() == "true")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable, checked, defaults filled in."""
 
@@ -164,6 +187,8 @@ class Settings:
     embedded: bool = False
     #: This actor is a restart by its host (not the host's first start of it).
     restarted: bool = False
+    #: OpenTelemetry traces (`trace_settings`); None: off, the SDK never imported.
+    traces: TraceSettings | None = None
 
     def endpoints(self) -> Endpoints:
         """The host to talk to: `connect` when set, else the one of `home`."""
@@ -211,6 +236,7 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         executors=reader.get("OPLOOP_EXECUTORS", int, 1, at_least=1),
         viewer_queue=reader.get("OPLOOP_VIEWER_QUEUE", int, 100_000, at_least=1),
         memtrace_s=reader.get("OPLOOP_MEMTRACE", float, 0.0, at_least=0),
+        traces=trace_settings(env),
         connect=place.connect,
         keys=place.keys,
         machine=_machine(env.get(MACHINE_ENV, "")),

@@ -165,6 +165,7 @@ class Client:
         timeout: float = 10.0,
         lease_s: float = 0.0,
         machine: str = "",
+        traceparent: str = "",
     ) -> RunStarted:
         """Start a run (a new session, or a follow-up in `session`); `machine`: the
         session's tools run on that worker machine only.
@@ -174,7 +175,8 @@ class Client:
         the same key, so the run starts once however many arrive. `lease_s` > 0: the
         run is cancelled unless `renew` keeps it, at least that often. `cwd`: the
         session's working directory (None: this process's; "": none of the client's
-        choosing, the agent's `cwd` or the session's scratch workspace).
+        choosing, the agent's `cwd` or the session's scratch workspace). `traceparent`:
+        a W3C trace context; a host exporting traces makes the run's span its child.
         """
         body = StartRun(prompt, session, agent, max_turns, deadline_s,
                         os.getcwd() if cwd is None else cwd,
@@ -184,7 +186,7 @@ class Client:
         while True:
             wait = min(START_RESEND_S, end - loop.time())
             try:
-                reply = await self._api.request(body, timeout=wait)
+                reply = await self._api.request(body, timeout=wait, traceparent=traceparent)
                 break
             except RequestTimeout:
                 if loop.time() >= end - 0.001:

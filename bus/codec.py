@@ -1,7 +1,10 @@
 """msgpack codec for `Envelope`s: one frame, validated on the way in.
 
 Wire form: a msgpack array `[v, kind, id, sid, job, deadline, body]` where
-`body` is a map of the body's field names to values. Decoding checks, in order,
+`body` is a map of the body's field names to values, and an 8th item, the
+envelope's `traceparent`, only when it has one: a frame without trace context is
+the 7-item array it always was, so a peer that predates it decodes every frame
+of a host not tracing. Decoding checks, in order,
 the frame size, msgpack well-formedness (with msgpack's own length limits), the
 array shape, the protocol version, the kind, and every body field's type; any
 failure is a `BadFrame` and nothing half-decoded escapes.
@@ -24,6 +27,9 @@ from bus.messages import BY_KIND, PROTOCOL_VERSION, Body, Envelope
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 Check = Callable[[Any], bool]
+
+#: Characters of an envelope's `traceparent` at most (W3C's version 00 has 55).
+TRACEPARENT_MAX = 256
 
 
 def _is_int(v: Any) -> bool:
@@ -119,10 +125,11 @@ def encode(env: Envelope) -> bytes:
     """Encode `env` to one frame. Raises `BadFrame` if it would exceed the size limit."""
     body = env.body
     fields = {name: getattr(body, name) for name in _NAMES[body.KIND]}
+    items = [env.v, body.KIND, env.id, env.sid, env.job, env.deadline, fields]
+    if env.traceparent:
+        items.append(env.traceparent)
     try:
-        frame: bytes = _packer.pack(
-            [env.v, body.KIND, env.id, env.sid, env.job, env.deadline, fields]
-        )
+        frame: bytes = _packer.pack(items)
     except (TypeError, ValueError, OverflowError) as exc:
         _packer.reset()
         raise BadFrame("unencodable", str(exc), body.KIND) from exc
@@ -139,9 +146,13 @@ def decode(frame: bytes) -> Envelope:
         raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, **_LIMITS)
     except Exception as exc:  # msgpack raises a zoo of types; all mean "not our frame"
         raise BadFrame("malformed", f"not msgpack: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(raw, list) or len(raw) != 7:
-        raise BadFrame("malformed", "envelope is not a 7-item array")
-    v, kind, mid, sid, job, deadline, fields = raw
+    if not isinstance(raw, list) or len(raw) not in (7, 8):
+        raise BadFrame("malformed", "envelope is not a 7-item array (8 with a traceparent)")
+    v, kind, mid, sid, job, deadline, fields = raw[:7]
+    traceparent = raw[7] if len(raw) == 8 else ""
+    if not isinstance(traceparent, str) or len(traceparent) > TRACEPARENT_MAX:
+        raise BadFrame("field_type", f"traceparent must be a string of at most "
+                       f"{TRACEPARENT_MAX} characters", kind if isinstance(kind, str) else None)
     if v != PROTOCOL_VERSION:
         raise BadFrame("version", f"protocol version {v!r}, expected {PROTOCOL_VERSION}")
     cls = BY_KIND.get(kind) if isinstance(kind, str) else None
@@ -160,6 +171,7 @@ def decode(frame: bytes) -> Envelope:
     _set(env, "job", job)
     _set(env, "deadline", float(deadline))
     _set(env, "v", v)
+    _set(env, "traceparent", traceparent)
     return env
 
 

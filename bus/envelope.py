@@ -24,7 +24,8 @@ class Envelope:
 
     `id` identifies the message (a reply carries the request's `id`), `sid` the
     session, `job` the job, `deadline` an absolute `time.time()` after which the
-    work is moot (0 when none applies).
+    work is moot (0 when none applies). `traceparent`: the W3C trace context of the
+    work (a run's model call, a caller's span), "" when none: sent only when set.
     """
 
     body: Body
@@ -33,6 +34,7 @@ class Envelope:
     job: str = ""
     deadline: float = 0.0
     v: int = PROTOCOL_VERSION
+    traceparent: str = ""
 
     @property
     def kind(self) -> str:

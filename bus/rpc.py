@@ -53,10 +53,12 @@ class Requester:
             fut.set_result(env)
 
     async def request(
-        self, body: Body, *, sid: str = "", job: str = "", timeout: float = 5.0
+        self, body: Body, *, sid: str = "", job: str = "", timeout: float = 5.0,
+        traceparent: str = "",
     ) -> Envelope:
-        """Send `body`, await its reply; raises `RemoteError` on an `ErrorReply`,
-        `AccessDenied` when the peer refuses our key, `RequestTimeout` without a reply."""
+        """Send `body` (with the trace context `traceparent`, if any), await its reply;
+        raises `RemoteError` on an `ErrorReply`, `AccessDenied` when the peer refuses
+        our key, `RequestTimeout` without a reply."""
         if self.refusal is not None:
             raise AccessDenied(self.address, self.refusal)
         mid = new_id("r")
@@ -64,7 +66,8 @@ class Requester:
         self._pending[mid] = fut
         try:
             self.port.send(
-                Envelope(body, id=mid, sid=sid, job=job, deadline=time.time() + timeout)
+                Envelope(body, id=mid, sid=sid, job=job, deadline=time.time() + timeout,
+                         traceparent=traceparent)
             )
             async with asyncio.timeout(timeout):
                 reply = await fut

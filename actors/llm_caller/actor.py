@@ -59,6 +59,8 @@ class LlmCaller(Worker):
             return JobFailed(HISTORY_MISS, str(exc), retryable=True)
         except BadHistory as exc:
             return JobFailed("bad_job", str(exc))
+        if env.traceparent:  # the run's trace continues at the model's server (W3C header)
+            request = {**request, "extra_headers": {"traceparent": env.traceparent}}
         batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)),
                                self.batch_s)
         policy = self.policy

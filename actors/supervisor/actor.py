@@ -8,7 +8,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
@@ -60,6 +60,9 @@ from bus.vocab import CancelMode
 
 #: What a peer host's key may send to the api (anything else is refused, "forbidden").
 PEER_ASKS = (StartRun, ListTools, Cancel)
+
+if TYPE_CHECKING:  # (imported at run time only when tracing is on: it loads the SDK)
+    from actors.tracing import RunTracer
 
 log = logging.getLogger("oploop.supervisor")
 
@@ -138,6 +141,19 @@ class Supervisor:
         self.pruner: Pruner | None = None
         self._group: asyncio.TaskGroup | None = None
         self.io = WorkerIO(self.config, self.dispatcher, self.asker, self.emit)
+        #: OpenTelemetry traces of the runs (`actors/tracing.py`); None: off.
+        self.tracer: RunTracer | None = None
+
+    def trace_parent(self, sid: str, traceparent: str) -> None:
+        """The next run of `sid` continues the caller's trace (nothing when not tracing)."""
+        if self.tracer is not None:
+            self.tracer.expect_parent(sid, traceparent)
+
+    def trace_with(self, tracer: RunTracer) -> None:
+        """Make spans of every run's events with `tracer`, and carry its context in the
+        model calls' envelopes (the llm caller passes it on to the model's server)."""
+        self.tracer = tracer
+        self.io.trace_context = tracer.traceparent
 
     # -- events ------------------------------------------------------------------------
 
@@ -146,7 +162,11 @@ class Supervisor:
         journal, else after the journal has committed it (at the end of this loop
         iteration, with every other event of it: one commit per iteration)."""
         seq = session.stamp(type_, data)
-        env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
+        now = time.time()
+        env = Envelope(Event(seq, type_, turn, now, data), sid=session.id)
+        if self.tracer is not None:  # (off: this test is all it costs)
+            self.tracer.on_event(session.id, session.agent.name, session.agent.model_id(),
+                                 type_, turn, data, now)
         frame = encode(env)
         if self.journal is None:
             self._publish(frame, session.id, seq)
@@ -545,6 +565,8 @@ class Supervisor:
             self.reactor.close()
             if self.gate is not None:
                 self.gate.stop()
+            if self.tracer is not None:
+                self.tracer.shutdown()  # the runs' open spans, and what waits for export
 
 
 async def _main(settings: Settings) -> None:
@@ -554,6 +576,10 @@ async def _main(settings: Settings) -> None:
     supervisor = Supervisor(endpoints, settings.config, journal)
     supervisor.resume_at_start = settings.restarted or not settings.embedded
     supervisor.runs.end_at_stop = settings.embedded
+    if settings.traces is not None:  # the SDK is imported only then
+        from actors.tracing import RunTracer
+
+        supervisor.trace_with(RunTracer(capture=settings.traces.capture_content))
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,

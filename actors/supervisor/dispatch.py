@@ -171,18 +171,20 @@ class Dispatcher:
     def submit(self, role: str, body: Body, *, sid: str, deadline: float,
                on_progress: OnProgress,
                for_worker: Callable[[bytes], Body] | None = None,
-               machine: str | None = None) -> Job:
+               machine: str | None = None, traceparent: str = "") -> Job:
         """Queue a job for a worker of `role`; await `job.future` for the final reply.
 
         `for_worker(worker_id)`, if given, makes the body sent to that worker.
         `machine`: only a worker of that machine may take it; a worker machine
         with no worker of `role` connected fails it at once (never elsewhere), while
-        `LOCAL` jobs wait for the host to (re)start its own."""
+        `LOCAL` jobs wait for the host to (re)start its own. `traceparent`: the trace
+        context the job's envelope carries ("": none)."""
         key = (role, machine)
         if len(self.queues.get(key, ())) >= MAX_QUEUED:
             raise NoCapacity(f"{MAX_QUEUED} {role} jobs already waiting")
         jid = f"{self._prefix}{next(self._ids):x}"
-        env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline)
+        env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline,
+                       traceparent=traceparent)
         job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress,
                   for_worker=for_worker, machine=machine)
         if machine not in (None, LOCAL) and not self._serves(role, machine):

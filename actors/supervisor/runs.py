@@ -66,6 +66,10 @@ class RunHost(Protocol):
         """What a request naming an unknown session is told."""
         ...
 
+    def trace_parent(self, sid: str, traceparent: str) -> None:
+        """The next run of `sid` continues the caller's trace (nothing when not tracing)."""
+        ...
+
     def no_agent(self, name: str) -> str:
         """What a request naming an unknown agent is told."""
         ...
@@ -229,7 +233,7 @@ class Runs:
         if refusal is not None:
             self.sup.api.reply_error(peer, env.id, *refusal)
             return
-        started = self._begin(req)
+        started = self._begin(req, env.traceparent)
         if _role(user) == PEER:
             self.peer_runs[started.session] = _by(user)
         if req.lease_s > 0:
@@ -239,8 +243,9 @@ class Runs:
         self.sup.remember_start(req.key, started)
         self.sup.reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
 
-    def _begin(self, req: StartRun) -> RunStarted:
-        """Begin the run `req` asks for (refusals already checked)."""
+    def _begin(self, req: StartRun, traceparent: str = "") -> RunStarted:
+        """Begin the run `req` asks for (refusals already checked); `traceparent`: the
+        caller's trace context, the run's span's parent when tracing."""
         session = self.sup.session(req.session) if req.session else None
         if session is None:
             agent = self.sup.config.agent(req.agent)
@@ -258,6 +263,8 @@ class Runs:
         from_seq = session.next_seq
         session.run_from_seq, session.start_key = from_seq, req.key
         driver = RunDriver(session, self.sup.io)
+        if traceparent:
+            self.sup.trace_parent(session.id, traceparent)
         driver.start(req.prompt, req.max_turns, req.deadline_s)
         task = self.sup.spawn(self._run(session, driver, previous),
                               f"session-{session.id}-{session.runs}")

@@ -64,6 +64,9 @@ class WorkerIO:
         self.dispatcher = dispatcher
         self.asker = asker
         self.emit: Emit = emit
+        #: The trace context of a session's open run (`RunTracer.traceparent`) that its
+        #: model calls carry; None: not tracing.
+        self.trace_context: Callable[[str], str] | None = None
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -159,10 +162,14 @@ class WorkerIO:
         deadline = time.time() + timeout_s
         if session.deadline:  # (the run's own timer ends the run: no second timeout here)
             deadline = min(deadline, session.deadline)
+        # A model call carries its span's context: the llm caller sends it to the model's
+        # server (`traceparent`), so a traced gateway there joins the run's trace.
+        trace = self.trace_context
+        traceparent = trace(session.id) if trace is not None and role == "llm" else ""
         try:
             job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
                                     on_progress=progress, for_worker=for_worker,
-                                    machine=machine)
+                                    machine=machine, traceparent=traceparent)
         except NoCapacity as exc:
             raise ModelError("busy", str(exc)) from exc
         try:
