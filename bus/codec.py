@@ -146,13 +146,19 @@ def decode(frame: bytes) -> Envelope:
         raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, **_LIMITS)
     except Exception as exc:  # msgpack raises a zoo of types; all mean "not our frame"
         raise BadFrame("malformed", f"not msgpack: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(raw, list) or len(raw) not in (7, 8):
+    if not isinstance(raw, list):
         raise BadFrame("malformed", "envelope is not a 7-item array (8 with a traceparent)")
-    v, kind, mid, sid, job, deadline, fields = raw[:7]
-    traceparent = raw[7] if len(raw) == 8 else ""
-    if not isinstance(traceparent, str) or len(traceparent) > TRACEPARENT_MAX:
-        raise BadFrame("field_type", f"traceparent must be a string of at most "
-                       f"{TRACEPARENT_MAX} characters", kind if isinstance(kind, str) else None)
+    if len(raw) == 7:  # (the usual frame: no trace context, nothing more to check)
+        v, kind, mid, sid, job, deadline, fields = raw
+        traceparent = ""
+    elif len(raw) == 8:
+        v, kind, mid, sid, job, deadline, fields, traceparent = raw
+        if not isinstance(traceparent, str) or len(traceparent) > TRACEPARENT_MAX:
+            raise BadFrame("field_type", f"traceparent must be a string of at most "
+                           f"{TRACEPARENT_MAX} characters",
+                           kind if isinstance(kind, str) else None)
+    else:
+        raise BadFrame("malformed", "envelope is not a 7-item array (8 with a traceparent)")
     if v != PROTOCOL_VERSION:
         raise BadFrame("version", f"protocol version {v!r}, expected {PROTOCOL_VERSION}")
     cls = BY_KIND.get(kind) if isinstance(kind, str) else None
