@@ -227,7 +227,12 @@ class _Entry:
 
     def write_text(self, root: int, text: str) -> None:
         """Replace the file atomically (a temporary file, then rename), within the bounds."""
-        data = text.encode("utf-8", "surrogatepass")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON may carry a lone surrogate ("\ud800")
+            raise MemoryRefused(f"memory: {self.path}: the text is not valid UTF-8 (a lone "
+                                f"surrogate at character {exc.start}): nothing written"
+                                ) from None
         if len(data) > FILE_MAX:
             raise MemoryRefused(f"memory: {self.path}: {len(data)} bytes is more than a "
                                 f"memory file may hold ({FILE_MAX // 1024} KiB): nothing "

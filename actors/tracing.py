@@ -118,13 +118,14 @@ class RunTracer:
         while len(self._parents) > PARENTS_MAX:
             self._parents.popitem(last=False)
 
-    def traceparent(self, session: str) -> str:
-        """The context a job of `session`'s run carries (its model call's, else the run's);
-        "" when the session has no open run."""
+    def traceparent(self, session: str, call_id: str = "") -> str:
+        """The context work of `session`'s run carries: the tool call `call_id`'s, else
+        the model call's, else the run's; "" when the session has no open run."""
         run = self._runs.get(session)
         if run is None:
             return ""
-        return traceparent_of(run.chat if run.chat is not None else run.span)
+        span = run.tools.get(call_id) if call_id else None
+        return traceparent_of(span or run.chat or run.span)
 
     def open_runs(self) -> int:
         """Runs with open spans now (each is dropped at its terminal event)."""

@@ -49,9 +49,11 @@ class Asker:
         return spec(self.peers) if self.peers else None
 
     async def ask(self, call_input: Any, tool_use_id: str,
-                  emit: Callable[[dict[str, Any]], None]) -> tuple[str, bool]:
+                  emit: Callable[[dict[str, Any]], None],
+                  traceparent: str = "") -> tuple[str, bool]:
         """Carry out one call: (output, is_error). `emit` publishes a `MACHINE_EVENT`
-        in the caller's session. A cancel of the calling task cancels the remote run."""
+        in the caller's session. A cancel of the calling task cancels the remote run.
+        `traceparent`: the call's trace context, sent with the remote `StartRun`."""
         checked = check(call_input, self.peers)
         if isinstance(checked, str):
             return checked, True
@@ -59,7 +61,7 @@ class Asker:
         self.counts["asks"] += 1
         client = self._client(peer)
         try:
-            session, from_seq = await link.start(client, peer, prompt)
+            session, from_seq = await link.start(client, peer, prompt, traceparent)
         except link.AskFailed as exc:
             return str(exc), True
         relay = Relay(peer.name, tool_use_id, session)

@@ -55,11 +55,13 @@ class Answer:
     is_error: bool
 
 
-async def start(client: Client, peer: Peer, prompt: str) -> tuple[str, int]:
-    """Start the run on `peer`; (remote session, its first seq). Raises `AskFailed`."""
+async def start(client: Client, peer: Peer, prompt: str,
+                traceparent: str = "") -> tuple[str, int]:
+    """Start the run on `peer` (a child of the trace `traceparent`, if any); (remote
+    session, its first seq). Raises `AskFailed`."""
     try:
         started = await client.start(prompt, agent=peer.agent, lease_s=LEASE_S,
-                                     timeout=START_TIMEOUT_S)
+                                     timeout=START_TIMEOUT_S, traceparent=traceparent)
     except AccessDenied as exc:
         raise AskFailed(f"machine {peer.name} refused our key: {exc}") from None
     except RequestTimeout:

@@ -37,7 +37,10 @@ def listing(catalogue: list[ToolSpecDict], agent: Agent,
             hidden: Mapping[tuple[str, str], frozenset[str]],
             server_states: Mapping[Any, Any]) -> list[ToolSpecDict]:
     """The catalogue as `oploop tools` lists it for `agent`: each spec with whether turn 1
-    and later turns offer it, its permission rule, and its MCP server's state."""
+    and later turns offer it, its permission rule, and its MCP server's state (`memory`
+    only for an agent with a memory: no other can ever be offered it)."""
+    if not agent.memory:
+        catalogue = [t for t in catalogue if t["name"] != memorytool.NAME]
     first = {t["name"] for t in resolve_tools(catalogue, agent, 1, hidden)}
     later = {t["name"] for t in resolve_tools(catalogue, agent, 2, hidden)}
     return [dict(t, turn1=t["name"] in first, later=t["name"] in later,

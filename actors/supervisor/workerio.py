@@ -64,9 +64,9 @@ class WorkerIO:
         self.dispatcher = dispatcher
         self.asker = asker
         self.emit: Emit = emit
-        #: The trace context of a session's open run (`RunTracer.traceparent`) that its
-        #: model calls carry; None: not tracing.
-        self.trace_context: Callable[[str], str] | None = None
+        #: The trace context of a session's open run, or of one of its tool calls
+        #: (`RunTracer.traceparent`), that its model calls and asks carry; None: not tracing.
+        self.trace_context: Callable[[str, str], str] | None = None
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -149,8 +149,11 @@ class WorkerIO:
             if session.driver is driver and driver is not None and not session.run_over:
                 self.emit(session, EventType.MACHINE_EVENT, session.run_turn, data)
 
+        # The asked host's run continues this call's trace (when both hosts trace).
+        trace = self.trace_context
+        traceparent = trace(session.id, call.id) if trace is not None else ""
         started = time.perf_counter()
-        output, is_error = await self.asker.ask(call.input, call.id, emit)
+        output, is_error = await self.asker.ask(call.input, call.id, emit, traceparent)
         return ToolOutcome(output, is_error, round((time.perf_counter() - started) * 1000, 3),
                            machine=LOCAL)
 
@@ -165,7 +168,7 @@ class WorkerIO:
         # A model call carries its span's context: the llm caller sends it to the model's
         # server (`traceparent`), so a traced gateway there joins the run's trace.
         trace = self.trace_context
-        traceparent = trace(session.id) if trace is not None and role == "llm" else ""
+        traceparent = trace(session.id, "") if trace is not None and role == "llm" else ""
         try:
             job = dispatcher.submit(role, body, sid=session.id, deadline=deadline,
                                     on_progress=progress, for_worker=for_worker,

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 from homes import make_home, remove_home
-from hostkit import of_type, run, scripted_host
+from hostkit import of_type, run, running_host, scripted_host
 from mcpkit import DONE
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from peerkit import ask, free_ports, issue_peer_key, network_config, peer_config, write_home
 
 PROMPT = "#traced run the secret-word-4711 command"
 SCRIPTS = {"traced": [
@@ -79,6 +80,13 @@ class OtlpReceiver:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    def wait(self, found: Any, timeout: float = 30.0) -> Any:
+        """Until `found(spans)` is truthy; its value."""
+        with self.changed:
+            result = self.changed.wait_for(lambda: found(self.spans), timeout)
+            assert result, self.spans
+            return result
 
     def run_spans(self, session: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         """The spans of `session`'s run, once its `invoke_agent` span (the last to
@@ -202,3 +210,40 @@ def test_content_is_recorded_only_when_capture_is_asked(receiver, tmp_path):
     assert events[-1]["data"]["text"] in agent["attrs"]["gen_ai.output.messages"]
     assert "echo tool-output-0815" in tool["attrs"]["gen_ai.tool.call.arguments"]
     assert "tool-output-0815" in tool["attrs"]["gen_ai.tool.call.result"]
+
+
+def test_an_ask_machine_continues_the_callers_trace_on_the_asked_host(receiver):
+    homes = {name: make_home(f"opt{name}-") for name in "ab"}
+    listen = f"tcp://127.0.0.2:{free_ports('127.0.0.2')}"
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+              "OTEL_BSP_SCHEDULE_DELAY": "50", "NO_PROXY": "127.0.0.1,localhost"}
+    remote = {"echo": [{"reply": [{"type": "tool_use", "name": "shell",
+                                   "input": {"command": "echo from-b"}}]}, DONE]}
+    try:
+        env_b = write_home(homes["b"], remote, network_config(listen))
+        key = issue_peer_key(homes["b"], "host-a")
+        env_a = write_home(homes["a"], {"askb": [{"reply": [ask("b", "#echo hello")]}, DONE]},
+                           peer_config("b", listen, key))
+        with running_host(homes["b"], {**env_b, **traced}), \
+                running_host(homes["a"], {**env_a, **traced}):
+            events = run(homes["a"], "#askb ask b")
+            assert events[-1]["type"] == "DONE"
+            (asked,) = receiver.run_spans(events[0]["session"]) and [
+                s for s in receiver.spans if s["name"] == "execute_tool ask_machine"
+                and s["attrs"]["gen_ai.tool.call.id"] ==
+                of_type(events, "TOOL_START")[0]["data"]["tool_use_id"]]
+
+            def remote_root(spans: list[dict[str, Any]]) -> dict[str, Any] | None:
+                return next((s for s in spans if s["name"].startswith("invoke_agent")
+                             and s["parent"] == asked["span_id"]), None)
+
+            root = receiver.wait(remote_root)
+            assert root["trace_id"] == asked["trace_id"]
+            assert root["attrs"]["gen_ai.conversation.id"] != events[0]["session"]
+            tools = receiver.wait(lambda spans: [
+                s for s in spans if s["name"] == "execute_tool shell"
+                and s["parent"] == root["span_id"]])
+            assert tools[0]["trace_id"] == asked["trace_id"]
+    finally:
+        for home in homes.values():
+            remove_home(Path(home))

@@ -11,7 +11,7 @@ import pytest
 
 from actors import memoryfs, memorytool
 from actors.config import Agent
-from actors.core.catalogue import resolve_tools
+from actors.core.catalogue import listing, resolve_tools
 from actors.core.request import build_request
 from actors.permissions import decide, parse_rules
 from actors.tools import ToolContext, invoke
@@ -201,6 +201,9 @@ def test_only_agents_with_a_memory_are_offered_it():
     specs = [make_memory().spec.to_wire(), {"name": "shell", "tags": ["exec"]}]
     assert [t["name"] for t in resolve_tools(specs, Agent(), 1)] == ["shell"]
     assert [t["name"] for t in resolve_tools(specs, Agent(memory="x"), 1)] == ["memory", "shell"]
+    assert [t["name"] for t in listing(specs, Agent(), {}, {})] == ["shell"]
+    assert [(t["name"], t["turn1"]) for t in listing(specs, Agent(memory="x"), {}, {})] == \
+        [("memory", True), ("shell", True)]
 
 
 def test_permission_rules_judge_the_memories_paths():
@@ -235,3 +238,9 @@ def test_the_offline_model_takes_either_form_and_refuses_a_malformed_one():
                      ({"name": "memory"}, "input_schema")):
         with pytest.raises(InvalidRequest, match=why):
             validate_request({**base, "tools": [bad]})
+
+
+def test_text_that_is_not_utf8_is_refused(folder):
+    assert "not valid UTF-8" in refused(folder, command="create", path="/memories/s",
+                                        file_text="a\ud800b")
+    assert not (folder / "s").exists()

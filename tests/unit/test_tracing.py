@@ -215,9 +215,13 @@ def test_a_job_carries_its_model_calls_context_while_it_is_open():
     feed(t, RUN[:2])
     tp = t.traceparent("s1")
     assert tp.startswith("00-") and len(tp) == 55
-    feed(t, RUN[2:])
-    chat1 = min(spans_by_name(exporter)["chat claude-sonnet-4-5"], key=lambda s: s.start_time)
+    feed(t, RUN[2:6])  # a tool call under way (an ask_machine's is sent to the peer)
+    in_tool = t.traceparent("s1", "t1")
+    feed(t, RUN[6:])
+    spans = spans_by_name(exporter)
+    chat1 = min(spans["chat claude-sonnet-4-5"], key=lambda s: s.start_time)
     assert tp == traceparent_of(_Readable(chat1))
+    assert in_tool == traceparent_of(_Readable(spans["execute_tool shell"][0]))
     assert t.traceparent("s1") == ""
 
 
