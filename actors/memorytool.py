@@ -5,8 +5,9 @@ An agent with `memory = "NAME"` is offered `memory`; its calls run in the sandbo
 `$OPLOOP_HOME/memory/NAME` (`memoryfs.py`, the commands), a folder every agent with
 that name shares. A model that knows the Messages API's memory tool gets it in its
 native form (`{"type": "memory_20250818", "name": "memory"}`: the model was trained
-on it and the API supplies its schema; no beta header since the SDK's 0.69), any
-other model an ordinary tool with `SCHEMA`. Pure: the core imports it.
+on it and the API supplies its schema; the SDK's plain Messages types carry it,
+`MemoryTool20250818Param`, so no beta header is sent), any other model an ordinary
+tool with `SCHEMA`. Pure: the core imports it.
 """
 
 from __future__ import annotations
