@@ -196,10 +196,8 @@ class McpServer:
                 await self._wait_end(fault)
                 if self._fault is fault:
                     self._session = None  # no new call on it while it is torn down
-        except MCPError as exc:
-            cause = f"initialize failed: {http_cause(exc.error, self.http_status, self.name)}"
-        except Exception as exc:  # the transport's own failure (spawn, HTTP, ...)
-            cause = describe(exc)
+        except Exception as exc:  # refused, or the transport's own failure (spawn, HTTP)
+            cause = self._start_failure(exc)
         except asyncio.CancelledError:  # the executor stopping: no caller may wait on
             if not ready.done():
                 ready.set_exception(McpServerError(self.name, "stopped"))
@@ -211,6 +209,15 @@ class McpServer:
         cause = fault.cause or cause or "connection closed"
         self._ended(cause, tail, time.monotonic() - started, ready)
         self._on_tools(self)  # its state changed: `oploop status` shows it
+
+    def _start_failure(self, exc: BaseException) -> str:
+        """Why a start failed: the server's refusal (with its HTTP status), or the
+        transport's error (anyio's task groups wrap either)."""
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        if isinstance(exc, MCPError):
+            return f"initialize failed: {http_cause(exc.error, self.http_status, self.name)}"
+        return describe(exc)
 
     async def _handshake(self, session: ClientSession, fault: Fault) -> list[types.Tool]:
         """`initialize`, then `tools/list`, each bounded by `start_timeout_s`."""
