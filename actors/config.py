@@ -262,13 +262,13 @@ def _mcp(raw: Any, source: str) -> dict[str, McpServerConfig]:
         if not server.command:
             continue
         # Found now, at `oploop up`, rather than at the first call of a session.
-        if shutil.which(server.command[0]) is None:
-            raise ConfigError(f"{source}: mcp.{name}.command[0]: {server.command[0]!r} "
-                              f"is not an executable on PATH")
         try:  # (npx of an installed package: its program; what fetches packages: refused)
             command = runnable(server.command, server.cwd)
         except NotRunnable as exc:
             raise ConfigError(f"{source}: mcp.{name}.command: {exc}") from None
+        if shutil.which(command[0]) is None:
+            raise ConfigError(f"{source}: mcp.{name}.command[0]: {server.command[0]!r} "
+                              f"is not an executable on PATH")
         if command != server.command:
             servers[name] = dataclasses.replace(server, command=command)
     return servers

@@ -9,6 +9,7 @@ so an error can say `HTTP 401 Unauthorized` and a 404 can be told from a tool's 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,9 @@ FRESH_S = 30.0
 _LOST = re.compile(r"session (?:not found|terminated|expired)|no valid session|"
                    r"unknown session|invalid session", re.IGNORECASE)
 
+#: The most of an error answer's body read for what it says.
+BODY_BYTES = 64 * 1024
+
 #: What to do about an HTTP status, said after it.
 _ADVICE = {
     401: "unauthorized: check headers or run `oploop mcp login {name}`",
@@ -37,6 +41,9 @@ class HttpStatus:
     def __init__(self) -> None:
         self.code = 0
         self.reason = ""
+        #: The JSON-RPC error message of its body, if it had one (the SDK drops one
+        #: without an `id`, as the TypeScript SDK's servers send their 400s).
+        self.said = ""
         self._at = 0.0
 
     async def hook(self, response: Any) -> None:
@@ -46,6 +53,7 @@ class HttpStatus:
             self.code = response.status_code
             self.reason = response.reason_phrase or ""
             self._at = time.monotonic()
+            self.said = await _error_message(response)
 
     def recent(self) -> int:
         """The status of an error answer of the last `FRESH_S` seconds (0: none)."""
@@ -53,14 +61,30 @@ class HttpStatus:
 
     def forget(self) -> None:
         """A new session: its errors are its own."""
-        self.code, self.reason, self._at = 0, "", 0.0
+        self.code, self.reason, self.said, self._at = 0, "", "", 0.0
+
+
+async def _error_message(response: Any) -> str:
+    """`error.message` of a small JSON error body ("" otherwise); read here, the SDK
+    reads the same bytes again (kept by the response)."""
+    size = response.headers.get("content-length", "")
+    if not response.headers.get("content-type", "").startswith("application/json") or \
+            not size.isdigit() or int(size) > BODY_BYTES:
+        return ""
+    try:
+        body = json.loads(await response.aread())
+        message = body["error"]["message"]
+    except Exception:  # (any body at all: it only adds words to an error)
+        return ""
+    return message[:500] if isinstance(message, str) else ""
 
 
 def lost_session(error: types.ErrorData, status: HttpStatus) -> bool:
     """Whether `error` says the server does not know our session (it restarted, or
     expired it): a 404, or a 400 naming the session, or the words of one."""
     code = status.recent()
-    return code == 404 or bool(_LOST.search(error.message)) and code in (0, 400, 404)
+    words = f"{error.message} {status.said if code else ''}"
+    return code == 404 or bool(_LOST.search(words)) and code in (0, 400, 404)
 
 
 def http_cause(error: types.ErrorData, status: HttpStatus, server: str = "") -> str:
@@ -69,6 +93,8 @@ def http_cause(error: types.ErrorData, status: HttpStatus, server: str = "") -> 
     said = f"error {error.code}: {error.message}"
     if not code:
         return said
+    if status.said and status.said not in error.message:
+        said += f"; it said: {status.said}"
     head = f"HTTP {code} {status.reason}".rstrip()
     advice = _ADVICE.get(code)
     if advice:
