@@ -207,6 +207,8 @@ class McpServer:
                 self._session = None
             fault.closed.set()
         cause = fault.cause or cause or "connection closed"
+        if self._fault is not fault and ready.done():
+            return  # a newer connection (a lost session's) owns the state by now
         self._ended(cause, tail, time.monotonic() - started, ready)
         self._on_tools(self)  # its state changed: `oploop status` shows it
 
