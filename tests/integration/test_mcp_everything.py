@@ -34,6 +34,9 @@ from actors.sandbox.workspaces import remove_home
 PACKAGE = "@modelcontextprotocol/server-everything"
 BIN = "node_modules/.bin/mcp-server-everything"
 
+#: (the first run installs server-everything from npm)
+pytestmark = pytest.mark.timeout(600)
+
 SCRIPTS = {
     "npx-echo": call("mcp__evnpx__echo", message="first turn"),
     "bin-echo": call("mcp__evbin__echo", message="from .bin"),

@@ -35,6 +35,9 @@ from actors.sandbox.workspaces import remove_home
 #: In the test server's command line, so that the tests can find its processes.
 MARK = "oploop-mcp-lifecycle-test"
 
+#: (the module host waits for its servers at `up`)
+pytestmark = pytest.mark.timeout(180)
+
 SCRIPTS = {
     "echo": call("mcp__test__echo", text="first turn"),
     "who": call("mcp__test__who"),

@@ -30,6 +30,9 @@ from bus.client import Client
 MARK = "oploop-mcp-stdio-test"
 HANG_MARK = "oploop-mcp-hanging-test"
 
+#: (seven servers start before `up` is ready: on a busy machine a minute or more)
+pytestmark = pytest.mark.timeout(240)
+
 SCRIPTS = {
     "time": call("mcp__time__get_current_time", timezone="UTC"),
     "convert": call("mcp__time__convert_time", source_timezone="UTC", time="12:00",
