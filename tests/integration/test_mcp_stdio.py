@@ -63,6 +63,7 @@ def config(repo: Path, marks: Path, web: int = 0) -> str:
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{MARK}"]
 env = {{ OPLOOP_TEST_MARKS = "{marks}" }}
 timeout_s = 30
+start_timeout_s = 90
 """
     return f"""
 [agents.guarded]
@@ -70,12 +71,14 @@ category_allowlist = ["time"]
 [agents.guarded.permissions]
 "mcp__time__convert_time" = "deny"
 
-[mcp.time]
-command = ["mcp-server-time", "--local-timezone", "UTC"]
+[mcp.time]                        # (start_timeout_s: seven servers import the SDK at
+command = ["mcp-server-time", "--local-timezone", "UTC"]  # once: a busy machine's minute)
 tags = ["time"]
+start_timeout_s = 90
 
 [mcp.git]
 command = ["mcp-server-git", "--repository", "{repo}"]
+start_timeout_s = 90
 # git refuses a repository another uid owns, unless told it is safe
 env = {{ GIT_CONFIG_COUNT = "1", GIT_CONFIG_KEY_0 = "safe.directory", GIT_CONFIG_VALUE_0 = "*" }}
 [mcp.git.sandbox]
@@ -90,6 +93,7 @@ write_paths = ["{marks}"]
 [mcp.hang]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{HANG_MARK}"]
 timeout_s = 2
+start_timeout_s = 90
 [mcp.hang.sandbox]
 read_paths = ["{tests}"]
 
@@ -98,6 +102,7 @@ command = ["/bin/false"]
 
 [mcp.testnet]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-netted-test"]
+start_timeout_s = 90
 [mcp.testnet.sandbox]
 network = true
 read_paths = ["{tests}"]
@@ -105,6 +110,7 @@ read_paths = ["{tests}"]
 [mcp.testproxy]                   # a network allowlist: through the host's proxy only
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-proxied-test"]
 network = ["127.0.0.1:{web}"]
+start_timeout_s = 90
 [mcp.testproxy.sandbox]
 read_paths = ["{tests}"]
 """
@@ -176,7 +182,7 @@ def host(files, listener, web):
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as h:
             wait_tools(h, {"mcp__time__get_current_time", "mcp__git__git_status",
                            "mcp__test__echo", "mcp__testnet__connect_to", "mcp__hang__slow",
-                           "mcp__testproxy__fetch"})
+                           "mcp__testproxy__fetch"}, timeout=120)
             yield h
     finally:
         remove_home(Path(home))
