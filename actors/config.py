@@ -129,6 +129,7 @@ from actors.configparts.listen import (
     parse_network_table,
 )
 from actors.mcp.config import McpConfigError, McpServerConfig, parse_servers
+from actors.mcp.installed import NotRunnable, runnable
 from actors.usage import DEFAULT_PRICES, Price
 from bus.endpoints import Network
 
@@ -258,10 +259,18 @@ def _mcp(raw: Any, source: str) -> dict[str, McpServerConfig]:
     except McpConfigError as exc:
         raise ConfigError(str(exc)) from exc
     for name, server in servers.items():
+        if not server.command:
+            continue
         # Found now, at `oploop up`, rather than at the first call of a session.
-        if server.command and shutil.which(server.command[0]) is None:
+        try:  # (npx of an installed package: its program; what fetches packages: refused)
+            command = runnable(server.command, server.cwd)
+        except NotRunnable as exc:
+            raise ConfigError(f"{source}: mcp.{name}.command: {exc}") from None
+        if shutil.which(command[0]) is None:
             raise ConfigError(f"{source}: mcp.{name}.command[0]: {server.command[0]!r} "
                               f"is not an executable on PATH")
+        if command != server.command:
+            servers[name] = dataclasses.replace(server, command=command)
     return servers
 
 

@@ -126,6 +126,17 @@ class Renderer:
         first = (data.get("output") or "").strip().splitlines()
         tail = f": {first[0][:100]}" if first and data.get("is_error") else ""
         self._line(f"  {mark} {data['name']} ({data.get('duration_ms', 0):.0f} ms){tail}")
+        for line in str(data.get("for_user") or "").strip().splitlines()[:20]:
+            # (what the tool meant for the user only: never sent to the model)
+            self._line(self._dim("    │ ") + line[:200])
+
+    def _on_TOOL_PROGRESS(self, data: dict[str, Any]) -> None:  # noqa: N802
+        name = self._running.get(str(data.get("call_id", "")), ("tool", 0.0))[0]
+        done, total = data.get("progress"), data.get("total")
+        amount = f"{done:g}/{total:g}" if isinstance(total, int | float) and total else \
+            f"{done:g}" if isinstance(done, int | float) else "?"
+        message = str(data.get("message") or "")[:100]
+        self._line(self._dim(f"  … {name} {amount}" + (f" {message}" if message else "")))
 
     def _on_APPROVAL_REQUESTED(self, data: dict[str, Any]) -> None:  # noqa: N802
         self._line(f"? {data.get('tool')} {_brief(data.get('input'))} waits for approval "

@@ -132,6 +132,11 @@ class Worker(ABC):
         """Tool specs this worker advertises in `Ready` (executors only)."""
         return []
 
+    async def prepare(self) -> None:
+        """What must be done before the first `Ready` (an executor's MCP servers listing
+        their tools); the reactor and the role's own tasks run meanwhile."""
+        return None
+
     @abstractmethod
     async def perform(self, env: Envelope) -> Body:
         """Do the job in `env`; return the final reply body. May `self.progress(...)`."""
@@ -354,6 +359,7 @@ class Worker(ABC):
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 group.create_task(self.reactor.run(), name="reactor")
+                await self.prepare()
                 self._liveness.heard(_SUPERVISOR)
                 self._say_ready()
                 group.create_task(self._notify_when_accepted(), name="ready")

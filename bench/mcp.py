@@ -13,6 +13,10 @@
   `slow` tool (tests/integration/mcp_testserver.py, stdio, sandboxed); once the
   tool has started (it writes a mark file), `Client.cancel` is called and the
   time until the client receives `CANCELLED` is measured.
+- **HTTP server restart -> next call succeeds**: the tests' server over streamable HTTP
+  (`[mcp.web]`), stopped and started again between two calls; the next call
+  (`TOOL_START` -> `TOOL_END`) finds our session unknown (404), initializes a new one
+  and is made again: its time, and it must succeed.
 
     python -m bench.mcp [--quick]
 """
@@ -24,6 +28,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -45,11 +50,15 @@ def _call(name: str, **tool_input: Any) -> list[dict[str, Any]]:
 
 
 SCENARIO = {"scripts": {"time": _call("mcp__time__get_current_time", timezone="UTC"),
-                        "slow": _call("mcp__slow__slow", seconds=600)}}
+                        "slow": _call("mcp__slow__slow", seconds=600),
+                        "web": _call("mcp__web__echo", text="again")}}
 
 
-def _config(marks: Path) -> str:
+def _config(marks: Path, port: int) -> str:
     return f"""
+[mcp.web]
+url = "http://127.0.0.1:{port}/mcp"
+
 [mcp.time]
 command = ["mcp-server-time", "--local-timezone", "UTC"]
 
@@ -77,9 +86,10 @@ async def _wait_tools(client: Client, names: set[str]) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _call_ms(client: Client) -> tuple[float, float]:
-    """One run calling get_current_time: (in the executor, TOOL_START -> TOOL_END), ms."""
-    started = await client.start("#time")
+async def _call_ms(client: Client, prompt: str = "#time") -> tuple[float, float]:
+    """One run calling get_current_time (or the tool of `prompt`'s script): (in the
+    executor, TOOL_START -> TOOL_END), ms."""
+    started = await client.start(prompt)
     stamps: dict[str, float] = {}
     inside = 0.0
     async for event in client.events(started.session, started.from_seq, stop_at="first"):
@@ -111,15 +121,54 @@ async def _cancel_ms(client: Client, mark: Path) -> float:
     raise RuntimeError("the run ended without CANCELLED")
 
 
-async def _through_oploop(home: str, calls: int, cancels: int, mark: Path
-                          ) -> tuple[list[tuple[float, float]], list[float]]:
+class _WebServer:
+    """The tests' server over streamable HTTP on `port`, restarted on demand."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(TEST_SERVER), "http", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > end or self.proc.poll() is not None:
+                    raise RuntimeError("the HTTP test server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+async def _restarts_ms(client: Client, web: _WebServer, rounds: int) -> list[float]:
+    """Each round: a call, the server restarted, then the next call (timed)."""
+    out = []
+    for _ in range(rounds):
+        await _call_ms(client, "#web")
+        await asyncio.to_thread(web.stop)
+        await asyncio.to_thread(web.start)
+        out.append((await _call_ms(client, "#web"))[1])
+    return out
+
+
+async def _through_oploop(home: str, calls: int, cancels: int, mark: Path, web: _WebServer,
+                          rounds: int) -> tuple[list[tuple[float, float]], list[float],
+                                                list[float]]:
     async with Client.connect(Path(home)) as client:
         await _wait_tools(client, {"mcp__time__get_current_time", "mcp__slow__slow"})
         for _ in range(5):  # warm: the server started, the sandbox's fork server up
             await _call_ms(client)
         timed = [await _call_ms(client) for _ in range(calls)]
         cancel = [await _cancel_ms(client, mark) for _ in range(cancels)]
-    return timed, cancel
+        restarts = await _restarts_ms(client, web, rounds)
+    return timed, cancel, restarts
 
 
 async def _direct(calls: int) -> list[float]:
@@ -153,24 +202,31 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """The mcp section (see the module's docstring)."""
-    calls, cancels = (30, 10) if quick else (200, 50)
+    calls, cancels, rounds = (30, 10, 3) if quick else (200, 50, 10)
     home = tempfile.mkdtemp(prefix="opbm-", dir="/tmp")
     marks = Path(tempfile.mkdtemp(prefix="opbmk-", dir="/tmp"))
     marks.chmod(0o777)  # the sandboxed server writes its mark as a uid of its own
-    (Path(home) / "oploop.toml").write_text(_config(marks))
+    with socket.socket() as probe:  # a free port for the HTTP server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    web = _WebServer(port)
+    (Path(home) / "oploop.toml").write_text(_config(marks, port))
     scenario = Path(home) / "scenario.json"
     scenario.write_text(json.dumps(SCENARIO))
     env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario), "OPLOOP_HTTP_LISTEN": "off"}
     result: dict[str, Any] = {"calls": calls, "cancels": cancels,
                               "load_before": os.getloadavg()}
     result["direct_ms"] = _summary(asyncio.run(_direct(calls)))
-    up = _cli(home, "up", "--detach", env=env)
-    if up.returncode != 0:
-        raise RuntimeError(f"oploop up failed: {up.stderr}")
+    web.start()
     try:
-        timed, cancel = asyncio.run(_through_oploop(home, calls, cancels, marks / "slow-started"))
+        up = _cli(home, "up", "--detach", env=env)
+        if up.returncode != 0:
+            raise RuntimeError(f"oploop up failed: {up.stderr}")
+        timed, cancel, restarts = asyncio.run(_through_oploop(
+            home, calls, cancels, marks / "slow-started", web, rounds))
     finally:
         _cli(home, "down", env=env)
+        web.stop()
         remove_home(Path(home))
         shutil.rmtree(marks, ignore_errors=True)
     result["executor_ms"] = _summary([inside for inside, _ in timed])
@@ -179,6 +235,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     result["overhead_p50_ms"] = round(result["executor_ms"]["p50"] - direct, 3)
     result["end_to_end_overhead_p50_ms"] = round(result["oploop_ms"]["p50"] - direct, 3)
     result["cancel_ms"] = _summary(cancel)
+    result["http_restart_next_call_ms"] = _summary(restarts)
     result["load_after"] = os.getloadavg()
     return result
 
@@ -188,7 +245,8 @@ def table(result: dict[str, Any]) -> str:
     rows = [("direct (SDK client, 1 process)", result["direct_ms"]),
             ("oploop, in the executor", result["executor_ms"]),
             ("oploop, TOOL_START→TOOL_END", result["oploop_ms"]),
-            ("cancel → CANCELLED (slow tool)", result["cancel_ms"])]
+            ("cancel → CANCELLED (slow tool)", result["cancel_ms"]),
+            ("HTTP restart → next call (ok)", result["http_restart_next_call_ms"])]
     lines = [f"mcp: mcp-server-time get_current_time, warm stdio server; overhead p50 "
              f"{result['overhead_p50_ms']} ms in the executor, "
              f"{result['end_to_end_overhead_p50_ms']} ms end to end (goal <= 2 ms); cancel p99 "

@@ -187,6 +187,21 @@ class ToolResult(Body):
     is_error: bool
     duration_ms: float
     images: list[dict[str, Any]] = field(default_factory=list)
+    #: What the tool meant for the user only (an MCP block for the audience "user"):
+    #: shown to viewers in `TOOL_END`, never sent to the model.
+    shown: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolProgress(Body):
+    """Executor -> supervisor: a tool job in flight reported progress (an MCP server's
+    `notifications/progress`): `progress` so far, of `total` (0: unknown), `message`.
+    The supervisor emits it as `TOOL_PROGRESS`. No reply."""
+
+    KIND: ClassVar[str] = "tool_progress"
+    progress: float
+    total: float = 0.0
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ class EventType(StrEnum):
     RETRY = "RETRY"
     TOOL_START = "TOOL_START"
     TOOL_END = "TOOL_END"
+    #: A tool call in flight reported progress: `{call_id, progress, total, message}`.
+    TOOL_PROGRESS = "TOOL_PROGRESS"
     TURN_END = "TURN_END"
     USER_MESSAGE = "USER_MESSAGE"
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"

@@ -249,7 +249,8 @@ def parser() -> argparse.ArgumentParser:
     mem.set_defaults(fn=_home_checked(_memory, create=False))
     logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
     logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
-                                               "executor, llm_caller, broadcaster, host, ...)")
+                                               "executor, llm_caller, broadcaster, host, ...; "
+                                               "mcp:NAME: MCP server NAME's stderr)")
     logs.add_argument("-f", "--follow", action="store_true", help="go on printing what is added")
     logs.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines")
     logs.set_defaults(fn=_home_checked(hostcmds.cmd_logs, create=False))

@@ -85,7 +85,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started_at
     print(f"oploop: host {started.pid} ready in {home} ({elapsed:.2f} s)")
     offline_notice(started.state)
+    _say_servers_down()
     return EXIT_OK
+
+
+def _say_servers_down() -> None:
+    """After `up`: each MCP server that could not list its tools, and why (the executors
+    are ready once every server has listed them or failed to start once)."""
+    try:
+        servers = asyncio.run(_host_view())[2]
+    except BusError:
+        return
+    for server in servers:
+        if server.get("state") != "ready":
+            print(f"oploop: MCP server {server['name']} is not ready ({server['state']}): "
+                  f"{server.get('error') or 'not started'}; its tools are not offered until "
+                  f"it starts (tried again with its backoff; `oploop status`, `oploop logs "
+                  f"mcp:{server['name']}`)", file=sys.stderr)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

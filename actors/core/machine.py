@@ -414,6 +414,8 @@ def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
     }
     if outcome.machine:
         data["machine"] = outcome.machine
+    if outcome.shown:
+        data["for_user"] = outcome.shown
     out.emit(EventType.TOOL_END, s.turn, data)
     if len(outcomes) < len(s.calls):
         out.s = replace(s, outcomes=outcomes)

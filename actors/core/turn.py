@@ -33,6 +33,9 @@ class ToolOutcome:
     duration_ms: float = 0.0
     images: tuple[dict[str, Any], ...] = ()
     machine: str = ""
+    #: What the tool meant for the user only: in `TOOL_END` (`for_user`), never in the
+    #: history the model is sent.
+    shown: str = ""
 
 
 @dataclass(frozen=True, slots=True)

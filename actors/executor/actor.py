@@ -42,7 +42,15 @@ from actors.tools.builtin import LIST_CAP, READ_CAP
 from actors.tools.process import ToolRefused
 from actors.worker import Worker
 from bus.endpoints import Endpoints
-from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult, ToolsChanged
+from bus.messages import (
+    Body,
+    Envelope,
+    JobFailed,
+    ToolJob,
+    ToolProgress,
+    ToolResult,
+    ToolsChanged,
+)
 
 if TYPE_CHECKING:
     from actors.mcp.hub import McpHub
@@ -57,6 +65,8 @@ _DENIED_WRITE = re.compile(r"Permission denied|Read-only file system|Operation n
 #: (`OPLOOP_EXECUTORS`=1): an idle executor costs ~30 MB whatever its slots, a slot
 #: costs nothing until used, and every call is bounded by its own cgroup anyway.
 SLOTS = 32
+#: The longest progress message an MCP server's notification carries to viewers.
+PROGRESS_MESSAGE_CHARS = 1000
 
 
 def sandboxed_catalogue(sandbox: Sandbox, net: NetAccess = "none") -> Catalogue:
@@ -140,6 +150,9 @@ class Executor(Worker):
             self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
                               reserved=frozenset(self.catalogue), limits=self.config.limits,
                               run_dir=endpoints.run_dir)
+            # Ready once the supervisor registered our tools (theirs among them), so
+            # that the host's "ready" means a session's first turn offers them.
+            self._wait_accept = True
 
     def catalogue_for(self, agent: Agent | None) -> Catalogue:
         """The tools a call of `agent` runs: `shell` with the agent's `network` (read
@@ -170,16 +183,29 @@ class Executor(Worker):
         super()._say_ready()
         self._mcp_changed()  # the servers' states, which `Ready` does not carry
 
+    async def prepare(self) -> None:
+        """Before the first `Ready`: every MCP server has listed its tools or failed to
+        start once, so that `Ready` offers them and `oploop up` is ready with them (a
+        session's first turn has them). The servers are started meanwhile by `serve`."""
+        if self.mcp is not None:
+            await self.mcp.settled.wait()
+
     async def _call_mcp(self, env: Envelope, job: ToolJob) -> ToolResult:
         """One MCP tool call: the server's own bound (`timeout_s`), the job's if shorter."""
         assert self.mcp is not None
         bounds = [b for b in (job.timeout_s if job.timeout_s > 0 else None,
                               env.deadline - time.time() if env.deadline else None)
                   if b is not None]
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            self.progress(env, ToolProgress(float(done), float(total or 0.0),
+                                            (message or "")[:PROGRESS_MESSAGE_CHARS]))
+
         started = time.perf_counter()
-        outcome = await self.mcp.call(job.name, job.input, min(bounds) if bounds else None)
+        outcome = await self.mcp.call(job.name, job.input, min(bounds) if bounds else None,
+                                      progress)
         elapsed_ms = (time.perf_counter() - started) * 1000
-        return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3), outcome.images)
+        return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3), outcome.images,
+                          outcome.shown)
 
     async def perform(self, env: Envelope) -> Body:
         """Run the tool of one `ToolJob`; a failing tool is a `ToolResult` with `is_error`."""

@@ -16,7 +16,15 @@ import psutil
 
 from actors.config import ConfigError
 from actors.host import lease
-from actors.host.children import Child, StartFailed, keep_alive, spawn, start_all, stop_all
+from actors.host.children import (
+    READY_TIMEOUT_S,
+    Child,
+    StartFailed,
+    keep_alive,
+    spawn,
+    start_all,
+    stop_all,
+)
 from actors.runtime import notify_ready, run_actor
 from actors.settings import (
     EMBEDDED_ENV,
@@ -63,8 +71,12 @@ class Host:
     def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
                  llm_backend: str = "anthropic", embedded: bool = False,
-                 gateway: bool = False, netproxy: bool = False) -> None:
+                 gateway: bool = False, netproxy: bool = False,
+                 mcp_start_s: float = 0.0) -> None:
         self.home = (home or oploop_home()).absolute()
+        #: The longest an executor's MCP server may take to start (`start_timeout_s`): an
+        #: executor says it is ready once each has listed its tools or failed once.
+        self.mcp_start_s = mcp_start_s
         self.network = network
         self.endpoints = Endpoints.for_home(self.home)
         self.run_dir = self.endpoints.run_dir
@@ -114,7 +126,8 @@ class Host:
             # overlap. Only the llm callers wait, for the offline model's port.
             others = [Child("broadcaster", "actors.broadcaster", env=base),
                       Child("supervisor", "actors.supervisor", env=base)]
-            others += [Child(f"executor-{i + 1}", "actors.executor", env=base)
+            others += [Child(f"executor-{i + 1}", "actors.executor", env=base,
+                             ready_timeout_s=READY_TIMEOUT_S + self.mcp_start_s)
                        for i in range(self.executors)]
             if self.gateway:
                 others.append(Child("gateway", "actors.gateway", env=base))
@@ -280,7 +293,9 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
                 scenario=settings.offline_scenario, network=settings.config.network,
                 llm_backend=settings.llm_backend, embedded=settings.embedded,
                 gateway=gateway and settings.config.http.enabled and not settings.embedded,
-                netproxy=_wants_netproxy(settings))
+                netproxy=_wants_netproxy(settings),
+                mcp_start_s=2 * max((s.start_timeout_s for s in settings.config.mcp.values()),
+                                    default=0.0))
 
 
 def _wants_netproxy(settings: Settings) -> bool:

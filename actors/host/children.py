@@ -54,6 +54,8 @@ class Child:
     #: Whether it inherits the model's settings (`ANTHROPIC_*`): only the llm callers
     #: call the model; an executor must not hold the key a tool could read.
     model_env: bool = False
+    #: How long it may take to say it is ready (an executor waits for its MCP servers).
+    ready_timeout_s: float = READY_TIMEOUT_S
 
     def describe(self) -> dict[str, Any]:
         """The child as written to a state file (no pid while it is not alive: a
@@ -88,9 +90,11 @@ async def spawn(child: Child, env: Mapping[str, str], stderr: IO[bytes] | None =
     child.started = time.monotonic()
     child.state = "starting"
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(read_ready_line, rfd), READY_TIMEOUT_S)
+        line = await asyncio.wait_for(asyncio.to_thread(read_ready_line, rfd),
+                                      child.ready_timeout_s)
     except TimeoutError:
-        raise StartFailed(f"{child.name} did not become ready in {READY_TIMEOUT_S:g} s") from None
+        raise StartFailed(f"{child.name} did not become ready in "
+                          f"{child.ready_timeout_s:g} s") from None
     finally:
         os.close(rfd)
     if line != b"ready\n":

@@ -11,6 +11,7 @@ configuration, only the executors speak MCP::
     tags = ["time"]                     # for an agent's turn-1 category allowlist
     risky = true                        # default: true for stdio, false for url
     timeout_s = 60                      # one call's bound (default 60)
+    start_timeout_s = 30                # to answer initialize, then tools/list (default 30)
     network = ["pypi.org"]              # "none" (default), "all", or allowed hosts, through
                                         #   the host's filtering proxy (as an agent's)
 
@@ -37,9 +38,11 @@ from actors.allowlist import ALL, NONE, NetworkSetting, parse_network
 #: the Messages API limits to `[a-zA-Z0-9_-]{1,64}`: kept short and plain on purpose.
 NAME_RE = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
 DEFAULT_TIMEOUT_S = 60.0
+#: How long a server has to answer `initialize`, then `tools/list`.
+DEFAULT_START_TIMEOUT_S = 30.0
 
 _KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
-                   "sandbox", "network"})
+                   "sandbox", "network", "start_timeout_s"})
 _SANDBOX_KEYS = frozenset({"network", "read_paths", "write_paths"})
 
 
@@ -72,6 +75,7 @@ class McpServerConfig:
     tags: tuple[str, ...] = ()
     risky: bool = True
     timeout_s: float = DEFAULT_TIMEOUT_S
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     sandbox: ServerSandbox = field(default_factory=ServerSandbox)
 
     @property
@@ -125,11 +129,8 @@ def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> Mcp
     cwd = _typed(table.get("cwd", ""), str, source, f"{where}.cwd")
     if cwd and not cwd.startswith("/"):
         raise McpConfigError(f"{source}: {where}.cwd: expected an absolute path, got {cwd!r}")
-    timeout_s = _typed(table.get("timeout_s", DEFAULT_TIMEOUT_S), float, source,
-                       f"{where}.timeout_s")
-    if not 0 < timeout_s <= 86_400:
-        raise McpConfigError(f"{source}: {where}.timeout_s: expected 0 < seconds <= 86400, "
-                             f"got {timeout_s!r}")
+    timeout_s = _seconds(table, "timeout_s", DEFAULT_TIMEOUT_S, source, where)
+    start_timeout_s = _seconds(table, "start_timeout_s", DEFAULT_START_TIMEOUT_S, source, where)
     return McpServerConfig(
         name=name,
         command=command,
@@ -140,9 +141,19 @@ def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> Mcp
         tags=_strings(table.get("tags", []), source, f"{where}.tags"),
         risky=_typed(table.get("risky", has_cmd), bool, source, f"{where}.risky"),
         timeout_s=timeout_s,
+        start_timeout_s=start_timeout_s,
         sandbox=_sandbox(table.get("sandbox", {}), source, f"{where}.sandbox",
                          table.get("network")),
     )
+
+
+def _seconds(table: Mapping[str, Any], key: str, default: float, source: str,
+             where: str) -> float:
+    seconds: float = _typed(table.get(key, default), float, source, f"{where}.{key}")
+    if not 0 < seconds <= 86_400:
+        raise McpConfigError(f"{source}: {where}.{key}: expected 0 < seconds <= 86400, "
+                             f"got {seconds!r}")
+    return seconds
 
 
 def _network(top: Any, old: Any, source: str, where: str) -> NetworkSetting:

@@ -42,9 +42,10 @@ from actors.configparts.limits import Limits
 from actors.tools.spec import ToolSpec
 
 from .config import McpServerConfig
+from .errors import HttpStatus
 from .results import McpOutcome, outcome_of
-from .servers import McpServer, McpServerError, Opener
-from .transport import Fault, StderrTail, sandboxed_stdio
+from .servers import McpServer, McpServerError, Opener, Progress
+from .transport import Fault, StderrLog, StderrTail, sandboxed_stdio
 
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
@@ -84,7 +85,12 @@ class McpHub:
         self._on_change = on_change
         self.servers: dict[str, McpServer] = {}
         for name, config in configs.items():
-            self.servers[name] = McpServer(config, self._opener(config), self._tools_changed)
+            status = HttpStatus()
+            self.servers[name] = McpServer(config, self._opener(config, status),
+                                           self._tools_changed, status)
+        #: Set once every server has listed its tools or failed to start once: what an
+        #: executor waits for before it says ready (a session's first turn has them).
+        self.settled = asyncio.Event()
         self.routes: dict[str, tuple[McpServer, str]] = {}
         self.left_out: dict[str, list[str]] = {}
         self._specs: list[ToolSpec] = []
@@ -122,7 +128,7 @@ class McpHub:
                         f"{limits.max_tools} MCP tools (limits.max_tools)")
                     break
                 name = public_name(each.name, tool.name)
-                why = self._refusal(name, routes, tool.input_schema)
+                why = self._refusal(name, routes, tool)
                 if why:
                     left_out.setdefault(each.name, []).append(
                         f"{cut_line(tool.name, MAX_NAME)}: {why}")
@@ -149,7 +155,12 @@ class McpHub:
         self.routes, self._specs, self.left_out = routes, specs, left_out
         self._on_change()
 
-    def _refusal(self, name: str, routes: Mapping[str, Any], schema: Any) -> str:
+    def _refusal(self, name: str, routes: Mapping[str, Any], tool: Any) -> str:
+        schema = tool.input_schema
+        execution = tool.execution
+        if execution is not None and execution.task_support == "required":
+            return ("it must be run as a task (execution.taskSupport \"required\"), "
+                    "which oploop does not do")
         if name in self.reserved:
             return f"its name {name} is a built-in tool's"
         if name in routes:
@@ -169,15 +180,33 @@ class McpHub:
         start is tried again, with its backoff, until it has listed its tools once
         (its tools cannot be called before: the catalogue does not know them)."""
 
+        waiting = len(self.servers)
+
+        def tried() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0:
+                self.settled.set()
+
         async def one(server: McpServer) -> None:
+            first = True
             while True:
                 try:
                     await server.session()
                     return
-                except McpServerError:
+                except McpServerError as exc:
+                    if first:
+                        log.warning("MCP server %s could not start: %s (tried again in "
+                                    "%.1f s)", server.name, exc.cause, server.retry_in())
                     self._on_change()  # the failure shows in its status
+                finally:
+                    if first:
+                        first = False
+                        tried()
                 await asyncio.sleep(server.retry_in())
 
+        if not self.servers:
+            self.settled.set()
         await asyncio.gather(*(one(s) for s in self.servers.values()))
 
     async def aclose(self) -> None:
@@ -186,15 +215,17 @@ class McpHub:
 
     # -- calls -------------------------------------------------------------------------
 
-    async def call(self, name: str, arguments: object, timeout_s: float | None) -> McpOutcome:
-        """Run the MCP tool `name`; any failure is an error outcome naming the server."""
+    async def call(self, name: str, arguments: object, timeout_s: float | None,
+                   progress: Progress | None = None) -> McpOutcome:
+        """Run the MCP tool `name`; any failure is an error outcome naming the server.
+        `progress` hears the call's progress notifications."""
         server, tool = self.routes[name]
         if not isinstance(arguments, dict):
             return McpOutcome(f"{name}: input must be a JSON object", True)
         bound = server.config.timeout_s if timeout_s is None else min(timeout_s,
                                                                       server.config.timeout_s)
         try:
-            result = await server.call(tool, arguments, bound)
+            result = await server.call(tool, arguments, bound, progress)
         except McpServerError as exc:
             self._on_change()  # its state changed
             # (the server's own error message may be of any size)
@@ -204,13 +235,14 @@ class McpHub:
 
     # -- transports --------------------------------------------------------------------
 
-    def _opener(self, config: McpServerConfig) -> Opener:
+    def _opener(self, config: McpServerConfig, status: HttpStatus) -> Opener:
         if config.url:
-            return lambda fault, tail: _http(config)
+            return lambda fault, tail: _http(config, status)
         return self._stdio_opener(config)
 
     def _stdio_opener(self, config: McpServerConfig) -> Opener:
         sandbox = self.sandbox
+        echo = StderrLog(config.name)
 
         async def launch(duplex: int, stderr: int) -> SandboxedChild:
             if sandbox is None:
@@ -240,19 +272,22 @@ class McpHub:
 
         def open_stdio(fault: Fault, tail: StderrTail
                        ) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
+            tail.echo = echo  # its lines in host.log: `oploop logs mcp:NAME`
             return sandboxed_stdio(launch, fault, tail)
 
         return open_stdio
 
 
 @asynccontextmanager
-async def _http(config: McpServerConfig) -> AsyncIterator[TransportStreams]:
-    """The SDK's streamable HTTP client, with the configured headers."""
+async def _http(config: McpServerConfig, status: HttpStatus) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable HTTP client, with the configured headers; its error statuses
+    kept in `status` (the SDK's errors do not carry them)."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
     timeout = httpx2.Timeout(30.0, read=config.timeout_s + 5.0)
-    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout) as client, \
+    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout,
+                                  event_hooks={"response": [status.hook]}) as client, \
             streamable_http_client(config.url, http_client=client) as streams:
         yield streams
 
@@ -276,9 +311,15 @@ def resolved(command: tuple[str, ...], server: str) -> list[str]:
 
 def runtime_paths(program: str) -> tuple[str, ...]:
     """What `program` needs to read besides the system's paths: its installation
-    prefix (a virtualenv's `bin/..`) and, for a script, its interpreter's prefix (a
-    Python under /root/.pyenv, hidden from tools otherwise)."""
+    prefix (a virtualenv's `bin/..`), for a script its interpreter's prefix (a
+    Python under /root/.pyenv, hidden from tools otherwise), and for a program of an
+    npm package the outermost `node_modules` it lies in (where node finds its
+    dependencies: `node_modules/.bin/X`, `/usr/bin/X -> /usr/lib/node_modules/...`)."""
     paths: list[str] = []
+    real = Path(os.path.realpath(program))
+    modules = [p for p in real.parents if p.name == "node_modules"]
+    if modules:
+        paths.append(str(modules[-1]))
 
     def add_prefix(path: str) -> None:
         real = os.path.realpath(path)

@@ -7,7 +7,10 @@
   SDK's servers wrap a plain return as `{"result": value}` beside its text);
 - audio, resource links and embedded resources: text naming them (an embedded
   text resource: its text);
-- `isError` → `is_error`.
+- `isError` → `is_error`;
+- a block whose `annotations.audience` is `["user"]` (not the assistant) is kept from
+  the model: its text (or a line naming it) goes to `shown`, which viewers see in
+  `TOOL_END` (`for_user`) and the history does not hold.
 
 Bounded here, on the executor, so that what crosses the bus and enters the history
 is (`actors.bounds`): the text to `max_result_chars` (head and tail kept, a line
@@ -34,6 +37,8 @@ class McpOutcome:
     output: str
     is_error: bool
     images: list[dict[str, Any]] = field(default_factory=list)
+    #: What the server meant for the user only (shown to viewers, not sent to the model).
+    shown: str = ""
 
 
 def outcome_of(result: types.CallToolResult,
@@ -42,26 +47,18 @@ def outcome_of(result: types.CallToolResult,
     `max_chars` characters (and the notes on images dropped)."""
     texts: list[str] = []
     images: list[dict[str, Any]] = []
+    shown: list[str] = []
     for block in result.content:
-        if isinstance(block, types.TextContent):
+        if _for_user_only(block):
+            shown.append(block.text if isinstance(block, types.TextContent)
+                         else _named(block) or f"[{block.type}]")
+        elif isinstance(block, types.ImageContent) and block.mime_type in MEDIA_TYPES:
+            images.append({"type": "image", "source": {
+                "type": "base64", "media_type": block.mime_type, "data": block.data}})
+        elif isinstance(block, types.TextContent):
             texts.append(block.text)
-        elif isinstance(block, types.ImageContent):
-            if block.mime_type in MEDIA_TYPES:
-                images.append({"type": "image", "source": {
-                    "type": "base64", "media_type": block.mime_type, "data": block.data}})
-            else:
-                texts.append(f"[an image of type {block.mime_type}, not shown]")
-        elif isinstance(block, types.AudioContent):
-            texts.append(f"[audio of type {block.mime_type}, not shown]")
-        elif isinstance(block, types.EmbeddedResource):
-            resource = block.resource
-            if isinstance(resource, types.TextResourceContents):
-                texts.append(resource.text)
-            else:
-                texts.append(f"[resource {resource.uri}: {resource.mime_type or 'binary'}, "
-                             f"not shown]")
-        elif isinstance(block, types.ResourceLink):
-            texts.append(f"[resource {block.uri}" + (f": {block.name}]" if block.name else "]"))
+        else:
+            texts.append(_named(block))
     structured = result.structured_content
     if structured is not None and not any(_said(t, structured) for t in texts):
         texts.append(json.dumps(structured, ensure_ascii=False))
@@ -69,7 +66,32 @@ def outcome_of(result: types.CallToolResult,
     output = "\n".join([*texts, *dropped])
     if not output and kept:
         output = f"[{len(kept)} image(s)]"
-    return McpOutcome(cut_text(output, max_chars), bool(result.is_error), list(kept))
+    return McpOutcome(cut_text(output, max_chars), bool(result.is_error), list(kept),
+                      cut_text("\n".join(shown), max_chars))
+
+
+def _for_user_only(block: Any) -> bool:
+    """Whether a content block is annotated for the user's eyes, not the model's."""
+    notes = getattr(block, "annotations", None)
+    audience = getattr(notes, "audience", None)
+    return bool(audience) and "assistant" not in audience
+
+
+def _named(block: Any) -> str:
+    """A block that is not text, as text: an embedded text resource's text, otherwise
+    a line naming what is not shown."""
+    if isinstance(block, types.ImageContent):
+        return f"[an image of type {block.mime_type}, not shown]"
+    if isinstance(block, types.AudioContent):
+        return f"[audio of type {block.mime_type}, not shown]"
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, types.TextResourceContents):
+            return resource.text
+        return f"[resource {resource.uri}: {resource.mime_type or 'binary'}, not shown]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource {block.uri}" + (f": {block.name}]" if block.name else "]")
+    return ""
 
 
 def _said(text: str, value: Any) -> bool:

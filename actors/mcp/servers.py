@@ -11,9 +11,13 @@ the backoff of `actors.restarts.RestartPolicy`, the actors' own; a crash loop
 marks it `failed` for `FAILED_RETRY_S`, calls failing at once meanwhile.
 
 Calls from many tasks share the session: they run concurrently as far as the
-server allows. A cancelled call leaves it to the SDK to send
-`notifications/cancelled`; then, off the cancel's path, the server must answer
-a ping within `CANCEL_GRACE_S`, or its tree is killed (and restarted on next use).
+server allows. A cancelled call, or one past its timeout, leaves it to the SDK to
+send `notifications/cancelled`; then, off the call's path, the server must answer
+a ping within `CANCEL_GRACE_S`, or its tree is killed (and restarted on next use):
+the other calls on it go on.
+
+An HTTP server that lost our session (it restarted: "session not found", HTTP 404,
+or 400 naming the session) gets a new one, and the call is made again, once.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +38,7 @@ from mcp.shared.exceptions import MCPError
 from actors.restarts import RestartPolicy
 
 from .config import McpServerConfig
+from .errors import HttpStatus, http_cause, lost_session
 from .transport import Fault, StderrTail
 
 if TYPE_CHECKING:
@@ -41,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oploop.mcp")
 
-#: A server gets this long to start, answer `initialize` and list its tools.
-START_S = 30.0
 #: After a cancelled call, the server must answer a ping within this long, or be killed.
 CANCEL_GRACE_S = 0.5
 #: How long stopping waits for a connection to close by itself before cancelling it.
@@ -54,6 +57,22 @@ FAILED_RETRY_S = 60.0
 
 Opener = Callable[[Fault, StderrTail], AbstractAsyncContextManager["TransportStreams"]]
 """Opens a server's transport; a fault it sees goes to the `Fault`, stderr to the tail."""
+
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+"""Told of a call's `notifications/progress`: `(progress, total, message)`."""
+
+
+def _client_info() -> types.Implementation:
+    """Who we are in `initialize`: oploop and its version (not the SDK's default)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return types.Implementation(name="oploop", version=version("oploop"))
+    except PackageNotFoundError:  # (run from a checkout that was never installed)
+        return types.Implementation(name="oploop", version="0+unknown")
+
+
+CLIENT_INFO = _client_info()
 
 
 class McpServerError(Exception):
@@ -86,9 +105,12 @@ class McpServer:
     """One configured server: its connection, its tools, its health."""
 
     def __init__(self, config: McpServerConfig, opener: Opener,
-                 on_tools: Callable[[McpServer], None]) -> None:
-        """`on_tools` is told whenever its tools were (re-)listed or its state changed."""
+                 on_tools: Callable[[McpServer], None],
+                 http_status: HttpStatus | None = None) -> None:
+        """`on_tools` is told whenever its tools were (re-)listed or its state changed;
+        `http_status` is what an HTTP server's transport last answered with an error."""
         self.config = config
+        self.http_status = http_status or HttpStatus()
         self.name = config.name
         self.tools: list[types.Tool] = []
         self.state = "stopped"
@@ -145,13 +167,14 @@ class McpServer:
 
     async def _start(self) -> None:
         fault = Fault()
+        self.http_status.forget()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.state = "starting"
         self._fault = fault
         self._runner = asyncio.create_task(self._run(fault, fault.tail, ready),
                                            name=f"mcp-{self.name}")
         # A caller that gives up meanwhile (its timeout, a cancel) leaves the start to
-        # finish (bounded by START_S) for the next call.
+        # finish (bounded by start_timeout_s) for the next call.
         await asyncio.shield(ready)
 
     async def _run(self, fault: Fault, tail: StderrTail, ready: asyncio.Future[None]) -> None:
@@ -160,10 +183,9 @@ class McpServer:
         cause = ""
         try:
             async with self._open(fault, tail) as (read, write), ClientSession(
-                    read, write, message_handler=self._on_message) as session:
-                async with asyncio.timeout(START_S):
-                    await session.initialize()
-                    tools = await _list_tools(session)
+                    read, write, message_handler=self._on_message,
+                    client_info=CLIENT_INFO) as session:
+                tools = await self._handshake(session, fault)
                 self.tools = tools
                 self._session = session
                 self.state = "ready"
@@ -174,12 +196,8 @@ class McpServer:
                 await self._wait_end(fault)
                 if self._fault is fault:
                     self._session = None  # no new call on it while it is torn down
-        except TimeoutError:
-            cause = f"no answer to initialize within {START_S:g} s"
-        except MCPError as exc:
-            cause = f"initialize failed: {exc.error.message}"
-        except Exception as exc:  # the transport's own failure (spawn, HTTP, ...)
-            cause = describe(exc)
+        except Exception as exc:  # refused, or the transport's own failure (spawn, HTTP)
+            cause = self._start_failure(exc)
         except asyncio.CancelledError:  # the executor stopping: no caller may wait on
             if not ready.done():
                 ready.set_exception(McpServerError(self.name, "stopped"))
@@ -189,8 +207,35 @@ class McpServer:
                 self._session = None
             fault.closed.set()
         cause = fault.cause or cause or "connection closed"
+        if self._fault is not fault and ready.done():
+            return  # a newer connection (a lost session's) owns the state by now
         self._ended(cause, tail, time.monotonic() - started, ready)
         self._on_tools(self)  # its state changed: `oploop status` shows it
+
+    def _start_failure(self, exc: BaseException) -> str:
+        """Why a start failed: the server's refusal (with its HTTP status), or the
+        transport's error (anyio's task groups wrap either)."""
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        if isinstance(exc, MCPError):
+            return f"initialize failed: {http_cause(exc.error, self.http_status, self.name)}"
+        return describe(exc)
+
+    async def _handshake(self, session: ClientSession, fault: Fault) -> list[types.Tool]:
+        """`initialize`, then `tools/list`, each bounded by `start_timeout_s`."""
+        await self._within("initialize", session.initialize(), fault)
+        return await self._within("tools/list", _list_tools(session), fault)
+
+    async def _within(self, step: str, work: Awaitable[Any], fault: Fault) -> Any:
+        """`work` within `start_timeout_s`; a server that does not answer is said to be
+        silent, not to have exited (its end, when we kill it for that, is ours)."""
+        bound = self.config.start_timeout_s
+        try:
+            async with asyncio.timeout(bound):
+                return await work
+        except TimeoutError:
+            fault.set(f"no answer to {step} within {bound:g} s")
+            raise McpServerError(self.name, fault.cause) from None
 
     async def _wait_end(self, fault: Fault) -> None:
         """Until a fault ends the connection, or it idled `idle_s` (nothing in flight)."""
@@ -208,7 +253,8 @@ class McpServer:
                ready: asyncio.Future[None]) -> None:
         """Book the end of a connection: expected (idle, stopping, a cancel's kill) or a
         failure counted toward the crash loop."""
-        expected = cause in ("idle", "stopping") or cause.startswith("killed after a cancel")
+        expected = cause in ("idle", "stopping", "session lost") \
+            or cause.startswith("killed after a cancel")
         if not ready.done():
             ready.set_exception(McpServerError(self.name, cause + tail.quote()))
             expected = False
@@ -250,48 +296,70 @@ class McpServer:
 
     # -- calls -------------------------------------------------------------------------
 
-    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float
-                   ) -> types.CallToolResult:
+    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float,
+                   progress: Progress | None = None) -> types.CallToolResult:
         """Call `tool` (the server's own name); raises McpServerError for anything but the
-        tool's own result (whose `is_error` says how the tool fared)."""
+        tool's own result (whose `is_error` says how the tool fared). An HTTP server
+        that lost our session is given a new one and the call made again, once (the
+        server refused it unseen). `progress` hears its progress notifications."""
         scope = asyncio.timeout(timeout_s)
-        fault: Fault | None = None  # the connection the call went to
         try:
             async with scope:
-                session = await self.session()
-                fault = self._fault
-                self._inflight += 1
                 try:
-                    return await session.call_tool(tool, arguments)
-                except asyncio.CancelledError:
-                    if not scope.expired():
-                        self._after_cancel(session, fault)
-                    raise
-                finally:
-                    self._inflight -= 1
-                    self._used = time.monotonic()
+                    return await self._call_once(tool, arguments, progress)
+                except _SessionLost as lost:
+                    log.warning("MCP server %s: %s: a new session, and the call again",
+                                self.name, lost)
+                    return await self._call_once(tool, arguments, progress)
         except TimeoutError:
             if not scope.expired():
                 raise
-            # Hung (or far too slow): a stdio server is killed, an HTTP one reconnected.
-            gone = fault or self._fault  # (none yet: it hung starting)
-            self._end_fault(gone, f"no answer within {timeout_s:g} s")
-            await self._why_gone(gone)
-            raise McpServerError(self.name, f"no answer within {timeout_s:g} s "
-                                 f"(timeout_s): restarted on next use") from None
+            raise McpServerError(self.name, f"no answer within {timeout_s:g} s: the call was "
+                                 f"cancelled (the server goes on if it answers a ping)"
+                                 ) from None
+        except _SessionLost as lost:
+            raise McpServerError(self.name, f"{lost} (again, with a new session)") from None
+
+    async def _call_once(self, tool: str, arguments: dict[str, Any],
+                         progress: Progress | None) -> types.CallToolResult:
+        """One attempt of `call`. A call cancelled (its session's cancel, or its timeout)
+        is followed by `notifications/cancelled` (the SDK's) and a ping (ours, off the
+        caller's path): only a server that does not answer it is killed."""
+        fault: Fault | None = None  # the connection the call went to
+        try:
+            session = await self.session()
+            fault = self._fault
+            self._inflight += 1
+            try:
+                return await session.call_tool(tool, arguments, progress_callback=progress)
+            except asyncio.CancelledError:
+                self._after_cancel(session, fault)
+                raise
+            finally:
+                self._inflight -= 1
+                self._used = time.monotonic()
         except MCPError as exc:
             gone = fault
             if exc.error.code == types.CONNECTION_CLOSED or (gone is not None and gone.cause):
                 self._end_fault(gone, "connection closed")
                 raise McpServerError(self.name, await self._why_gone(gone)) from None
-            raise McpServerError(self.name, f"error {exc.error.code}: {exc.error.message}"
-                                 ) from None
+            if self.config.url and lost_session(exc.error, self.http_status):
+                self._end_fault(gone, "session lost")
+                raise _SessionLost(http_cause(exc.error, self.http_status)) from None
+            raise McpServerError(self.name, self._error_text(exc.error)) from None
         except McpServerError:
             raise
         except Exception as exc:  # the transport's (HTTP: connection refused, reset)
             gone = fault or self._fault
             self._end_fault(gone, describe(exc))
             raise McpServerError(self.name, await self._why_gone(gone)) from None
+
+    def _error_text(self, error: types.ErrorData) -> str:
+        """A JSON-RPC error as a call's failure: an HTTP server's with the HTTP status
+        and reason it came with."""
+        if self.config.url:
+            return http_cause(error, self.http_status, self.name)
+        return f"error {error.code}: {error.message}"
 
     async def _why_gone(self, fault: Fault | None) -> str:
         """Why the connection ended, with the server's last words: waits (bounded) for
@@ -342,12 +410,16 @@ class McpServer:
         if session is None:
             return
         try:
-            async with asyncio.timeout(START_S):
+            async with asyncio.timeout(self.config.start_timeout_s):
                 self.tools = await _list_tools(session)
         except Exception as exc:
             log.warning("MCP server %s: re-listing its tools failed: %s", self.name, exc)
             return
         self._on_tools(self)
+
+
+class _SessionLost(Exception):
+    """An HTTP server does not know our session any more (it restarted)."""
 
 
 def describe(exc: BaseException) -> str:

@@ -8,7 +8,9 @@ module bridges that socket to the `(read_stream, write_stream)` pair a
 JSON-RPC message per line) and parses them with the SDK's own validator
 (`mcp_types.jsonrpc_message_adapter`): no JSON-RPC is written here.
 
-What the server says on stderr is kept, bounded (`StderrTail`), for errors. A
+What the server says on stderr is kept, bounded (`StderrTail`), for errors, and
+written to the executor's log (`host.log`) line by line as `mcp:NAME[pid]`, so that
+`oploop logs mcp:NAME` shows it (`StderrLog`, bounded in rate). A
 line that is not a JSON-RPC message, or the end of its stdout, is a `Fault`:
 the connection is over (`servers.py` restarts the server on its next use).
 """
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -42,21 +47,76 @@ STDERR_KEEP = 16 * 1024
 #: How much of it an error quotes.
 STDERR_QUOTE = 600
 
+#: Lines of a server's stderr logged per `LOG_WINDOW_S` at most (the rest counted), and
+#: the longest line logged: a chatty server must not fill host.log.
+LOG_LINES = 200
+LOG_WINDOW_S = 10.0
+LOG_LINE_CHARS = 2000
+
 Launch = Callable[[int, int], Awaitable["SandboxedChild"]]
 """Starts the sandboxed server: `(duplex socket fd, stderr fd) -> child`."""
 
 
+class StderrLog:
+    """Writes a server's stderr lines to this process's stderr (host.log) as
+    `TIME mcp:NAME[pid] INFO line`, the shape `oploop logs ACTOR` picks out; at most
+    `LOG_LINES` per `LOG_WINDOW_S`, then one line saying how many were not written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pid = 0
+        self._window = 0.0
+        self._written = 0
+        self._skipped = 0
+
+    def line(self, text: str) -> None:
+        """Log one line of the server's stderr (within the rate bound)."""
+        now = time.monotonic()
+        if now - self._window >= LOG_WINDOW_S:
+            if self._skipped:
+                self._write(f"[{self._skipped} line(s) of stderr not logged: over "
+                            f"{LOG_LINES} in {LOG_WINDOW_S:g} s]")
+            self._window, self._written, self._skipped = now, 0, 0
+        if self._written >= LOG_LINES:
+            self._skipped += 1
+            return
+        self._written += 1
+        self._write(text[:LOG_LINE_CHARS])
+
+    def _write(self, text: str) -> None:
+        stamp = logging.Formatter().formatTime(logging.makeLogRecord({}))
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"{stamp} mcp:{self.name}[{self.pid}] INFO {text}\n")
+            sys.stderr.flush()
+
+
 class StderrTail:
-    """The last `STDERR_KEEP` bytes a server wrote on stderr."""
+    """The last `STDERR_KEEP` bytes a server wrote on stderr; each line also to `echo`
+    when set."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._partial = b""
+        self.echo: StderrLog | None = None
 
     def add(self, data: bytes) -> None:
         """Keep `data`, dropping the oldest bytes beyond the bound."""
         self._buf += data
         if len(self._buf) > STDERR_KEEP:
             del self._buf[: len(self._buf) - STDERR_KEEP]
+        if self.echo is not None:
+            *lines, rest = (self._partial + data).split(b"\n")
+            self._partial = rest[-LOG_LINE_CHARS * 4:]
+            for raw in lines:
+                text = raw.decode("utf-8", "replace").rstrip()
+                if text:
+                    self.echo.line(text)
+
+    def flush(self) -> None:
+        """Echo what is left of an unterminated last line (the server's end)."""
+        if self.echo is not None and self._partial.strip():
+            self.echo.line(self._partial.decode("utf-8", "replace").rstrip())
+        self._partial = b""
 
     def quote(self) -> str:
         """The tail for an error message ("" when the server said nothing)."""
@@ -97,6 +157,8 @@ async def sandboxed_stdio(launch: Launch, fault: Fault, stderr: StderrTail
     err_r, err_w = os.pipe()
     try:
         child = await launch(theirs.fileno(), err_w)
+        if stderr.echo is not None:
+            stderr.echo.pid = child.process.pid
     except BaseException:
         ours.close()
         os.close(err_r)
@@ -195,5 +257,8 @@ async def _write_stdin(writer: asyncio.StreamWriter,
 
 
 async def _read_stderr(reader: asyncio.StreamReader, tail: StderrTail) -> None:
-    while chunk := await reader.read(65536):
-        tail.add(chunk)
+    try:
+        while chunk := await reader.read(65536):
+            tail.add(chunk)
+    finally:
+        tail.flush()

@@ -29,6 +29,7 @@ from bus.messages import (
     LlmResult,
     Retrying,
     ToolJob,
+    ToolProgress,
     ToolResult,
 )
 from bus.vocab import EventType
@@ -121,8 +122,8 @@ class WorkerIO:
         machine = self.tool_machine(session)
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None,
-                                    machine=machine)
+            reply = await self._job("tool", job, session, timeout_s + 10.0,
+                                    self._tool_progress(session, call.id), machine=machine)
         except ModelError as exc:
             return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
         body = reply.body
@@ -130,13 +131,29 @@ class WorkerIO:
             images, dropped = accepted(body.images)  # checked: the history carries them
             output = "\n".join([body.output, *dropped]) if dropped else body.output
             output = cut_result(output, self.config.limits.max_result_chars)
-            return ToolOutcome(output, body.is_error, body.duration_ms, images, machine)
+            return ToolOutcome(output, body.is_error, body.duration_ms, images, machine,
+                               cut_result(body.shown, self.config.limits.max_result_chars))
         if isinstance(body, JobFailed) and body.error in MACHINE_ERRORS:
             # "machine B lost ...", "machine B has no executor connected": said as is.
             return ToolOutcome(body.message, True, machine=machine)
         if isinstance(body, JobFailed):
             return ToolOutcome(f"{call.name} failed: {body.message}", True, machine=machine)
         return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True, machine=machine)
+
+    def _tool_progress(self, session: Session, call_id: str) -> Callable[[Envelope], None]:
+        """A tool job's `ToolProgress` as the session's `TOOL_PROGRESS` event (only while
+        the run that made the call is open: nothing may follow its terminal event)."""
+        driver = session.driver
+
+        def on_progress(env: Envelope) -> None:
+            body = env.body
+            if (isinstance(body, ToolProgress) and session.driver is driver
+                    and driver is not None and not session.run_over):
+                self.emit(session, EventType.TOOL_PROGRESS, session.run_turn, {
+                    "call_id": call_id, "progress": body.progress,
+                    "total": body.total or None, "message": body.message})
+
+        return on_progress
 
     async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
         """`ask_machine`, run here (it talks to another host; nothing to sandbox): the

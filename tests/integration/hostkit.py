@@ -67,7 +67,8 @@ def print_log_tail(home: str, lines: int = 80) -> None:
 @contextlib.contextmanager
 def running_host(home: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """`oploop up --detach` in `home`; `oploop down` after, checking nothing is left."""
-    up = oploop(home, "up", "--detach", env=env)
+    # (`up` waits for the MCP servers to list their tools: seconds on a busy machine)
+    up = oploop(home, "up", "--detach", env=env, timeout=180)
     assert up.returncode == 0, up.stderr + up.stdout
     pids = host_pids(home)
     try:

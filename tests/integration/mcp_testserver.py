@@ -9,7 +9,14 @@ line that is not JSON-RPC on stdout); `image` (a 1x1 PNG); `structured` (a resul
 with structuredContent only); `write_to`, `connect_to` and `fetch` (what the sandbox
 lets it do); `add_tool` (adds `extra`, then tells the client its list changed); `big_text`
 (a text of `mb` MB) and `images` (`count` PNGs of `mb` MB each) for the bounds.
-`python mcp_testserver.py stdio many` also lists `MANY` tools of 5 KB of description each.
+`progress` (`steps` progress notifications, then a result); `for_user` (one block for
+the user only, one for both); `task_only` (listed with execution.taskSupport
+"required"); `who` (the client's name and version, from its `initialize`); `chatter`
+(a line on stderr); `outlive` (returns once the mark `name` exists: a call in flight
+while another ends). `python mcp_testserver.py http PORT TOKEN` serves `/mcp` and, only
+to `Authorization: Bearer TOKEN`, `/locked/mcp` (401 otherwise).
+`python mcp_testserver.py stdio many` also lists `MANY` tools of 5 KB of description
+each; `stdio silent` never answers `initialize`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,14 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__" and "silent" in sys.argv[2:]:  # reads, never answers (at once:
+    print("test server: silent on purpose", file=sys.stderr, flush=True)  # no SDK import)
+    while sys.stdin.buffer.read(65536):
+        pass
+    sys.exit(0)
+
 import anyio
+import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.utilities.types import Image
 
@@ -29,7 +43,17 @@ from mcp.server.mcpserver.utilities.types import Image
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
 
-server = MCPServer("oploop-test")
+class TestServer(MCPServer):
+    """The SDK's server, listing `task_only` as a tool that must be run as a task (the
+    decorator has no parameter for it)."""
+
+    async def list_tools(self) -> list[types.Tool]:
+        tools = await super().list_tools()
+        return [t.model_copy(update={"execution": types.ToolExecution(task_support="required")})
+                if t.name == "task_only" else t for t in tools]
+
+
+server = TestServer("oploop-test")
 
 
 def _mark(name: str) -> None:
@@ -178,6 +202,54 @@ def images(count: int, mb: float) -> list[Image]:
     return [Image(data=PNG + pad, format="png") for _ in range(count)]
 
 
+@server.tool()
+async def progress(steps: int, ctx: Context) -> str:
+    """Report `steps` progress notifications (1..steps of steps), then say done."""
+    for n in range(1, steps + 1):
+        await ctx.report_progress(n, steps, f"step {n}")
+    return f"done after {steps} steps"
+
+
+@server.tool()
+def for_user() -> list[types.TextContent]:
+    """A block for the user only, and one for everyone."""
+    return [types.TextContent(text="secret for the user only",
+                              annotations=types.Annotations(audience=["user"])),
+            types.TextContent(text="for the model too")]
+
+
+@server.tool()
+def task_only() -> str:
+    """A tool that must be run as a task (see TestServer)."""
+    return "ran without a task"
+
+
+@server.tool()
+def who(ctx: Context) -> str:
+    """The client's name and version, as its `initialize` said."""
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else None
+    return f"{info.name} {info.version}" if info is not None else "unknown"
+
+
+@server.tool()
+async def outlive(name: str) -> str:
+    """Touch `outlive-started`, then return once the mark `name` exists (60 s at most)."""
+    _mark("outlive-started")
+    marks = Path(os.environ.get("OPLOOP_TEST_MARKS", "/nonexistent"))
+    with anyio.fail_after(60):
+        while not (marks / name).exists():
+            await anyio.sleep(0.05)
+    return f"outlived {name}"
+
+
+@server.tool()
+def chatter(text: str) -> str:
+    """Write `text` on stderr."""
+    print(f"test server says: {text}", file=sys.stderr, flush=True)
+    return "said"
+
+
 #: How many tools `stdio many` adds.
 MANY = 3000
 
@@ -190,10 +262,32 @@ def _add_many() -> None:
         server.add_tool(one, name=f"many_{n:04d}", description=f"tool {n}: " + "d" * 5000)
 
 
+def _serve_locked(port: int, token: str) -> None:
+    """`/mcp`, and `/locked/mcp` for `Bearer TOKEN` only (401 Unauthorized otherwise)."""
+    import uvicorn
+
+    app = server.streamable_http_app()
+
+    async def locked(scope, receive, send):  # a plain ASGI wrapper
+        if scope["type"] == "http" and scope["path"].startswith("/locked/"):
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if auth != f"Bearer {token}":
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"text/plain")]})
+                await send({"type": "http.response.body", "body": b"unauthorized"})
+                return
+            scope = dict(scope, path=scope["path"].removeprefix("/locked"))
+        await app(scope, receive, send)
+
+    uvicorn.run(locked, host="127.0.0.1", port=port, log_level="warning")
+
+
 if __name__ == "__main__":
     if "many" in sys.argv[2:]:
         _add_many()
-    if sys.argv[1] == "http":
+    if sys.argv[1] == "http" and len(sys.argv) > 3:
+        _serve_locked(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run()

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hostkit import until
 from ports import free_port
 
@@ -62,5 +67,35 @@ def tool_results(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for b in m["content"] if b.get("type") == "tool_result"]
 
 
-__all__ = ["DONE", "PYTHON", "TEST_SERVER", "call", "free_port", "history_of", "tool_results",
-           "tools_of", "until", "wait_tools"]
+#: Where npm packages the tests install are kept between runs (world-readable: the
+#: sandboxed servers run as a uid of their own).
+NPM_CACHE = Path(os.environ.get("OPLOOP_TEST_NPM_CACHE", "/tmp/oploop-test-cache/npm"))
+
+
+def npm_package(spec: str) -> Path:
+    """A folder whose `node_modules` holds the npm package `spec` (a name, no version:
+    `npm install` once, then kept); the test is skipped, saying why, when npm or its
+    registry is not there."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed (apt-get install nodejs npm)")
+    folder = NPM_CACHE / spec.replace("/", "+").replace("@", "")
+    manifest = folder / "node_modules" / spec
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (one install at a time, whoever runs tests)
+        if not (manifest / "package.json").exists():
+            done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
+                                   str(folder), spec], capture_output=True, text=True,
+                                  timeout=600, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"npm install {spec} failed (no registry?): "
+                            f"{done.stderr.strip()[-300:]}")
+    for path in (NPM_CACHE.parent, NPM_CACHE, folder):
+        path.chmod(0o755)
+    subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+    return folder
+
+
+__all__ = ["DONE", "NPM_CACHE", "PYTHON", "TEST_SERVER", "call", "free_port", "history_of",
+           "npm_package", "tool_results", "tools_of", "until", "wait_tools"]

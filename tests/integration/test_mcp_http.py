@@ -2,7 +2,8 @@
 the SDK's `MCPServer` (FastMCP's name in mcp 2), run in a process of its own; a host
 whose executor reaches it by `url`. Tools listed; a session's call whose image
 reaches the history; a cancel reaching the tool; a crash mid-call, then the server
-back and found again."""
+back and found again; a server restarted between calls (our session unknown to it:
+404) found again by the next call; a 401 said as such (issue 30)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from mcpkit import PYTHON, TEST_SERVER, call, free_port, history_of, tool_result
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
 
+#: The token `/locked/mcp` takes; the host is configured with another.
+TOKEN = "right-token"
+
 SCRIPTS = {
     "echo": call("mcp__web__echo", text="over http"),
     "image": call("mcp__web__image"),
@@ -42,7 +46,9 @@ class WebServer:
 
     def start(self) -> None:
         env = {**os.environ, "OPLOOP_TEST_MARKS": str(self.marks)}
-        self.proc = subprocess.Popen([PYTHON, TEST_SERVER, "http", str(self.port)], env=env,
+        # (`/locked/mcp` answers 401 to any other token than TOKEN)
+        self.proc = subprocess.Popen([PYTHON, TEST_SERVER, "http", str(self.port), TOKEN],
+                                     env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(self.accepting, f"the MCP test server on port {self.port}")
 
@@ -81,7 +87,9 @@ def host(web: WebServer) -> Iterator[str]:
     home = make_home("opmh-")
     Path(home, "oploop.toml").write_text(
         f'[mcp.web]\nurl = "http://127.0.0.1:{web.port}/mcp"\ntags = ["web"]\ntimeout_s = 30\n'
-        '[mcp.web.headers]\nX-Oploop-Test = "yes"\n')
+        '[mcp.web.headers]\nX-Oploop-Test = "yes"\n'
+        f'[mcp.locked]\nurl = "http://127.0.0.1:{web.port}/locked/mcp"\n'
+        '[mcp.locked.headers]\nAuthorization = "Bearer wrong-token"\n')
     scenario = Path(home, "scenario.json")
     scenario.write_text(json.dumps({"scripts": SCRIPTS}))
     try:
@@ -156,3 +164,21 @@ def test_a_crash_mid_call_fails_naming_the_server_and_it_is_found_again(host, we
     web.start()  # back on the same port: the next call reconnects (after its backoff)
     again = tool_end(run(host, "#echo"))
     assert again["output"] == "echo: over http", again["output"]
+
+
+def test_a_server_restarted_between_calls_is_found_again_by_the_next_call(host, web):
+    assert tool_end(run(host, "#echo"))["output"] == "echo: over http"
+    web.stop()
+    web.start()  # a new process: our session id means nothing to it (404)
+    again = tool_end(run(host, "#echo"))
+    assert again == {**again, "is_error": False, "output": "echo: over http"}, again
+    status = {s["name"]: s for s in json.loads(oploop(host, "status", "--json").stdout)["mcp"]}
+    assert status["web"]["state"] == "ready", status["web"]
+
+
+def test_a_401_is_said_with_its_status_and_what_to_do(host):
+    status = {s["name"]: s for s in json.loads(oploop(host, "status", "--json").stdout)["mcp"]}
+    error = status["locked"]["error"]
+    assert "unauthorized: check headers or run `oploop mcp login locked`" in error, error
+    assert "HTTP 401 Unauthorized" in error, error
+    assert status["locked"]["state"] != "ready"

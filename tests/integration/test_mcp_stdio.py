@@ -30,6 +30,9 @@ from bus.client import Client
 MARK = "oploop-mcp-stdio-test"
 HANG_MARK = "oploop-mcp-hanging-test"
 
+#: (seven servers start before `up` is ready: on a busy machine a minute or more)
+pytestmark = pytest.mark.timeout(240)
+
 SCRIPTS = {
     "time": call("mcp__time__get_current_time", timezone="UTC"),
     "convert": call("mcp__time__convert_time", source_timezone="UTC", time="12:00",
@@ -60,6 +63,7 @@ def config(repo: Path, marks: Path, web: int = 0) -> str:
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{MARK}"]
 env = {{ OPLOOP_TEST_MARKS = "{marks}" }}
 timeout_s = 30
+start_timeout_s = 90
 """
     return f"""
 [agents.guarded]
@@ -67,12 +71,14 @@ category_allowlist = ["time"]
 [agents.guarded.permissions]
 "mcp__time__convert_time" = "deny"
 
-[mcp.time]
-command = ["mcp-server-time", "--local-timezone", "UTC"]
+[mcp.time]                        # (start_timeout_s: seven servers import the SDK at
+command = ["mcp-server-time", "--local-timezone", "UTC"]  # once: a busy machine's minute)
 tags = ["time"]
+start_timeout_s = 90
 
 [mcp.git]
 command = ["mcp-server-git", "--repository", "{repo}"]
+start_timeout_s = 90
 # git refuses a repository another uid owns, unless told it is safe
 env = {{ GIT_CONFIG_COUNT = "1", GIT_CONFIG_KEY_0 = "safe.directory", GIT_CONFIG_VALUE_0 = "*" }}
 [mcp.git.sandbox]
@@ -87,6 +93,7 @@ write_paths = ["{marks}"]
 [mcp.hang]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{HANG_MARK}"]
 timeout_s = 2
+start_timeout_s = 90
 [mcp.hang.sandbox]
 read_paths = ["{tests}"]
 
@@ -95,6 +102,7 @@ command = ["/bin/false"]
 
 [mcp.testnet]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-netted-test"]
+start_timeout_s = 90
 [mcp.testnet.sandbox]
 network = true
 read_paths = ["{tests}"]
@@ -102,6 +110,7 @@ read_paths = ["{tests}"]
 [mcp.testproxy]                   # a network allowlist: through the host's proxy only
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-mcp-proxied-test"]
 network = ["127.0.0.1:{web}"]
+start_timeout_s = 90
 [mcp.testproxy.sandbox]
 read_paths = ["{tests}"]
 """
@@ -173,7 +182,7 @@ def host(files, listener, web):
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as h:
             wait_tools(h, {"mcp__time__get_current_time", "mcp__git__git_status",
                            "mcp__test__echo", "mcp__testnet__connect_to", "mcp__hang__slow",
-                           "mcp__testproxy__fetch"})
+                           "mcp__testproxy__fetch"}, timeout=120)
             yield h
     finally:
         remove_home(Path(home))
@@ -339,13 +348,17 @@ def test_a_crash_mid_call_fails_the_call_naming_the_server_and_its_last_words(ho
     assert status["test"]["restarts"] >= 1 and status["time"]["state"] == "ready"
 
 
-def test_a_call_past_timeout_s_fails_and_the_server_is_killed(host):
+def test_a_call_past_timeout_s_fails_and_the_server_that_answers_a_ping_is_kept(host):
     pids = live(HANG_MARK)
     assert pids  # started at the executor's start, to list its tools
     end = tool_end(run(host, "#hang"))
     assert end["is_error"], end["output"]
-    assert "MCP server hang: no answer within 2 s" in end["output"], end["output"]
-    asyncio.run(until(lambda: not (live(HANG_MARK) & pids), "its end", 30))
+    assert "MCP server hang: no answer within 2 s: the call was cancelled" in end["output"], \
+        end["output"]
+    # cancelled (notifications/cancelled), then a ping it answers: not killed
+    again = tool_end(run(host, "#hang"))
+    assert "no answer within 2 s" in again["output"], again["output"]
+    assert live(HANG_MARK) == pids
 
 
 def test_a_server_in_a_crash_loop_is_marked_failed_and_the_others_go_on(host):
