@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -252,7 +253,10 @@ class McpHub:
             from actors.sandbox.network import access
 
             argv = resolved(config.command, config.name)
-            policy = sandbox.config.policy("shell")
+            # A server lives as long as the host: RLIMIT_CPU (a tool call's bound on
+            # CPU seconds, summed over its life) would kill it after a minute of work
+            # spread over hours. Its rate stays bounded by the cgroup's CPU cap.
+            policy = dataclasses.replace(sandbox.config.policy("shell"), cpu_s=0)
             net = access(config.sandbox.network, self.run_dir, "mcp", config.name)
             if config.cwd:
                 cwd = Path(config.cwd)

@@ -43,12 +43,13 @@ def _unshare_flags(offline: bool) -> int:
 
 def _rlimits(policy: Policy, as_user: bool) -> list[tuple[str, int, int]]:
     limits = [
-        # Soft: SIGXCPU a process can see; hard a second later: SIGKILL.
-        ("cpu", policy.cpu_s, policy.cpu_s + 1),
         ("fsize", policy.file_bytes, policy.file_bytes),
         ("nofile", policy.nofile, policy.nofile),
         ("core", 0, 0),
     ]
+    if policy.cpu_s > 0:  # 0: none (a long-lived MCP server; its cgroup caps the rate)
+        # Soft: SIGXCPU a process can see; hard a second later: SIGKILL.
+        limits.append(("cpu", policy.cpu_s, policy.cpu_s + 1))
     if as_user and policy.limits.pids > 0:
         # Counted per uid across the machine (root ignores it), and each session has
         # its own uid: it bounds the session's calls together, never another

@@ -23,7 +23,7 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
     memory_mb = 512
     pids = 256
     cpu = 1.0                   # cores
-    cpu_s = 60                  # CPU seconds per process (RLIMIT_CPU)
+    cpu_s = 60                  # CPU seconds per process (RLIMIT_CPU; 0: none)
     file_mb = 256               # largest file (RLIMIT_FSIZE)
     nofile = 256
     timeout_s = 600

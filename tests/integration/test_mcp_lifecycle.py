@@ -235,3 +235,15 @@ def test_watch_shows_a_tool_progress_line_in_json_too(host):
 def test_oploop_logs_mcp_name_shows_nothing_of_other_actors(host):
     lines = oploop(host, "logs", "mcp:test").stdout.splitlines()
     assert lines and all(" mcp:test[" in line for line in lines), lines[:5]
+
+
+def test_a_server_has_no_cpu_seconds_limit_that_would_end_it_after_a_minute_of_work(host):
+    """A tool call's RLIMIT_CPU counts a process's whole life: a server living for
+    hours would be killed after its 60th CPU second. Its cgroup caps its rate instead."""
+    run(host, "#echo")
+    pids = [p for p in processes_with(MARK) if psutil.Process(p).username() != "root"]
+    assert pids, "the test server's processes"
+    for pid in pids:
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        (line,) = [x for x in limits.splitlines() if x.startswith("Max cpu time")]
+        assert line.split()[3:5] == ["unlimited", "unlimited"], line
