@@ -89,20 +89,19 @@ def _ignore(_: Delta | Retry) -> None:
 
 async def compact(session: Session, io: LoopIO, build: Build, before: int, *, by: str,
                   keep: int = KEEP_RESULT_MESSAGES, summarise: bool = False, turn: int = 0,
-                  scale: float = 1.0) -> Outcome:
+                  scale: float = 1.0, goal: int = 0) -> Outcome:
     """Compact `session`'s view: clear older tool results (the latest `keep` messages of
     results kept whole); then, if that leaves more than `TARGET` of the budget (or
-    `summarise`), summarise the turns before the latest with a model call. A summary
-    call that fails leaves the results cleared and says so in the note. `scale`: how
-    much the API's count exceeded the estimate (a recovery), applied to the sizes."""
+    `summarise`), summarise the turns before the latest with a model call; then, if a
+    `goal` is given (a recovery: the size the API allows) and still not met, clear the
+    latest results too. A summary call that fails leaves the results cleared and says so
+    in the note. `scale`: how much the API's count exceeded the estimate, applied."""
     from actors.core.driver import ModelError  # (the driver imports this module)
 
     history = session.history
     limits = budget(session, io.config.aliases)
     prior = session.run.context
     view = prior._replace(cleared=clear_point(history, prior, keep))
-    start = max(prior.cleared, prior.summarised)
-    cleared = count_results(history, start, view.cleared) if view.cleared > start else 0
     request = build(view)
     tokens = int(request_tokens(request) * scale)
     note, usage, turns = "", ZERO, 0
@@ -130,8 +129,14 @@ async def compact(session: Session, io: LoopIO, build: Build, before: int, *, by
                     note = "the summary call gave no text: tool results were cleared only"
             request = build(view)
             tokens = int(request_tokens(request) * scale)
+    if goal and tokens >= goal and keep > 0:  # the latest results too: nothing else is left
+        view = view._replace(cleared=clear_point(history, view, 0))
+        request = build(view)
+        tokens = int(request_tokens(request) * scale)
     if view == prior:
         return Outcome(None, request, tokens, note)
+    start = max(prior.cleared, prior.summarised)
+    cleared = count_results(history, start, view.cleared) if view.cleared > start else 0
     return Outcome(Compacted(view, prior, before, tokens, cleared, turns, by, usage, note),
                    request, tokens, note)
 

@@ -28,7 +28,7 @@ from actors.core.history import Message, blocks
 __all__ = ["CHARS_PER_TOKEN", "KEEP_RESULT_MESSAGES", "NEAR", "SUMMARY_MARK", "TARGET",
            "ContextMemo", "ContextView", "block_tokens", "budget_of", "clear_point",
            "cleared_block", "count_results", "count_turns", "is_summary_request",
-           "message_tokens", "request_tokens", "summary_message", "summary_of",
+           "message_tokens", "request_tokens", "result_cap", "summary_message", "summary_of",
            "summary_point", "summary_request", "too_long", "transcript", "view_messages"]
 
 #: The estimate: a token for every four characters of a block's JSON (the API counts
@@ -115,6 +115,13 @@ def request_tokens(request: Mapping[str, Any]) -> int:
 def budget_of(window: int, compact_at: float) -> int:
     """The size at which a request is compacted."""
     return max(1, int(window * compact_at))
+
+
+def result_cap(limit: int) -> int:
+    """The most characters one tool result keeps as it enters the history under a budget
+    of `limit` tokens: a third of it, so that the latest results kept whole by a
+    compaction (`KEEP_RESULT_MESSAGES`) and the rest still fit."""
+    return max(1_000, limit * CHARS_PER_TOKEN // 3)
 
 
 # -- the view -------------------------------------------------------------------------

@@ -18,16 +18,18 @@ the session when it journals an event, sees exactly the state the events fold to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from actors.bounds import cut_result
 from actors.config import Config
 from actors.core.catalogue import resolve_tools
 from actors.core.compaction import Build, budget, compact, request_builder
-from actors.core.context import NEAR, too_long
+from actors.core.context import NEAR, result_cap, too_long
 from actors.core.history import Message, append_blocks
 from actors.core.machine import (
     AbortJobs,
@@ -322,8 +324,10 @@ class RunDriver:
             # Too long for the model after all (the estimate was short): compact and
             # try once more; a second refusal ends the run.
             log.info("session %s: %s: compacting and trying again", session.id, exc)
-            sent = await self._compacted(build, tokens, "recovery", work.turn,
-                                         scale=_overshoot(exc.message, tokens))
+            real, allowed = _sizes_said(exc.message)
+            sent = await self._compacted(build, real or tokens, "recovery", work.turn,
+                                         scale=max(1.0, real / tokens) if real and tokens
+                                         else 1.0, goal=allowed)
             if sent is None:
                 return
             request, tokens = sent
@@ -355,21 +359,23 @@ class RunDriver:
                                      summarise=bool(by))
 
     async def _compacted(self, build: Build, tokens: int, by: str, turn: int, *,
-                         summarise: bool = False,
-                         scale: float = 1.0) -> tuple[dict[str, Any], int] | None:
+                         summarise: bool = False, scale: float = 1.0,
+                         goal: int = 0) -> tuple[dict[str, Any], int] | None:
         """Compact (`COMPACTED`), then the request and its size; if it still does not fit
-        the budget the run ends `ERROR` naming the sizes (never a second compaction)."""
+        the budget the run ends `ERROR` naming the sizes (never a second compaction). A
+        recovery (`goal`: the size the API allows) may clear the latest results too."""
         session = self.session
+        limits = budget(session, self.io.config.aliases)
         recovery = by == "recovery"
+        goal = min(goal or limits.limit, limits.limit) if recovery else 0
         outcome = await compact(session, self.io, build, tokens, by=by,
                                 keep=1 if recovery else 2, summarise=summarise or recovery,
-                                turn=turn, scale=scale)
+                                turn=turn, scale=scale, goal=goal)
         if session.driver is not self or not self.state.running:
             return None
         if outcome.compacted is not None:
             self.feed(outcome.compacted)
-        limits = budget(session, self.io.config.aliases)
-        if outcome.tokens < limits.limit:
+        if outcome.tokens < (goal or limits.limit):
             return outcome.request, outcome.tokens
         why = f" ({outcome.note})" if outcome.note else ""
         self.feed(ModelFailed("context_full", (
@@ -410,6 +416,9 @@ class RunDriver:
         else:
             outcome = await self.io.run_tool(self.session, call,
                                              timeout_s=self.session.agent.tool_timeout_s)
+            cap = result_cap(budget(self.session, self.io.config.aliases).limit)
+            if len(outcome.output) > cap:  # one result never fills the context alone
+                outcome = dataclasses.replace(outcome, output=cut_result(outcome.output, cap))
         self.feed(ToolFinished(call.id, outcome))
 
     def _abort(self) -> None:
@@ -458,13 +467,11 @@ class RunDriver:
         self.feed(Decide(call_id, "deny", "timeout", "approval timed out"))
 
 
-def _overshoot(message: str, estimate: int) -> float:
-    """How much larger the API counted a request than we estimated it ("prompt is too
-    long: N tokens > M maximum"), at least 1: later sizes are judged scaled by it."""
+def _sizes_said(message: str) -> tuple[int, int]:
+    """The request's size and the model's maximum an API error names ("prompt is too
+    long: N tokens > M maximum"), or zeros."""
     found = re.search(r"(\d+) tokens > (\d+)", message)
-    if not found or estimate <= 0:
-        return 1.0
-    return max(1.0, int(found.group(1)) / estimate)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def decision_error(session: Session, asks: tuple[tuple[str, float], ...],

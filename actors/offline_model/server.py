@@ -90,7 +90,7 @@ class ServerStatistics:
     error_responses: int
     #: Responses whose client hung up mid-way (an aborted stream, a cancel).
     abandoned: int = 0
-    #: Requests refused as over the context window, and the largest request seen (tokens).
+    #: Requests refused as over the context window, and the largest one answered (tokens).
     too_long: int = 0
     largest_prompt: int = 0
 
@@ -260,7 +260,6 @@ class OfflineServer:
             prompt = self.prompt_cache.usage(request, self.context_window)
         except PromptTooLong as exc:  # as the API: 400 invalid_request_error, nothing played
             self._too_long += 1
-            self._largest = max(self._largest, exc.tokens)
             return self._error(400, str(exc), request_id)
         self._largest = max(self._largest, sum(prompt))
         try:
