@@ -45,7 +45,7 @@ def part(n: int) -> dict:
 LONG = [part(n) for n in range(30)] + [{"reply": "all parts read", "stop_reason": "end_turn"}]
 WIDE = [{"reply": [shell(f"head -c 30000 /dev/zero | tr '\\\\0' {c}") for c in "abc"]},
         {"reply": "done after all", "stop_reason": "end_turn"}]
-SCRIPTS = {"long": LONG, "long2": LONG, "long3": LONG, "wide": WIDE}
+SCRIPTS = {"long": LONG, "long2": LONG, "long3": LONG, "long4": LONG[:6], "wide": WIDE}
 
 CONFIG = f"""
 [agents.unaware]
@@ -109,6 +109,13 @@ def test_a_budgeted_session_compacts_before_the_window_and_never_exceeds_it(host
     summary = next(c["summary"] for c in compacted if c["summary"])
     assert "Requests: #long2 read every part" in summary  # the offline summariser's
     assert all(c["after_tokens"] < 0.8 * WINDOW for c in compacted)
+    # prompt caching goes on: the call after a compaction writes the new prefix, the
+    # one after it reads it
+    turn_ends = {e["turn"]: e["data"]["usage"] for e in of_type(events, "TURN_END")}
+    for c in of_type(events, "COMPACTED"):
+        after = turn_ends.get(c["turn"] + 1)
+        if after is not None:
+            assert after["cache_read_input_tokens"] > 0, (c["turn"], after)
     stats = offline_stats(host)
     assert stats["too_long"] == refused, "a request over the window reached the model"
     assert 0.5 * WINDOW < stats["largest_prompt"] <= WINDOW  # (it came close)
@@ -165,3 +172,22 @@ def test_a_supervisor_killed_at_a_compaction_resumes_from_the_compacted_view(hos
     assert all(c["data"]["cleared"] >= first["data"]["cleared"] for c in later), later
     again = follow_up(host, _sid(events), "one more")
     assert again[-1]["type"] == "DONE"
+
+
+def test_compact_while_running_compacts_before_the_next_model_call(host):
+    async def main() -> list[dict]:
+        async with Client.connect(Path(host)) as client:
+            started = await client.start("#long4 read some parts", agent="small")
+            events, ack = [], None
+            async for event in client.events(started.session, started.from_seq,
+                                             stop_at="first"):
+                events.append(event)
+                if ack is None and event["type"] == "TURN_START" and event["turn"] == 2:
+                    ack = await client.compact(started.session)
+                    assert ack.state == "queued"
+        return events
+
+    events = asyncio.run(main())
+    assert events[-1]["type"] == "DONE"
+    (done,) = of_type(events, "COMPACTED")
+    assert done["data"]["by"] == "local" and done["turn"] in (2, 3)
