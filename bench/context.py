@@ -115,6 +115,7 @@ def run(quick: bool) -> dict[str, Any]:
         "refused_over_window": stats["too_long"], "largest_request_tokens":
             stats["largest_prompt"], "window": WINDOW,
         "p50_at_100_s": at_100, "p50_at_end_s": at_end, "ratio": at_end / at_100,
+        "p50_every_100_s": [_p50(per_turn, t) for t in range(100, session["turns"] + 1, 100)],
         "compactions": len(done), "summaries": sum(1 for c in done if c["summarised_turns"]),
         "compaction_p50_s": median(times) if times else 0.0,
         "compaction_p90_s": percentile(times, 90) if times else 0.0,
