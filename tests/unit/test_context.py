@@ -400,3 +400,19 @@ def test_summaries_of_summaries_stay_bounded():
         text = rules.summarise_transcript(transcript(view_messages(
             history(10), ContextView(text, 0, 0) if text else EMPTY), 50_000))
     assert len(text) < 1_000 and "shell x" in text
+
+
+def test_the_llm_callers_backend_counts_tokens_through_the_sdk():
+    from actors.llm_caller.backend import AnthropicBackend
+
+    async def main() -> None:
+        server = await start_server(context_window=2_000)
+        backend = AnthropicBackend(api_key="offline", base_url=f"http://127.0.0.1:{server.port}")
+        try:
+            request = {**big(4_000), "temperature": 0.3, "metadata": {"user_id": "s1"}}
+            assert await backend.count_tokens(request, timeout_s=5) == 1001
+        finally:
+            await backend.aclose()
+            await server.aclose()
+
+    asyncio.run(main())
