@@ -122,21 +122,26 @@ async def compact(session: Session, io: LoopIO, build: Build, before: int, *, by
             else:
                 usage = of_reply(reply)
                 text = summary_of(reply)
-                if text:
-                    view = ContextView(text, upto, max(view.cleared, upto))
-                    turns = count_turns(history, prior.summarised, upto)
-                else:
+                summarised = ContextView(text, upto, max(view.cleared, upto))
+                shorter = build(summarised)
+                if not text:
                     note = "the summary call gave no text: tool results were cleared only"
-            request = build(view)
-            tokens = int(request_tokens(request) * scale)
+                elif int(request_tokens(shorter) * scale) >= tokens:
+                    note = "the summary was no shorter than the turns it would replace: not used"
+                else:
+                    view, request = summarised, shorter
+                    tokens = int(request_tokens(request) * scale)
+                    turns = count_turns(history, prior.summarised, upto)
     if goal and tokens >= goal and keep > 0:  # the latest results too: nothing else is left
         view = view._replace(cleared=clear_point(history, view, 0))
         request = build(view)
         tokens = int(request_tokens(request) * scale)
-    if view == prior:
-        return Outcome(None, request, tokens, note)
     start = max(prior.cleared, prior.summarised)
     cleared = count_results(history, start, view.cleared) if view.cleared > start else 0
+    if view.summarised == prior.summarised and not cleared:
+        return Outcome(None, request, tokens, note)  # (the same messages: nothing to say)
+    if summarise and keep == 0 and tokens >= before:  # on demand, and it would not shrink
+        return Outcome(None, request, tokens, note or "it would not get any smaller")
     return Outcome(Compacted(view, prior, before, tokens, cleared, turns, by, usage, note),
                    request, tokens, note)
 

@@ -36,6 +36,8 @@ __all__ = ["CHARS_PER_TOKEN", "KEEP_RESULT_MESSAGES", "NEAR", "SUMMARY_MARK", "T
 CHARS_PER_TOKEN = 4
 #: The user messages holding tool results kept whole by a compaction (the latest ones).
 KEEP_RESULT_MESSAGES = 2
+#: A result shorter than this (characters) is never cleared: its marker is no shorter.
+MIN_CLEARED_CHARS = 400
 #: A compaction aims at this fraction of the budget: clearing results that leaves more
 #: than that is followed by a summary (so the next compaction is not one turn away).
 TARGET = 0.5
@@ -139,8 +141,7 @@ def cleared_block(result: Mapping[str, Any], call: Mapping[str, Any] | None) -> 
     given = json.dumps(call.get("input", {}), ensure_ascii=False) if call else "{}"
     if len(given) > 300:
         given = given[:300] + "…"
-    size = sum(len(str(b.get("text", ""))) if isinstance(b, Mapping) else len(str(b))
-               for b in _result_parts(result))
+    size = _result_chars(result)
     what = "an error" if result.get("is_error") else "a result"
     text = (f"[tool result cleared to save context: {name or 'a tool'} {given} returned "
             f"{what} of {size} characters; call {name or 'the tool'} again with the same "
@@ -159,16 +160,25 @@ def _result_parts(result: Mapping[str, Any]) -> list[Any]:
     return list(content or ())
 
 
+def _clearable(block: Mapping[str, Any]) -> bool:
+    """A `tool_result` block long enough to be worth a marker."""
+    return block.get("type") == "tool_result" and _result_chars(block) >= MIN_CLEARED_CHARS
+
+
+def _result_chars(result: Mapping[str, Any]) -> int:
+    return sum(len(str(b.get("text", ""))) if isinstance(b, Mapping) else len(str(b))
+               for b in _result_parts(result))
+
+
 def _cleared(message: Message, before: Message | None) -> Message:
-    """`message` with its tool results cleared (the same object if it has none)."""
+    """`message` with its (long enough) tool results cleared (the same object if none)."""
     content = blocks(message)
-    if message.get("role") != "user" or not any(b.get("type") == "tool_result"
-                                                 for b in content):
+    if message.get("role") != "user" or not any(_clearable(b) for b in content):
         return message
     calls = {b.get("id"): b for b in blocks(before) if b.get("type") == "tool_use"} \
         if before is not None else {}
     return {"role": "user", "content": [
-        cleared_block(b, calls.get(b.get("tool_use_id"))) if b.get("type") == "tool_result"
+        cleared_block(b, calls.get(b.get("tool_use_id"))) if _clearable(b)
         else b for b in content]}
 
 
@@ -219,9 +229,9 @@ def summary_point(history: Sequence[Message], view: ContextView) -> int:
 
 
 def count_results(history: Sequence[Message], start: int, end: int) -> int:
-    """Tool results in `history[start:end]`."""
+    """Tool results a view clearing `history[start:end]` replaces by markers."""
     return sum(1 for m in history[start:end] if m.get("role") == "user"
-               for b in blocks(m) if b.get("type") == "tool_result")
+               for b in blocks(m) if _clearable(b))
 
 
 def count_turns(history: Sequence[Message], start: int, end: int) -> int:
