@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from actors.usage import total_line
+from actors.usage import short_count, total_line
 from bus.vocab import TERMINAL, EventType
 
 
@@ -170,6 +170,18 @@ class Renderer:
         for line in text.splitlines() or [""]:
             if line.strip():
                 self._line(self._dim(prefix) + line)
+
+    def _on_COMPACTED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        """`⇣ compacted (budget): 81.2k → 12.4k tokens, 14 results cleared, 9 turns
+        summarised`, and a note when the summary could not be had."""
+        parts = [f"{short_count(int(data.get('before_tokens') or 0))} → "
+                 f"{short_count(int(data.get('after_tokens') or 0))} tokens"]
+        if data.get("cleared_results"):
+            parts.append(f"{data['cleared_results']} results cleared")
+        if data.get("summarised_turns"):
+            parts.append(f"{data['summarised_turns']} turns summarised")
+        note = f" — {data['note']}" if data.get("note") else ""
+        self._line(self._dim(f"⇣ compacted ({data.get('by', '?')}): {', '.join(parts)}{note}"))
 
     def _on_RETRY(self, data: dict[str, Any]) -> None:  # noqa: N802
         if self._streamed:

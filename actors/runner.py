@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import logging
 import re
 import sys
 import time
@@ -49,6 +50,8 @@ from actors.settings import Settings, load_settings, model_choice
 from actors.tools import BUILTIN, Catalogue, Tool, ToolContext, invoke
 from actors.usage import ZERO, Usage, priced
 from bus.vocab import EventType
+
+log = logging.getLogger("oploop.runner")
 
 Deps = TypeVar("Deps")
 Output = TypeVar("Output")
@@ -286,15 +289,18 @@ class _LocalIO(Generic[Deps]):
         return [spec.to_wire() for spec in self.runner.catalogue.specs()]
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Progress, route: bool = False) -> Message:
+                         turn: int, progress: Progress, route: bool = False,
+                         compact: bool = False) -> Message:
         # The router's call is the loop's business (its ROUTE says it all): neither its
-        # text nor its retries are events, as over the bus.
+        # text nor its retries are events, as over the bus; nor a compaction's summary.
+        quiet = route or compact
+
         def on_delta(channel: str, text: str) -> None:
-            if not route:
+            if not quiet:
                 progress(Delta(text, channel))
 
         def on_retry(attempt: int, error: str, wait_s: float, stall_bound_s: float) -> None:
-            if not route:
+            if not quiet:
                 progress(Retry(attempt, error, wait_s, stall_bound_s))
 
         runner = self.runner
@@ -313,6 +319,18 @@ class _LocalIO(Generic[Deps]):
         except CallFailed as exc:
             f = exc.failure
             raise ModelError(f.error, exc.message, f.status) from exc
+
+    async def count_tokens(self, session: Session, request: dict[str, Any]) -> int | None:
+        """The request's tokens as the backend's server counts them, or None (a backend
+        that cannot count, or a failure: the loop keeps its estimate)."""
+        count = getattr(self.runner.backend, "count_tokens", None)  # (optional)
+        if count is None:
+            return None
+        try:
+            return int(await count(request, timeout_s=10.0))
+        except Exception:  # only a refinement of an estimate: never the run's failure
+            log.info("count_tokens failed", exc_info=True)
+            return None
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         deadline = time.time() + timeout_s

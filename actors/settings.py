@@ -24,6 +24,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_LLM_BACKEND` | anthropic | `scripted`: the model runs inside the llm callers |
 | `OPLOOP_LLM_SCRIPT` | | the scenario the scripted backend plays (none: rules only) |
 | `OPLOOP_OFFLINE_SCENARIO` | | the scenario the offline model plays |
+| `OPLOOP_OFFLINE_CONTEXT` | 200000 | the offline model's context window in tokens (0: none) |
 | `OPLOOP_LLM_CALLERS` | 1 | llm caller processes of a host (at least 1) |
 | `OPLOOP_EXECUTORS` | 1 | executor processes of a host (at least 1; each runs 32 calls at once) |
 | `OPLOOP_MEMTRACE` | 0 | every N s, each actor logs its top memory growth (tracemalloc; 0: off) |
@@ -169,6 +170,8 @@ class Settings:
     llm_backend: str = "anthropic"
     llm_script: str = ""
     offline_scenario: str = ""
+    #: `OPLOOP_OFFLINE_CONTEXT`: the offline model's context window (tokens; 0: none).
+    offline_context: int = 200_000
     llm_callers: int = 1
     executors: int = 1
     viewer_queue: int = 100_000
@@ -232,6 +235,7 @@ def load_settings(environ: Mapping[str, str] | None = None, *,
         llm_script=env.get("OPLOOP_LLM_SCRIPT", ""),
         model=model_choice(llm_backend, env),
         offline_scenario=env.get("OPLOOP_OFFLINE_SCENARIO", ""),
+        offline_context=reader.get("OPLOOP_OFFLINE_CONTEXT", int, 200_000, at_least=0),
         llm_callers=reader.get("OPLOOP_LLM_CALLERS", int, 1, at_least=1),
         executors=reader.get("OPLOOP_EXECUTORS", int, 1, at_least=1),
         viewer_queue=reader.get("OPLOOP_VIEWER_QUEUE", int, 100_000, at_least=1),

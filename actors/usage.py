@@ -194,7 +194,7 @@ class Meter:
 
     def apply(self, type_: str, data: Mapping[str, Any]) -> None:
         """Count one event of the session."""
-        if type_ in TERMINAL:
+        if type_ in TERMINAL or type_ == EventType.COMPACTED:  # (one between runs)
             self.ended = self.ended + Usage.from_dict(data.get("usage"))
         self.run = after_event(type_, data, self.run, ZERO)[0]
 

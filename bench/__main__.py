@@ -19,7 +19,7 @@ from bench.stats import machine
 
 #: Sections in report order; modules written later (sandbox, fanout, ...) join if present.
 SECTIONS = ("floor", "turns", "throughput", "memory", "startup", "sandbox", "netproxy", "fanout",
-            "curve", "history", "growth", "diskio", "idle")
+            "curve", "history", "growth", "diskio", "idle", "context")
 
 _HELPERS = {"stats", "host", "driver", "peers", "model", "against"}
 

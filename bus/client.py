@@ -31,6 +31,8 @@ from bus.errors import BadFrame, RemoteError, RequestTimeout, SessionRemoved
 from bus.messages import (
     Cancel,
     CancelAck,
+    Compact,
+    CompactAck,
     DecideAck,
     DecideCalls,
     Envelope,
@@ -264,6 +266,16 @@ class Client:
         """
         reply = await self._control.request(Say(session, text), timeout=timeout)
         assert isinstance(reply.body, SayAck)
+        return reply.body
+
+    async def compact(self, session: str, timeout: float = 300.0) -> CompactAck:
+        """Compact `session`'s requests: with no run open, every tool result cleared and
+        the turns before the last summarised (a model call: `timeout` covers it), the
+        reply once its `COMPACTED` is journaled; a running session compacts before its
+        next model call (`state` "queued"). Sent once, on the control socket. Refused
+        (`RemoteError`): an unknown session, nothing to compact, the summary failing."""
+        reply = await self._control.request(Compact(session), timeout=timeout)
+        assert isinstance(reply.body, CompactAck)
         return reply.body
 
     async def approve(self, session: str, call_ids: list[str] | None = None, *,

@@ -119,6 +119,10 @@ class LlmJob(Body):
     #: seconds, retries included (0: none but the deadline): the intent router's.
     attempts: int = 0
     timeout_s: float = 0.0
+    #: Count the request's input tokens (the Messages API's `count_tokens`) instead of
+    #: calling the model: answered by `LlmResult` whose message is only
+    #: `{"usage": {"input_tokens": N}}`, or `JobFailed` where counting is not offered.
+    count: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -298,6 +298,34 @@ class SayAck(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class Compact(Body):
+    """Client -> supervisor `control`: compact `session`'s requests now
+    (`actors/core/context.py`). A session with no run open: every tool result is
+    cleared and the turns before the last summarised by a model call; the reply comes
+    once its `COMPACTED` is journaled. A running one compacts before its next model
+    call. Who may: the local user and `control` keys. Reply: `CompactAck` or
+    `ErrorReply` (an unknown session, nothing to compact, the summary call failing).
+    """
+
+    KIND: ClassVar[str] = "compact"
+    session: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactAck(Body):
+    """Supervisor -> client: `state` "compacted" (sizes in tokens before and after, and
+    what went wrong if anything: `note`) or "queued" (the running run compacts before
+    its next model call)."""
+
+    KIND: ClassVar[str] = "compact_ack"
+    session: str
+    state: str
+    before_tokens: int = 0
+    after_tokens: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class DecideCalls(Body):
     """Client -> supervisor `control`: approve or deny calls of `session` waiting for
     approval: `call_ids`, or every one waiting if `all`. `decision` is "approve" or
@@ -404,6 +432,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     RenewAck,
     Say,
     SayAck,
+    Compact,
+    CompactAck,
     DecideCalls,
     DecideAck,
     ControlHello,
@@ -430,7 +460,8 @@ BY_KIND: dict[str, type[Body]] = {t.KIND: t for t in MESSAGE_TYPES}
 
 #: Every name of the wire: the types defined here and those `bus.jobs` and `bus.envelope` define.
 __all__ = [
-    "Abort", "BY_KIND", "Body", "Cancel", "CancelAck", "ControlHello", "DecideAck",
+    "Abort", "BY_KIND", "Body", "Cancel", "CancelAck", "Compact", "CompactAck",
+    "ControlHello", "DecideAck",
     "DecideCalls", "Delta", "Disconnect", "Envelope", "ErrorReply", "Event",
     "ForgetSessions", "HISTORY_MISS", "Heartbeat", "InspectSession", "JobFailed",
     "ListSessions", "ListTools", "LlmJob", "LlmResult", "MESSAGE_TYPES", "PROTOCOL_VERSION",

@@ -31,6 +31,8 @@ class EventType(StrEnum):
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
     APPROVAL_DECIDED = "APPROVAL_DECIDED"
     MACHINE_EVENT = "MACHINE_EVENT"
+    #: The requests' view of the history was compacted (`actors/core/context.py`).
+    COMPACTED = "COMPACTED"
     RESUMED = "RESUMED"
     DONE = "DONE"
     ERROR = "ERROR"

@@ -198,6 +198,14 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("text", metavar="TEXT",
                      help="the message; - reads it from standard input, @FILE from a file")
     say.set_defaults(fn=_async(commands.say))
+    compact = sub.add_parser(
+        "compact", help="compact a session's context (summary of its older turns)",
+        description="Shrink what SESSION's next requests send: every tool result is "
+                    "cleared and the turns before the last are summarised by a model call "
+                    "(the session log keeps everything). A running session compacts before "
+                    "its next model call. `oploop watch` shows the COMPACTED event.")
+    compact.add_argument("session")
+    compact.set_defaults(fn=_async(commands.compact))
     for verb, what in (("approve", "run"), ("deny", "answer with an error (the model goes on)")):
         decide = sub.add_parser(verb, help=f"{verb} tool calls waiting for approval "
                                 f"(they {what})" if verb == "deny" else

@@ -85,6 +85,23 @@ async def say(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def compact(args: argparse.Namespace, settings: Settings) -> int:
+    """Compact a session's requests (`oploop compact SESSION`): idle, now (a summary
+    call); running, before its next model call."""
+    async with attach(settings, start=False) as host:
+        try:
+            ack = await host.client.compact(args.session)
+        except AccessDenied as exc:
+            raise CliError(f"{exc}: compacting needs a control key") from None
+    if ack.state == "queued":
+        print(f"oploop: {ack.session} is running: it compacts before its next model call")
+        return EXIT_OK
+    note = f" ({ack.note})" if ack.note else ""
+    print(f"oploop: {ack.session} compacted: {ack.before_tokens} → {ack.after_tokens} "
+          f"tokens{note}; its next run starts from the summary")
+    return EXIT_OK
+
+
 async def decide(args: argparse.Namespace, settings: Settings) -> int:
     """Approve or deny calls waiting for approval (`oploop approve|deny SESSION ...`)."""
     if not args.call_ids and not args.all:

@@ -25,6 +25,23 @@ MODEL_ALIASES: dict[str, str] = {
     "haiku": "claude-haiku-4-5",
 }
 
+#: Context windows (tokens) of current Claude models, by id prefix (a dated id such as
+#: `claude-sonnet-4-5-20250929` matches its family). Another model or server: set the
+#: agent's `context_window`.
+MODEL_WINDOWS: dict[str, int] = {
+    "claude-opus-4": 200_000,
+    "claude-sonnet-4": 200_000,
+    "claude-haiku-4": 200_000,
+    "claude-3-7-sonnet": 200_000,
+    "claude-3-5-sonnet": 200_000,
+    "claude-3-5-haiku": 200_000,
+    "offline": 200_000,
+}
+#: The window assumed for a model the table does not know.
+DEFAULT_WINDOW = 200_000
+#: The smallest window an agent may state (a system prompt and one turn must fit).
+MIN_WINDOW = 4_096
+
 DEFAULT_SYSTEM = (
     "You are an operator: you carry out the user's requests on their machine with the "
     "tools you are given, and you report what the tools actually returned. Be brief."
@@ -83,6 +100,13 @@ class Agent:
     #: The memory folder this agent's `memory` tool works in (`$OPLOOP_HOME/memory/NAME`,
     #: shared by every agent naming it); "" : no memory tool.
     memory: str = ""
+    #: The model's context window in tokens (0: the known window of `model`,
+    #: `MODEL_WINDOWS`, else `DEFAULT_WINDOW`), and the fraction of it at which the
+    #: session's request is compacted (`actors/core/context.py`).
+    context_window: int = 0
+    compact_at: float = 0.8
+    #: The model that writes a compaction's summary ("": the agent's own).
+    compact_model: str = ""
 
     @property
     def sandbox_mode(self) -> str:
@@ -92,6 +116,14 @@ class Agent:
     def model_id(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> str:
         """The concrete model id (an alias resolved, a concrete id as is)."""
         return aliases.get(self.model, self.model)
+
+    def window(self, aliases: Mapping[str, str] = MODEL_ALIASES) -> int:
+        """The context window this agent's requests must fit, in tokens."""
+        if self.context_window > 0:
+            return self.context_window
+        model = self.model_id(aliases)
+        return next((w for prefix, w in MODEL_WINDOWS.items() if model.startswith(prefix)),
+                    DEFAULT_WINDOW)
 
 
 DEFAULT_AGENT = Agent()
@@ -125,6 +157,12 @@ def parse_agent(name: str, raw: Mapping[str, Any], source: str) -> Agent:
         raise ConfigError(f"{source}: agents.{name}.max_turns: must be at least 1")
     if agent.max_tokens < 1:
         raise ConfigError(f"{source}: agents.{name}.max_tokens: must be at least 1")
+    if agent.context_window < 0 or 0 < agent.context_window < MIN_WINDOW:
+        raise ConfigError(f"{source}: agents.{name}.context_window: 0 (the model's) or at "
+                          f"least {MIN_WINDOW} tokens")
+    if not 0.0 < agent.compact_at <= 1.0:
+        raise ConfigError(f"{source}: agents.{name}.compact_at: a fraction within 0..1 "
+                          "(default 0.8)")
     if not 0.0 <= agent.temperature <= 1.0:
         raise ConfigError(f"{source}: agents.{name}.temperature: must be within 0..1")
     from actors.sandbox.modes import MODES, not_writable

@@ -18,13 +18,18 @@ the session when it journals an event, sees exactly the state the events fold to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from actors.bounds import cut_result
 from actors.config import Config
 from actors.core.catalogue import resolve_tools
+from actors.core.compaction import Build, budget, compact, request_builder
+from actors.core.context import NEAR, result_cap, too_long
 from actors.core.history import Message, append_blocks
 from actors.core.machine import (
     AbortJobs,
@@ -51,7 +56,6 @@ from actors.core.machine import (
     ToolStarted,
     step,
 )
-from actors.core.request import build_request
 from actors.core.router import route_of, router_request
 from actors.core.session import Session
 from actors.core.state import Phase
@@ -86,10 +90,17 @@ class LoopIO(Protocol):
         ...
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Progress, route: bool = False) -> Message:
+                         turn: int, progress: Progress, route: bool = False,
+                         compact: bool = False) -> Message:
         """The model's reply to `request`, reporting streamed text and retries to
         `progress` as they happen; raises `ModelError`. `route`: the intent router's
-        call, tried at most `[router] attempts` times within `timeout_s`."""
+        call, tried at most `[router] attempts` times within `timeout_s`. `compact`: a
+        compaction's summary call (not the session's history: sent whole, no events)."""
+        ...
+
+    async def count_tokens(self, session: Session, request: dict[str, Any]) -> int | None:
+        """The request's input tokens as the model's server counts them (the Messages
+        API's `count_tokens`), or None where that cannot be had."""
         ...
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
@@ -132,6 +143,8 @@ class RunDriver:
         self._ask_timers: dict[str, asyncio.TimerHandle] = {}
         self._batch: tuple[asyncio.TaskGroup, asyncio.Semaphore] | None = None
         self._wake: asyncio.Future[None] | None = None
+        #: Who asked for a compaction before the next model call (`oploop compact`).
+        self.compact_by = ""
         session.driver = self
 
     # -- inputs ------------------------------------------------------------------------
@@ -174,6 +187,11 @@ class RunDriver:
         if error is None:
             self.feed(Decide(call_id, decision, by, reason, always))
         return error
+
+    def request_compaction(self, by: str) -> None:
+        """Compact the session's view before the run's next model call (`oploop compact`
+        while a run is open)."""
+        self.compact_by = by
 
     def fail(self, error: str, message: str) -> None:
         """End the run now with `ERROR` (e.g. the session log cannot be written)."""
@@ -289,15 +307,84 @@ class RunDriver:
         tools = [] if work.direct else resolve_tools(io.tool_catalogue(io.tool_machine(session)),
                                                      agent, work.turn,
                                                      config.hidden)
-        request = build_request(agent, session.turn_cache.sanitized(session.history), tools,
-                                session=session.id, cwd=session.cwd, aliases=config.aliases)
+        build = request_builder(session, io, tools)
+        sent = await self._fitted(build, work.turn)
+        if sent is None:
+            return  # (the run ended: it could not be made to fit)
+        request, tokens = sent
+        memo = session.context_memo
         try:
+            memo.sent(session.history, self.state.context, tokens)
             reply = await io.call_model(session, request, stream=agent.streaming,
                                         turn=work.turn, progress=self.feed)
         except ModelError as exc:
-            self.feed(ModelFailed(exc.error, exc.message))
-            return
+            if not too_long(exc.error, exc.message, exc.status):
+                self.feed(ModelFailed(exc.error, exc.message))
+                return
+            # Too long for the model after all (the estimate was short): compact and
+            # try once more; a second refusal ends the run.
+            log.info("session %s: %s: compacting and trying again", session.id, exc)
+            real, allowed = _sizes_said(exc.message)
+            sent = await self._compacted(build, real or tokens, "recovery", work.turn,
+                                         scale=max(1.0, real / tokens) if real and tokens
+                                         else 1.0, goal=allowed)
+            if sent is None:
+                return
+            request, tokens = sent
+            try:
+                memo.sent(session.history, self.state.context, tokens)
+                reply = await io.call_model(session, request, stream=agent.streaming,
+                                            turn=work.turn, progress=self.feed)
+            except ModelError as again:
+                self.feed(ModelFailed(again.error, again.message))
+                return
+        memo.replied(reply.get("usage"))
         self.feed(ModelReplied(reply, frozenset([t["name"] for t in tools]), now=time.time()))
+
+    async def _fitted(self, build: Build, turn: int) -> tuple[dict[str, Any], int] | None:
+        """This turn's request and its size, compacted first if it reached the budget
+        (or a compaction was asked for); None if the run ended instead."""
+        session, io = self.session, self.io
+        view = self.state.context
+        request = build(view)
+        tokens = session.context_memo.measure(session.history, view, request)
+        limit = budget(session, io.config.aliases).limit
+        if NEAR * limit <= tokens < limit:  # near: count exactly where the server can
+            counted = await io.count_tokens(session, request)
+            tokens = counted if counted else tokens
+        by, self.compact_by = self.compact_by, ""
+        if tokens < limit and not by:
+            return request, tokens
+        return await self._compacted(build, tokens, by or "budget", turn,
+                                     summarise=bool(by))
+
+    async def _compacted(self, build: Build, tokens: int, by: str, turn: int, *,
+                         summarise: bool = False, scale: float = 1.0,
+                         goal: int = 0) -> tuple[dict[str, Any], int] | None:
+        """Compact (`COMPACTED`), then the request and its size; if it still does not fit
+        the budget the run ends `ERROR` naming the sizes (never a second compaction). A
+        recovery (`goal`: the size the API allows) may clear the latest results too."""
+        session = self.session
+        limits = budget(session, self.io.config.aliases)
+        recovery = by == "recovery"
+        goal = min(goal or limits.limit, limits.limit) if recovery else 0
+        outcome = await compact(session, self.io, build, tokens, by=by,
+                                keep=1 if recovery else 2, summarise=summarise or recovery,
+                                turn=turn, scale=scale, goal=goal)
+        if session.driver is not self or not self.state.running:
+            return None
+        if outcome.compacted is not None:
+            self.feed(outcome.compacted)
+        if outcome.tokens < (goal or limits.limit):
+            return outcome.request, outcome.tokens
+        why = f" ({outcome.note})" if outcome.note else ""
+        self.feed(ModelFailed("context_full", (
+            f"the request is still {outcome.tokens} tokens after compaction (from {tokens}): "
+            f"over the budget of {limits.limit} ({session.agent.compact_at:g} of the "
+            f"{limits.window}-token window){why}. The latest turn alone is too large: "
+            f"`oploop compact {session.id}` clears every result and summarises the "
+            "session, then a follow-up goes on from there")))
+        return None
 
     async def _tools(self, work: RunToolCalls) -> None:
         agent = self.session.agent
@@ -329,6 +416,9 @@ class RunDriver:
         else:
             outcome = await self.io.run_tool(self.session, call,
                                              timeout_s=self.session.agent.tool_timeout_s)
+            cap = result_cap(budget(self.session, self.io.config.aliases).limit)
+            if len(outcome.output) > cap:  # one result never fills the context alone
+                outcome = dataclasses.replace(outcome, output=cut_result(outcome.output, cap))
         self.feed(ToolFinished(call.id, outcome))
 
     def _abort(self) -> None:
@@ -375,6 +465,13 @@ class RunDriver:
     def _ask_expired(self, call_id: str) -> None:
         self._ask_timers.pop(call_id, None)
         self.feed(Decide(call_id, "deny", "timeout", "approval timed out"))
+
+
+def _sizes_said(message: str) -> tuple[int, int]:
+    """The request's size and the model's maximum an API error names ("prompt is too
+    long: N tokens > M maximum"), or zeros."""
+    found = re.search(r"(\d+) tokens > (\d+)", message)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def decision_error(session: Session, asks: tuple[tuple[str, float], ...],

@@ -3,16 +3,18 @@
 What the session log replays (`supervisor/fold.py` reads the records; this
 says what each event means for the run): `SESSION_START` opens a run,
 `TURN_START` counts a turn, `TOOL_START`/`TOOL_END` record the current reply's
-calls, the approval events its waiting calls and decisions, a terminal event
-closes the run. The result is the `RunState` the machine had when it emitted
-the event, as far as a `Resume` needs it (an open run folds to `Phase.MODEL`:
-`machine.step` on `Resume` works out where it really was).
+calls, the approval events its waiting calls and decisions, `COMPACTED` the
+requests' view of the history (`core/context.py`), a terminal event closes the
+run. The result is the `RunState` the machine had when it emitted the event, as
+far as a `Resume` needs it (an open run folds to `Phase.MODEL`: `machine.step` on
+`Resume` works out where it really was).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from actors.core.context import ContextView
 from actors.core.state import Phase, RunState
 from actors.core.turn import ToolOutcome
 from actors.usage import ZERO, after_event
@@ -53,6 +55,8 @@ def fold_event(s: RunState, kind: str, turn: int, data: dict[str, Any]) -> RunSt
         return s._replace(asks=tuple(a for a in s.asks if a[0] != data["call_id"]),
                           decided=(*s.decided, (data["call_id"], data["decision"], data["by"])),
                           always=always, usage=usage)
+    if kind == EventType.COMPACTED:
+        return s._replace(context=ContextView.from_data(data), usage=usage)
     if kind in TERMINAL:
         return s._replace(phase=Phase.IDLE, last_end=kind, asks=(), started=(), outcomes=(),
                           stop_request="", usage=usage)

@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from actors.core.context import ContextView
 from actors.core.history import Message
 from actors.core.turn import ToolOutcome
 from actors.permissions import Rule
 from actors.usage import ZERO, Usage
 
-__all__ = ["Begin", "Cancel", "Decide", "Delta", "Failed", "Input", "ModelFailed",
+__all__ = ["Begin", "Cancel", "Compacted", "Decide", "Delta", "Failed", "Input", "ModelFailed",
            "ModelReplied", "Resume", "Retry", "Routed", "Say", "Start", "StopLater",
            "ToolFinished", "ToolStarted", "WorkerLost"]
 
@@ -184,5 +185,26 @@ class StopLater:
     the next boundary by the driver that resumes it."""
 
 
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """The requests' view of the history compacted from `prior` to `view` (a
+    `COMPACTED` event): sizes in tokens before and after, how many tool results were
+    cleared and model turns summarised, and who asked (`by`: "budget", "recovery", a
+    key's name). `usage`: the summary call's tokens; `note`: what went wrong, if
+    anything (a summary call that failed: results were cleared only). Ignored unless
+    the view is still `prior` (an older compaction's result, arriving late)."""
+
+    view: ContextView
+    prior: ContextView
+    before_tokens: int
+    after_tokens: int
+    cleared_results: int
+    summarised_turns: int
+    by: str
+    usage: Usage = ZERO
+    note: str = ""
+
+
 Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide | StopLater)
+         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide | StopLater
+         | Compacted)

@@ -49,6 +49,7 @@ from actors.core.history import Message, blocks, grown
 from actors.core.inputs import (
     Begin,
     Cancel,
+    Compacted,
     Decide,
     Delta,
     Failed,
@@ -85,7 +86,8 @@ from bus.vocab import TERMINAL, CancelMode, EventType
 
 #: Every name a caller of the machine needs: the step, its inputs, actions and state.
 __all__ = ["CANCEL_WHY", "INTERRUPTED", "TERMINAL", "WORKER_LOST", "AbortJobs", "Action",
-           "Addition", "Begin", "CallModel", "Cancel", "Decide", "Delta", "Emit", "End",
+           "Addition", "Begin", "CallModel", "Cancel", "Compacted", "Decide", "Delta", "Emit",
+           "End",
            "Failed", "Input", "ModelFailed", "ModelReplied", "Phase", "Resume", "Retry",
            "Routed", "RunState", "RunToolCalls", "Say", "Start", "StopLater", "ToolFinished",
            "ToolJob", "ToolStarted", "WorkerLost", "partial_text", "repair_prompt", "replace",
@@ -153,6 +155,8 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _start(out, event)
     elif isinstance(event, Resume):
         _resume(out, event)
+    elif isinstance(event, Compacted):  # (also between runs: `oploop compact`)
+        _compacted(out, event)
     elif not state.running:
         return state, []  # nothing of an ended run happens after its terminal event
     elif isinstance(event, Cancel):
@@ -541,6 +545,29 @@ def _resume_asking(out: _Out, calls: tuple[ToolCall, ...]) -> None:
         outcomes.append((call.id, ToolOutcome(INTERRUPTED, True)))
     out.s = replace(out.s, phase=Phase.TOOLS, calls=tuple(calls), outcomes=tuple(outcomes),
                     started=tuple(c for c in s.started if c not in asked))
+
+
+def _compacted(out: _Out, ev: Compacted) -> None:
+    """The requests' view changes (`COMPACTED`, which carries it for the fold). In a run,
+    the summary call's tokens are the turn's (its `TURN_END` reports them); between
+    runs the event reports them itself."""
+    s = out.s
+    if ev.prior != s.context:
+        return  # computed from a view that has changed since: stale
+    data: dict[str, Any] = {
+        "before_tokens": ev.before_tokens, "after_tokens": ev.after_tokens,
+        "cleared_results": ev.cleared_results, "summarised_turns": ev.summarised_turns,
+        "by": ev.by, **ev.view.to_data(), **({"note": ev.note} if ev.note else {}),
+    }
+    if s.running:
+        out.s = replace(s, context=ev.view, unreported=s.unreported + ev.usage)
+        out.emit(EventType.COMPACTED, s.turn, data)
+        return
+    out.s = replace(s, context=ev.view)
+    if ev.usage.tokens:
+        data["usage"] = ev.usage.to_dict()
+    out.actions.append(Emit(EventType.COMPACTED, s.turn, data, out.pending))
+    out.pending = ()
 
 
 def repair_prompt(problem: str) -> str:

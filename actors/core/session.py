@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.config import Agent
+from actors.core.context import ContextMemo, ContextView
 from actors.core.deltas import TurnCache
 from actors.core.history import Message
 from actors.core.inputs import Input
@@ -59,6 +60,8 @@ class Session:
     suspended: bool = False
     #: What the turn path need not redo each turn (sanitising, history deltas).
     turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
+    #: The requests' sizes and view prefix (`core/context.py`): runtime only.
+    context_memo: ContextMemo = field(default_factory=ContextMemo, repr=False, compare=False)
     #: How much of `history` the session log has: its length and last message then
     #: (see `fold.history_delta`).
     logged_len: int = field(default=0, repr=False, compare=False)
@@ -136,6 +139,11 @@ class Session:
     def decided(self) -> list[list[str]]:
         """The current run's decisions: `[call_id, decision, by]`."""
         return [list(d) for d in self.run.decided]
+
+    @property
+    def context(self) -> ContextView:
+        """What the session's requests show of its history (`core/context.py`)."""
+        return self.run.context
 
     @property
     def always(self) -> list[str]:

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from actors.core.actions import Addition
+from actors.core.context import EMPTY, ContextView
 from actors.core.history import Message
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.permissions import Rule
@@ -84,6 +85,9 @@ class RunState(NamedTuple):
     decided: tuple[tuple[str, str, str], ...] = ()
     #: Tools approved "always" in this session: their `ask` calls run unasked.
     always: tuple[str, ...] = ()
+    #: What the session's requests show of its history (`COMPACTED` changes it; it
+    #: outlives the run: a follow-up starts from it).
+    context: ContextView = EMPTY
 
     @property
     def running(self) -> bool:

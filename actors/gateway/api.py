@@ -10,6 +10,8 @@
   "deadline_s"?, "cwd"?}` (api `StartRun`).
 - `POST /api/sessions/{id}/cancel`: `{"mode"?: "ui"|"operation", "reason"?}`
   (control `Cancel`).
+- `POST /api/sessions/{id}/compact`: compact its requests (`oploop compact`): 200 with
+  `{before_tokens, after_tokens, note}` once done, 202 when a running run will do it
 - `POST /api/sessions/{id}/messages`: a user message, `{"prompt"}` (or `{"text"}`),
   sent with `Client.say` (control `Say`): an idle session starts a follow-up run on
   it (201, as `POST /api/sessions` answers, with `"state": "started"`); a running
@@ -87,7 +89,7 @@ GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
 ERROR_STATUS = {
     "unknown_session": 404, "gone": 404,
     "bad_request": 400, "too_large": 400, "unknown_agent": 400,
-    "busy": 409, "not_running": 409, "not_pending": 409,
+    "busy": 409, "not_running": 409, "not_pending": 409, "nothing_to_compact": 409,
     "forbidden": 403, "disk_full": 503, "unavailable": 503,
 }
 #: An SSE client whose socket takes no more for this long is dropped (it may come
@@ -322,6 +324,18 @@ async def cancel_session(request: web.Request) -> web.Response:
     return web.json_response({"session": ack.session, "state": ack.state})
 
 
+async def compact_session(request: web.Request) -> web.Response:
+    """`POST /api/sessions/{id}/compact`: compact the session's requests, as `oploop
+    compact` does (idle: now, answered when done; running: before its next call, 202)."""
+    await read_object(request)
+    gw = request.app[GATEWAY]
+    ack = await gw.client.compact(request.match_info["sid"])
+    return web.json_response({"session": ack.session, "state": ack.state,
+                              "before_tokens": ack.before_tokens,
+                              "after_tokens": ack.after_tokens, "note": ack.note},
+                             status=202 if ack.state == "queued" else 200)
+
+
 async def decide_calls(request: web.Request) -> web.Response:
     """`POST /api/sessions/{id}/approve` and `.../deny`: decide calls waiting for
     approval, as `oploop approve/deny` does (the decision's `by` is "local")."""
@@ -470,5 +484,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/sessions/{sid}/events", session_events)
     app.router.add_post("/api/sessions/{sid}/cancel", cancel_session)
     app.router.add_post("/api/sessions/{sid}/messages", send_message)
+    app.router.add_post("/api/sessions/{sid}/compact", compact_session)
     app.router.add_post("/api/sessions/{sid}/{decision:approve|deny}", decide_calls)
     app.router.add_get("/metrics", metrics)

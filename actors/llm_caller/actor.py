@@ -25,6 +25,8 @@ log = logging.getLogger("oploop.llm")
 
 #: Half a frame: far above any real model reply (a model's output is well under 1 MB).
 MAX_MODEL_REPLY_BYTES = MAX_FRAME_BYTES // 2
+#: A token count's time limit (it only refines an estimate the loop already has).
+COUNT_TIMEOUT_S = 10.0
 
 
 class LlmCaller(Worker):
@@ -59,6 +61,8 @@ class LlmCaller(Worker):
             return JobFailed(HISTORY_MISS, str(exc), retryable=True)
         except BadHistory as exc:
             return JobFailed("bad_job", str(exc))
+        if job.count:
+            return await self._count(request)
         if env.traceparent:  # the run's trace continues at the model's server (W3C header)
             request = {**request, "extra_headers": {"traceparent": env.traceparent}}
         batcher = DeltaBatcher(lambda channel, text: self.progress(env, Delta(channel, text)),
@@ -74,6 +78,21 @@ class LlmCaller(Worker):
         finally:
             batcher.flush()
         return LlmResult(message)
+
+    async def _count(self, request: dict[str, Any]) -> Body:
+        """A `count` job: the request's input tokens, or why they cannot be had (a
+        backend without counting, the server refusing): one attempt, no retries (the
+        caller falls back to its estimate)."""
+        count = getattr(self.backend, "count_tokens", None)  # (optional: not every backend)
+        if count is None:
+            return JobFailed("not_supported", "this model backend counts no tokens")
+        try:
+            async with asyncio.timeout(COUNT_TIMEOUT_S):
+                tokens = await count(request, timeout_s=COUNT_TIMEOUT_S)
+        except Exception as exc:  # the job's edge: any failure is the answer
+            return JobFailed("count_failed", f"{type(exc).__name__}: {exc}"[:300])
+        return LlmResult({"role": "assistant", "content": [],
+                          "usage": {"input_tokens": tokens}})
 
     async def _call_with_retries(
         self, env: Envelope, job: LlmJob, request: dict[str, Any], batcher: DeltaBatcher,

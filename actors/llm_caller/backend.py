@@ -198,6 +198,13 @@ class AnthropicBackend:
         message = await client.messages.create(**kwargs, timeout=timeout_s)
         return checked(message_to_dict(message))
 
+    async def count_tokens(self, request: dict[str, Any], *, timeout_s: float) -> int:
+        """The request's input tokens as the server counts them (`count_tokens`)."""
+        client = await self.sdk_client()
+        kwargs = split_known(request, client.messages.count_tokens)
+        counted = await client.messages.count_tokens(**kwargs, timeout=timeout_s)
+        return int(counted.input_tokens)
+
     async def aclose(self) -> None:
         """Close the SDK's HTTP client (if one was ever built)."""
         if self._client is not None:

@@ -6,7 +6,12 @@ the real SDK::
 
     AsyncAnthropic(base_url=f"http://127.0.0.1:{port}", api_key="offline", max_retries=0)
 
-Only `POST /v1/messages` exists, JSON or SSE (`"stream": true`), keep-alive.
+`POST /v1/messages` answers, JSON or SSE (`"stream": true`), keep-alive, and
+`POST /v1/messages/count_tokens` counts. A request over the context window
+(`OPLOOP_OFFLINE_CONTEXT`, default 200000 tokens; a token per four characters of
+each block's JSON) is refused as the API does: 400 `invalid_request_error`
+"prompt is too long: N tokens > M maximum". A compaction's summary request
+(`rules.SUMMARY_MARK`) is answered by the rules with a deterministic summary.
 Each request is answered by the next turn of a scripted scenario if one is
 loaded and the session still has turns, else by the rule engine (`rules`):
 prompts like "list /tmp and read README.md, then run `date`" become

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from actors.offline_model.wire import count_tokens
+from actors.offline_model.wire import prompt_tokens, prompt_too_long
 
 #: Prefixes remembered (digests, ~100 bytes each).
 MAX_ENTRIES = 4096
@@ -43,6 +43,21 @@ def prompt_blocks(request: Mapping[str, Any]) -> Iterator[Any]:
             yield content
 
 
+class PromptTooLong(Exception):
+    """A request over the model's context window (the API answers 400)."""
+
+    def __init__(self, tokens: int, window: int) -> None:
+        super().__init__(prompt_too_long(tokens, window))
+        self.tokens, self.window = tokens, window
+
+
+def prompt_size(request: Mapping[str, Any]) -> int:
+    """A request's input tokens as `PromptCache.usage` counts them (nothing cached)."""
+    return sum(prompt_tokens(json.dumps(
+        {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, Mapping) else b,
+        sort_keys=True)) for b in prompt_blocks(request))
+
+
 class PromptCache:
     """The prefixes this server has cached, newest last (bounded)."""
 
@@ -50,9 +65,11 @@ class PromptCache:
         self.max_entries = max_entries
         self._seen: OrderedDict[bytes, None] = OrderedDict()
 
-    def usage(self, request: Mapping[str, Any]) -> tuple[int, int, int]:
+    def usage(self, request: Mapping[str, Any],
+              window: int = 0) -> tuple[int, int, int]:
         """(input, cache write, cache read) tokens of `request`; its breakpoints'
-        prefixes are cached from now on."""
+        prefixes are cached from now on. `PromptTooLong` (and nothing cached) if it is
+        over `window` tokens (0: no limit)."""
         digest = hashlib.blake2b(digest_size=16)
         total = 0
         prefixes: list[tuple[int, bytes]] = []  # (tokens so far, digest) after each block
@@ -64,8 +81,10 @@ class PromptCache:
                 block = {k: v for k, v in block.items() if k != "cache_control"}
             text = json.dumps(block, sort_keys=True)
             digest.update(text.encode())
-            total += count_tokens(text)
+            total += prompt_tokens(text)
             prefixes.append((total, digest.copy().digest()))
+        if window and total > window:
+            raise PromptTooLong(total, window)
         if not marks:
             return max(1, total), 0, 0
         # A hit may be at any block boundary up to the last breakpoint (the API looks

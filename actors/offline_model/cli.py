@@ -44,6 +44,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--delta-delay-ms", type=float, default=0.0, help="pause between streamed deltas"
     )
+    parser.add_argument("--context-window", type=int, default=None,
+                        help="refuse requests over this many tokens (default: "
+                        "OPLOOP_OFFLINE_CONTEXT, else 200000; 0: no limit)")
     return parser.parse_args(argv)
 
 
@@ -63,7 +66,8 @@ async def serve(args: argparse.Namespace, scenario: Scenario | None) -> None:
         loop.add_signal_handler(sig, stop.set)
     sock = socket.socket(fileno=args.fd) if args.fd is not None else None
     server = await start_server(
-        args.host, args.port, scenario, delta_delay_s=args.delta_delay_ms / 1000, sock=sock
+        args.host, args.port, scenario, delta_delay_s=args.delta_delay_ms / 1000, sock=sock,
+        context_window=args.context_window,
     )
     try:
         write_port_file(args.port_file, server.port)
@@ -84,10 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 after a clean stop, 2 on a bad scenario)."""
     args = parse_args(argv)
     try:
-        join_host(load_settings())
+        settings = load_settings()
+        join_host(settings)
     except ConfigError as exc:
         print(f"offline model: bad configuration: {exc}", file=sys.stderr)
         return 2
+    if args.context_window is None:
+        args.context_window = settings.offline_context
     try:
         scenario = load_scenario(args.scenario) if args.scenario else None
     except ScenarioError as exc:

@@ -50,11 +50,27 @@ ROUTER_MARK = "Classify the user's latest request for an operator agent."
 _ANY_TOOL = frozenset({"read_file", "list_dir", "write_file", "shell"})
 
 
+#: How a compaction's summary request begins (actors.core.context.SUMMARY_MARK).
+SUMMARY_MARK = "You are compacting a conversation between a user and an operator agent."
+#: What a summary line names the tools by, and the most requests it quotes.
+_TOOLS_LINE = "Tools called so far: "
+_REQUESTS_LINE = "Requests: "
+_MAX_REQUESTS = 3
+
+
+def is_summary_request(request: Mapping[str, Any]) -> bool:
+    """Whether `request` asks for a compaction's summary (the offline model writes it)."""
+    return _system_text(request).startswith(SUMMARY_MARK)
+
+
 def respond(request: Mapping[str, Any]) -> Reply:
     """The rule engine's whole answer to one Messages-API request."""
     messages = request.get("messages") or []
     if _system_text(request).startswith(ROUTER_MARK):
         return classify(messages)
+    if is_summary_request(request):
+        text = summarise_transcript(user_text(messages[-1]) if messages else "")
+        return Reply((text_block(text),), "end_turn", max(1, count_tokens(text)))
     index = last_user_index(messages)
     user = messages[index] if index is not None else {}
     results = tool_results(user)
@@ -88,6 +104,53 @@ def _system_text(request: Mapping[str, Any]) -> str:
     if isinstance(system, list):
         return "".join(b.get("text", "") for b in system if isinstance(b, Mapping))
     return ""
+
+
+def summarise_transcript(text: str) -> str:
+    """A deterministic summary of a summary request's transcript: the user's requests
+    (the first and latest), every tool called with counts (those of an earlier summary
+    added), errors, the latest result and the assistant's latest words. Bounded: a
+    summary of summaries does not grow."""
+    tools: dict[str, int] = {}
+    requests: list[str] = []
+    errors, messages = 0, 0
+    last_result = last_words = ""
+    for line in text.splitlines():
+        if line.startswith(_TOOLS_LINE):  # an earlier summary's counts
+            for part in line[len(_TOOLS_LINE):].rstrip(".").split(", "):
+                name, _, n = part.rpartition(" x")
+                if name and n.isdigit():
+                    tools[name] = tools.get(name, 0) + int(n)
+        elif line.startswith(_REQUESTS_LINE):
+            requests.extend(r for r in line[len(_REQUESTS_LINE):].split(" | ") if r)
+        elif line.startswith("[user] ") and "[This conversation was compacted" not in line:
+            messages += 1
+            requests.append(_REMINDER.sub("", line[7:]).strip()[:160])
+        elif line.startswith("[assistant called "):
+            messages += 1
+            name = line[len("[assistant called "):].split("]", 1)[0]
+            tools[name] = tools.get(name, 0) + 1
+        elif line.startswith("[assistant] "):
+            messages += 1
+            last_words = line[12:212]
+        elif line.startswith("[tool result"):
+            errors += line.startswith("[tool result (error)]")
+            last_result = line.split("] ", 1)[-1][:200]
+    requests = [r for r in requests if r]
+    if len(requests) > _MAX_REQUESTS:
+        requests = [requests[0], *requests[-(_MAX_REQUESTS - 1):]]
+    out = [f"Summary by the offline model of {messages} earlier message(s)."]
+    if requests:
+        out.append(_REQUESTS_LINE + " | ".join(requests))
+    if tools:
+        out.append(_TOOLS_LINE + ", ".join(f"{n} x{c}" for n, c in sorted(tools.items())) + ".")
+    if errors:
+        out.append(f"Tool errors in this part: {errors}.")
+    if last_result:
+        out.append(f"Latest tool result began: {last_result}")
+    if last_words:
+        out.append(f"The assistant last said: {last_words}")
+    return "\n".join(out)
 
 
 def classify(messages: Sequence[Any]) -> Reply:

@@ -24,7 +24,7 @@ from typing import Any
 
 import h11
 
-from actors.offline_model.cache import PromptCache
+from actors.offline_model.cache import PromptCache, PromptTooLong, prompt_size
 from actors.offline_model.plan import (
     Action,
     Body,
@@ -39,6 +39,7 @@ from actors.offline_model.plan import (
     plan_error,
     plan_response,
 )
+from actors.offline_model.rules import is_summary_request
 from actors.offline_model.scenario import (
     Scenario,
     ScenarioSource,
@@ -73,6 +74,10 @@ class BodyTooLarge(Exception):
 
 #: `GET` here answers the server's counters as JSON (not part of the Messages API).
 STATS_PATH = "/v1/offline/stats"
+#: The Messages API's token counting (`{"input_tokens": N}`, nothing generated).
+COUNT_PATH = "/v1/messages/count_tokens"
+#: The context window the offline model enforces unless told otherwise (tokens).
+DEFAULT_CONTEXT_WINDOW = 200_000
 
 
 @dataclass(frozen=True)
@@ -85,14 +90,22 @@ class ServerStatistics:
     error_responses: int
     #: Responses whose client hung up mid-way (an aborted stream, a cancel).
     abandoned: int = 0
+    #: Requests refused as over the context window, and the largest one answered (tokens).
+    too_long: int = 0
+    largest_prompt: int = 0
 
 
 class OfflineServer:
     """The offline model listening on `host:port`; close it with `aclose()`."""
 
-    def __init__(self, scenario: Scenario | None = None, *, delta_delay_s: float = 0.0) -> None:
+    def __init__(self, scenario: Scenario | None = None, *, delta_delay_s: float = 0.0,
+                 context_window: int = DEFAULT_CONTEXT_WINDOW) -> None:
         self.scenario = scenario
         self.delta_delay_s = delta_delay_s
+        #: Requests over this many input tokens are refused as the API does (0: none).
+        self.context_window = context_window
+        self._too_long = 0
+        self._largest = 0
         #: What the prompt cache holds, so that usage counts cache writes and reads.
         self.prompt_cache = PromptCache()
         self.host = ""
@@ -124,7 +137,7 @@ class OfflineServer:
         """A snapshot of the counters."""
         return ServerStatistics(
             len(self._connections), self._connections_total, self._requests, self._errors,
-            self._abandoned,
+            self._abandoned, self._too_long, self._largest,
         )
 
     async def aclose(self) -> None:
@@ -229,6 +242,8 @@ class OfflineServer:
         target = head.target.decode("latin-1").split("?", 1)[0]
         if target.rstrip("/") == STATS_PATH and head.method == b"GET":
             return plan_document(dataclasses.asdict(self.statistics()))
+        if target.rstrip("/") == COUNT_PATH and head.method == b"POST":
+            return self._count(body, request_id)
         if target.rstrip("/") != "/v1/messages":
             return self._error(404, f"Not found: {target}", request_id)
         if head.method != b"POST":
@@ -242,19 +257,44 @@ class OfflineServer:
             problem = exc.problem if isinstance(exc, InvalidRequest) else "body is not valid JSON"
             return self._error(400, problem, request_id)
         try:
+            prompt = self.prompt_cache.usage(request, self.context_window)
+        except PromptTooLong as exc:  # as the API: 400 invalid_request_error, nothing played
+            self._too_long += 1
+            return self._error(400, str(exc), request_id)
+        self._largest = max(self._largest, sum(prompt))
+        try:
+            # A compaction's summary request is the summariser's (the rules), never a
+            # scripted turn of the session it summarises.
             turn = (self.scenario.next_turn(session_of(request), first_prompt(request))
-                    if self.scenario else None)
+                    if self.scenario and not is_summary_request(request) else None)
             return plan_response(
                 request,
                 turn,
                 message_id=new_message_id(),
                 request_id=request_id,
                 delta_delay_s=self.delta_delay_s,
-                prompt=self.prompt_cache.usage(request),
+                prompt=prompt,
             )
         except Exception as exc:  # a bug in the rules must not take the server down
             log.exception("offline model: could not answer request %s", request_id)
             return self._error(500, f"offline model failed: {exc!r}", request_id)
+
+    def _count(self, body: bytes, request_id: str) -> list[Action]:
+        """`count_tokens`: the request's input tokens as a reply to it would count them
+        (over the window too: counting is how a client finds out)."""
+        try:
+            request = json.loads(body)
+        except (ValueError, RecursionError):
+            return self._error(400, "body is not valid JSON", request_id)
+        if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
+            return self._error(400, "messages: field required (a list)", request_id)
+        if not isinstance(request.get("model"), str) or not request["model"]:
+            return self._error(400, "model: field required (a non-empty string)", request_id)
+        try:
+            tokens = prompt_size(request)
+        except (TypeError, ValueError) as exc:
+            return self._error(400, f"cannot count this request: {exc}", request_id)
+        return plan_document({"input_tokens": max(1, tokens)})
 
     def _error(
         self, status: int, message: str, request_id: str, headers: tuple[tuple[str, str], ...] = ()
@@ -335,13 +375,16 @@ async def start_server(
     *,
     delta_delay_s: float = 0.0,
     sock: socket.socket | None = None,
+    context_window: int = DEFAULT_CONTEXT_WINDOW,
 ) -> OfflineServer:
     """Start the offline model; `scenario` may be a path, parsed JSON or a `Scenario`.
 
     `delta_delay_s` paces streamed deltas (0 = as fast as possible) unless a
     scripted turn sets its own `delay_s`. `sock`: a listening socket to serve on
-    instead of binding `host:port`.
+    instead of binding `host:port`. `context_window`: larger requests are refused
+    (400 "prompt is too long"), as the API does.
     """
-    server = OfflineServer(as_scenario(scenario), delta_delay_s=delta_delay_s)
+    server = OfflineServer(as_scenario(scenario), delta_delay_s=delta_delay_s,
+                           context_window=context_window)
     await server.listen(host, port, sock)
     return server

@@ -22,6 +22,7 @@ from typing import Any
 import msgpack
 
 from actors.config import Agent
+from actors.core.context import ContextView
 from actors.core.fold import fold_event
 from actors.core.history import Message, append_blocks, blocks
 from actors.core.session import Session
@@ -46,7 +47,8 @@ _FIELDS = ("id", "cwd", "history", "next_seq", "created", "deadline", "run_from_
 #: What a compaction carries of the run's state, by the names it has always had there
 #: (the `Session` views of `Session.run`; `outcomes` and the meter apart).
 _RUN_FIELDS = ("state", "runs", "turns", "stop_request", "run_over", "last_end",
-               "run_limit", "run_turn", "started_calls", "approvals", "decided", "always")
+               "run_limit", "run_turn", "started_calls", "approvals", "decided", "always",
+               "context")
 
 
 class BadRecord(ValueError):
@@ -196,7 +198,8 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
         started=tuple(data.get("started_calls", ())), outcomes=tuple(outcomes.items()),
         usage=meter.run, asks=tuple((k, float(v)) for k, v in data.get("approvals", {}).items()),
         decided=tuple((d[0], d[1], d[2]) for d in data.get("decided", ())),
-        always=tuple(data.get("always", ())))
+        always=tuple(data.get("always", ())),
+        context=ContextView(*data.get("context", ())))
     return session
 
 

@@ -19,12 +19,14 @@ from actors.core.inputs import Say as Said
 from actors.core.inputs import StopLater
 from actors.core.session import Session, feed_undriven
 from actors.machines import LOCAL, machine_name_error
+from actors.supervisor.compacting import serve_compact
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.leases import PEER_DEFAULT_LEASE_S, Leases
 from bus.messages import (
     Body,
     Cancel,
     CancelAck,
+    Compact,
     ControlHello,
     DecideAck,
     DecideCalls,
@@ -348,6 +350,14 @@ class Runs:
             return
         self.say(peer, env, body, _by(self.sup.control.user_id))
 
+    def _control_compact(self, peer: bytes | None, env: Envelope, body: Compact) -> None:
+        if _role(self.sup.control.user_id) not in CONTROLLERS:
+            self.sup.control.reply_error(peer, env.id, "forbidden",
+                                         "only a control key can compact sessions")
+            return
+        serve_compact(self.sup, self._run_ended, peer, env, body,
+                      _by(self.sup.control.user_id))
+
     def may_end(self, user_id: str | None, session: str) -> bool:
         """Whether the key `user_id` may cancel (or renew) `session`: a control key any,
         a peer key only a run it started."""
@@ -525,5 +535,6 @@ _CONTROL: dict[type[Body], Callable[[Runs, bytes | None, Envelope, Any], None]] 
     Cancel: Runs._control_cancel,
     Renew: Runs.renew,
     Say: Runs._control_say,
+    Compact: Runs._control_compact,
     DecideCalls: Runs.decide,
 }

@@ -42,6 +42,8 @@ MACHINE_ERRORS = ("machine_lost", "no_worker")
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
+#: A token count's limit (the llm caller's own is 10 s; the margin covers a busy one).
+COUNT_JOB_TIMEOUT_S = 20.0
 
 
 def _model_reply(reply: Envelope) -> Message:
@@ -88,7 +90,8 @@ class WorkerIO:
         return session.agent.target_machine or LOCAL
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Progress, route: bool = False) -> Message:
+                         turn: int, progress: Progress, route: bool = False,
+                         compact: bool = False) -> Message:
         def on_progress(env: Envelope) -> None:
             body = env.body
             if isinstance(body, Delta):
@@ -104,6 +107,10 @@ class WorkerIO:
             reply = await self._job("llm", routed, session, router.timeout_s + 10.0,
                                     lambda env: None)
             return priced(_model_reply(reply), self.config.prices)  # its cost, by `[prices]`
+        if compact:  # a summary request: not the session's history (no delta), no events
+            summary = LlmJob(request, False)
+            reply = await self._job("llm", summary, session, LLM_JOB_TIMEOUT_S, lambda env: None)
+            return priced(_model_reply(reply), self.config.prices)
         job = session.turn_cache.llm_job(session.id, request, stream)
         reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, on_progress,
                                 for_worker=job.for_caller)
@@ -113,6 +120,18 @@ class WorkerIO:
             reply = await self._job("llm", job.full, session, LLM_JOB_TIMEOUT_S, on_progress,
                                     for_worker=job.for_caller)
         return priced(_model_reply(reply), self.config.prices)  # its cost, by `[prices]`
+
+    async def count_tokens(self, session: Session, request: dict[str, Any]) -> int | None:
+        """The request's tokens as the model's server counts them (an llm caller's
+        `count` job), or None if it cannot say (the caller keeps its estimate)."""
+        try:
+            reply = await self._job("llm", LlmJob(request, False, count=True), session,
+                                    COUNT_JOB_TIMEOUT_S, lambda env: None)
+            usage = _model_reply(reply).get("usage") or {}
+        except ModelError:
+            return None
+        tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+        return tokens if isinstance(tokens, int) and tokens > 0 else None
 
     async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
         if call.name == ASK_TOOL and self.asker.peers:

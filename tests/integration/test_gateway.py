@@ -227,6 +227,26 @@ def test_cancel_then_follow_up_on_one_stream(host):
     asyncio.run(main())
 
 
+def test_compact_over_http_summarises_an_idle_session(host):
+    async def main() -> None:
+        url = url_of(host)
+        async with session(host) as http:
+            sid = await start(http, url, "run `seq 1 2000`")
+            async with http.get(f"{url}api/sessions/{sid}/events") as resp:
+                async for _, ev in sse(resp):
+                    if ev["type"] in TERMINAL:
+                        break
+            async with http.post(f"{url}api/sessions/{sid}/compact", json={}) as done:
+                body = await done.json()
+                assert done.status == 200, body
+                assert body["session"] == sid and body["state"] == "compacted"
+                assert body["after_tokens"] < body["before_tokens"]
+            async with http.post(f"{url}api/sessions/nosuch/compact", json={}) as unknown:
+                assert unknown.status == 404, await unknown.text()
+
+    asyncio.run(main())
+
+
 def test_a_message_to_a_running_session_reaches_its_next_model_call(host):
     async def main() -> None:
         url = url_of(host)

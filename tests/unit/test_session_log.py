@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from test_machine import World
 
 from actors.config import Agent, Config
+from actors.core.compaction import apply_between_runs, compact_between_runs
 from actors.core.driver import ModelError, RunDriver
 from actors.core.history import add_reply, add_user_text, is_valid, tool_use_ids
 from actors.core.machine import (
@@ -53,7 +54,7 @@ AGENT = Agent(max_turns=6, parallel_tools=False)
 
 #: Fields a session's fold must reproduce.
 FOLDED = ("history", "runs", "turns", "next_seq", "run_over", "last_end", "run_limit",
-          "run_turn", "run_from_seq", "start_key", "deadline", "stop_request")
+          "run_turn", "run_from_seq", "start_key", "deadline", "stop_request", "context")
 
 
 def tool_reply(n: int, turn: int) -> dict[str, Any]:
@@ -89,7 +90,10 @@ class LoggedIO:
         self.events.append((seq, type_, data.get("tool_use_id", "")))
 
     async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Any) -> dict[str, Any]:
+                         turn: int, progress: Any, route: bool = False,
+                         compact: bool = False) -> dict[str, Any]:
+        if compact:  # `oploop compact`'s summary call
+            return text_reply(f"summary of {len(request['messages'][0]['content'])} blocks")
         reply = self.replies.pop(0) if self.replies else text_reply("done")
         for word in ("some ", "streamed ", "text"):
             progress(Delta(word))
@@ -123,6 +127,19 @@ class LoggedIO:
     def tool_machine(self, session, tool=""):
         return ""
 
+    async def count_tokens(self, session: Session, request: dict[str, Any]) -> int | None:
+        return None
+
+
+def compact_now(session: Session, io: LoggedIO) -> None:
+    """`oploop compact` between runs: every result cleared, older turns summarised."""
+    async def go() -> None:
+        outcome = await compact_between_runs(session, io, "local")
+        if outcome.compacted is not None:
+            assert apply_between_runs(session, outcome.compacted, io.emit)
+
+    asyncio.run(go())
+
 
 def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool = False) -> None:
     async def go() -> None:
@@ -143,7 +160,7 @@ def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str
     """One terminal event per run, seqs without gap, every tool_use answered, every
     TOOL_START ended by its TOOL_END within its run (viewers see each tool end)."""
     assert [seq for seq, _, _ in events] == list(range(1, len(events) + 1))
-    kinds = [t for _, t, _ in events]
+    kinds = [t for _, t, _ in events if t != "COMPACTED"]  # (also between runs)
     assert sum(t in TERMINAL for t in kinds) == kinds.count("SESSION_START")
     assert kinds[-1] in TERMINAL
     started: set[str] = set()
@@ -227,16 +244,19 @@ REPLY = st.one_of(st.just("tools"), st.just("pause"), st.text("abc ", min_size=1
 
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(runs=st.lists(st.tuples(st.lists(REPLY, max_size=7), st.booleans(), INTERRUPT),
+@given(runs=st.lists(st.tuples(st.lists(REPLY, max_size=7), st.booleans(), INTERRUPT,
+                               st.booleans()),
                      min_size=1, max_size=3))
 def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factory, runs):
     tmp = tmp_path_factory.mktemp("log")
     journal = Journal(tmp / "sessions.db", reserve_mb=0)
     session = Session("s1", AGENT, "/tmp")
     io = LoggedIO(journal, [])
-    for replies, cancel, interrupt in runs:
+    for replies, cancel, interrupt, compact in runs:
         io.replies, io.cancel_at_tool, io.interrupt = list(replies), cancel, interrupt
         one_run(session, io)
+        if compact:  # `oploop compact` after the run: COMPACTED between runs
+            compact_now(session, io)
     assert_invariants(session.history, io.events)
     loaded = load_session(journal.log, "s1", {})
     assert loaded is not None

@@ -266,7 +266,8 @@ def test_the_offline_model_counts_cache_writes_then_reads_as_the_api_does():
                                       {"type": "ephemeral"}}]}]}
     fresh2, written2, read2 = cache.usage(second)
     assert read2 == written and written2 > 0 and fresh2 == 0
-    assert cache.usage({"messages": [{"role": "user", "content": "no marks"}]}) == (2, 0, 0)
+    # (a token per four characters of a block's JSON: '"no marks"' is 10)
+    assert cache.usage({"messages": [{"role": "user", "content": "no marks"}]}) == (3, 0, 0)
 
     message = message_json(Reply(({"type": "text", "text": "ok"},), "end_turn", 1),
                            model="m", message_id="msg_1", in_tokens=5, cache_write=7,

@@ -321,6 +321,13 @@ class SessionView {
         this.text = this.thinking = null;
         break;
       }
+      case "COMPACTED": // the requests' view of the history shrank (the log keeps all)
+        this.part().append(el("div", "retry",
+          `⇣ compacted (${d.by}): ${d.before_tokens} → ${d.after_tokens} tokens, ` +
+          `${d.cleared_results} results cleared, ${d.summarised_turns} turns summarised` +
+          (d.note ? ` — ${d.note}` : "")));
+        this.text = this.thinking = null;
+        break;
       case "RETRY":
         this.part().append(el("div", "retry",
           `↻ retry ${d.attempt}: ${d.error} (waiting ${d.wait_s} s)`));
