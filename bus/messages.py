@@ -39,6 +39,15 @@ from bus.jobs import (
     ToolResult,
     ToolsChanged,
 )
+from bus.mcpwire import (
+    AnswerElicitation,
+    Elicit,
+    ElicitAnswer,
+    ElicitationAck,
+    GetPrompt,
+    PromptJob,
+    PromptResult,
+)
 from bus.vocab import CancelMode
 
 # --- replies common to every request socket -------------------------------------------
@@ -422,6 +431,13 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ForgetSessions,
     ReplayRequest,
     ReplayBatch,
+    GetPrompt,
+    PromptJob,
+    PromptResult,
+    Elicit,
+    ElicitAnswer,
+    AnswerElicitation,
+    ElicitationAck,
 )
 
 BY_KIND: dict[str, type[Body]] = {t.KIND: t for t in MESSAGE_TYPES}
@@ -435,5 +451,6 @@ __all__ = [
     "PruneSessions", "Ready", "RemoveSessions", "Renew", "RenewAck", "ReplayBatch",
     "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",
     "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "ToolJob",
-    "ToolList", "ToolResult", "ToolsChanged",
+    "ToolList", "ToolResult", "ToolsChanged", "GetPrompt", "PromptJob", "PromptResult",
+    "Elicit", "ElicitAnswer", "AnswerElicitation", "ElicitationAck",
 ]

@@ -40,7 +40,17 @@ from actors.tools.builtin import LIST_CAP, READ_CAP
 from actors.tools.process import ToolRefused
 from actors.worker import Worker
 from bus.endpoints import Endpoints
-from bus.messages import Body, Envelope, JobFailed, ToolJob, ToolResult, ToolsChanged
+from bus.messages import (
+    Body,
+    ElicitAnswer,
+    Envelope,
+    JobFailed,
+    PromptJob,
+    PromptResult,
+    ToolJob,
+    ToolResult,
+    ToolsChanged,
+)
 
 if TYPE_CHECKING:
     from actors.mcp.hub import McpHub
@@ -130,11 +140,13 @@ class Executor(Worker):
             # server may be https, and its client imports it anyway): let it load.
             if "ssl" in sys.modules and sys.modules["ssl"] is None:
                 del sys.modules["ssl"]
+            from actors.mcp.elicitation import Elicitations
             from actors.mcp.hub import McpHub
 
+            self.elicitations = Elicitations(self.progress)
             self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
                               reserved=frozenset(self.catalogue), limits=self.config.limits,
-                              run_dir=endpoints.run_dir)
+                              run_dir=endpoints.run_dir, session_options=self._mcp_options)
 
     def catalogue_for(self, agent: Agent | None) -> Catalogue:
         """The tools a call of `agent` runs: `shell` with the agent's `network` (read
@@ -155,6 +167,15 @@ class Executor(Worker):
             specs += self.mcp.specs()
         return [spec.to_wire() for spec in specs]
 
+    def _mcp_options(self, server: str) -> dict[str, Any]:
+        """What server `server`'s client answers for: elicitation, through the session."""
+        return {"elicitation_callback": self.elicitations.callback(server)}
+
+    def job_message(self, env: Envelope) -> None:
+        """An `ElicitAnswer` for a call in flight: to the question waiting for it."""
+        if isinstance(env.body, ElicitAnswer) and self.mcp is not None:
+            self.elicitations.answered(env.body)
+
     def _mcp_changed(self) -> None:
         """An MCP server (re-)listed its tools or changed state: tell the supervisor,
         without a new `Ready` (which would lose the jobs in flight)."""
@@ -172,13 +193,29 @@ class Executor(Worker):
                               env.deadline - time.time() if env.deadline else None)
                   if b is not None]
         started = time.perf_counter()
-        outcome = await self.mcp.call(job.name, job.input, min(bounds) if bounds else None)
+        bound = self.mcp.bound(job.name, min(bounds) if bounds else None)
+        with self.elicitations.calling(self.mcp.server_of(job.name), env, bound):
+            outcome = await self.mcp.call(job.name, job.input, bound)
         elapsed_ms = (time.perf_counter() - started) * 1000
         return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3), outcome.images)
+
+    async def _get_prompt(self, job: PromptJob) -> Body:
+        """`prompts/get` of one of its MCP servers (`oploop run --prompt`)."""
+        if self.mcp is None:
+            return JobFailed("mcp", f"MCP server {job.server}: no MCP server is configured")
+        from actors.mcp.servers import McpServerError
+
+        try:
+            messages = await self.mcp.get_prompt(job.server, job.prompt, job.arguments)
+        except McpServerError as exc:
+            return JobFailed("mcp", str(exc))
+        return PromptResult(messages)
 
     async def perform(self, env: Envelope) -> Body:
         """Run the tool of one `ToolJob`; a failing tool is a `ToolResult` with `is_error`."""
         job = env.body
+        if isinstance(job, PromptJob):
+            return await self._get_prompt(job)
         if not isinstance(job, ToolJob):
             return JobFailed("bad_job", f"an executor does not run {job.KIND}")
         agent = self.config.agent(job.agent) or self.config.agent("")

@@ -22,6 +22,7 @@ configuration, only the executors speak MCP::
     [mcp.docs]                          # streamable HTTP: a server already running
     url = "http://127.0.0.1:8000/mcp"
     headers = { Authorization = "Bearer ..." }
+    include_instructions = true         # its instructions (initialize) in the system prompt
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ NAME_RE = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
 DEFAULT_TIMEOUT_S = 60.0
 
 _KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
-                   "sandbox", "network"})
+                   "sandbox", "network", "include_instructions"})
 _SANDBOX_KEYS = frozenset({"network", "read_paths", "write_paths"})
 
 
@@ -73,6 +74,8 @@ class McpServerConfig:
     risky: bool = True
     timeout_s: float = DEFAULT_TIMEOUT_S
     sandbox: ServerSandbox = field(default_factory=ServerSandbox)
+    #: Its instructions (from `initialize`) join the system prompt.
+    include_instructions: bool = False
 
     @property
     def transport(self) -> str:
@@ -142,6 +145,8 @@ def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> Mcp
         timeout_s=timeout_s,
         sandbox=_sandbox(table.get("sandbox", {}), source, f"{where}.sandbox",
                          table.get("network")),
+        include_instructions=_typed(table.get("include_instructions", False), bool, source,
+                                    f"{where}.include_instructions"),
     )
 
 

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from mcp.shared.exceptions import MCPError
 from actors.restarts import RestartPolicy
 
 from .config import McpServerConfig
+from .resources import Extras, discover
 from .transport import Fault, StderrTail
 
 if TYPE_CHECKING:
@@ -91,10 +92,15 @@ class McpServer:
         self.config = config
         self.name = config.name
         self.tools: list[types.Tool] = []
+        #: Its instructions, resources and prompts (`resources.discover`).
+        self.extras = Extras()
         self.state = "stopped"
         self.error = ""
         self.restarts = 0
         self.idle_s = IDLE_S
+        #: More keyword arguments of its `ClientSession` (what the client answers for:
+        #: elicitation, sampling callbacks), set by the hub.
+        self.session_options: dict[str, Any] = {}
         self._open = opener
         self._on_tools = on_tools
         self._policy = RestartPolicy(base_s=0.5, cap_s=10.0, storm=5, window_s=60.0,
@@ -160,11 +166,14 @@ class McpServer:
         cause = ""
         try:
             async with self._open(fault, tail) as (read, write), ClientSession(
-                    read, write, message_handler=self._on_message) as session:
+                    read, write, message_handler=self._on_message,
+                    **self.session_options) as session:
                 async with asyncio.timeout(START_S):
                     await session.initialize()
                     tools = await _list_tools(session)
+                    extras = await discover(session)
                 self.tools = tools
+                self.extras = extras
                 self._session = session
                 self.state = "ready"
                 self.error = ""
@@ -250,10 +259,12 @@ class McpServer:
 
     # -- calls -------------------------------------------------------------------------
 
-    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float
-                   ) -> types.CallToolResult:
+    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float,
+                   send: Callable[[ClientSession], Awaitable[Any]] | None = None) -> Any:
         """Call `tool` (the server's own name); raises McpServerError for anything but the
-        tool's own result (whose `is_error` says how the tool fared)."""
+        tool's own result (whose `is_error` says how the tool fared). `send`, if given,
+        is the request made instead of `tools/call` (a resource read, a prompt), with the
+        same bounds and handling of faults."""
         scope = asyncio.timeout(timeout_s)
         fault: Fault | None = None  # the connection the call went to
         try:
@@ -262,6 +273,8 @@ class McpServer:
                 fault = self._fault
                 self._inflight += 1
                 try:
+                    if send is not None:
+                        return await send(session)
                     return await session.call_tool(tool, arguments)
                 except asyncio.CancelledError:
                     if not scope.expired():
@@ -330,12 +343,34 @@ class McpServer:
     # -- notifications -----------------------------------------------------------------
 
     async def _on_message(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
+        if isinstance(message, types.PromptListChangedNotification
+                      | types.ResourceListChangedNotification):
+            self._spawn(self._rediscover())
+        elif isinstance(message, types.ToolListChangedNotification):
             task = asyncio.get_running_loop().create_task(self._relist())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif isinstance(message, Exception):
             log.warning("MCP server %s: transport: %s", self.name, message)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _rediscover(self) -> None:
+        """Its prompts or resources changed: learn them again (`resources.discover`)."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            async with asyncio.timeout(START_S):
+                self.extras = await discover(session)
+        except Exception as exc:
+            log.warning("MCP server %s: re-listing its resources and prompts failed: %s",
+                        self.name, exc)
+            return
+        self._on_tools(self)
 
     async def _relist(self) -> None:
         session = self._session

@@ -19,7 +19,9 @@ from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
+from actors.supervisor.elicits import Elicits
 from actors.usage import priced
+from bus.mcpwire import Elicit
 from bus.messages import (
     HISTORY_MISS,
     Delta,
@@ -64,6 +66,8 @@ class WorkerIO:
         self.dispatcher = dispatcher
         self.asker = asker
         self.emit: Emit = emit
+        #: MCP servers' questions to the user, waiting for an answer.
+        self.elicits = Elicits(dispatcher, emit)
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -116,12 +120,18 @@ class WorkerIO:
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
                       list(session.agent.read_paths), session.agent.name)
         machine = self.tool_machine(session)
+        def on_progress(env: Envelope) -> None:
+            if isinstance(env.body, Elicit):  # an MCP server asks the user
+                self.elicits.requested(session, call.id, env)
+
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None,
+            reply = await self._job("tool", job, session, timeout_s + 10.0, on_progress,
                                     machine=machine)
         except ModelError as exc:
             return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
+        finally:
+            self.elicits.call_over(session, call.id)
         body = reply.body
         if isinstance(body, ToolResult):
             images, dropped = accepted(body.images)  # checked: the history carries them
