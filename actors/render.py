@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from actors.usage import total_line
+from actors.usage import describe, total_line
 from bus.vocab import TERMINAL, EventType
 
 
@@ -164,6 +164,11 @@ class Renderer:
         fields = data.get("fields") or []
         said = f" ({', '.join(map(str, fields))})" if fields else ""
         self._line(f"  {data.get('action')} by {data.get('by')}{said} [{data.get('id')}]")
+
+    def _on_SAMPLING(self, data: dict[str, Any]) -> None:  # noqa: N802
+        usage = describe(data.get("usage"))
+        self._line(f"  ⟲ MCP server {data.get('server')} used the model {data.get('model')}"
+                   + (f" ({usage})" if usage else "") + f" [{data.get('id')}]")
 
     def _on_MACHINE_EVENT(self, data: dict[str, Any]) -> None:  # noqa: N802
         """An event of a run on another host (`ask_machine`), indented `  [NAME] …`:

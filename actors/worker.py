@@ -44,6 +44,7 @@ from bus.messages import (
     LlmResult,
     PromptResult,
     Ready,
+    SampleAnswer,
     ToolResult,
 )
 from bus.sockets import Reactor
@@ -63,7 +64,7 @@ _DETAIL_CHARS = 300
 
 _FINAL = (LlmResult, ToolResult, PromptResult, JobFailed)
 #: What the supervisor sends for a job in flight (not a job): `Worker.job_message`.
-JOB_MESSAGES = (ElicitAnswer,)
+JOB_MESSAGES = (ElicitAnswer, SampleAnswer)
 
 
 #: How long a worker elsewhere waits for the host to accept its `Ready` before it

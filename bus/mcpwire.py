@@ -100,3 +100,31 @@ class ElicitationAck(Body):
     session: str
     id: str
     by: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample(Body):
+    """Executor -> supervisor `work`, for the tool job in flight: an MCP server with
+    `sampling = true` asks for a model call (`sampling/createMessage`). `request` is a
+    Messages-API request without its model (`system`, `messages`, `max_tokens`, and
+    `temperature`, `stop_sequences` when given); `wait_s` how long the call can still
+    wait. The supervisor asks for approval under the agent's rules, makes the call
+    through its llm callers, and answers `SampleAnswer`. No reply."""
+
+    KIND: ClassVar[str] = "sample"
+    id: str
+    server: str
+    request: dict[str, Any]
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SampleAnswer(Body):
+    """Supervisor `work` -> the executor holding job `envelope.job`: the model's reply to
+    `Sample` `id` (a Messages-API message), or `error` saying why there is none (denied,
+    declined, the model failed). No reply."""
+
+    KIND: ClassVar[str] = "sample_answer"
+    id: str
+    message: dict[str, Any] = field(default_factory=dict)
+    error: str = ""

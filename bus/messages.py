@@ -47,6 +47,8 @@ from bus.mcpwire import (
     GetPrompt,
     PromptJob,
     PromptResult,
+    Sample,
+    SampleAnswer,
 )
 from bus.vocab import CancelMode
 
@@ -438,6 +440,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ElicitAnswer,
     AnswerElicitation,
     ElicitationAck,
+    Sample,
+    SampleAnswer,
 )
 
 BY_KIND: dict[str, type[Body]] = {t.KIND: t for t in MESSAGE_TYPES}
@@ -452,5 +456,5 @@ __all__ = [
     "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",
     "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "ToolJob",
     "ToolList", "ToolResult", "ToolsChanged", "GetPrompt", "PromptJob", "PromptResult",
-    "Elicit", "ElicitAnswer", "AnswerElicitation", "ElicitationAck",
+    "Elicit", "ElicitAnswer", "AnswerElicitation", "ElicitationAck", "Sample", "SampleAnswer",
 ]

@@ -12,7 +12,7 @@ from actors.permissions import Rule
 from actors.usage import ZERO, Usage
 
 __all__ = ["Begin", "Cancel", "Decide", "Delta", "Failed", "Input", "ModelFailed",
-           "ModelReplied", "Resume", "Retry", "Routed", "Say", "Start", "StopLater",
+           "ModelReplied", "Resume", "Retry", "Routed", "Sampled", "Say", "Start", "StopLater",
            "ToolFinished", "ToolStarted", "WorkerLost"]
 
 
@@ -178,6 +178,15 @@ class Say:
 
 
 @dataclass(frozen=True, slots=True)
+class Sampled:
+    """A model call an MCP server asked for (sampling) was answered, outside the turns:
+    a `SAMPLING` event saying `data`, its `usage` counted with the run's."""
+
+    data: dict[str, object]
+    usage: Usage = ZERO
+
+
+@dataclass(frozen=True, slots=True)
 class StopLater:
     """An operation cancel for an open run that no driver in this process carries (one
     a restart left and no one has resumed here yet): recorded only, and honoured at
@@ -185,4 +194,5 @@ class StopLater:
 
 
 Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
-         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide | StopLater)
+         | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide | StopLater
+         | Sampled)

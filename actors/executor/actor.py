@@ -47,6 +47,7 @@ from bus.messages import (
     JobFailed,
     PromptJob,
     PromptResult,
+    SampleAnswer,
     ToolJob,
     ToolResult,
     ToolsChanged,
@@ -168,12 +169,19 @@ class Executor(Worker):
         return [spec.to_wire() for spec in specs]
 
     def _mcp_options(self, server: str) -> dict[str, Any]:
-        """What server `server`'s client answers for: elicitation, through the session."""
-        return {"elicitation_callback": self.elicitations.callback(server)}
+        """What server `server`'s client answers for, through the session: elicitation;
+        sampling if its `sampling = true`."""
+        options = {"elicitation_callback": self.elicitations.callback(server)}
+        if self.config.mcp[server].sampling:
+            from actors.mcp import sampling
+
+            options["sampling_callback"] = sampling.callback(self.elicitations, server)
+        return options
 
     def job_message(self, env: Envelope) -> None:
-        """An `ElicitAnswer` for a call in flight: to the question waiting for it."""
-        if isinstance(env.body, ElicitAnswer) and self.mcp is not None:
+        """An `ElicitAnswer` or `SampleAnswer` for a call in flight: to the request
+        waiting for it."""
+        if isinstance(env.body, ElicitAnswer | SampleAnswer) and self.mcp is not None:
             self.elicitations.answered(env.body)
 
     def _mcp_changed(self) -> None:

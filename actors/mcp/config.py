@@ -23,6 +23,7 @@ configuration, only the executors speak MCP::
     url = "http://127.0.0.1:8000/mcp"
     headers = { Authorization = "Bearer ..." }
     include_instructions = true         # its instructions (initialize) in the system prompt
+    sampling = true                     # it may ask for model calls (approved: `ask` rule)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ NAME_RE = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
 DEFAULT_TIMEOUT_S = 60.0
 
 _KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
-                   "sandbox", "network", "include_instructions"})
+                   "sandbox", "network", "include_instructions", "sampling"})
 _SANDBOX_KEYS = frozenset({"network", "read_paths", "write_paths"})
 
 
@@ -76,6 +77,8 @@ class McpServerConfig:
     sandbox: ServerSandbox = field(default_factory=ServerSandbox)
     #: Its instructions (from `initialize`) join the system prompt.
     include_instructions: bool = False
+    #: It may ask for model calls (`sampling/createMessage`), made through the session.
+    sampling: bool = False
 
     @property
     def transport(self) -> str:
@@ -147,6 +150,7 @@ def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> Mcp
                          table.get("network")),
         include_instructions=_typed(table.get("include_instructions", False), bool, source,
                                     f"{where}.include_instructions"),
+        sampling=_typed(table.get("sampling", False), bool, source, f"{where}.sampling"),
     )
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 
-from bus.mcpwire import Elicit, ElicitAnswer
+from bus.mcpwire import Elicit, ElicitAnswer, SampleAnswer
 from bus.messages import Envelope
 
 log = logging.getLogger("oploop.mcp")
@@ -58,7 +58,7 @@ class Elicitations:
     def __init__(self, send: Send) -> None:
         self._send = send
         self._calls: dict[str, list[_Call]] = {}
-        self._waiting: dict[str, asyncio.Future[ElicitAnswer]] = {}
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(3)
 
@@ -85,43 +85,54 @@ class Elicitations:
 
         return elicit
 
-    def answered(self, answer: ElicitAnswer) -> None:
-        """The supervisor's `ElicitAnswer`: wake the question (one that ended meanwhile
-        is ignored)."""
+    def answered(self, answer: ElicitAnswer | SampleAnswer) -> None:
+        """The supervisor's answer (`ElicitAnswer`, `SampleAnswer`): wake the question
+        (one that ended meanwhile is ignored)."""
         waiting = self._waiting.get(answer.id)
         if waiting is not None and not waiting.done():
             waiting.set_result(answer)
 
-    async def _elicit(self, server: str, params: types.ElicitRequestParams
-                      ) -> types.ElicitResult:
+    async def ask(self, server: str, what: str, make: Callable[[str, float], Any]) -> Any:
+        """Send the body `make(id, wait_s)` for the one session whose calls are in flight
+        on `server`, and wait (`wait_s`) for the supervisor's answer; None if there is
+        no such session, or no answer in time. `what` names the request in the log."""
         calls = self._calls.get(server, [])
         sessions = {c.env.sid for c in calls}
         if len(sessions) != 1:
             why = "no call of a session is in flight" if not sessions else \
-                f"calls of {len(sessions)} sessions are in flight: whose question it is is unknown"
-            log.warning("MCP server %s asked for input while %s: declined", server, why)
-            return types.ElicitResult(action="decline")
+                f"calls of {len(sessions)} sessions are in flight: whose request it is is unknown"
+            log.warning("MCP server %s asked for %s while %s: refused", server, what, why)
+            return None
         call = calls[-1]
         wait_s = min(WAIT_S, call.deadline - time.monotonic() - MARGIN_S)
         if wait_s <= 0:
-            return types.ElicitResult(action="decline")
-        ask_id = f"el-{self._prefix}-{next(self._ids)}"
-        if isinstance(params, types.ElicitRequestURLParams):
-            body = Elicit(ask_id, server, params.message, url=params.url, wait_s=wait_s)
-        else:
-            body = Elicit(ask_id, server, params.message, dict(params.requested_schema),
-                          wait_s=wait_s)
-        waiting: asyncio.Future[ElicitAnswer] = asyncio.get_running_loop().create_future()
+            return None
+        ask_id = f"{what[:2]}-{self._prefix}-{next(self._ids)}"
+        waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[ask_id] = waiting
         try:
-            self._send(call.env, body)
+            self._send(call.env, make(ask_id, wait_s))
             async with asyncio.timeout(wait_s):
-                answer = await waiting
+                return await waiting
         except TimeoutError:
-            return types.ElicitResult(action="decline")
+            return None
         finally:
             self._waiting.pop(ask_id, None)
-        if answer.action == "accept" and not body.url:
+
+    async def _elicit(self, server: str, params: types.ElicitRequestParams
+                      ) -> types.ElicitResult:
+        url = params.url if isinstance(params, types.ElicitRequestURLParams) else ""
+
+        def make(ask_id: str, wait_s: float) -> Elicit:
+            if isinstance(params, types.ElicitRequestURLParams):
+                return Elicit(ask_id, server, params.message, url=params.url, wait_s=wait_s)
+            return Elicit(ask_id, server, params.message, dict(params.requested_schema),
+                          wait_s=wait_s)
+
+        answer = await self.ask(server, "elicitation", make)
+        if not isinstance(answer, ElicitAnswer):
+            return types.ElicitResult(action="decline")
+        if answer.action == "accept" and not url:
             return types.ElicitResult(action="accept", content=dict(answer.content))
         if answer.action in ("accept", "decline", "cancel"):
             return types.ElicitResult(action=answer.action)  # type: ignore[arg-type]

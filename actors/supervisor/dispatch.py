@@ -31,7 +31,7 @@ from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
-from bus.mcpwire import Elicit
+from bus.mcpwire import Elicit, Sample
 from bus.messages import (
     Abort,
     Body,
@@ -534,6 +534,7 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     Delta: Dispatcher._on_progress,
     Retrying: Dispatcher._on_progress,
     Elicit: Dispatcher._on_progress,
+    Sample: Dispatcher._on_progress,
     LlmResult: Dispatcher._on_reply,
     ToolResult: Dispatcher._on_reply,
     JobFailed: Dispatcher._on_reply,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,8 @@ class Pending:
     schema: dict[str, Any]
     url: str
     timer: asyncio.TimerHandle | None = None
+    #: Told the action instead of the executor (a question of the supervisor's own).
+    on_answer: Callable[[str], None] | None = None
 
 
 class Elicits:
@@ -82,6 +85,22 @@ class Elicits:
         self.emit(session, EventType.ELICITATION_REQUESTED, session.run_turn, data)
         pending.timer = asyncio.get_running_loop().call_later(
             wait_s, self._close, body.id, "decline", "timeout", {})
+
+    def confirm(self, session: Session, call_id: str, env: Envelope, ask_id: str,
+                message: str, wait_s: float, on_answer: Callable[[str], None],
+                about: dict[str, Any]) -> None:
+        """Ask the session's operators a yes/no question of the supervisor's own (an
+        empty form: accept or decline), `about` said with it; `on_answer(action)` is
+        told the answer ("decline" at the timeout, "cancel" if the call ends first)."""
+        pending = Pending(session, env.job, call_id, "", {}, "", on_answer=on_answer)
+        self.pending[ask_id] = pending
+        data: dict[str, Any] = {"id": ask_id, "server": about.get("server", ""),
+                                "call_id": call_id, "message": cut_line(message, MAX_MESSAGE),
+                                "schema": {"type": "object", "properties": {}},
+                                "timeout_s": round(wait_s, 1), **about}
+        self.emit(session, EventType.ELICITATION_REQUESTED, session.run_turn, data)
+        pending.timer = asyncio.get_running_loop().call_later(
+            wait_s, self._close, ask_id, "decline", "timeout", {})
 
     def answer(self, port: Port, by: str, peer: bytes | None, env: Envelope,
                req: AnswerElicitation) -> None:
@@ -119,7 +138,9 @@ class Elicits:
             return
         if pending.timer is not None:
             pending.timer.cancel()
-        if send:
+        if pending.on_answer is not None:
+            pending.on_answer(action)
+        elif send:
             self._send(pending.job, ask_id, action, content)
         session = pending.session
         if not session.run_over:  # nothing of a run after its terminal event

@@ -20,8 +20,9 @@ from actors.images import accepted
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.elicits import Elicits
+from actors.supervisor.samples import Samples, llm_job, reply_of
 from actors.usage import priced
-from bus.mcpwire import Elicit
+from bus.mcpwire import Elicit, Sample
 from bus.messages import (
     HISTORY_MISS,
     Delta,
@@ -68,6 +69,8 @@ class WorkerIO:
         self.emit: Emit = emit
         #: MCP servers' questions to the user, waiting for an answer.
         self.elicits = Elicits(dispatcher, emit)
+        #: MCP servers' model calls (sampling).
+        self.samples = Samples(self)
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -123,6 +126,8 @@ class WorkerIO:
         def on_progress(env: Envelope) -> None:
             if isinstance(env.body, Elicit):  # an MCP server asks the user
                 self.elicits.requested(session, call.id, env)
+            elif isinstance(env.body, Sample):  # an MCP server asks for a model call
+                self.samples.requested(session, call.id, env)
 
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
@@ -144,6 +149,13 @@ class WorkerIO:
         if isinstance(body, JobFailed):
             return ToolOutcome(f"{call.name} failed: {body.message}", True, machine=machine)
         return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True, machine=machine)
+
+    async def sample(self, session: Session, request: dict[str, Any],
+                     wait_s: float) -> dict[str, Any]:
+        """A model call an MCP server asked for, priced; raises `ModelError`."""
+        reply = await self._job("llm", llm_job(request, wait_s), session, wait_s,
+                                lambda env: None)
+        return priced(reply_of(reply), self.config.prices)
 
     async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
         """`ask_machine`, run here (it talks to another host; nothing to sandbox): the

@@ -5,6 +5,7 @@ Instructions (`INSTRUCTIONS`); resources `test://greeting` (text), `test://pixel
 and the template `test://note/{name}`; prompts `review` (arguments `topic`, required,
 and `tone`) and `plain`; the tool `linked` returns a resource link to `test://secret`.
 Tools: `book` (asks the user a form: `name`, `seats`, `window`; says what came back);
+`summarise` (asks the client's model, by sampling, and says its answer);
 `echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
 first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
 nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
@@ -110,6 +111,23 @@ async def book(ctx: Context) -> str:
         data = answer.data
         return f"booked {data.seats} seat(s) for {data.name}, window {data.window}"
     return f"not booked: {answer.action}"
+
+
+@server.tool()
+async def summarise(text: str, ctx: Context) -> str:
+    """Ask the client's model (sampling) to summarise `text`; say its answer, or why
+    there is none."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import SamplingMessage, TextContent
+
+    try:
+        result = await ctx.session.create_message(
+            [SamplingMessage(role="user", content=TextContent(type="text", text=text))],
+            max_tokens=50, system_prompt="Summarise in one line.")
+    except MCPError as exc:
+        return f"no summary: {exc.error.message}"
+    said = result.content.text if isinstance(result.content, TextContent) else "?"
+    return f"summary by {result.model} ({result.stop_reason}): {said}"
 
 
 @server.tool()
