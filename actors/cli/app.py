@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from actors.cli import commands, hostcmds
+from actors.cli import commands, hostcmds, mcpcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
 from actors.cli.interrupts import exit_with, interruptible
 from actors.config import ConfigError, parse_duration
@@ -255,6 +255,14 @@ def parser() -> argparse.ArgumentParser:
                                              "(for `oploop run --prompt SERVER/PROMPT`)")
     prompts.add_argument("--json", action="store_true", help="one prompt object per line")
     prompts.set_defaults(fn=_async(commands.prompts, creates_home=True))
+    mcp = sub.add_parser("mcp", help="MCP servers: `mcp login NAME` (OAuth)")
+    mcp_sub = mcp.add_subparsers(dest="action", required=True)
+    log_in = mcp_sub.add_parser("login", help="authorize oploop for an HTTP server that "
+                                              "wants OAuth (prints the URL to open)")
+    log_in.add_argument("name", metavar="NAME", help="the server ([mcp.NAME])")
+    log_in.add_argument("--timeout", type=_seconds, default=300.0, metavar="SECONDS",
+                        help="how long to wait for the browser's redirect (default 300)")
+    log_in.set_defaults(fn=_async(mcpcmds.login, creates_home=True))
     comp = sub.add_parser("completion", help="print a shell completion script: "
                                              "eval \"$(oploop completion bash)\"")
     comp.add_argument("shell", choices=("bash", "zsh"))

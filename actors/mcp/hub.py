@@ -292,7 +292,8 @@ class McpHub:
 
     def _opener(self, config: McpServerConfig) -> Opener:
         if config.url:
-            return lambda fault, tail: _http(config)
+            home = self.run_dir.parent
+            return lambda fault, tail: _http(config, home)
         return self._stdio_opener(config)
 
     def _stdio_opener(self, config: McpServerConfig) -> Opener:
@@ -332,13 +333,17 @@ class McpHub:
 
 
 @asynccontextmanager
-async def _http(config: McpServerConfig) -> AsyncIterator[TransportStreams]:
-    """The SDK's streamable HTTP client, with the configured headers."""
+async def _http(config: McpServerConfig, home: Path) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable HTTP client, with the configured headers, or OAuth's
+    (`oauth.auth_for`: a server with no `Authorization` header of its own)."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    from .oauth import auth_for
+
     timeout = httpx2.Timeout(30.0, read=config.timeout_s + 5.0)
-    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout) as client, \
+    async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout,
+                                  auth=auth_for(config, home)) as client, \
             streamable_http_client(config.url, http_client=client) as streams:
         yield streams
 
