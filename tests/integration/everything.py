@@ -6,10 +6,13 @@ and no cached copy)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,29 @@ def everything() -> Path:
                 pytest.skip(f"{PACKAGE}@{VERSION} could not be installed with npm: "
                             f"{(done.stderr or done.stdout).strip()[-300:]}")
     return program
+
+
+@contextlib.contextmanager
+def serving(program: Path, port: int) -> Iterator[str]:
+    """The server over streamable HTTP on `port` (its own process, stopped after);
+    its URL."""
+    from hostkit import wait_until
+
+    log = Path(tempfile.mkstemp(prefix="opev-", suffix=".log", dir="/tmp")[1])
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([str(program), "streamableHttp"],
+                                env={**os.environ, "PORT": str(port)},
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: f"listening on port {port}" in log.read_text(errors="replace")
+                   or proc.poll() is not None, f"{PACKAGE} on port {port}", 60)
+        assert proc.poll() is None, log.read_text(errors="replace")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.unlink(missing_ok=True)

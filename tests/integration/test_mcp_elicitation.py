@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from everything import everything
+from everything import everything, serving
 from homes import make_home
 from hostkit import assert_one_run, of_type, oploop, running_host
-from mcpkit import PYTHON, TEST_SERVER, call, wait_tools
+from mcpkit import PYTHON, TEST_SERVER, call, free_port, wait_tools
 
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
@@ -29,6 +29,7 @@ SCRIPTS = {
     "book": call("mcp__test__book"),
     "short": call("mcp__short__book"),
     "everything": call("mcp__ev__trigger-elicitation-request"),
+    "everything-http": call("mcp__evh__trigger-elicitation-request"),
 }
 
 OnAsk = Callable[[Client, str, dict[str, Any]], Awaitable[None]]
@@ -37,6 +38,11 @@ OnAsk = Callable[[Client, str, dict[str, Any]], Awaitable[None]]
 @pytest.fixture(scope="module")
 def host():
     program = everything()
+    with serving(program, free_port()) as url:
+        yield from _host(program, url)
+
+
+def _host(program: Path, url: str) -> Iterator[str]:
     home = make_home("opme-")
     tests = str(Path(TEST_SERVER).parent)
     server = f"command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, \"stdio\"]"
@@ -56,6 +62,10 @@ read_paths = ["{tests}"]
 [mcp.ev]
 command = ["{program}", "stdio"]
 timeout_s = 60
+
+[mcp.evh]                       # the same, over streamable HTTP
+url = "{url}"
+timeout_s = 60
 """)
     scenario = Path(tempfile.mkdtemp(prefix="opme-s-", dir="/tmp"), "scenario.json")
     scenario.write_text(json.dumps({"scripts": SCRIPTS}))
@@ -63,7 +73,8 @@ timeout_s = 60
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario),
                                  "OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}) as h:
             wait_tools(h, {"mcp__test__book", "mcp__short__book",
-                           "mcp__ev__trigger-elicitation-request"})
+                           "mcp__ev__trigger-elicitation-request",
+                           "mcp__evh__trigger-elicitation-request"})
             yield h
     finally:
         remove_home(Path(home))
@@ -138,7 +149,8 @@ def test_an_unanswered_question_is_declined_when_its_time_is_up(host):
     assert output(events) == "not booked: decline"
 
 
-def test_the_reference_servers_form_of_every_field_type(host):
+@pytest.mark.parametrize("script", ["everything", "everything-http"])
+def test_the_reference_servers_form_of_every_field_type(host, script):
     async def fill(client: Client, session: str, data: dict[str, Any]) -> None:
         with pytest.raises(RemoteError, match="integer: 500 is outside its maximum 100"):
             await client.answer(session, data["id"], {"name": "Ada", "integer": "500"})
@@ -147,7 +159,7 @@ def test_the_reference_servers_form_of_every_field_type(host):
             "untitledSingleSelectEnum": "Joey", "untitledMultipleSelectEnum": "Piano,Drums",
             "titledSingleSelectEnum": "hero-3", "titledMultipleSelectEnum": ["fish-2"]})
 
-    events = asyncio.run(asked_run(host, "#everything", fill))
+    events = asyncio.run(asked_run(host, f"#{script}", fill))
     text = output(events)
     assert "User provided the requested information" in text, text
     assert "Ada" in text and "Piano" in text and "hero-3" in text, text

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from everything import everything
+from everything import everything, serving
 from homes import make_home
 from hostkit import events_of, of_type, oploop, run, running_host
-from mcpkit import DONE, PYTHON, TEST_SERVER, history_of, tool_results, wait_tools
+from mcpkit import DONE, PYTHON, TEST_SERVER, free_port, history_of, tool_results, wait_tools
 
 from actors.config import Agent
 from actors.core.request import reminders
@@ -43,12 +44,20 @@ SCRIPTS = {
     "everything": turns(("mcp__ev__get-resource-links", {"count": 2}),
                         ("mcp__ev__read_resource",
                          {"uri": "demo://resource/dynamic/text/2"})),
+    "everything-http": turns(("mcp__evh__get-resource-links", {"count": 2}),
+                             ("mcp__evh__read_resource",
+                              {"uri": "demo://resource/dynamic/text/2"})),
 }
 
 
 @pytest.fixture(scope="module")
 def host():
     program = everything()
+    with serving(program, free_port()) as url:
+        yield from _host(program, url)
+
+
+def _host(program: Path, url: str) -> Iterator[str]:
     home = make_home("opmx-")
     tests = str(Path(TEST_SERVER).parent)
     Path(home, "oploop.toml").write_text(f"""
@@ -62,12 +71,17 @@ read_paths = ["{tests}"]
 [mcp.ev]
 command = ["{program}", "stdio"]
 timeout_s = 30
+
+[mcp.evh]                       # the same, over streamable HTTP
+url = "{url}"
+timeout_s = 30
 """)
     scenario = Path(tempfile.mkdtemp(prefix="opmx-s-", dir="/tmp"), "scenario.json")
     scenario.write_text(json.dumps({"scripts": SCRIPTS}))
     try:
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as h:
-            wait_tools(h, {"mcp__test__read_resource", "mcp__ev__read_resource"})
+            wait_tools(h, {"mcp__test__read_resource", "mcp__ev__read_resource",
+                           "mcp__evh__read_resource"})
             yield h
     finally:
         remove_home(Path(home))
@@ -113,8 +127,9 @@ def test_an_unknown_resource_is_an_error_result_naming_the_server(host):
     assert missing["is_error"] and "MCP server test" in missing["output"], missing
 
 
-def test_the_reference_servers_resource_links_are_readable(host):
-    links, read = outputs(run(host, "#everything"))
+@pytest.mark.parametrize("script", ["everything", "everything-http"])
+def test_the_reference_servers_resource_links_are_readable(host, script):
+    links, read = outputs(run(host, f"#{script}"))
     assert "[resource demo://resource/dynamic/text/2" in links["output"], links
     assert not read["is_error"] and "Resource 2" in read["output"], read
 
@@ -143,8 +158,9 @@ def test_prompts_are_listed_and_a_session_starts_from_one(host):
                     "I will review it.")
 
 
-def test_the_reference_servers_prompt_with_arguments(host):
-    done = oploop(host, "run", "--json", "--prompt", "ev/args-prompt", "city=Paris")
+@pytest.mark.parametrize("server", ["ev", "evh"])
+def test_the_reference_servers_prompt_with_arguments(host, server):
+    done = oploop(host, "run", "--json", "--prompt", f"{server}/args-prompt", "city=Paris")
     assert done.returncode == 0, done.stderr
     first = asyncio.run(history_of(host, events_of(done.stdout)[0]["session"]))[0]
     content = first["content"]

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from everything import everything
+from everything import everything, serving
 from homes import make_home
 from hostkit import assert_one_run, of_type, running_host
-from mcpkit import DONE, PYTHON, TEST_SERVER, wait_tools
+from mcpkit import DONE, PYTHON, TEST_SERVER, free_port, wait_tools
 
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
@@ -38,12 +39,21 @@ SCRIPTS = {
     "everything": [{"reply": [{"type": "tool_use", "name": "mcp__ev__trigger-sampling-request",
                                "input": {"prompt": "say hi", "maxTokens": 20}}]},
                    SUMMARY, DONE],
+    "everything-http": [{"reply": [{"type": "tool_use",
+                                    "name": "mcp__evh__trigger-sampling-request",
+                                    "input": {"prompt": "say hi", "maxTokens": 20}}]},
+                        SUMMARY, DONE],
 }
 
 
 @pytest.fixture(scope="module")
 def host():
     program = everything()
+    with serving(program, free_port()) as url:
+        yield from _host(program, url)
+
+
+def _host(program: Path, url: str) -> Iterator[str]:
     home = make_home("opms-")
     tests = str(Path(TEST_SERVER).parent)
     server = f"command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, \"stdio\"]"
@@ -51,6 +61,7 @@ def host():
 [agents.trusting.permissions]
 "mcp__test__sampling" = "allow"
 "mcp__ev__sampling" = "allow"
+"mcp__evh__sampling" = "allow"
 
 [agents.strict.permissions]
 "mcp__test__sampling" = "deny"
@@ -69,13 +80,18 @@ read_paths = ["{tests}"]
 [mcp.ev]
 command = ["{program}", "stdio"]
 sampling = true
+
+[mcp.evh]                       # the same, over streamable HTTP
+url = "{url}"
+sampling = true
 """)
     scenario = Path(tempfile.mkdtemp(prefix="opms-s-", dir="/tmp"), "scenario.json")
     scenario.write_text(json.dumps({"scripts": SCRIPTS}))
     try:
         with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}) as h:
             wait_tools(h, {"mcp__test__summarise", "mcp__plain__summarise",
-                           "mcp__ev__trigger-sampling-request"})
+                           "mcp__ev__trigger-sampling-request",
+                           "mcp__evh__trigger-sampling-request"})
             yield h
     finally:
         remove_home(Path(home))
@@ -143,8 +159,10 @@ def test_a_server_without_sampling_is_not_offered_it(host):
     assert output(events).startswith("no summary:"), output(events)
 
 
-def test_the_reference_servers_sampling_tool(host):
-    events = asyncio.run(sampled_run(host, "#everything", agent="trusting"))
+@pytest.mark.parametrize(("script", "server"), [("everything", "ev"),
+                                               ("everything-http", "evh")])
+def test_the_reference_servers_sampling_tool(host, script, server):
+    events = asyncio.run(sampled_run(host, f"#{script}", agent="trusting"))
     (sampled,) = of_type(events, "SAMPLING")
-    assert sampled["data"]["server"] == "ev"
+    assert sampled["data"]["server"] == server
     assert "a short summary" in output(events), output(events)
