@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from actors.usage import short_count, total_line
+from actors.usage import describe, short_count, total_line
 from bus.vocab import TERMINAL, EventType
 
 
@@ -147,6 +147,39 @@ class Renderer:
         always = f", always for {data['always']} in this session" if data.get("always") else ""
         reason = "" if verb == "approved" else f": {data.get('reason', '')}"
         self._line(f"  {verb} by {data.get('by')}{always}{reason} [{data.get('call_id')}]")
+
+    def _on_ELICITATION_REQUESTED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        """An MCP server's question: its message, the form's fields (or the page to
+        open), and how to answer."""
+        ask = data.get("id", "?")
+        self._line(f"? MCP server {data.get('server')} asks: {data.get('message', '')} [{ask}]")
+        if data.get("url"):
+            self._line(f"  open {data['url']}")
+        schema = data.get("schema") if isinstance(data.get("schema"), dict) else {}
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = set(schema.get("required") or ()) if isinstance(
+            schema.get("required"), list) else set()
+        for name, spec in props.items():
+            spec = spec if isinstance(spec, dict) else {}
+            kind = spec.get("type", "string")
+            choices = spec.get("enum") or [o.get("const") for o in spec.get("oneOf") or ()
+                                           if isinstance(o, dict)]
+            what = f"{kind}: {', '.join(map(str, choices))}" if choices else kind
+            need = ", required" if name in required else ""
+            about = f" — {spec['description']}" if spec.get("description") else ""
+            self._line(f"  {name} ({what}{need}){about}")
+        self._line(f"  answer: oploop answer SESSION {ask} key=value ... (or --decline, "
+                   f"--cancel) within {data.get('timeout_s', '?')} s")
+
+    def _on_ELICITATION_ANSWERED(self, data: dict[str, Any]) -> None:  # noqa: N802
+        fields = data.get("fields") or []
+        said = f" ({', '.join(map(str, fields))})" if fields else ""
+        self._line(f"  {data.get('action')} by {data.get('by')}{said} [{data.get('id')}]")
+
+    def _on_SAMPLING(self, data: dict[str, Any]) -> None:  # noqa: N802
+        usage = describe(data.get("usage"))
+        self._line(f"  ⟲ MCP server {data.get('server')} used the model {data.get('model')}"
+                   + (f" ({usage})" if usage else "") + f" [{data.get('id')}]")
 
     def _on_MACHINE_EVENT(self, data: dict[str, Any]) -> None:  # noqa: N802
         """An event of a run on another host (`ask_machine`), indented `  [NAME] …`:

@@ -28,8 +28,9 @@ from typing import Any
 
 from bus.vocab import TERMINAL, EventType
 
-#: The events that close one model call and carry its usage.
-CLOSES_CALL = frozenset({EventType.ROUTE, EventType.TURN_END})
+#: The events that close one model call and carry its usage (`SAMPLING`: a call an MCP
+#: server asked for).
+CLOSES_CALL = frozenset({EventType.ROUTE, EventType.TURN_END, EventType.SAMPLING})
 
 #: Token fields of the Messages API's `usage`, in `Usage` field order.
 API_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",

@@ -36,12 +36,15 @@ from bus.messages import (
     Body,
     ControlHello,
     Disconnect,
+    ElicitAnswer,
     Envelope,
     ErrorReply,
     Heartbeat,
     JobFailed,
     LlmResult,
+    PromptResult,
     Ready,
+    SampleAnswer,
     ToolResult,
 )
 from bus.sockets import Reactor
@@ -59,7 +62,9 @@ MAX_ABORTED_UNSEEN = 4096
 #: How much of a failed encoding's explanation a `JobFailed` repeats.
 _DETAIL_CHARS = 300
 
-_FINAL = (LlmResult, ToolResult, JobFailed)
+_FINAL = (LlmResult, ToolResult, PromptResult, JobFailed)
+#: What the supervisor sends for a job in flight (not a job): `Worker.job_message`.
+JOB_MESSAGES = (ElicitAnswer, SampleAnswer)
 
 
 #: How long a worker elsewhere waits for the host to accept its `Ready` before it
@@ -136,6 +141,11 @@ class Worker(ABC):
         """What must be done before the first `Ready` (an executor's MCP servers listing
         their tools); the reactor and the role's own tasks run meanwhile."""
         return None
+
+    def job_message(self, env: Envelope) -> None:
+        """A message from the supervisor for job `env.job` in flight (`JOB_MESSAGES`: an
+        executor's answer to a server's question); none by default."""
+        log.debug("%s: %s for job %s ignored", self.worker_id, env.kind, env.job)
 
     @abstractmethod
     async def perform(self, env: Envelope) -> Body:
@@ -287,6 +297,9 @@ class Worker(ABC):
             self._say_ready()
             return
         self.accepted.set()
+        if isinstance(body, JOB_MESSAGES):
+            self.job_message(env)
+            return
         if env.job in self.jobs:
             log.warning("%s: duplicate job %s ignored", self.worker_id, env.job)
             return

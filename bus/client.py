@@ -28,6 +28,7 @@ import zmq
 from bus.codec import decode
 from bus.endpoints import Endpoints
 from bus.errors import BadFrame, RemoteError, RequestTimeout, SessionRemoved
+from bus.mcpwire import AnswerElicitation, ElicitationAck, GetPrompt, PromptResult
 from bus.messages import (
     Cancel,
     CancelAck,
@@ -228,6 +229,16 @@ class Client:
         assert isinstance(reply.body, ToolList)
         return reply.body.tools
 
+    async def prompt(self, server: str, prompt: str, arguments: dict[str, str] | None = None,
+                     agent: str = "", timeout: float = 75.0) -> list[dict[str, str]]:
+        """The messages (`{role, text}`) of MCP server `server`'s prompt `prompt` filled
+        with `arguments` (`prompts/get`, run by an executor of `agent`'s machine).
+        Raises `RemoteError` (an unknown server or prompt, the server's refusal)."""
+        reply = await self._api.request(GetPrompt(server, prompt, dict(arguments or {}), agent),
+                                        timeout=timeout)
+        assert isinstance(reply.body, PromptResult)
+        return reply.body.messages
+
     async def stats(self, timeout: float = 5.0) -> dict[str, Any]:
         """The supervisor's counters."""
         reply = await self._api.request(Stats(), timeout=timeout)
@@ -292,6 +303,18 @@ class Client:
         """Deny calls waiting for approval: each is answered with an error saying
         `reason`, and the model goes on. Errors as `approve`."""
         return await self._decide(session, "deny", call_ids, all, reason, timeout)
+
+    async def answer(self, session: str, ask_id: str, content: dict[str, Any] | None = None,
+                     *, action: str = "accept", timeout: float = 5.0) -> ElicitationAck:
+        """Answer an MCP server's question `ask_id` of `session` (its
+        `ELICITATION_REQUESTED`): `action` "accept" with `content` (the form's values;
+        strings are read as the numbers or booleans the form wants), "decline" or
+        "cancel". Raises `RemoteError` (nothing sent) for an unknown session or question,
+        one answered already, content the form refuses, or a key that may not answer."""
+        body = AnswerElicitation(session, ask_id, action, dict(content or {}))
+        reply = await self._control.request(body, timeout=timeout)
+        assert isinstance(reply.body, ElicitationAck)
+        return reply.body
 
     async def _decide(self, session: str, decision: str, call_ids: list[str] | None,
                       all: bool, reason: str, timeout: float,

@@ -40,6 +40,17 @@ from bus.jobs import (
     ToolResult,
     ToolsChanged,
 )
+from bus.mcpwire import (
+    AnswerElicitation,
+    Elicit,
+    ElicitAnswer,
+    ElicitationAck,
+    GetPrompt,
+    PromptJob,
+    PromptResult,
+    Sample,
+    SampleAnswer,
+)
 from bus.vocab import CancelMode
 
 # --- replies common to every request socket -------------------------------------------
@@ -454,6 +465,15 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ForgetSessions,
     ReplayRequest,
     ReplayBatch,
+    GetPrompt,
+    PromptJob,
+    PromptResult,
+    Elicit,
+    ElicitAnswer,
+    AnswerElicitation,
+    ElicitationAck,
+    Sample,
+    SampleAnswer,
 )
 
 BY_KIND: dict[str, type[Body]] = {t.KIND: t for t in MESSAGE_TYPES}
@@ -468,5 +488,7 @@ __all__ = [
     "PruneSessions", "Ready", "RemoveSessions", "Renew", "RenewAck", "ReplayBatch",
     "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",
     "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "ToolJob",
-    "ToolList", "ToolProgress", "ToolResult", "ToolsChanged",
+    "ToolList", "ToolProgress", "ToolResult", "ToolsChanged", "GetPrompt", "PromptJob",
+    "PromptResult", "Elicit", "ElicitAnswer", "AnswerElicitation", "ElicitationAck", "Sample",
+    "SampleAnswer",
 ]

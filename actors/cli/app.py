@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from actors.cli import commands, hostcmds
+from actors.cli import commands, hostcmds, mcpcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
 from actors.cli.interrupts import exit_with, interruptible
 from actors.config import ConfigError, parse_duration
@@ -151,8 +151,12 @@ def parser() -> argparse.ArgumentParser:
         description="Run PROMPT and stream its events. With no host up, an embedded one is "
                     "started in the background and stops when the last `oploop run` using "
                     "it ends. Ctrl-C cancels the run (exit 130), SIGTERM too (143).")
-    run.add_argument("prompt", metavar="PROMPT",
-                     help="the prompt; - reads it from standard input, @FILE from a file")
+    run.add_argument("prompt", metavar="PROMPT", nargs="*",
+                     help="the prompt; - reads it from standard input, @FILE from a file "
+                          "(with --prompt: its key=value arguments)")
+    run.add_argument("--prompt", dest="mcp_prompt", metavar="SERVER/PROMPT",
+                     help="start from an MCP server's prompt (see `oploop prompts`), filled "
+                          "with the key=value words given")
     run.add_argument("--agent", help="an agent of oploop.toml (default: the default agent)")
     run.add_argument("--session", help="continue this session with a follow-up message")
     run.add_argument("--max-turns", type=_count, default=0, metavar="N",
@@ -217,6 +221,15 @@ def parser() -> argparse.ArgumentParser:
         if verb == "deny":
             decide.add_argument("--reason", default="", help="what the model is told")
         decide.set_defaults(fn=_async(commands.decide), decision=verb)
+    ans = sub.add_parser("answer", help="answer an MCP server's question "
+                                        "(ELICITATION_REQUESTED)")
+    ans.add_argument("session")
+    ans.add_argument("id", metavar="ID", help="the question (ELICITATION_REQUESTED's id)")
+    ans.add_argument("values", nargs="*", metavar="KEY=VALUE", help="the form's answers")
+    no = ans.add_mutually_exclusive_group()
+    no.add_argument("--decline", action="store_true", help="refuse to answer")
+    no.add_argument("--cancel", action="store_true", help="dismiss the question")
+    ans.set_defaults(fn=_async(commands.answer))
     ses = sub.add_parser("sessions", help="list sessions (or prune them)")
     ses.add_argument("--json", action="store_true", help="one object per session")
     ses.set_defaults(fn=_async(commands.sessions))
@@ -246,6 +259,18 @@ def parser() -> argparse.ArgumentParser:
     tools.add_argument("--agent", help="an agent of oploop.toml (default: the default agent)")
     tools.add_argument("--json", action="store_true", help="one tool object per line")
     tools.set_defaults(fn=_async(commands.tools, creates_home=True))
+    prompts = sub.add_parser("prompts", help="the prompts of the MCP servers "
+                                             "(for `oploop run --prompt SERVER/PROMPT`)")
+    prompts.add_argument("--json", action="store_true", help="one prompt object per line")
+    prompts.set_defaults(fn=_async(commands.prompts, creates_home=True))
+    mcp = sub.add_parser("mcp", help="MCP servers: `mcp login NAME` (OAuth)")
+    mcp_sub = mcp.add_subparsers(dest="action", required=True)
+    log_in = mcp_sub.add_parser("login", help="authorize oploop for an HTTP server that "
+                                              "wants OAuth (prints the URL to open)")
+    log_in.add_argument("name", metavar="NAME", help="the server ([mcp.NAME])")
+    log_in.add_argument("--timeout", type=_seconds, default=300.0, metavar="SECONDS",
+                        help="how long to wait for the browser's redirect (default 300)")
+    log_in.set_defaults(fn=_async(mcpcmds.login, creates_home=True))
     comp = sub.add_parser("completion", help="print a shell completion script: "
                                              "eval \"$(oploop completion bash)\"")
     comp.add_argument("shell", choices=("bash", "zsh"))

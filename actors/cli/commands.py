@@ -119,6 +119,23 @@ async def decide(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def answer(args: argparse.Namespace, settings: Settings) -> int:
+    """Answer an MCP server's question (`oploop answer SESSION ID key=value ...`)."""
+    action = "decline" if args.decline else "cancel" if args.cancel else "accept"
+    content: dict[str, str] = {}
+    for pair in args.values:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            return fail(f"expected key=value, got {pair!r}")
+        content[key] = value
+    if content and action != "accept":
+        return fail(f"--{action} takes no key=value")
+    async with attach(settings, start=False) as host:
+        ack = await host.client.answer(args.session, args.id, content, action=action)
+    print(f"oploop: {action} sent for {ack.id} in {ack.session} (by {ack.by})")
+    return EXIT_OK
+
+
 def session_row(s: dict[str, Any]) -> str:
     """One line of `oploop sessions` (the one place its columns are made)."""
     row = (f"{s['session']}  {s['state']:<8} agent {s['agent']}  runs {s['runs']}  "
@@ -187,6 +204,33 @@ async def rm(args: argparse.Namespace, settings: Settings) -> int:
 
 #: How long `oploop tools` waits for a first executor to announce the catalogue.
 TOOLS_WAIT_S = 10.0
+
+
+async def prompts(args: argparse.Namespace, settings: Settings) -> int:
+    """The prompts the MCP servers list (each server's status carries them)."""
+    async with attach(settings, start=True) as host:
+        servers = (await host.client.stats()).get("mcp", [])
+    found = [dict(prompt, server=s.get("name", "?"), machine=s.get("machine", ""))
+             for s in servers for prompt in s.get("prompts") or []]
+    seen: set[tuple[str, str, str]] = set()  # (several executors list the same server)
+    unique = []
+    for p in found:
+        key = (p["machine"], p["server"], p.get("name", ""))
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    if args.json:
+        for p in unique:
+            print(json.dumps(p))
+        return EXIT_OK
+    if not unique:
+        print("no MCP server lists a prompt (`oploop status` shows the servers)")
+    for p in unique:
+        words = " ".join(f"{a['name']}=..." if a.get("required") else f"[{a['name']}=...]"
+                         for a in p.get("arguments", []))
+        print(f"{p['server']}/{p.get('name', '')} {words}".rstrip()
+              + (f"  — {p['description']}" if p.get("description") else ""))
+    return EXIT_OK
 
 
 async def tools(args: argparse.Namespace, settings: Settings) -> int:

@@ -26,6 +26,7 @@ from actors.cli.errors import (
     quiet_pipe,
 )
 from actors.cli.hosting import attach, host_watch
+from actors.mcp.prompts import PromptRefError, parse_ref, prompt_text
 from actors.render import Renderer
 from actors.settings import Settings
 from bus.client import Client
@@ -145,9 +146,22 @@ async def _cancel_quietly(client: Client, session: str, reason: str) -> None:
         await client.cancel(session, mode=CancelMode.UI, reason=reason)
 
 
+#: `--prompt SERVER/PROMPT key=value ...`: (server, prompt, arguments).
+McpPrompt = tuple[str, str, dict[str, str]]
+
+
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     """`oploop run PROMPT`: 0 done, 1 error, 130 cancelled (143 on SIGTERM)."""
-    prompt = read_prompt(args.prompt)
+    prompt: str | McpPrompt
+    if args.mcp_prompt:
+        try:
+            prompt = parse_ref(args.mcp_prompt, args.prompt)
+        except PromptRefError as exc:
+            raise CliError(str(exc)) from None
+    elif len(args.prompt) != 1:
+        raise CliError("give one PROMPT (quote it), or --prompt SERVER/PROMPT key=value ...")
+    else:
+        prompt = read_prompt(args.prompt[0])
     render = Renderer(json_lines=args.json, quiet=args.quiet)
     with Interrupts() as stop:
         try:
@@ -186,11 +200,15 @@ def working_directory(args: argparse.Namespace, settings: Settings) -> str:
     return chosen
 
 
-async def _run(args: argparse.Namespace, settings: Settings, prompt: str, render: Renderer,
-               stop: Interrupts) -> int:
+async def _run(args: argparse.Namespace, settings: Settings, prompt: str | McpPrompt,
+               render: Renderer, stop: Interrupts) -> int:
     cwd = working_directory(args, settings)
     async with attach(settings, start=True) as host, host_watch(host.host_pid, settings.home):
         stop.client = host.client
+        if not isinstance(prompt, str):  # an MCP prompt: its messages are the first message
+            server, name, arguments = prompt
+            prompt = prompt_text(await host.client.prompt(server, name, arguments,
+                                                          agent=args.agent or ""))
         stop.starting = True
         started = await host.client.start(
             prompt, session=args.session or "", agent=args.agent or "",

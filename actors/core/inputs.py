@@ -13,7 +13,7 @@ from actors.permissions import Rule
 from actors.usage import ZERO, Usage
 
 __all__ = ["Begin", "Cancel", "Compacted", "Decide", "Delta", "Failed", "Input", "ModelFailed",
-           "ModelReplied", "Resume", "Retry", "Routed", "Say", "Start", "StopLater",
+           "ModelReplied", "Resume", "Retry", "Routed", "Sampled", "Say", "Start", "StopLater",
            "ToolFinished", "ToolStarted", "WorkerLost"]
 
 
@@ -179,6 +179,15 @@ class Say:
 
 
 @dataclass(frozen=True, slots=True)
+class Sampled:
+    """A model call an MCP server asked for (sampling) was answered, outside the turns:
+    a `SAMPLING` event saying `data`, its `usage` counted with the run's."""
+
+    data: dict[str, object]
+    usage: Usage = ZERO
+
+
+@dataclass(frozen=True, slots=True)
 class StopLater:
     """An operation cancel for an open run that no driver in this process carries (one
     a restart left and no one has resumed here yet): recorded only, and honoured at
@@ -207,4 +216,4 @@ class Compacted:
 
 Input = (Start | Begin | Routed | Delta | Retry | ModelReplied | ModelFailed | ToolStarted
          | ToolFinished | Cancel | Failed | WorkerLost | Resume | Say | Decide | StopLater
-         | Compacted)
+         | Compacted | Sampled)

@@ -59,6 +59,7 @@ from actors.core.inputs import (
     Resume,
     Retry,
     Routed,
+    Sampled,
     Say,
     Start,
     StopLater,
@@ -163,6 +164,9 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _cancel(out, event)
     elif isinstance(event, Say):
         out.s = replace(state, said=(*state.said, (event.text, event.by)))
+    elif isinstance(event, Sampled):  # its usage rides on its own event (CLOSES_CALL)
+        out.s = replace(state, unreported=state.unreported + event.usage)
+        out.emit(EventType.SAMPLING, state.turn, dict(event.data))
     elif isinstance(event, StopLater):
         out.s = replace(state, stop_request=CancelMode.OPERATION)
     elif isinstance(event, Begin) and state.phase is Phase.READY:

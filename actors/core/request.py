@@ -60,11 +60,24 @@ def reminders(agent: Agent, tools: list[dict[str, Any]], cwd: str) -> list[str]:
             "No tools are available this turn: do not claim to have run commands or read "
             "files, and say so if the request needs them."
         )
+    for server, text in _instructions(tools):
+        out.append(f"Instructions of the MCP server {server} (for its tools mcp__{server}__*):"
+                   f"\n{text}")
     hint = PLATFORM_HINTS.get(agent.platform)
     # "tools act on it directly" would contradict the target-machine reminder above
     if hint and not (agent.target_machine and agent.platform == "local"):
         out.append(hint)
     return out
+
+
+def _instructions(tools: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The instructions MCP servers' tools carry (`include_instructions`), once a server."""
+    seen: dict[str, str] = {}
+    for tool in tools:
+        text, server = tool.get("instructions"), tool.get("server")
+        if text and isinstance(text, str) and isinstance(server, str) and server not in seen:
+            seen[server] = text
+    return list(seen.items())
 
 
 def _user() -> str:

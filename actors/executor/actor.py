@@ -44,8 +44,12 @@ from actors.worker import Worker
 from bus.endpoints import Endpoints
 from bus.messages import (
     Body,
+    ElicitAnswer,
     Envelope,
     JobFailed,
+    PromptJob,
+    PromptResult,
+    SampleAnswer,
     ToolJob,
     ToolProgress,
     ToolResult,
@@ -145,11 +149,13 @@ class Executor(Worker):
             # server may be https, and its client imports it anyway): let it load.
             if "ssl" in sys.modules and sys.modules["ssl"] is None:
                 del sys.modules["ssl"]
+            from actors.mcp.elicitation import Elicitations
             from actors.mcp.hub import McpHub
 
+            self.elicitations = Elicitations(self.progress)
             self.mcp = McpHub(self.config.mcp, self.sandbox, self._mcp_changed,
                               reserved=frozenset(self.catalogue), limits=self.config.limits,
-                              run_dir=endpoints.run_dir)
+                              run_dir=endpoints.run_dir, session_options=self._mcp_options)
             # Ready once the supervisor registered our tools (theirs among them), so
             # that the host's "ready" means a session's first turn offers them.
             self._wait_accept = True
@@ -172,6 +178,22 @@ class Executor(Worker):
         if self.mcp is not None:
             specs += self.mcp.specs()
         return [spec.to_wire() for spec in specs]
+
+    def _mcp_options(self, server: str) -> dict[str, Any]:
+        """What server `server`'s client answers for, through the session: elicitation;
+        sampling if its `sampling = true`."""
+        options = {"elicitation_callback": self.elicitations.callback(server)}
+        if self.config.mcp[server].sampling:
+            from actors.mcp import sampling
+
+            options["sampling_callback"] = sampling.callback(self.elicitations, server)
+        return options
+
+    def job_message(self, env: Envelope) -> None:
+        """An `ElicitAnswer` or `SampleAnswer` for a call in flight: to the request
+        waiting for it."""
+        if isinstance(env.body, ElicitAnswer | SampleAnswer) and self.mcp is not None:
+            self.elicitations.answered(env.body)
 
     def _mcp_changed(self) -> None:
         """An MCP server (re-)listed its tools or changed state: tell the supervisor,
@@ -201,15 +223,30 @@ class Executor(Worker):
                                             (message or "")[:PROGRESS_MESSAGE_CHARS]))
 
         started = time.perf_counter()
-        outcome = await self.mcp.call(job.name, job.input, min(bounds) if bounds else None,
-                                      progress)
+        bound = self.mcp.bound(job.name, min(bounds) if bounds else None)
+        with self.elicitations.calling(self.mcp.server_of(job.name), env, bound):
+            outcome = await self.mcp.call(job.name, job.input, bound, progress)
         elapsed_ms = (time.perf_counter() - started) * 1000
         return ToolResult(outcome.output, outcome.is_error, round(elapsed_ms, 3), outcome.images,
                           outcome.shown)
 
+    async def _get_prompt(self, job: PromptJob) -> Body:
+        """`prompts/get` of one of its MCP servers (`oploop run --prompt`)."""
+        if self.mcp is None:
+            return JobFailed("mcp", f"MCP server {job.server}: no MCP server is configured")
+        from actors.mcp.servers import McpServerError
+
+        try:
+            messages = await self.mcp.get_prompt(job.server, job.prompt, job.arguments)
+        except McpServerError as exc:
+            return JobFailed("mcp", str(exc))
+        return PromptResult(messages)
+
     async def perform(self, env: Envelope) -> Body:
         """Run the tool of one `ToolJob`; a failing tool is a `ToolResult` with `is_error`."""
         job = env.body
+        if isinstance(job, PromptJob):
+            return await self._get_prompt(job)
         if not isinstance(job, ToolJob):
             return JobFailed("bad_job", f"an executor does not run {job.KIND}")
         agent = self.config.agent(job.agent) or self.config.agent("")

@@ -25,6 +25,10 @@
 - `POST /api/sessions/{id}/deny`: `{"calls"?, "all"?, "reason"?}`: answer them with an
   error saying `reason`; the model goes on. All named calls are decided or none: an
   unknown call, or one decided already ("already decided by ..."), is a 409.
+- `POST /api/sessions/{id}/answer`: `{"id": ELICITATION_ID, "action"?: "accept" |
+  "decline" | "cancel", "content"?: {...}}` (control `AnswerElicitation`): answer an MCP
+  server's question (`ELICITATION_REQUESTED`). 200 `{"session", "id", "by"}`; 409 when
+  it waits no more, 400 for content its form refuses.
 
 Errors are JSON `{"error": CODE, "message": TEXT}`: 404 for an unknown session,
 400 for malformed JSON or a bad field (a prompt or message over
@@ -90,6 +94,7 @@ ERROR_STATUS = {
     "unknown_session": 404, "gone": 404,
     "bad_request": 400, "too_large": 400, "unknown_agent": 400,
     "busy": 409, "not_running": 409, "not_pending": 409, "nothing_to_compact": 409,
+    "bad_answer": 400,
     "forbidden": 403, "disk_full": 503, "unavailable": 503,
 }
 #: An SSE client whose socket takes no more for this long is dropped (it may come
@@ -356,6 +361,20 @@ async def decide_calls(request: web.Request) -> web.Response:
     return web.json_response({"session": ack.session, "decided": ack.decided, "by": ack.by})
 
 
+async def answer_elicitation(request: web.Request) -> web.Response:
+    """`POST /api/sessions/{id}/answer`: answer an MCP server's question, as `oploop
+    answer` does (`by` is "local")."""
+    body = await read_object(request)
+    ask_id = field(body, "id", str, "")
+    if not ask_id:
+        raise ApiError(400, "bad_request", "id: the question's id (ELICITATION_REQUESTED)")
+    content = field(body, "content", dict, {})
+    gw, sid = request.app[GATEWAY], request.match_info["sid"]
+    ack = await gw.client.answer(sid, ask_id, content,
+                                 action=field(body, "action", str, "accept"))
+    return web.json_response({"session": ack.session, "id": ack.id, "by": ack.by})
+
+
 def resume_point(request: web.Request) -> int:
     """The first seq to send: after `Last-Event-ID` (the last seq the client has),
     else `?from_seq=` (default 1)."""
@@ -486,4 +505,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/sessions/{sid}/messages", send_message)
     app.router.add_post("/api/sessions/{sid}/compact", compact_session)
     app.router.add_post("/api/sessions/{sid}/{decision:approve|deny}", decide_calls)
+    app.router.add_post("/api/sessions/{sid}/answer", answer_elicitation)
     app.router.add_get("/metrics", metrics)

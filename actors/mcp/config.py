@@ -23,6 +23,8 @@ configuration, only the executors speak MCP::
     [mcp.docs]                          # streamable HTTP: a server already running
     url = "http://127.0.0.1:8000/mcp"
     headers = { Authorization = "Bearer ..." }
+    include_instructions = true         # its instructions (initialize) in the system prompt
+    sampling = true                     # it may ask for model calls (approved: `ask` rule)
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_START_TIMEOUT_S = 30.0
 
 _KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
-                   "sandbox", "network", "start_timeout_s"})
+                   "sandbox", "network", "start_timeout_s", "include_instructions",
+                   "sampling"})
 _SANDBOX_KEYS = frozenset({"network", "read_paths", "write_paths"})
 
 
@@ -77,6 +80,10 @@ class McpServerConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     sandbox: ServerSandbox = field(default_factory=ServerSandbox)
+    #: Its instructions (from `initialize`) join the system prompt.
+    include_instructions: bool = False
+    #: It may ask for model calls (`sampling/createMessage`), made through the session.
+    sampling: bool = False
 
     @property
     def transport(self) -> str:
@@ -144,6 +151,9 @@ def _server(name: str, table: Mapping[str, Any], source: str, where: str) -> Mcp
         start_timeout_s=start_timeout_s,
         sandbox=_sandbox(table.get("sandbox", {}), source, f"{where}.sandbox",
                          table.get("network")),
+        include_instructions=_typed(table.get("include_instructions", False), bool, source,
+                                    f"{where}.include_instructions"),
+        sampling=_typed(table.get("sampling", False), bool, source, f"{where}.sampling"),
     )
 
 

@@ -44,6 +44,7 @@ from actors.tools.spec import ToolSpec
 
 from .config import McpServerConfig
 from .errors import HttpStatus
+from .resources import READ_RESOURCE, prompt_messages, read_outcome, reader_spec
 from .results import McpOutcome, outcome_of
 from .servers import McpServer, McpServerError, Opener, Progress
 from .transport import Fault, StderrLog, StderrTail, sandboxed_stdio
@@ -77,7 +78,10 @@ class McpHub:
 
     def __init__(self, configs: Mapping[str, McpServerConfig], sandbox: Sandbox | None,
                  on_change: Callable[[], None], reserved: frozenset[str] = frozenset(),
-                 limits: Limits | None = None, run_dir: Path | None = None) -> None:
+                 limits: Limits | None = None, run_dir: Path | None = None,
+                 session_options: Callable[[str], dict[str, Any]] | None = None) -> None:
+        """`session_options(name)`: more keyword arguments of server `name`'s
+        `ClientSession` (the executor's elicitation and sampling callbacks)."""
         self.limits = limits or Limits()
         self.sandbox = sandbox
         #: The host's runtime dir: its `net/` holds the network proxy's sockets.
@@ -89,10 +93,14 @@ class McpHub:
             status = HttpStatus()
             self.servers[name] = McpServer(config, self._opener(config, status),
                                            self._tools_changed, status)
+            if session_options is not None:
+                self.servers[name].session_options = session_options(name)
         #: Set once every server has listed its tools or failed to start once: what an
         #: executor waits for before it says ready (a session's first turn has them).
         self.settled = asyncio.Event()
         self.routes: dict[str, tuple[McpServer, str]] = {}
+        #: The `mcp__NAME__read_resource` tools (`resources.reader_spec`): name -> server.
+        self.readers: dict[str, McpServer] = {}
         self.left_out: dict[str, list[str]] = {}
         self._specs: list[ToolSpec] = []
 
@@ -104,7 +112,22 @@ class McpHub:
 
     def owns(self, name: str) -> bool:
         """Whether `name` is an MCP tool of this executor."""
-        return name in self.routes
+        return name in self.routes or name in self.readers
+
+    def server_of(self, name: str) -> str:
+        """The server of MCP tool `name` ("" if none)."""
+        found = self._server(name)
+        return found.name if found is not None else ""
+
+    def bound(self, name: str, timeout_s: float | None) -> float | None:
+        """How long a call of MCP tool `name` may take: its server's `timeout_s`, or
+        `timeout_s` if shorter."""
+        found = self._server(name)
+        return timeout_s if found is None else self._bound(found, timeout_s)
+
+    def _server(self, name: str) -> McpServer | None:
+        return self.readers.get(name) or (self.routes[name][0] if name in self.routes
+                                          else None)
 
     def statuses(self) -> list[dict[str, Any]]:
         """Each server's status, with the tools left out of the catalogue and why."""
@@ -112,16 +135,21 @@ class McpHub:
         for name, server in self.servers.items():
             status = server.status().to_wire()
             status["left_out"] = list(self.left_out.get(name, ()))
+            extras = server.extras
+            status.update(prompts=extras.prompts, resources=len(extras.resources),
+                          instructions=bool(extras.instructions))
             out.append(status)
         return out
 
     def _tools_changed(self, server: McpServer) -> None:
         """A server (re-)listed its tools: rebuild the routes, tell the executor."""
         routes: dict[str, tuple[McpServer, str]] = {}
+        readers: dict[str, McpServer] = {}
         specs: list[ToolSpec] = []
         left_out: dict[str, list[str]] = {}
         limits = self.limits
         for each in self.servers.values():
+            first = len(specs)
             for n, tool in enumerate(each.tools):
                 if len(specs) >= limits.max_tools:
                     left_out.setdefault(each.name, []).append(
@@ -129,7 +157,7 @@ class McpHub:
                         f"{limits.max_tools} MCP tools (limits.max_tools)")
                     break
                 name = public_name(each.name, tool.name)
-                why = self._refusal(name, routes, tool)
+                why = self._refusal(name, routes, tool.input_schema, tool.execution)
                 if why:
                     left_out.setdefault(each.name, []).append(
                         f"{cut_line(tool.name, MAX_NAME)}: {why}")
@@ -149,16 +177,35 @@ class McpHub:
                     continue
                 routes[name] = (each, tool.name)
                 specs.append(spec)
+            self._add_extras(each, first, specs, routes, readers, left_out)
         for name, notes in left_out.items():
             if len(notes) > MAX_NOTES:  # (a server of 3,000 bad tools: its status stays small)
                 notes[MAX_NOTES - 1:-1] = [f"and {len(notes) - MAX_NOTES} more"]
             log.warning("MCP server %s: tools left out: %s", name, "; ".join(notes))
-        self.routes, self._specs, self.left_out = routes, specs, left_out
+        self.routes, self.readers = routes, readers
+        self._specs, self.left_out = specs, left_out
         self._on_change()
 
-    def _refusal(self, name: str, routes: Mapping[str, Any], tool: Any) -> str:
-        schema = tool.input_schema
-        execution = tool.execution
+    def _add_extras(self, server: McpServer, first: int, specs: list[ToolSpec],
+                    routes: Mapping[str, Any], readers: dict[str, McpServer],
+                    left_out: dict[str, list[str]]) -> None:
+        """A server's `read_resource` tool (if it has resources), and its instructions
+        on its first spec (with `include_instructions`)."""
+        extras = server.extras
+        if extras.has_resources:
+            name = public_name(server.name, READ_RESOURCE)
+            why = self._refusal(name, {**routes, **readers}, {"type": "object"})
+            if why:
+                left_out.setdefault(server.name, []).append(f"{READ_RESOURCE}: {why}")
+            elif len(specs) < self.limits.max_tools:
+                readers[name] = server
+                specs.append(reader_spec(name, server.config, extras,
+                                         self.limits.max_tool_description_chars))
+        if server.config.include_instructions and extras.instructions and len(specs) > first:
+            specs[first] = dataclasses.replace(specs[first], instructions=extras.instructions)
+
+    def _refusal(self, name: str, routes: Mapping[str, Any], schema: Any,
+                 execution: Any = None) -> str:
         if execution is not None and execution.task_support == "required":
             return ("it must be run as a task (execution.taskSupport \"required\"), "
                     "which oploop does not do")
@@ -220,6 +267,8 @@ class McpHub:
                    progress: Progress | None = None) -> McpOutcome:
         """Run the MCP tool `name`; any failure is an error outcome naming the server.
         `progress` hears the call's progress notifications."""
+        if name in self.readers:
+            return await self.read_resource(name, arguments, timeout_s)
         server, tool = self.routes[name]
         if not isinstance(arguments, dict):
             return McpOutcome(f"{name}: input must be a JSON object", True)
@@ -234,11 +283,47 @@ class McpHub:
                               True)
         return outcome_of(result, self.limits.max_result_chars)
 
+    async def read_resource(self, name: str, arguments: object,
+                            timeout_s: float | None) -> McpOutcome:
+        """`mcp__NAME__read_resource`: `resources/read` of `arguments["uri"]`."""
+        server = self.readers[name]
+        uri = arguments.get("uri") if isinstance(arguments, dict) else None
+        if not isinstance(uri, str) or not uri:
+            return McpOutcome(f"{name}: input must be {{\"uri\": \"...\"}}, a resource's URI",
+                              True)
+        try:
+            result = await server.call(READ_RESOURCE, {}, self._bound(server, timeout_s),
+                                       send=lambda session: session.read_resource(uri))
+        except McpServerError as exc:
+            self._on_change()
+            return McpOutcome(cut_text(f"{name} failed: {exc}", self.limits.max_result_chars),
+                              True)
+        return read_outcome(result, self.limits.max_result_chars)
+
+    async def get_prompt(self, server_name: str, prompt: str, arguments: Mapping[str, str],
+                         timeout_s: float | None = None) -> list[dict[str, str]]:
+        """`prompts/get` of `server_name`'s `prompt`: its messages as `{role, text}`;
+        raises McpServerError (an unknown server, the server's refusal)."""
+        server = self.servers.get(server_name)
+        if server is None:
+            known = ", ".join(self.servers) or "none"
+            raise McpServerError(server_name, f"no such server here (configured: {known})")
+        args = {str(k): str(v) for k, v in arguments.items()}
+        result = await server.call(prompt, {}, self._bound(server, timeout_s),
+                                   send=lambda session: session.get_prompt(prompt, args))
+        return prompt_messages(result, self.limits.max_result_chars)
+
+    @staticmethod
+    def _bound(server: McpServer, timeout_s: float | None) -> float:
+        limit = server.config.timeout_s
+        return limit if timeout_s is None else min(timeout_s, limit)
+
     # -- transports --------------------------------------------------------------------
 
     def _opener(self, config: McpServerConfig, status: HttpStatus) -> Opener:
         if config.url:
-            return lambda fault, tail: _http(config, status)
+            home = self.run_dir.parent
+            return lambda fault, tail: _http(config, status, home)
         return self._stdio_opener(config)
 
     def _stdio_opener(self, config: McpServerConfig) -> Opener:
@@ -283,14 +368,19 @@ class McpHub:
 
 
 @asynccontextmanager
-async def _http(config: McpServerConfig, status: HttpStatus) -> AsyncIterator[TransportStreams]:
-    """The SDK's streamable HTTP client, with the configured headers; its error statuses
-    kept in `status` (the SDK's errors do not carry them)."""
+async def _http(config: McpServerConfig, status: HttpStatus,
+                home: Path) -> AsyncIterator[TransportStreams]:
+    """The SDK's streamable HTTP client, with the configured headers, or OAuth's
+    (`oauth.auth_for`: a server with no `Authorization` header of its own); its error
+    statuses kept in `status` (the SDK's errors do not carry them)."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    from .oauth import auth_for
+
     timeout = httpx2.Timeout(30.0, read=config.timeout_s + 5.0)
     async with httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout,
+                                  auth=auth_for(config, home),
                                   event_hooks={"response": [status.hook]}) as client, \
             streamable_http_client(config.url, http_client=client) as streams:
         yield streams

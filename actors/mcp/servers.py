@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from actors.restarts import RestartPolicy
 
 from .config import McpServerConfig
 from .errors import HttpStatus, http_cause, lost_session
+from .resources import Extras, discover
 from .transport import Fault, StderrTail
 
 if TYPE_CHECKING:
@@ -113,10 +114,15 @@ class McpServer:
         self.http_status = http_status or HttpStatus()
         self.name = config.name
         self.tools: list[types.Tool] = []
+        #: Its instructions, resources and prompts (`resources.discover`).
+        self.extras = Extras()
         self.state = "stopped"
         self.error = ""
         self.restarts = 0
         self.idle_s = IDLE_S
+        #: More keyword arguments of its `ClientSession` (what the client answers for:
+        #: elicitation, sampling callbacks), set by the hub.
+        self.session_options: dict[str, Any] = {}
         self._open = opener
         self._on_tools = on_tools
         self._policy = RestartPolicy(base_s=0.5, cap_s=10.0, storm=5, window_s=60.0,
@@ -184,9 +190,12 @@ class McpServer:
         try:
             async with self._open(fault, tail) as (read, write), ClientSession(
                     read, write, message_handler=self._on_message,
-                    client_info=CLIENT_INFO) as session:
+                    client_info=CLIENT_INFO, **self.session_options) as session:
                 tools = await self._handshake(session, fault)
+                extras = await self._within("resources/list and prompts/list",
+                                            discover(session), fault)
                 self.tools = tools
+                self.extras = extras
                 self._session = session
                 self.state = "ready"
                 self.error = ""
@@ -297,20 +306,23 @@ class McpServer:
     # -- calls -------------------------------------------------------------------------
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float,
-                   progress: Progress | None = None) -> types.CallToolResult:
+                   progress: Progress | None = None,
+                   send: Callable[[ClientSession], Awaitable[Any]] | None = None) -> Any:
         """Call `tool` (the server's own name); raises McpServerError for anything but the
         tool's own result (whose `is_error` says how the tool fared). An HTTP server
         that lost our session is given a new one and the call made again, once (the
-        server refused it unseen). `progress` hears its progress notifications."""
+        server refused it unseen). `progress` hears its progress notifications. `send`,
+        if given, is the request made instead of `tools/call` (a resource read, a
+        prompt), with the same bounds and handling of faults."""
         scope = asyncio.timeout(timeout_s)
         try:
             async with scope:
                 try:
-                    return await self._call_once(tool, arguments, progress)
+                    return await self._call_once(tool, arguments, progress, send)
                 except _SessionLost as lost:
                     log.warning("MCP server %s: %s: a new session, and the call again",
                                 self.name, lost)
-                    return await self._call_once(tool, arguments, progress)
+                    return await self._call_once(tool, arguments, progress, send)
         except TimeoutError:
             if not scope.expired():
                 raise
@@ -320,8 +332,8 @@ class McpServer:
         except _SessionLost as lost:
             raise McpServerError(self.name, f"{lost} (again, with a new session)") from None
 
-    async def _call_once(self, tool: str, arguments: dict[str, Any],
-                         progress: Progress | None) -> types.CallToolResult:
+    async def _call_once(self, tool: str, arguments: dict[str, Any], progress: Progress | None,
+                         send: Callable[[ClientSession], Awaitable[Any]] | None) -> Any:
         """One attempt of `call`. A call cancelled (its session's cancel, or its timeout)
         is followed by `notifications/cancelled` (the SDK's) and a ping (ours, off the
         caller's path): only a server that does not answer it is killed."""
@@ -331,6 +343,8 @@ class McpServer:
             fault = self._fault
             self._inflight += 1
             try:
+                if send is not None:
+                    return await send(session)
                 return await session.call_tool(tool, arguments, progress_callback=progress)
             except asyncio.CancelledError:
                 self._after_cancel(session, fault)
@@ -398,12 +412,34 @@ class McpServer:
     # -- notifications -----------------------------------------------------------------
 
     async def _on_message(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
+        if isinstance(message, types.PromptListChangedNotification
+                      | types.ResourceListChangedNotification):
+            self._spawn(self._rediscover())
+        elif isinstance(message, types.ToolListChangedNotification):
             task = asyncio.get_running_loop().create_task(self._relist())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif isinstance(message, Exception):
             log.warning("MCP server %s: transport: %s", self.name, message)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _rediscover(self) -> None:
+        """Its prompts or resources changed: learn them again (`resources.discover`)."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            async with asyncio.timeout(self.config.start_timeout_s):
+                self.extras = await discover(session)
+        except Exception as exc:
+            log.warning("MCP server %s: re-listing its resources and prompts failed: %s",
+                        self.name, exc)
+            return
+        self._on_tools(self)
 
     async def _relist(self) -> None:
         session = self._session

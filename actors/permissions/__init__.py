@@ -233,6 +233,13 @@ def refusal_here(rules: tuple[Rule, ...], name: str, arguments: Any, cwd: str) -
     return None
 
 
+def named_rule(rules: tuple[Rule, ...], name: str) -> str:
+    """The value of the first plain rule naming `name` (a glob like `mcp__x__*` names
+    it too), or "" when only `default` or nothing would decide: for what is no tool
+    call and has a default of its own (an MCP server's sampling: "ask")."""
+    return _first(rules, name, None, default=False)[0]
+
+
 def rule_of_tool(rules: tuple[Rule, ...], name: str) -> str:
     """How `oploop tools --agent` shows a tool's rules: its plain rule's value, with the
     narrower ones before it, e.g. `allow if ls *; ask`."""

@@ -24,6 +24,7 @@ from actors.settings import Settings
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
+from actors.supervisor.mcpasks import serve_get_prompt
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.replay import replay_batch
@@ -32,6 +33,7 @@ from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure
+from bus.mcpwire import GetPrompt
 from bus.messages import (
     Body,
     Cancel,
@@ -600,6 +602,7 @@ _API: dict[type[Body], Callable[[Supervisor, bytes | None, Envelope, Any], None]
     ReplayRequest: Supervisor._api_replay,  # the broadcaster recovering lost events
     RemoveSessions: Supervisor._remove_sessions,
     PruneSessions: Supervisor._api_prune,
+    GetPrompt: serve_get_prompt,
 }
 
 def main() -> None:

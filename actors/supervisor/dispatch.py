@@ -31,6 +31,7 @@ from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
+from bus.mcpwire import Elicit, Sample
 from bus.messages import (
     Abort,
     Body,
@@ -42,6 +43,7 @@ from bus.messages import (
     Heartbeat,
     JobFailed,
     LlmResult,
+    PromptResult,
     Ready,
     Retrying,
     ToolProgress,
@@ -536,9 +538,12 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     Delta: Dispatcher._on_progress,
     Retrying: Dispatcher._on_progress,
     ToolProgress: Dispatcher._on_progress,
+    Elicit: Dispatcher._on_progress,
+    Sample: Dispatcher._on_progress,
     LlmResult: Dispatcher._on_reply,
     ToolResult: Dispatcher._on_reply,
     JobFailed: Dispatcher._on_reply,
+    PromptResult: Dispatcher._on_reply,
 }
 
 

@@ -22,6 +22,7 @@ from actors.machines import LOCAL, machine_name_error
 from actors.supervisor.compacting import serve_compact
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.leases import PEER_DEFAULT_LEASE_S, Leases
+from bus.mcpwire import AnswerElicitation
 from bus.messages import (
     Body,
     Cancel,
@@ -421,6 +422,23 @@ class Runs:
         ack = Envelope(DecideAck(session.id, ids, by), id=env.id)
         self.sup.reply_committed(ack, peer, port)  # answered once the decision is logged
 
+    def answer_elicitation(self, peer: bytes | None, env: Envelope,
+                           req: AnswerElicitation) -> None:
+        """Answer an MCP server's question (`actors.supervisor.elicits`); who may, as for
+        approvals: the local user and control keys."""
+        port = self.sup.control
+        user = port.user_id
+        if _role(user) not in CONTROLLERS:
+            port.reply_error(peer, env.id, "forbidden",
+                             f"a {_role(user)} key may not answer a server's question "
+                             "(the local user and control keys may)")
+            return
+        elicits = getattr(self.sup.io, "elicits", None)
+        if elicits is None:
+            port.reply_error(peer, env.id, "not_pending", "no question waits here")
+            return
+        elicits.answer(port, _by(user), peer, env, req)
+
     def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
                 port: Port | None = None) -> None:
         """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
@@ -537,4 +555,5 @@ _CONTROL: dict[type[Body], Callable[[Runs, bytes | None, Envelope, Any], None]] 
     Say: Runs._control_say,
     Compact: Runs._control_compact,
     DecideCalls: Runs.decide,
+    AnswerElicitation: Runs.answer_elicitation,
 }

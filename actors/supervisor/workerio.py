@@ -19,7 +19,10 @@ from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
+from actors.supervisor.elicits import Elicits
+from actors.supervisor.samples import Samples, llm_job, reply_of
 from actors.usage import priced
+from bus.mcpwire import Elicit, Sample
 from bus.messages import (
     HISTORY_MISS,
     Delta,
@@ -70,6 +73,10 @@ class WorkerIO:
         #: The trace context of a session's open run, or of one of its tool calls
         #: (`RunTracer.traceparent`), that its model calls and asks carry; None: not tracing.
         self.trace_context: Callable[[str, str], str] | None = None
+        #: MCP servers' questions to the user, waiting for an answer.
+        self.elicits = Elicits(dispatcher, emit)
+        #: MCP servers' model calls (sampling).
+        self.samples = Samples(self)
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -139,12 +146,24 @@ class WorkerIO:
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
                       list(session.agent.read_paths), session.agent.name)
         machine = self.tool_machine(session)
+        progressed = self._tool_progress(session, call.id)
+
+        def on_progress(env: Envelope) -> None:
+            if isinstance(env.body, Elicit):  # an MCP server asks the user
+                self.elicits.requested(session, call.id, env)
+            elif isinstance(env.body, Sample):  # an MCP server asks for a model call
+                self.samples.requested(session, call.id, env)
+            else:
+                progressed(env)
+
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0,
-                                    self._tool_progress(session, call.id), machine=machine)
+            reply = await self._job("tool", job, session, timeout_s + 10.0, on_progress,
+                                    machine=machine)
         except ModelError as exc:
             return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
+        finally:
+            self.elicits.call_over(session, call.id)
         body = reply.body
         if isinstance(body, ToolResult):
             images, dropped = accepted(body.images)  # checked: the history carries them
@@ -173,6 +192,12 @@ class WorkerIO:
                     "total": body.total or None, "message": body.message})
 
         return on_progress
+    async def sample(self, session: Session, request: dict[str, Any],
+                     wait_s: float) -> dict[str, Any]:
+        """A model call an MCP server asked for, priced; raises `ModelError`."""
+        reply = await self._job("llm", llm_job(request, wait_s), session, wait_s,
+                                lambda env: None)
+        return priced(reply_of(reply), self.config.prices)
 
     async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
         """`ask_machine`, run here (it talks to another host; nothing to sandbox): the

@@ -17,8 +17,9 @@ from typing import Any
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 _WIRE_KEYS = frozenset({"name", "description", "input_schema", "tags", "risky", "core"})
-#: Sent only when set: the MCP server a tool comes from.
-_OPTIONAL_KEYS = frozenset({"server"})
+#: Sent only when set: the MCP server a tool comes from; that server's instructions
+#: (on its first tool only, with `include_instructions`: they join the system prompt).
+_OPTIONAL_KEYS = frozenset({"server", "instructions"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +28,8 @@ class ToolSpec:
 
     `tags` are the categories an agent's allowlist filters on; `risky` tools run
     sandboxed, one child process per call; `core` tools survive every allowlist.
-    `server`: the MCP server the tool comes from ("" for the others).
+    `server`: the MCP server the tool comes from ("" for the others); `instructions`:
+    that server's instructions for the system prompt, carried by its first tool only.
     """
 
     name: str
@@ -38,6 +40,7 @@ class ToolSpec:
     risky: bool
     core: bool
     server: str = ""
+    instructions: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -56,6 +59,8 @@ class ToolSpec:
                 raise ValueError(f"tool {self.name}: {flag} must be a bool")
         if not isinstance(self.server, str):
             raise ValueError(f"tool {self.name}: server must be a string")
+        if not isinstance(self.instructions, str):
+            raise ValueError(f"tool {self.name}: instructions must be a string")
 
     def to_wire(self) -> dict[str, Any]:
         """A plain, msgpack-able dict; `from_wire` is its inverse."""
@@ -70,6 +75,8 @@ class ToolSpec:
         }
         if self.server:
             wire["server"] = self.server
+        if self.instructions:
+            wire["instructions"] = self.instructions
         return wire
 
     @classmethod
@@ -96,6 +103,7 @@ class ToolSpec:
             risky=d["risky"],
             core=d["core"],
             server=d.get("server", ""),
+            instructions=d.get("instructions", ""),
         )
 
     def to_api(self) -> dict[str, Any]:

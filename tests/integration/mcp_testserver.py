@@ -1,7 +1,12 @@
 """An MCP server for the tests, written with the SDK's `MCPServer` (FastMCP's name in
 mcp 2): `python mcp_testserver.py stdio` or `python mcp_testserver.py http PORT`.
 
-Tools: `echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
+Instructions (`INSTRUCTIONS`); resources `test://greeting` (text), `test://pixel` (a PNG)
+and the template `test://note/{name}`; prompts `review` (arguments `topic`, required,
+and `tone`) and `plain`; the tool `linked` returns a resource link to `test://secret`.
+Tools: `book` (asks the user a form: `name`, `seats`, `window`; says what came back);
+`summarise` (asks the client's model, by sampling, and says its answer);
+`echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
 first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
 nothing, not even a ping, after touching `deaf-started`); `meet` (returns once N
 calls are in at once); `crash` (says why on stderr, exits 3); `garbage` (writes a
@@ -37,11 +42,19 @@ if __name__ == "__main__" and "silent" in sys.argv[2:]:  # reads, never answers 
 import anyio
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.prompts.base import AssistantMessage, Message, UserMessage
 from mcp.server.mcpserver.utilities.types import Image
+from mcp_types import ResourceLink
+from pydantic import BaseModel, Field
 
 #: A 1x1 transparent PNG.
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
+
+#: What the server's `initialize` answer says (`include_instructions` puts it in the
+#: system prompt).
+INSTRUCTIONS = "Test server instructions: call echo before anything else."
+
 
 class TestServer(MCPServer):
     """The SDK's server, listing `task_only` as a tool that must be run as a task (the
@@ -53,13 +66,93 @@ class TestServer(MCPServer):
                 if t.name == "task_only" else t for t in tools]
 
 
-server = TestServer("oploop-test")
+server = TestServer("oploop-test", instructions=INSTRUCTIONS)
 
 
 def _mark(name: str) -> None:
     marks = os.environ.get("OPLOOP_TEST_MARKS")
     if marks:
         Path(marks, name).write_text(str(os.getpid()))
+
+
+@server.resource("test://greeting", name="greeting", description="A greeting",
+                 mime_type="text/plain")
+def greeting() -> str:
+    """A greeting."""
+    return "hello from a resource"
+
+
+@server.resource("test://pixel", name="pixel", mime_type="image/png")
+def pixel() -> bytes:
+    """A 1x1 PNG."""
+    return PNG
+
+
+@server.resource("test://note/{name}", name="note", description="A note by name")
+def note(name: str) -> str:
+    """The note `name`."""
+    return f"note {name}"
+
+
+@server.resource("test://secret", name="secret", mime_type="text/plain")
+def secret() -> str:
+    """What the resource link of `linked` points at."""
+    return "the linked secret is 7"
+
+
+@server.tool()
+def linked() -> list[ResourceLink]:
+    """A resource link (to `test://secret`): the model reads it with read_resource."""
+    return [ResourceLink(type="resource_link", uri="test://secret", name="secret")]
+
+
+@server.prompt(description="Review a topic")
+def review(topic: str, tone: str = "kind") -> list[Message]:
+    """Two messages: a user's request and an assistant's answer to it."""
+    return [UserMessage(f"Please review {topic}, in a {tone} tone."),
+            AssistantMessage("I will review it.")]
+
+
+@server.prompt()
+def plain() -> str:
+    """A prompt of one message."""
+    return "Say hello."
+
+
+class Booking(BaseModel):
+    """The form `book` asks the user to fill."""
+
+    name: str = Field(description="who travels")
+    seats: int = Field(description="how many seats")
+    window: bool = False
+
+
+@server.tool()
+async def book(ctx: Context) -> str:
+    """Ask the user who travels (an elicitation), then say what was booked."""
+    _mark("book-asking")
+    answer = await ctx.elicit("Who is travelling?", Booking)
+    if answer.action == "accept":
+        data = answer.data
+        return f"booked {data.seats} seat(s) for {data.name}, window {data.window}"
+    return f"not booked: {answer.action}"
+
+
+@server.tool()
+async def summarise(text: str, ctx: Context) -> str:
+    """Ask the client's model (sampling) to summarise `text`; say its answer, or why
+    there is none."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import SamplingMessage, TextContent
+
+    try:
+        result = await ctx.session.create_message(
+            [SamplingMessage(role="user", content=TextContent(type="text", text=text))],
+            max_tokens=50, system_prompt="Summarise in one line.")
+    except MCPError as exc:
+        return f"no summary: {exc.error.message}"
+    said = result.content.text if isinstance(result.content, TextContent) else "?"
+    return f"summary by {result.model} ({result.stop_reason}): {said}"
 
 
 @server.tool()

@@ -1,0 +1,202 @@
+"""MCP elicitation through the operators' loop (issue 30, item 7): a server's question
+mid-call becomes `ELICITATION_REQUESTED` in the session, answered by `oploop answer`,
+`Client.answer` or the gateway's API, said as `ELICITATION_ANSWERED`; the server gets
+the answer. The tests' own server (its `book` tool asks a form) and the reference
+`server-everything` (`trigger-elicitation-request`, a form of every field type), both
+over stdio in the sandbox; a short `timeout_s` server whose question times out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from everything import everything, serving
+from homes import make_home
+from hostkit import assert_one_run, of_type, oploop, running_host
+from mcpkit import PYTHON, TEST_SERVER, call, free_port, wait_tools
+
+from actors.sandbox.workspaces import remove_home
+from bus.client import Client
+from bus.errors import RemoteError
+
+SCRIPTS = {
+    "book": call("mcp__test__book"),
+    "short": call("mcp__short__book"),
+    "everything": call("mcp__ev__trigger-elicitation-request"),
+    "everything-http": call("mcp__evh__trigger-elicitation-request"),
+}
+
+OnAsk = Callable[[Client, str, dict[str, Any]], Awaitable[None]]
+
+
+@pytest.fixture(scope="module")
+def host():
+    program = everything()
+    with serving(program, free_port()) as url:
+        yield from _host(program, url)
+
+
+def _host(program: Path, url: str) -> Iterator[str]:
+    home = make_home("opme-")
+    tests = str(Path(TEST_SERVER).parent)
+    server = f"command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, \"stdio\"]"
+    Path(home, "oploop.toml").write_text(f"""
+[mcp.test]
+{server}
+timeout_s = 60
+[mcp.test.sandbox]
+read_paths = ["{tests}"]
+
+[mcp.short]                     # 2 s left for an answer (timeout_s less the margin)
+{server}
+timeout_s = 4
+[mcp.short.sandbox]
+read_paths = ["{tests}"]
+
+[mcp.ev]
+command = ["{program}", "stdio"]
+timeout_s = 60
+
+[mcp.evh]                       # the same, over streamable HTTP
+url = "{url}"
+timeout_s = 60
+""")
+    scenario = Path(tempfile.mkdtemp(prefix="opme-s-", dir="/tmp"), "scenario.json")
+    scenario.write_text(json.dumps({"scripts": SCRIPTS}))
+    try:
+        with running_host(home, {"OPLOOP_OFFLINE_SCENARIO": str(scenario),
+                                 "OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}) as h:
+            wait_tools(h, {"mcp__test__book", "mcp__short__book",
+                           "mcp__ev__trigger-elicitation-request",
+                           "mcp__evh__trigger-elicitation-request"})
+            yield h
+    finally:
+        remove_home(Path(home))
+        scenario.unlink()
+        scenario.parent.rmdir()
+
+
+async def asked_run(home: str, prompt: str, on_ask: OnAsk | None) -> list[dict[str, Any]]:
+    """A run whose questions `on_ask` answers (None: left to time out)."""
+    async with Client.connect(Path(home)) as client:
+        started = await client.start(prompt)
+        events = []
+        async for event in client.events(started.session, started.from_seq, stop_at="first"):
+            events.append(event)
+            if event["type"] == "ELICITATION_REQUESTED" and on_ask is not None:
+                await on_ask(client, started.session, event["data"])
+    assert_one_run(events, started.from_seq)
+    return events
+
+
+def output(events: list[dict[str, Any]]) -> str:
+    (end,) = of_type(events, "TOOL_END")
+    return end["data"]["output"]
+
+
+def test_a_question_is_answered_with_oploop_answer_and_reaches_the_server(host):
+    asked: list[dict[str, Any]] = []
+
+    async def answer(client: Client, session: str, data: dict[str, Any]) -> None:
+        asked.append(data)
+        # A value of the wrong type is refused, naming the field: nothing is sent.
+        with pytest.raises(RemoteError, match="seats: expected a number"):
+            await client.answer(session, data["id"], {"name": "Ada", "seats": "many"})
+        with pytest.raises(RemoteError, match="seats: required"):
+            await client.answer(session, data["id"], {"name": "Ada"})
+        done = await asyncio.to_thread(oploop, host, "answer", session, data["id"],
+                                       "name=Ada", "seats=2", "window=yes")
+        assert done.returncode == 0, done.stderr
+        assert f"accept sent for {data['id']}" in done.stdout
+        again = await asyncio.to_thread(oploop, host, "answer", session, data["id"],
+                                        "--decline")
+        assert again.returncode != 0 and "no question" in again.stderr
+
+    events = asyncio.run(asked_run(host, "#book", answer))
+    (data,) = asked
+    assert data["server"] == "test" and data["message"] == "Who is travelling?"
+    assert set(data["schema"]["properties"]) == {"name", "seats", "window"}
+    assert data["call_id"] == of_type(events, "TOOL_START")[0]["data"]["tool_use_id"]
+    (answered,) = of_type(events, "ELICITATION_ANSWERED")
+    assert answered["data"] == {"id": data["id"], "action": "accept", "by": "local",
+                                "fields": ["name", "seats", "window"]}
+    assert output(events) == "booked 2 seat(s) for Ada, window True"
+    assert events[-1]["type"] == "DONE"
+
+
+def test_a_declined_question_is_said_to_the_server(host):
+    async def decline(client: Client, session: str, data: dict[str, Any]) -> None:
+        await client.answer(session, data["id"], action="decline")
+
+    events = asyncio.run(asked_run(host, "#book", decline))
+    assert output(events) == "not booked: decline"
+    (answered,) = of_type(events, "ELICITATION_ANSWERED")
+    assert answered["data"]["action"] == "decline"
+
+
+def test_an_unanswered_question_is_declined_when_its_time_is_up(host):
+    events = asyncio.run(asked_run(host, "#short", None))
+    (asked,) = of_type(events, "ELICITATION_REQUESTED")
+    assert asked["data"]["timeout_s"] <= 2.0
+    (answered,) = of_type(events, "ELICITATION_ANSWERED")
+    assert answered["data"]["action"] == "decline" and answered["data"]["by"] == "timeout"
+    assert output(events) == "not booked: decline"
+
+
+@pytest.mark.parametrize("script", ["everything", "everything-http"])
+def test_the_reference_servers_form_of_every_field_type(host, script):
+    async def fill(client: Client, session: str, data: dict[str, Any]) -> None:
+        with pytest.raises(RemoteError, match="integer: 500 is outside its maximum 100"):
+            await client.answer(session, data["id"], {"name": "Ada", "integer": "500"})
+        await client.answer(session, data["id"], {
+            "name": "Ada", "check": "true", "integer": "7", "number": "2.5",
+            "untitledSingleSelectEnum": "Joey", "untitledMultipleSelectEnum": "Piano,Drums",
+            "titledSingleSelectEnum": "hero-3", "titledMultipleSelectEnum": ["fish-2"]})
+
+    events = asyncio.run(asked_run(host, f"#{script}", fill))
+    text = output(events)
+    assert "User provided the requested information" in text, text
+    assert "Ada" in text and "Piano" in text and "hero-3" in text, text
+
+
+def test_a_question_is_answered_through_the_gateways_api(host):
+    url = (Path(host) / "run" / "web.url").read_text().strip()
+    token = (Path(host) / "web.token").read_text().strip()
+    statuses: list[tuple[int, dict[str, Any]]] = []
+
+    async def answer(client: Client, session: str, data: dict[str, Any]) -> None:
+        async with aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {token}"}) as http:
+            for body in ({"id": data["id"], "content": {"name": "Cy", "seats": "x"}},
+                         {"id": data["id"], "content": {"name": "Cy", "seats": 3}},
+                         {"id": data["id"], "action": "cancel"}):
+                async with http.post(f"{url}api/sessions/{session}/answer",
+                                     json=body) as resp:
+                    statuses.append((resp.status, await resp.json()))
+
+    events = asyncio.run(asked_run(host, "#book", answer))
+    (bad, _), (good, said), (late, _) = statuses
+    assert (bad, good, late) == (400, 200, 409), statuses
+    assert said["by"] == "local"
+    assert output(events) == "booked 3 seat(s) for Cy, window False"
+
+
+def test_watch_shows_the_question_its_fields_and_the_answer(host):
+    """`oploop watch` shows the question, its fields and how to answer it."""
+    sessions: list[str] = []
+
+    async def answer(client: Client, session: str, data: dict[str, Any]) -> None:
+        sessions.append(session)
+        await client.answer(session, data["id"], {"name": "Bo", "seats": 1})
+
+    asyncio.run(asked_run(host, "#book", answer))
+    shown = oploop(host, "watch", sessions[0], "--no-follow").stdout
+    assert "? MCP server test asks: Who is travelling?" in shown, shown
+    assert "seats (integer, required) — how many seats" in shown, shown
+    assert "accept by local (name, seats)" in shown, shown
