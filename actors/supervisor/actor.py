@@ -17,10 +17,12 @@ from actors.ask.asker import Asker
 from actors.config import Config
 from actors.core.catalogue import listing
 from actors.core.session import Session
+from actors.logstore import open_store
 from actors.machines import LOCAL
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
+from actors.storage import SESSIONS_FILE
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
@@ -550,7 +552,10 @@ class Supervisor:
 async def _main(settings: Settings) -> None:
     endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
     limits = settings.config.limits
-    journal = Journal.for_home(settings.home, limits.journal_reserve_mb, limits.compact_every_kb)
+    store = open_store(settings.home, settings.config.store.url,
+                       reserve_mb=limits.journal_reserve_mb)
+    journal = Journal(settings.home / SESSIONS_FILE, limits.journal_reserve_mb,
+                      limits.compact_every_kb, store)
     supervisor = Supervisor(endpoints, settings.config, journal)
     supervisor.resume_at_start = settings.restarted or not settings.embedded
     supervisor.runs.end_at_stop = settings.embedded

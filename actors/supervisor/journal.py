@@ -23,6 +23,7 @@ from pathlib import Path
 
 from actors.config import Agent
 from actors.core.session import Session
+from actors.logstore import SessionStore
 from actors.sessionlog import (
     DEFAULT_RESERVE_MB,
     Compaction,
@@ -70,8 +71,11 @@ class Journal:
     """Collects a loop iteration's records and commits them to the `SessionLog`."""
 
     def __init__(self, path: Path, reserve_mb: float = DEFAULT_RESERVE_MB,
-                 compact_every_kb: int = DEFAULT_COMPACT_EVERY_KB) -> None:
-        self.log = SessionLog(path, reserve_mb=reserve_mb)
+                 compact_every_kb: int = DEFAULT_COMPACT_EVERY_KB,
+                 store: SessionStore | None = None) -> None:
+        #: The store (`store`, else the SQLite file at `path`: `actors.logstore`).
+        self.log: SessionStore = store if store is not None else \
+            SessionLog(path, reserve_mb=reserve_mb)
         self.path = path
         self.batch = Batch()
         self.compact_every = compact_every_kb * 1024
