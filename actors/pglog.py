@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import errors as pgerrors
 
+from actors.pgleases import Fence
 from actors.sessionlog import (
     Compaction,
     JournalError,
@@ -117,8 +118,8 @@ class PgSessionLog:
         self.releases = 0  # (no reserve file: the server's disk is the server's)
         self.released = False
         #: The lease fence of the host writing (None: writes are not fenced, as for
-        #: `oploop store copy` and a store used by one process; `actors.pgleases`).
-        self.fence: Any = None
+        #: `oploop store copy`; `actors.pgleases`).
+        self.fence: Fence | None = None
         self._local = threading.local()
         self._writer_thread = threading.get_ident()
         self._conns: list[psycopg.Connection[Any]] = []
@@ -239,11 +240,18 @@ class PgSessionLog:
                             "DO UPDATE SET sid = excluded.sid, run = excluded.run, "
                             "from_seq = excluded.from_seq",
                             [(s.key, s.sid, s.run, s.from_seq) for s in starts])
+                ended = [r.sid for r in rows if not r.running]
+                if fence is not None and ended:
+                    fence.release(conn, ended)  # (a run's end gives its lease up with it)
+        except JournalError:
+            raise  # (LeaseLost: nothing written)
         except pgerrors.UniqueViolation as exc:
             raise JournalError(f"cannot write to {self.where}: a record's seq is already "
                                f"logged (another writer): {_first_line(exc)}") from exc
         except psycopg.Error as exc:
             raise JournalError(f"cannot write to {self.where}: {_first_line(exc)}") from exc
+        if fence is not None and ended:
+            fence.released(ended)
         self.commits += 1
 
     def remove(self, sids: Iterable[str]) -> int:

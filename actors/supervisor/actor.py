@@ -8,7 +8,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
@@ -17,8 +17,9 @@ from actors.ask.asker import Asker
 from actors.config import Config
 from actors.core.catalogue import listing
 from actors.core.session import Session
-from actors.logstore import open_store
+from actors.logstore import is_pg_url, open_store
 from actors.machines import LOCAL
+from actors.pgleases import LeaseLost
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
@@ -59,6 +60,9 @@ from bus.messages import (
 )
 from bus.sockets import Port, Reactor
 from bus.vocab import CancelMode
+
+if TYPE_CHECKING:
+    from actors.supervisor.ownership import Ownership
 
 #: What a peer host's key may send to the api (anything else is refused, "forbidden").
 PEER_ASKS = (StartRun, ListTools, Cancel)
@@ -138,6 +142,8 @@ class Supervisor:
         self._outbox_bytes = 0
         #: Retention (None: nothing is ever deleted, as without a journal).
         self.pruner: Pruner | None = None
+        #: This host's leases on a store other hosts share (None: the store is its own).
+        self.ownership: Ownership | None = None  # (psycopg is imported only then)
         self._group: asyncio.TaskGroup | None = None
         self.io = WorkerIO(self.config, self.dispatcher, self.asker, self.emit)
 
@@ -176,6 +182,10 @@ class Supervisor:
         assert self.journal is not None
         try:
             self.journal.commit()
+        except LeaseLost as exc:  # those sessions are another host's now: never written
+            self.leases_lost(set(exc.sids))
+            self._flush()  # the rest of the batch
+            return
         except JournalError as exc:
             self._commit_failed(exc)
             return
@@ -195,6 +205,25 @@ class Supervisor:
             self._reserve_releases = self.journal.log.releases
             self._end_runs("disk_full", "the disk is full: the session log gave up its "
                            "reserve to journal this; the run is ended")
+
+    def leases_lost(self, sids: set[str]) -> None:
+        """This host no longer holds `sids` (its leases lapsed: another host may run
+        them now): their work stops here, nothing more of them is written or published,
+        and they leave memory (a later request loads them from the store)."""
+        if self.ownership is not None:
+            self.ownership.forget(sids)
+        if self.journal is not None:
+            self.journal.drop(sids)
+        self._unjournaled = [e for e in self._unjournaled if e[0] not in sids]
+        for sid in sids:
+            session = self.sessions.pop(sid, None)
+            self.dispatcher.abort_session(sid)
+            self.leases.drop(sid)
+            if session is not None and session.task is not None and not session.task.done():
+                session.suspended = True  # (its task's end writes nothing: `_run_ended`)
+                session.task.cancel()
+        log.warning("stopped %d session(s) whose lease lapsed: %s", len(sids),
+                    ", ".join(sorted(sids)[:5]))
 
     def _commit_failed(self, exc: JournalError) -> None:
         """Nothing of the batch was written: keep it (and its events unpublished), end the
@@ -240,6 +269,16 @@ class Supervisor:
         if known is None and self.journal is not None:
             known = self.journal.start_of(key)
         return known
+
+    def own(self, sid: str) -> tuple[str, str] | None:
+        """Take `sid`'s lease when the store is shared (`Ownership.acquire`); None when
+        taken (or the store is this host's alone), else why not as (error, message)."""
+        if self.ownership is None:
+            return None
+        problem = self.ownership.acquire(sid)
+        if not problem:
+            return None
+        return ("busy" if "is running on host" in problem else "unavailable"), problem
 
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
@@ -525,7 +564,9 @@ class Supervisor:
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                if self.resume_at_start:
+                if self.ownership is not None:  # its first renewal claims what to resume
+                    group.create_task(self.ownership.run(), name="leases")
+                elif self.resume_at_start:
                     self.runs.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
@@ -539,6 +580,9 @@ class Supervisor:
             if self.journal is not None:
                 if self.journal.batch and not self._journal_failing:
                     self._flush()  # what this iteration emitted still goes out
+                if self.ownership is not None:
+                    self.ownership.hand_over()
+                    self.ownership.close()
                 self.journal.close()
             if self.pruner is not None:
                 self.pruner.close()
@@ -559,6 +603,16 @@ async def _main(settings: Settings) -> None:
     supervisor = Supervisor(endpoints, settings.config, journal)
     supervisor.resume_at_start = settings.restarted or not settings.embedded
     supervisor.runs.end_at_stop = settings.embedded
+    if is_pg_url(settings.config.store.url):  # a store other hosts may share: leases
+        from actors.pglog import PgSessionLog
+        from actors.supervisor.ownership import Ownership, host_id, host_name
+
+        assert isinstance(store, PgSessionLog)
+        supervisor.ownership = Ownership(
+            store, host_id(settings.home), host_name(settings.home),
+            settings.config.store.lease_s, claims=supervisor.resume_at_start,
+            lost=supervisor.leases_lost,
+            claimed=supervisor.runs.resume_claimed)
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,

@@ -128,6 +128,19 @@ class Journal:
         """Rewrite the session's row with the next commit (e.g. an operation cancel)."""
         self.batch.rows[session.id] = session_row(session)
 
+    def drop(self, sids: set[str]) -> None:
+        """Leave everything of `sids` out of the pending batch (another host runs them
+        now: `actors.supervisor.ownership`)."""
+        batch = self.batch
+        batch.records = [r for r in batch.records if r.sid not in sids]
+        batch.starts = [s for s in batch.starts if s.sid not in sids]
+        for sid in sids:
+            batch.rows.pop(sid, None)
+            batch.compactions.pop(sid, None)
+            self._due.pop(sid, None)
+            self._since.pop(sid, None)
+            self._size.pop(sid, None)
+
     def commit(self) -> Batch:
         """Write the batch; returns it. Raises `JournalError` (`JournalFull`), and then
         the batch stays pending: the next commit tries it again."""
