@@ -46,6 +46,8 @@ log = logging.getLogger("oploop.pglog")
 SCHEMA_VERSION = 1
 #: How long a connection attempt may take (seconds).
 CONNECT_TIMEOUT_S = 5
+#: A transaction left idle this long (its process frozen) is ended by the server.
+IDLE_TX_TIMEOUT_MS = 2_000
 #: Rows a replay reads per query (it stops at its byte budget).
 RANGE_CHUNK = 512
 
@@ -140,8 +142,13 @@ class PgSessionLog:
     def connect(self) -> psycopg.Connection[Any]:
         """A new autocommit connection to the store (the caller closes it)."""
         try:
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                    prepare_threshold=0)
+            # A process frozen inside a commit (stopped, swapped out) must not keep its
+            # lease rows locked: the server ends such a transaction, and other hosts'
+            # claims (which skip locked rows) then take its sessions.
+            conn.execute(f"SET idle_in_transaction_session_timeout = {IDLE_TX_TIMEOUT_MS}")
+            return conn
         except psycopg.Error as exc:
             raise JournalError(f"cannot connect to the store {self.where}: "
                                f"{_first_line(exc)}") from exc

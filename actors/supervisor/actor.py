@@ -280,6 +280,14 @@ class Supervisor:
             return None
         return ("busy" if "is running on host" in problem else "unavailable"), problem
 
+    def elsewhere(self, session: Session) -> str:
+        """Why `session`'s open run cannot be acted on here: another host of the shared
+        store holds it (control reaches its owner's host only, for now), or ""."""
+        if self.ownership is None or session.run_over or \
+                session.id in self.ownership.fence.epochs:
+            return ""
+        return self.ownership.runs_elsewhere(session.id)
+
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
         return self.journal.open_sessions() if self.journal is not None else []

@@ -98,6 +98,17 @@ class Ownership:
         self._hold({sid: epoch})
         return ""
 
+    def runs_elsewhere(self, sid: str) -> str:
+        """What a request for `sid`, whose run this host does not hold, is told."""
+        try:
+            other = pgleases.holder(self.store._conn(), sid)
+        except (psycopg.Error, JournalError) as exc:
+            return f"the store cannot be reached: {exc}"
+        if other is None:
+            return (f"session {sid} is running on a host that stopped: another host of the "
+                    "store takes it over within seconds; try again then")
+        return f"session {sid} is running on host {other}: send this to that host"
+
     def _hold(self, epochs: dict[str, int]) -> None:
         now = time.monotonic()
         for sid, epoch in epochs.items():

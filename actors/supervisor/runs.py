@@ -86,6 +86,11 @@ class RunHost(Protocol):
         """The sessions whose run the session log has open (none without a log)."""
         ...
 
+    def elsewhere(self, session: Session) -> str:
+        """Why `session`'s open run cannot be acted on here (another host of a shared
+        store runs it), or ""."""
+        ...
+
     def remember_start(self, key: str, started: RunStarted) -> None:
         """Remember the run a `StartRun` with `key` began (a resend gets it)."""
         ...
@@ -445,6 +450,10 @@ class Runs:
                              f"session {req.session} is not running (its last run ended "
                              f"{session.last_end or 'never'}): nothing to cancel")
             return
+        other = self.sup.elsewhere(session)
+        if other:
+            port.reply_error(peer, env.id, "elsewhere", other)
+            return
         if req.mode == CancelMode.OPERATION:
             if session.driver is not None:
                 session.driver.cancel(CancelMode.OPERATION)
@@ -484,17 +493,21 @@ class Runs:
             return
         if session.run_over:  # idle (or its run just ended): the message starts the next
             start = StartRun(req.text, session.id, cwd=session.cwd)
-            refusal = self._refusal(start)
+            refusal = self._refusal(start) or self.sup.own(session.id)
             if refusal is not None:
                 port.reply_error(peer, env.id, *refusal)
                 return
-            started = self._begin(start)
+            started = self._begin(start, session.id)
             self.sup.reply_committed(Envelope(SayAck(session.id, "started", started.run,
                                                       started.from_seq), id=env.id), peer, port)
             return
         unwritable = self.sup.unwritable()
         if unwritable:
             port.reply_error(peer, env.id, "disk_full", unwritable)
+            return
+        other = self.sup.elsewhere(session)
+        if other:
+            port.reply_error(peer, env.id, "elsewhere", other)
             return
         waiting = session.said
         if len(waiting) >= MAX_SAID or \

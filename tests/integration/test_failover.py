@@ -163,3 +163,25 @@ def test_oploop_down_hands_running_sessions_over(two_homes, pg_url, tmp_path):
         (resumed,) = of_type(events, "RESUMED")
         print(f"oploop down -> RESUMED on the other host: {resumed['ts'] - down_at:.2f} s")
         check_the_table(pg_url, sid, events)
+
+
+def test_a_frozen_owner_writes_nothing_once_its_lease_lapsed(two_homes, pg_url, tmp_path):
+    """The owner frozen (SIGSTOP: a long GC pause, a suspended VM, a cut link) past its
+    lease: the other host takes the session over; thawed, the old owner finds its lease
+    gone, stops the session's work and has written nothing since."""
+    (a, b), (env_a, env_b) = two_homes
+    with running_host(b, env_b), running_host(a, env_a):
+        sid = asyncio.run(start_and_wait_for_the_tool(a, tmp_path))
+        frozen = [psutil.Process(p) for p in host_pids(a)]
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            events = asyncio.run(watch_to_the_end(b, sid))
+        finally:
+            for proc in frozen:
+                proc.send_signal(signal.SIGCONT)
+        assert_resumed_as_after_a_restart(events)
+        log_a = Path(a) / "host.log"
+        asyncio.run(until(lambda: "whose lease lapsed" in log_a.read_text(),
+                          what="the thawed host to stop the session", timeout=60))
+        check_the_table(pg_url, sid, events)
