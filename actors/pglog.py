@@ -48,6 +48,9 @@ SCHEMA_VERSION = 1
 CONNECT_TIMEOUT_S = 5
 #: A transaction left idle this long (its process frozen) is ended by the server.
 IDLE_TX_TIMEOUT_MS = 2_000
+#: Records from which a commit streams them with COPY rather than INSERTs (COPY has a
+#: fixed cost per statement, and is several times faster per row beyond it).
+COPY_FROM = 16
 #: Rows a replay reads per query (it stops at its byte budget).
 RANGE_CHUNK = 512
 
@@ -231,7 +234,13 @@ class PgSessionLog:
                             "stop = excluded.stop",
                             [(r.sid, r.created, r.meta, r.summary, r.updated, r.running, r.stop)
                              for r in rows])
-                    if records:
+                    if len(records) >= COPY_FROM:  # a group commit: one COPY stream
+                        with cur.copy("COPY records (sid, seq, epoch, frame, delta) "
+                                      "FROM STDIN") as copy:
+                            for r in records:
+                                copy.write_row((r.sid, r.seq, epochs.get(r.sid, 0), r.frame,
+                                                r.delta))
+                    elif records:
                         cur.executemany(
                             "INSERT INTO records VALUES (%s, %s, %s, %s, %s)",
                             [(r.sid, r.seq, epochs.get(r.sid, 0), r.frame, r.delta)

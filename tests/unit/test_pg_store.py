@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from actors.logstore import is_pg_url, open_store
-from actors.pglog import SCHEMA_VERSION, redact
+from actors.pglog import COPY_FROM, SCHEMA_VERSION, redact
 from actors.sessionlog import JournalError, Record
 
 
@@ -33,6 +33,12 @@ def test_a_seq_is_written_once_whoever_writes_it(pg_url, tmp_path):
         with pytest.raises(JournalError, match="already logged"):
             two.commit([Record("s", 2, b"mine"), Record("s", 1, b"again")])
         assert one.range("s", 1, 9, 1 << 20) == ([(1, b"first")], False)  # nothing of it
+        group = [Record("s", seq, b"g") for seq in range(2, 2 + COPY_FROM)]  # (one COPY)
+        with pytest.raises(JournalError, match="already logged"):
+            two.commit([*group, Record("s", 1, b"again")])
+        assert one.last_seq("s") == 1
+        two.commit(group)
+        assert one.last_seq("s") == 1 + COPY_FROM
     finally:
         one.close()
         two.close()
