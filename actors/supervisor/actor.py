@@ -561,6 +561,7 @@ class Supervisor:
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
             "ask": self.asker.statistics(),
+            "store": self.ownership.overview() if self.ownership is not None else {},
         }
 
     async def serve(self) -> None:

@@ -109,6 +109,17 @@ class Ownership:
                     "store takes it over within seconds; try again then")
         return f"session {sid} is running on host {other}: send this to that host"
 
+    def overview(self) -> dict[str, Any]:
+        """The store, this host's id, the hosts on the store and their leases (for
+        `oploop status`; an "error" when the store cannot be read)."""
+        out: dict[str, Any] = {"url": self.store.where, "host": self.owner,
+                               "lease_s": self.fence.lease_s, "renewing": not self.failing}
+        try:
+            out.update(pgleases.overview(self.store._conn()))
+        except (psycopg.Error, JournalError) as exc:
+            out["error"] = str(exc)
+        return out
+
     def _hold(self, epochs: dict[str, int]) -> None:
         now = time.monotonic()
         for sid, epoch in epochs.items():

@@ -157,6 +157,15 @@ def test_oploop_down_hands_running_sessions_over(two_homes, pg_url, tmp_path):
     with running_host(b, env_b):
         with running_host(a, env_a):
             sid = asyncio.run(start_and_wait_for_the_tool(a, tmp_path))
+            # Any host's status lists the hosts on the store and who holds what.
+            status = oploop(b, "status", "--json", env=env_b)
+            assert status.returncode == 0, status.stderr
+            store = json.loads(status.stdout)["store"]
+            id_a, id_b = ((Path(h) / "host-id").read_text().strip() for h in (a, b))
+            assert store["host"] == id_b
+            assert {h["id"] for h in store["hosts"]} == {id_a, id_b}
+            assert [(x["session"], x["owner"]) for x in store["leases"]] == [(sid, id_a)]
+            assert f"{sid} held by {id_a}" in oploop(b, "status", env=env_b).stdout
             down_at = time.time()
         events = asyncio.run(watch_to_the_end(b, sid))
         assert_resumed_as_after_a_restart(events)
