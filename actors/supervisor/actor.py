@@ -230,7 +230,13 @@ class Supervisor:
         runs under way with `ERROR` naming the cause, and try again on a timer."""
         first = not self._journal_failing
         self._journal_failing = True
-        if first:
+        if first and self.ownership is not None and not isinstance(exc, JournalFull):
+            # A shared store out of reach (restarted, a cut link): the runs wait for it,
+            # their events pending, and go on when it returns; past their leases they
+            # stop here, and whichever host claims them resumes them from the store.
+            log.error("the store cannot be written (%s): %d event(s) wait for it",
+                      exc, len(self._unjournaled))
+        elif first:
             log.error("journal commit failed (%s): %d event(s) wait; runs under way end",
                       exc, len(self._unjournaled))
             self._end_runs("disk_full" if isinstance(exc, JournalFull) else "journal", str(exc))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hostkit import oploop, run, running_host
+from hostkit import of_type, oploop, run, running_host, scripted_host, until
 
 from bus.client import Client
 
@@ -68,3 +68,34 @@ def test_store_copy_refuses_what_it_cannot_do(short_home, pg_url):
     with running_host(short_home):
         up = oploop(short_home, "store", "copy", "--to", pg_url)
         assert up.returncode != 0 and "stop it first" in up.stderr
+
+
+async def restart_mid_tool(home: str, cluster, cwd: Path) -> list[dict]:
+    """Start `#tool`, restart the server while the tool runs; the run's events."""
+    async with Client.connect(Path(home)) as client:
+        started = await client.start("#tool go", cwd=str(cwd))
+        events = []
+        async for event in client.events(started.session, started.from_seq, stop_at="first"):
+            events.append(event)
+            if event["type"] == "TOOL_START":
+                await asyncio.to_thread(cluster.restart)
+        return events
+
+
+def test_the_server_restarted_mid_run_loses_nothing_and_the_run_goes_on(
+        short_home, pg_cluster, pg_url, tmp_path):
+    scripts = {"tool": [{"reply": [{"type": "tool_use", "name": "shell",
+                                    "input": {"command": "sleep 3; echo slept"}}]},
+                        {"reply": "carried on", "stop_reason": "end_turn"}]}
+    with scripted_host(short_home, scripts, tmp_path, {"OPLOOP_STORE": pg_url}):
+        events = asyncio.run(restart_mid_tool(short_home, pg_cluster, tmp_path))
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        (end,) = of_type(events, "TOOL_END")
+        assert not end["data"]["is_error"] and "slept" in end["data"]["output"]
+        assert events[-1]["type"] == "DONE" and not of_type(events, "RESUMED")
+        log = Path(short_home) / "host.log"
+        asyncio.run(until(lambda: "the store cannot be written" in log.read_text()
+                          or "cannot renew" in log.read_text(), what="the outage logged"))
+    with psycopg.connect(pg_url) as conn:
+        assert [s for (s,) in conn.execute("SELECT seq FROM records ORDER BY seq")] == \
+            [e["seq"] for e in events]
