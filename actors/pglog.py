@@ -129,7 +129,7 @@ class PgSessionLog:
         self._writer_thread = threading.get_ident()
         self._conns: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
-        conn = self._conn()
+        conn = self.connection()
         # Readers create it too (idempotent, serialised): the broadcaster may open the
         # store before the supervisor has, at a new store's first start.
         self._create_schema(conn)
@@ -156,8 +156,8 @@ class PgSessionLog:
             raise JournalError(f"cannot connect to the store {self.where}: "
                                f"{_first_line(exc)}") from exc
 
-    def _conn(self) -> psycopg.Connection[Any]:
-        """This thread's connection (remade when it was lost)."""
+    def connection(self) -> psycopg.Connection[Any]:
+        """This thread's connection to the store (remade when it was lost)."""
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed and not conn.broken:
             return conn
@@ -220,7 +220,7 @@ class PgSessionLog:
         rows, compactions, starts = list(rows), list(compactions), list(starts)
         fence = self.fence
         try:
-            conn = self._conn()
+            conn = self.connection()
             with conn.transaction():
                 epochs = fence.check(conn, _sids(records, rows, compactions, starts)) \
                     if fence is not None else {}
@@ -275,7 +275,7 @@ class PgSessionLog:
         how many sessions were known."""
         sids = list(sids)
         try:
-            conn = self._conn()
+            conn = self.connection()
             with conn.transaction():
                 known = conn.execute("SELECT count(*) FROM sessions WHERE sid = ANY(%s)",
                                      (sids,)).fetchone()
@@ -375,13 +375,13 @@ class PgSessionLog:
 
     def _one(self, sql: str, params: tuple[object, ...] = ()) -> Any:
         try:
-            return self._conn().execute(sql, params).fetchone()
+            return self.connection().execute(sql, params).fetchone()
         except psycopg.Error as exc:
             raise JournalError(f"cannot read {self.where}: {_first_line(exc)}") from exc
 
     def _all(self, sql: str, params: tuple[object, ...] = ()) -> list[Any]:
         try:
-            return self._conn().execute(sql, params).fetchall()
+            return self.connection().execute(sql, params).fetchall()
         except psycopg.Error as exc:
             raise JournalError(f"cannot read {self.where}: {_first_line(exc)}") from exc
 

@@ -58,7 +58,7 @@ def _fenced(url: str, tmp: Path, sids: list[str]) -> Any:
     store = open_store(tmp, url)
     store.fence = fence = Fence("bench", 600.0)
     for sid in sids:
-        epoch = acquire(store._conn(), sid, "bench", 600.0)
+        epoch = acquire(store.connection(), sid, "bench", 600.0)
         fence.epochs[sid] = epoch
     return store
 

@@ -294,6 +294,11 @@ class Supervisor:
             return ""
         return self.ownership.runs_elsewhere(session.id)
 
+    def not_resumed(self, sid: str) -> None:
+        """`sid` was claimed (or found open) but is not resumed: its lease is given up."""
+        if self.ownership is not None and sid in self.ownership.fence.epochs:
+            self.ownership.release({sid})
+
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
         return self.journal.open_sessions() if self.journal is not None else []

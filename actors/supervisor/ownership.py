@@ -88,7 +88,7 @@ class Ownership:
     def acquire(self, sid: str) -> str:
         """Take `sid`'s lease for a run starting here: "" when taken, else why not."""
         try:
-            conn = self.store._conn()
+            conn = self.store.connection()
             epoch = pgleases.acquire(conn, sid, self.owner, self.fence.lease_s)
             if epoch is None:
                 other = pgleases.holder(conn, sid) or "another host"
@@ -98,10 +98,22 @@ class Ownership:
         self._hold({sid: epoch})
         return ""
 
+    def release(self, sids: set[str]) -> None:
+        """Give up the leases of `sids`, claimed but not resumed here (nothing to run:
+        an ended or unreadable session), so that no host holds them for ever."""
+        if not sids:
+            return
+        try:
+            self.fence.release(self.store.connection(), sids)
+        except (psycopg.Error, JournalError) as exc:
+            log.error("cannot release the leases of %s: %s", ", ".join(sorted(sids)), exc)
+            return  # (held, renewed; tried again at this host's stop, by expiry)
+        self.forget(sids)
+
     def runs_elsewhere(self, sid: str) -> str:
         """What a request for `sid`, whose run this host does not hold, is told."""
         try:
-            other = pgleases.holder(self.store._conn(), sid)
+            other = pgleases.holder(self.store.connection(), sid)
         except (psycopg.Error, JournalError) as exc:
             return f"the store cannot be reached: {exc}"
         if other is None:
@@ -115,7 +127,7 @@ class Ownership:
         out: dict[str, Any] = {"url": self.store.where, "host": self.owner,
                                "lease_s": self.fence.lease_s, "renewing": not self.failing}
         try:
-            out.update(pgleases.overview(self.store._conn()))
+            out.update(pgleases.overview(self.store.connection()))
         except (psycopg.Error, JournalError) as exc:
             out["error"] = str(exc)
         return out

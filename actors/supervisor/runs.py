@@ -91,6 +91,10 @@ class RunHost(Protocol):
         store runs it), or ""."""
         ...
 
+    def not_resumed(self, sid: str) -> None:
+        """`sid`, open in the log, was not resumed (ended, or unreadable)."""
+        ...
+
     def remember_start(self, key: str, started: RunStarted) -> None:
         """Remember the run a `StartRun` with `key` began (a resend gets it)."""
         ...
@@ -312,6 +316,7 @@ class Runs:
         for sid in sids:
             session = self.sup.session(sid)
             if session is None or session.run_over:
+                self.sup.not_resumed(sid)
                 continue
             driver = RunDriver(session, self.sup.io)
             driver.resume(reason)

@@ -32,7 +32,7 @@ def hosts(pg_url, tmp_path):
 
 
 def take(store, sid: str) -> int | None:
-    epoch = acquire(store._conn(), sid, store.fence.owner, LEASE_S)
+    epoch = acquire(store.connection(), sid, store.fence.owner, LEASE_S)
     if epoch is not None:
         store.fence.epochs[sid] = epoch
     return epoch
@@ -51,9 +51,9 @@ def test_a_stale_owner_writes_nothing_once_another_claimed(hosts, pg_url):
     assert take(a, "s") == 1
     a.commit([Record("s", 1, b"one")], [row("s")])
     assert take(b, "s") is None  # held by a: not b's to start
-    assert holder(b._conn(), "s") == "a"
+    assert holder(b.connection(), "s") == "a"
     lapse()
-    assert epochs(claim(b._conn(), "b", LEASE_S)) == {"s": 2}
+    assert epochs(claim(b.connection(), "b", LEASE_S)) == {"s": 2}
     b.fence.epochs["s"] = 2
     with pytest.raises(LeaseLost) as lost:
         a.commit([Record("s", 2, b"stale")])
@@ -78,8 +78,8 @@ def test_renewal_keeps_and_reports_what_is_held(hosts):
     take(a, "s"), take(a, "t")
     for _ in range(3):
         time.sleep(LEASE_S / 2)
-        assert renew(a._conn(), "a", LEASE_S) == {"s": 1, "t": 1}
-    assert claim(b._conn(), "b", LEASE_S) == {}  # never lapsed
+        assert renew(a.connection(), "a", LEASE_S) == {"s": 1, "t": 1}
+    assert claim(b.connection(), "b", LEASE_S) == {}  # never lapsed
 
 
 def test_a_runs_end_releases_its_lease_in_the_same_commit(hosts):
@@ -87,7 +87,7 @@ def test_a_runs_end_releases_its_lease_in_the_same_commit(hosts):
     take(a, "s")
     a.commit([Record("s", 1, b"start")], [row("s")])
     a.commit([Record("s", 2, b"end")], [row("s", running=False)])
-    assert "s" not in a.fence.epochs and holder(a._conn(), "s") is None
+    assert "s" not in a.fence.epochs and holder(a.connection(), "s") is None
     assert take(b, "s") == 2  # a follow-up run anywhere; the epoch only grows
 
 
@@ -97,8 +97,8 @@ def test_claims_skip_locked_rows_and_never_share_a_session(hosts):
         take(a, sid)
         a.commit([Record(sid, 1, b"x")], [row(sid)])
     lapse()
-    with b._conn().transaction():  # b is checking "s" in a commit right now
-        b._conn().execute("SELECT 1 FROM leases WHERE sid = 's' FOR UPDATE")
+    with b.connection().transaction():  # b is checking "s" in a commit right now
+        b.connection().execute("SELECT 1 FROM leases WHERE sid = 's' FOR UPDATE")
         with psycopg.connect(a.url, autocommit=True) as c:
             assert epochs(claim(c, "c", LEASE_S)) == {"t": 2}  # skipped, not waited for
     with psycopg.connect(a.url, autocommit=True) as c:
@@ -111,12 +111,12 @@ def test_a_graceful_stop_hands_over_at_once(hosts):
     a, b = hosts
     take(a, "s")
     a.commit([Record("s", 1, b"x")], [row("s")])
-    assert give_up(a._conn(), "a") == 1
-    assert epochs(claim(b._conn(), "b", LEASE_S)) == {"s": 2}
+    assert give_up(a.connection(), "a") == 1
+    assert epochs(claim(b.connection(), "b", LEASE_S)) == {"s": 2}
 
 
 def test_running_sessions_without_a_lease_are_claimed(hosts, pg_url):
     a, b = hosts
     a.fence = None  # (as `oploop store copy` writes them)
     a.commit([Record("s", 1, b"x")], [row("s")])
-    assert epochs(claim(b._conn(), "b", LEASE_S)) == {"s": 1}
+    assert epochs(claim(b.connection(), "b", LEASE_S)) == {"s": 1}
