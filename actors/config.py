@@ -43,6 +43,10 @@ so a typo fails there with a message naming the key, never mid-session::
     [mcp.time]                    # an MCP tool server (actors/mcp/config.py, docs/mcp.md)
     command = ["mcp-server-time"]
 
+    [store]                       # the session log (actors/configparts/store.py)
+    url = ""                      # "postgresql://..." : shared by hosts (docs/sessions.md)
+    lease_s = 5                   # a dead host's sessions are taken over after this
+
     [http]                        # the gateway: web view, JSON + SSE API, /metrics
     enabled = true
     listen = "127.0.0.1:7480"     # off loopback only with cert and key (HTTPS)
@@ -128,6 +132,7 @@ from actors.configparts.listen import (
     parse_local_worker_keys,
     parse_network_table,
 )
+from actors.configparts.store import StoreConfig, parse_store
 from actors.mcp.config import McpConfigError, McpServerConfig, parse_servers
 from actors.mcp.installed import NotRunnable, runnable
 from actors.usage import DEFAULT_PRICES, Price
@@ -145,6 +150,7 @@ __all__ = [
     "BadSize",
     "Config",
     "ConfigError",
+    "StoreConfig",
     "HttpConfig",
     "Limits",
     "Retention",
@@ -162,7 +168,7 @@ __all__ = [
 CONFIG_NAME = "oploop.toml"
 
 _TOP_KEYS = frozenset({"models", "hidden", "router", "limits", "retention", "network", "http",
-                       "agents", "prices", "peers", "mcp"})
+                       "agents", "prices", "peers", "mcp", "store"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +193,8 @@ class Config:
     peers: Mapping[str, Peer] = field(default_factory=dict)
     #: MCP tool servers by name (`[mcp.NAME]`, `actors/mcp/config.py`).
     mcp: Mapping[str, McpServerConfig] = field(default_factory=dict)
+    #: Where the session log is (`[store]`; `OPLOOP_STORE` overrides its url).
+    store: StoreConfig = StoreConfig()
     source: str = "<defaults>"
 
     def agent(self, name: str) -> Agent | None:
@@ -241,6 +249,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
         prices=_prices(data.get("prices", {}), source),
         peers=_peers(data.get("peers", {}), source),
         mcp=_mcp(data.get("mcp", {}), source),
+        store=parse_store(data.get("store", {}), source),
         source=source,
     )
 

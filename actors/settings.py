@@ -35,6 +35,7 @@ as the config file names its key: `OPLOOP_RETRY_ATTEMPTS: expected int, got 'x'`
 | `OPLOOP_DEBUG` | 0 | `1`: the CLI prints tracebacks (`debug_wanted`) |
 | `ANTHROPIC_API_KEY`, `_BASE_URL` | | the model's endpoint: `model_choice` picks the model |
 | `OPLOOP_SANDBOX` | workspace-write | the mode of agents naming no `sandbox` |
+| `OPLOOP_STORE` | | overrides `[store] url`: `postgresql://...` (shared by hosts) |
 
 `bus.endpoints.place_of` reads `OPLOOP_HOME`, `OPLOOP_CONNECT` and `OPLOOP_KEYS` (a
 bare `Client.connect()` follows them, and bus imports no actors): `load_settings`
@@ -64,6 +65,7 @@ from actors.config import (
     load_config,
     parse_http_listen,
 )
+from actors.configparts.store import check_store_url
 from actors.machines import LOCAL, machine_name_error
 from bus.endpoints import Endpoints, Place, place_of
 
@@ -281,7 +283,12 @@ def _with_env(config: Config, reader: _Reader) -> Config:
         agents = {name: agent if agent.sandbox else dataclasses.replace(agent, sandbox=mode)
                   for name, agent in config.agents.items()}
         config = dataclasses.replace(config, agents=agents)
-    return dataclasses.replace(config, retention=retention, http=_http_env(config.http, reader))
+    store = config.store
+    url = reader.env.get("OPLOOP_STORE")
+    if url is not None:
+        store = dataclasses.replace(store, url=check_store_url(url, "OPLOOP_STORE"))
+    return dataclasses.replace(config, retention=retention, http=_http_env(config.http, reader),
+                               store=store)
 
 
 def _http_env(http: HttpConfig, reader: _Reader) -> HttpConfig:

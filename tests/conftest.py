@@ -12,6 +12,8 @@ import psutil
 import pytest
 from homes import OUR_DIRS, make_home, remove_home
 
+from bench import pgcluster
+
 # The hosts of the tests run without the gateway (one process less each, and no port
 # to share); the gateway's own tests turn it on, on a free port.
 os.environ.setdefault("OPLOOP_HTTP_LISTEN", "off")
@@ -77,3 +79,22 @@ def short_home():
     remove_home(Path(home))
 
 
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A throwaway PostgreSQL server for the whole run (`bench.pgcluster`), started at its
+    first use and deleted at the end; the test skips, saying why, where none can run."""
+    why = pgcluster.unavailable()
+    if why:
+        pytest.skip(f"PostgreSQL: {why}")
+    cluster = pgcluster.PgCluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster):
+    """The URL of an empty store of its own for one test: a fresh schema of the cluster's
+    database (cheaper than a database), chosen by the URL's `search_path`."""
+    yield pgcluster.fresh_schema(pg_cluster)

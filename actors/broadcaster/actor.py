@@ -219,7 +219,7 @@ def _range_problem(req: ReplayRequest, last: int) -> str:
 
 
 async def _main(settings: Settings) -> None:
-    store = EventStore(settings.home / STORE_FILE)
+    store = EventStore(settings.home / STORE_FILE, settings.config.store.url)
     await Broadcaster(Endpoints.for_home(settings.home), store, settings.viewer_queue).serve()
 
 

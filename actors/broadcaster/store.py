@@ -1,7 +1,8 @@
 """The broadcaster's view of the session log: it reads, the supervisor writes.
 
 There is one durable store of events, the supervisor's session log
-(`actors.sessionlog`, `$OPLOOP_HOME/sessions.db`). The supervisor commits an
+(`actors.logstore`: `$OPLOOP_HOME/sessions.db`, or PostgreSQL at `[store] url`,
+where it reads what any host wrote). The supervisor commits an
 event there before it publishes it, so every event the broadcaster receives
 is already on disk: the broadcaster keeps only a bounded tail in memory and
 reads anything older from the log (SQLite WAL lets it read from its own
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from actors.logstore import SessionStore, open_store
 from actors.sessionlog import JournalError, SessionLog
 from actors.storage import SESSIONS_FILE
 
@@ -27,10 +29,12 @@ class StoreError(Exception):
 class EventStore:
     """Read-only access to the frames of the session log, by (sid, seq)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, url: str = "") -> None:
+        """The log at `url` (PostgreSQL), or ("") the SQLite file at `path`."""
         self.path = path
         try:
-            self._log = SessionLog(path, readonly=True)
+            self._log: SessionStore = open_store(path.parent, url, readonly=True) if url \
+                else SessionLog(path, readonly=True)
         except JournalError as exc:
             raise StoreError(str(exc)) from exc
 
@@ -54,3 +58,4 @@ class EventStore:
     def close(self) -> None:
         """Close the connection."""
         self._log.close()
+

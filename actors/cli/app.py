@@ -280,6 +280,12 @@ def parser() -> argparse.ArgumentParser:
     mem.add_argument("name", nargs="?", default="", help="a memory name (none: list them)")
     mem.add_argument("path", nargs="?", default="", help="a file under /memories to show")
     mem.set_defaults(fn=_home_checked(_memory, create=False))
+    store = sub.add_parser("store", help="the session log's store (SQLite file, PostgreSQL)")
+    store_sub = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND", required=True)
+    copy = store_sub.add_parser(
+        "copy", help="copy the home's sessions (sessions.db) to a PostgreSQL store")
+    copy.add_argument("--to", required=True, metavar="URL", help="postgresql://...")
+    copy.set_defaults(fn=_home_checked(_store_copy, create=False))
     logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
     logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
                                                "executor, llm_caller, broadcaster, host, ...; "
@@ -325,6 +331,12 @@ def _completion(shell: str) -> int:
         script = "autoload -Uz bashcompinit && bashcompinit\n" + script
     print(script)
     return 0
+
+
+def _store_copy(args: argparse.Namespace) -> int:
+    from actors.cli.storecmds import cmd_store_copy  # (psycopg only for this command)
+
+    return cmd_store_copy(args)
 
 
 async def _run_command(args: argparse.Namespace, settings: Settings) -> int:

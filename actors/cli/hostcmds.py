@@ -207,13 +207,37 @@ async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
 
 
 async def _host_view(wait_s: float = 5.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                list[dict[str, Any]]]:
-    """The sessions, the worker machines and the MCP servers (their states) of the host
-    in `$OPLOOP_HOME`."""
+                                                list[dict[str, Any]], dict[str, Any]]:
+    """The sessions, the worker machines, the MCP servers (their states) and the shared
+    store (its hosts and leases; {} for the home's own file) of the host in
+    `$OPLOOP_HOME`."""
     async with Client.connect(oploop_home()) as client:
         sessions = await client.sessions(timeout=wait_s)
         stats = await client.stats(timeout=wait_s)
-    return sessions, stats.get("machines", []), stats.get("mcp", [])
+    return sessions, stats.get("machines", []), stats.get("mcp", []), stats.get("store", {})
+
+
+def _store_lines(store: dict[str, Any]) -> list[str]:
+    """`oploop status`'s shared store: this host, the hosts on it, who holds what."""
+    if not store:
+        return []
+    lines = [f"store {store['url']}: this host is {store['host']}, leases of "
+             f"{store['lease_s']:g} s" + ("" if store.get("renewing", True)
+                                          else " (NOT renewing: the store is unreachable)")]
+    if store.get("error"):
+        return [*lines, f"  cannot read the hosts and leases: {store['error']}"]
+    held: dict[str, list[str]] = {}
+    for lease in store.get("leases", []):
+        held.setdefault(lease["owner"], []).append(lease["session"])
+    lines.append(f"{'host':<14}{'last heard':>12}  {'sessions held':<14}name")
+    for h in store.get("hosts", []):
+        heard = "down" if h["down"] else f"{h['seen_s_ago']:.1f} s ago"
+        lines.append(f"{h['id']:<14}{heard:>12}  {len(held.get(h['id'], [])):<14}{h['name']}")
+    for lease in store.get("leases", []):
+        left = lease["expires_in_s"]
+        lines.append(f"  {lease['session']} held by {lease['owner']} (epoch {lease['epoch']}), "
+                     + (f"{left:.1f} s left" if left > 0 else f"lapsed {-left:.1f} s ago"))
+    return lines
 
 
 def _machine_lines(machines: list[dict[str, Any]]) -> list[str]:
@@ -236,9 +260,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     rows = actor_rows(state)
     try:
-        sessions, machines, servers = asyncio.run(_host_view())
+        sessions, machines, servers, store = asyncio.run(_host_view())
     except BusError as exc:
-        sessions, machines, servers = [], [], []
+        sessions, machines, servers, store = [], [], [], {}
         print(f"oploop: supervisor not answering: {exc}", file=sys.stderr)
     from actors.sandbox import layers_report  # only status needs it
 
@@ -248,7 +272,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"host": state["pid"], "state": state["state"], "home": state["home"],
                           "offline_model": state["offline"], "actors": rows,
                           "sessions": sessions, "machines": machines, "mcp": servers,
-                          "sandbox": layers, "agents": agents}))
+                          "sandbox": layers, "agents": agents, "store": store}))
         return EXIT_OK
     print(f"host {state['pid']} {state['state']} in {state['home']}"
           + (" (offline model)" if state["offline"] else "")
@@ -271,6 +295,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"(the others go on; see {state['home']}/host.log, then `oploop down` "
                   f"and `oploop up`)")
     for line in _machine_lines(machines):
+        print(line)
+    for line in _store_lines(store):
         print(line)
     running = sum(1 for s in sessions if s["state"] == "running")
     print(f"sessions: {len(sessions)} ({running} running)")

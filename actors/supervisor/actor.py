@@ -17,10 +17,13 @@ from actors.ask.asker import Asker
 from actors.config import Config
 from actors.core.catalogue import listing
 from actors.core.session import Session
+from actors.logstore import is_pg_url, open_store
 from actors.machines import LOCAL
+from actors.pgleases import LeaseLost
 from actors.runtime import notify_ready, run_actor
 from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
+from actors.storage import SESSIONS_FILE
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
@@ -59,6 +62,9 @@ from bus.messages import (
 )
 from bus.sockets import Port, Reactor
 from bus.vocab import CancelMode
+
+if TYPE_CHECKING:
+    from actors.supervisor.ownership import Ownership
 
 #: What a peer host's key may send to the api (anything else is refused, "forbidden").
 PEER_ASKS = (StartRun, ListTools, Cancel)
@@ -141,6 +147,8 @@ class Supervisor:
         self._outbox_bytes = 0
         #: Retention (None: nothing is ever deleted, as without a journal).
         self.pruner: Pruner | None = None
+        #: This host's leases on a store other hosts share (None: the store is its own).
+        self.ownership: Ownership | None = None  # (psycopg is imported only then)
         self._group: asyncio.TaskGroup | None = None
         self.io = WorkerIO(self.config, self.dispatcher, self.asker, self.emit)
         #: OpenTelemetry traces of the runs (`actors/tracing.py`); None: off.
@@ -196,6 +204,10 @@ class Supervisor:
         assert self.journal is not None
         try:
             self.journal.commit()
+        except LeaseLost as exc:  # those sessions are another host's now: never written
+            self.leases_lost(set(exc.sids))
+            self._flush()  # the rest of the batch
+            return
         except JournalError as exc:
             self._commit_failed(exc)
             return
@@ -216,12 +228,37 @@ class Supervisor:
             self._end_runs("disk_full", "the disk is full: the session log gave up its "
                            "reserve to journal this; the run is ended")
 
+    def leases_lost(self, sids: set[str]) -> None:
+        """This host no longer holds `sids` (its leases lapsed: another host may run
+        them now): their work stops here, nothing more of them is written or published,
+        and they leave memory (a later request loads them from the store)."""
+        if self.ownership is not None:
+            self.ownership.forget(sids)
+        if self.journal is not None:
+            self.journal.drop(sids)
+        self._unjournaled = [e for e in self._unjournaled if e[0] not in sids]
+        for sid in sids:
+            session = self.sessions.pop(sid, None)
+            self.dispatcher.abort_session(sid)
+            self.leases.drop(sid)
+            if session is not None and session.task is not None and not session.task.done():
+                session.suspended = True  # (its task's end writes nothing: `_run_ended`)
+                session.task.cancel()
+        log.warning("stopped %d session(s) whose lease lapsed: %s", len(sids),
+                    ", ".join(sorted(sids)[:5]))
+
     def _commit_failed(self, exc: JournalError) -> None:
         """Nothing of the batch was written: keep it (and its events unpublished), end the
         runs under way with `ERROR` naming the cause, and try again on a timer."""
         first = not self._journal_failing
         self._journal_failing = True
-        if first:
+        if first and self.ownership is not None and not isinstance(exc, JournalFull):
+            # A shared store out of reach (restarted, a cut link): the runs wait for it,
+            # their events pending, and go on when it returns; past their leases they
+            # stop here, and whichever host claims them resumes them from the store.
+            log.error("the store cannot be written (%s): %d event(s) wait for it",
+                      exc, len(self._unjournaled))
+        elif first:
             log.error("journal commit failed (%s): %d event(s) wait; runs under way end",
                       exc, len(self._unjournaled))
             self._end_runs("disk_full" if isinstance(exc, JournalFull) else "journal", str(exc))
@@ -260,6 +297,29 @@ class Supervisor:
         if known is None and self.journal is not None:
             known = self.journal.start_of(key)
         return known
+
+    def own(self, sid: str) -> tuple[str, str] | None:
+        """Take `sid`'s lease when the store is shared (`Ownership.acquire`); None when
+        taken (or the store is this host's alone), else why not as (error, message)."""
+        if self.ownership is None:
+            return None
+        problem = self.ownership.acquire(sid)
+        if not problem:
+            return None
+        return ("busy" if "is running on host" in problem else "unavailable"), problem
+
+    def elsewhere(self, session: Session) -> str:
+        """Why `session`'s open run cannot be acted on here: another host of the shared
+        store holds it (control reaches its owner's host only, for now), or ""."""
+        if self.ownership is None or session.run_over or \
+                session.id in self.ownership.fence.epochs:
+            return ""
+        return self.ownership.runs_elsewhere(session.id)
+
+    def not_resumed(self, sid: str) -> None:
+        """`sid` was claimed (or found open) but is not resumed: its lease is given up."""
+        if self.ownership is not None and sid in self.ownership.fence.epochs:
+            self.ownership.release({sid})
 
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
@@ -534,6 +594,7 @@ class Supervisor:
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
             "ask": self.asker.statistics(),
+            "store": self.ownership.overview() if self.ownership is not None else {},
         }
 
     async def serve(self) -> None:
@@ -545,7 +606,9 @@ class Supervisor:
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self._drain_outbox(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                if self.resume_at_start:
+                if self.ownership is not None:  # its first renewal claims what to resume
+                    group.create_task(self.ownership.run(), name="leases")
+                elif self.resume_at_start:
                     self.runs.resume_journaled()
                 if self.pruner is not None:  # at start, then every [retention] every
                     group.create_task(self.pruner.run(), name="retention")
@@ -559,6 +622,9 @@ class Supervisor:
             if self.journal is not None:
                 if self.journal.batch and not self._journal_failing:
                     self._flush()  # what this iteration emitted still goes out
+                if self.ownership is not None:
+                    self.ownership.hand_over()
+                    self.ownership.close()
                 self.journal.close()
             if self.pruner is not None:
                 self.pruner.close()
@@ -574,7 +640,10 @@ class Supervisor:
 async def _main(settings: Settings) -> None:
     endpoints = Endpoints.for_home(settings.home)  # the supervisor always runs beside its host
     limits = settings.config.limits
-    journal = Journal.for_home(settings.home, limits.journal_reserve_mb, limits.compact_every_kb)
+    store = open_store(settings.home, settings.config.store.url,
+                       reserve_mb=limits.journal_reserve_mb)
+    journal = Journal(settings.home / SESSIONS_FILE, limits.journal_reserve_mb,
+                      limits.compact_every_kb, store)
     supervisor = Supervisor(endpoints, settings.config, journal)
     supervisor.resume_at_start = settings.restarted or not settings.embedded
     supervisor.runs.end_at_stop = settings.embedded
@@ -582,6 +651,16 @@ async def _main(settings: Settings) -> None:
         from actors.tracing import RunTracer
 
         supervisor.trace_with(RunTracer(capture=settings.traces.capture_content))
+    if is_pg_url(settings.config.store.url):  # a store other hosts may share: leases
+        from actors.pglog import PgSessionLog
+        from actors.supervisor.ownership import Ownership, host_id, host_name
+
+        assert isinstance(store, PgSessionLog)
+        supervisor.ownership = Ownership(
+            store, host_id(settings.home), host_name(settings.home),
+            settings.config.store.lease_s, claims=supervisor.resume_at_start,
+            lost=supervisor.leases_lost,
+            claimed=supervisor.runs.resume_claimed)
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,

@@ -28,7 +28,8 @@ from actors.core.history import Message, append_blocks, blocks
 from actors.core.session import Session
 from actors.core.state import Phase, RunState
 from actors.core.turn import ToolOutcome
-from actors.sessionlog import Compaction, Record, SessionLog, SessionRow
+from actors.logstore import SessionStore
+from actors.sessionlog import Compaction, Record, SessionRow
 from actors.usage import Meter
 from bus.codec import decode
 from bus.errors import BadFrame
@@ -244,7 +245,7 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.run = session.run._replace(last=last)
 
 
-def load_session(journal: SessionLog, sid: str, agents: dict[str, Agent]) -> Session | None:
+def load_session(journal: SessionStore, sid: str, agents: dict[str, Agent]) -> Session | None:
     """The session `sid` folded from the log, or None if the log has no such session.
 
     A record that does not decode is skipped with an error naming the session

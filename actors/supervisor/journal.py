@@ -23,6 +23,7 @@ from pathlib import Path
 
 from actors.config import Agent
 from actors.core.session import Session
+from actors.logstore import SessionStore
 from actors.sessionlog import (
     DEFAULT_RESERVE_MB,
     Compaction,
@@ -70,8 +71,11 @@ class Journal:
     """Collects a loop iteration's records and commits them to the `SessionLog`."""
 
     def __init__(self, path: Path, reserve_mb: float = DEFAULT_RESERVE_MB,
-                 compact_every_kb: int = DEFAULT_COMPACT_EVERY_KB) -> None:
-        self.log = SessionLog(path, reserve_mb=reserve_mb)
+                 compact_every_kb: int = DEFAULT_COMPACT_EVERY_KB,
+                 store: SessionStore | None = None) -> None:
+        #: The store (`store`, else the SQLite file at `path`: `actors.logstore`).
+        self.log: SessionStore = store if store is not None else \
+            SessionLog(path, reserve_mb=reserve_mb)
         self.path = path
         self.batch = Batch()
         self.compact_every = compact_every_kb * 1024
@@ -123,6 +127,19 @@ class Journal:
     def touch(self, session: Session) -> None:
         """Rewrite the session's row with the next commit (e.g. an operation cancel)."""
         self.batch.rows[session.id] = session_row(session)
+
+    def drop(self, sids: set[str]) -> None:
+        """Leave everything of `sids` out of the pending batch (another host runs them
+        now: `actors.supervisor.ownership`)."""
+        batch = self.batch
+        batch.records = [r for r in batch.records if r.sid not in sids]
+        batch.starts = [s for s in batch.starts if s.sid not in sids]
+        for sid in sids:
+            batch.rows.pop(sid, None)
+            batch.compactions.pop(sid, None)
+            self._due.pop(sid, None)
+            self._since.pop(sid, None)
+            self._size.pop(sid, None)
 
     def commit(self) -> Batch:
         """Write the batch; returns it. Raises `JournalError` (`JournalFull`), and then

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from actors.sessionlog import JournalError, SessionLog
+from actors.logstore import SessionStore
+from actors.sessionlog import JournalError
 from bus.messages import ErrorReply, ReplayBatch, ReplayRequest
 
 #: Longest resend answer to the broadcaster, in bytes of events (it asks again).
 RESEND_BATCH_BYTES = 1 << 20
 
 
-def replay_batch(log: SessionLog, sid: str, req: ReplayRequest,
+def replay_batch(log: SessionStore, sid: str, req: ReplayRequest,
                  waiting: Iterable[tuple[str, int, bytes]]) -> ReplayBatch | ErrorReply:
     """Events `req` asks for from `log` (at most `RESEND_BATCH_BYTES` of them), or why
     not; `waiting`: (sid, seq, frame) of the events whose commit failed so far."""

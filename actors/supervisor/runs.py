@@ -9,7 +9,7 @@ import functools
 import logging
 import os
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from actors.bounds import cut_reason
@@ -85,8 +85,21 @@ class RunHost(Protocol):
         """The run a `StartRun` with `key` already began (memory, else the log), or None."""
         ...
 
+    def own(self, sid: str) -> tuple[str, str] | None:
+        """Take `sid`'s lease on a shared store; None, or why not as (error, message)."""
+        ...
+
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
+        ...
+
+    def elsewhere(self, session: Session) -> str:
+        """Why `session`'s open run cannot be acted on here (another host of a shared
+        store runs it), or ""."""
+        ...
+
+    def not_resumed(self, sid: str) -> None:
+        """`sid`, open in the log, was not resumed (ended, or unreadable)."""
         ...
 
     def remember_start(self, key: str, started: RunStarted) -> None:
@@ -233,10 +246,13 @@ class Runs:
             self.sup.reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
             return
         refusal = self._refusal(req)
+        sid = req.session or secrets.token_hex(6)
+        if refusal is None:
+            refusal = self.sup.own(sid)  # (a shared store: this host takes its lease)
         if refusal is not None:
             self.sup.api.reply_error(peer, env.id, *refusal)
             return
-        started = self._begin(req, env.traceparent)
+        started = self._begin(req, sid, env.traceparent)
         if _role(user) == PEER:
             self.peer_runs[started.session] = _by(user)
         if req.lease_s > 0:
@@ -246,16 +262,17 @@ class Runs:
         self.sup.remember_start(req.key, started)
         self.sup.reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
 
-    def _begin(self, req: StartRun, traceparent: str = "") -> RunStarted:
-        """Begin the run `req` asks for (refusals already checked); `traceparent`: the
-        caller's trace context, the run's span's parent when tracing."""
+    def _begin(self, req: StartRun, sid: str, traceparent: str = "") -> RunStarted:
+        """Begin the run `req` asks for (refusals already checked) in session `sid` (new
+        unless `req.session`); `traceparent`: the caller's trace context, the run's
+        span's parent when tracing."""
         session = self.sup.session(req.session) if req.session else None
         if session is None:
             agent = self.sup.config.agent(req.agent)
             assert agent is not None
             # An agent with a `cwd` of its own works there, wherever the run was started.
             cwd = os.path.expanduser(agent.cwd) if agent.cwd else req.cwd
-            session = Session(secrets.token_hex(6), agent, cwd)
+            session = Session(sid, agent, cwd)
             self.sup.sessions[session.id] = session
         if req.machine and req.machine != session.agent.target_machine:
             # The session's tools go there from this run on (its agent, as journaled in
@@ -288,20 +305,36 @@ class Runs:
     def resume_journaled(self) -> int:
         """Load the sessions whose run was open; those runs go on. Returns how many.
         (Finished sessions stay in the log until something asks for them.)"""
+        resumed = self._resume(self.sup.open_in_log(), "supervisor restarted")
+        if resumed:
+            log.warning("resumed %d session(s) from the journal", resumed)
+        return resumed
+
+    def resume_claimed(self, claimed: Mapping[str, object]) -> int:
+        """Resume the sessions this host just claimed on a shared store (their owner
+        stopped renewing its leases, or handed them over), exactly as after a restart."""
+        for sid in claimed:  # a copy in memory (loaded to be inspected) is stale now
+            stale = self.sup.sessions.get(sid)
+            if stale is not None and (stale.task is None or stale.task.done()):
+                del self.sup.sessions[sid]
+        resumed = self._resume(list(claimed), "taken over: the host running it stopped")
+        log.warning("claimed %d session(s) on the store, resumed %d", len(claimed), resumed)
+        return resumed
+
+    def _resume(self, sids: list[str], reason: str) -> int:
         resumed = 0
-        for sid in self.sup.open_in_log():
+        for sid in sids:
             session = self.sup.session(sid)
             if session is None or session.run_over:
+                self.sup.not_resumed(sid)
                 continue
             driver = RunDriver(session, self.sup.io)
-            driver.resume("supervisor restarted")
+            driver.resume(reason)
             task = self.sup.spawn(self._run(session, driver, None),
                                   f"session-{session.id}-{session.runs}")
             session.task = driver.task = task
             task.add_done_callback(functools.partial(self._run_ended, session))
             resumed += 1
-        if resumed:
-            log.warning("resumed %d session(s) from the journal", resumed)
         return resumed
 
     async def _run(self, session: Session, driver: RunDriver,
@@ -457,6 +490,10 @@ class Runs:
                              f"session {req.session} is not running (its last run ended "
                              f"{session.last_end or 'never'}): nothing to cancel")
             return
+        other = self.sup.elsewhere(session)
+        if other:
+            port.reply_error(peer, env.id, "elsewhere", other)
+            return
         if req.mode == CancelMode.OPERATION:
             if session.driver is not None:
                 session.driver.cancel(CancelMode.OPERATION)
@@ -496,17 +533,21 @@ class Runs:
             return
         if session.run_over:  # idle (or its run just ended): the message starts the next
             start = StartRun(req.text, session.id, cwd=session.cwd)
-            refusal = self._refusal(start)
+            refusal = self._refusal(start) or self.sup.own(session.id)
             if refusal is not None:
                 port.reply_error(peer, env.id, *refusal)
                 return
-            started = self._begin(start)
+            started = self._begin(start, session.id)
             self.sup.reply_committed(Envelope(SayAck(session.id, "started", started.run,
                                                       started.from_seq), id=env.id), peer, port)
             return
         unwritable = self.sup.unwritable()
         if unwritable:
             port.reply_error(peer, env.id, "disk_full", unwritable)
+            return
+        other = self.sup.elsewhere(session)
+        if other:
+            port.reply_error(peer, env.id, "elsewhere", other)
             return
         waiting = session.said
         if len(waiting) >= MAX_SAID or \

@@ -1,19 +1,24 @@
-"""The broadcaster's event log: a memory tail over the supervisor's session log."""
+"""The broadcaster's event log: a memory tail over the supervisor's session log.
+
+The log it reads is each store in turn (`journal`: the SQLite file, PostgreSQL)."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import stat
+import uuid
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.broadcaster.actor import _range_problem
 from actors.broadcaster.log import EventLog, SessionGone
 from actors.broadcaster.store import EventStore
+from actors.logstore import open_store
 from actors.sessionlog import Record, SessionLog
+from bench import pgcluster
 from bus.messages import ReplayRequest
 
 
@@ -21,17 +26,20 @@ def frame(seq: int, size: int = 8) -> bytes:
     return f"{seq:08d}".encode().ljust(size, b".")
 
 
-@pytest.fixture
-def journal(tmp_path):
+@pytest.fixture(params=["sqlite", "pg"])
+def journal(request, tmp_path):
     """The supervisor's side: the session log the broadcaster reads."""
-    j = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    if request.param == "sqlite":
+        j = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    else:
+        j = open_store(tmp_path, pgcluster.fresh_schema(request.getfixturevalue("pg_cluster")))
     yield j
     j.close()
 
 
 @pytest.fixture
-def store(journal):
-    s = EventStore(journal.path)
+def store(journal, tmp_path):
+    s = EventStore(tmp_path / "sessions.db", getattr(journal, "url", ""))
     yield s
     s.close()
 
@@ -95,11 +103,12 @@ def test_range_is_cut_by_bytes_but_always_advances(journal, store):
     assert len(frames) == 3 and not more
 
 
-def test_a_restarted_broadcaster_counts_the_journaled_events_as_its_own(journal, store):
+def test_a_restarted_broadcaster_counts_the_journaled_events_as_its_own(journal, store,
+                                                                         tmp_path):
     log = EventLog(store)
     fill(journal, log, "a", 50)
     journal.commit([Record("a", 51, frame(51))])  # journaled, never delivered (in flight)
-    again = EventLog(EventStore(journal.path))
+    again = EventLog(EventStore(tmp_path / "sessions.db", getattr(journal, "url", "")))
     assert again.last_seq("a") == 51
     frames, _ = again.range("a", 1, 51, 1 << 20)
     assert frames == [frame(i) for i in range(1, 52)]
@@ -140,32 +149,28 @@ def test_replay_range_validation(from_seq, to_seq, ok):
     assert (_range_problem(ReplayRequest(from_seq, to_seq), last=10) == "") is ok
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     n=st.integers(1, 120),
     tail=st.integers(1, 20),
     window=st.tuples(st.integers(1, 130), st.integers(0, 130)),
 )
-def test_range_equals_the_appended_frames(tmp_path_factory, n, tail, window):
-    j = SessionLog(tmp_path_factory.mktemp("log") / "sessions.db", reserve_mb=0)
-    s = EventStore(j.path)
-    try:
-        log = EventLog(s, tail_events=tail)
-        fill(j, log, "a", n)
-        lo, hi = window
-        hi = hi or n
-        got: list[bytes] = []
-        nxt = lo
-        while nxt <= min(hi, n):
-            frames, more = log.range("a", nxt, hi, 40)
-            got += frames
-            nxt += len(frames)
-            if not more:
-                break
-        assert got == [frame(i) for i in range(lo, min(hi, n) + 1)]
-    finally:
-        s.close()
-        j.close()
+def test_range_equals_the_appended_frames(journal, store, n, tail, window):
+    sid = uuid.uuid4().hex  # (one store for every example: a session each)
+    log = EventLog(store, tail_events=tail)
+    fill(journal, log, sid, n)
+    lo, hi = window
+    hi = hi or n
+    got: list[bytes] = []
+    nxt = lo
+    while nxt <= min(hi, n):
+        frames, more = log.range(sid, nxt, hi, 40)
+        got += frames
+        nxt += len(frames)
+        if not more:
+            break
+    assert got == [frame(i) for i in range(lo, min(hi, n) + 1)]
 
 
 def test_memory_is_bounded_in_bytes_too(journal, store):

@@ -113,3 +113,13 @@ def test_agent_read_paths():
 
     job = ToolJob("read_file", {"path": "x"}, "/", 1.0, list(agent.read_paths))
     assert decode(encode(Envelope(job))).body.read_paths == ["/srv/logs", "/var/log"]
+
+
+def test_the_store_table():
+    assert parse_config({}).store.url == ""  # the SQLite file in the home
+    got = parse_config({"store": {"url": "postgresql://o@db/oploop", "lease_s": 3}}).store
+    assert (got.url, got.lease_s) == ("postgresql://o@db/oploop", 3.0)
+    for bad, key in (({"url": "mysql://x"}, "store.url"), ({"lease_s": 1}, "store.lease_s"),
+                     ({"urls": ""}, "urls")):
+        with pytest.raises(ConfigError, match=key):
+            parse_config({"store": bad})

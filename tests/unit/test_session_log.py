@@ -3,7 +3,9 @@
 The loop runs against a scripted model (no processes); its events are encoded
 and journaled exactly as the supervisor does (`Journal.record` at emit time,
 one commit per event), so that every prefix of the log is a state a killed
-supervisor could have left.
+supervisor could have left. The cases on the log's semantics run against both
+stores (`stores`: the SQLite file, and PostgreSQL on a throwaway cluster); the
+SQLite file's own faults (a torn WAL, a full disk, its reserve) against it alone.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ from actors.core.machine import (
 from actors.core.session import Session
 from actors.core.state import Phase
 from actors.core.turn import ToolCall, ToolOutcome
+from actors.logstore import open_store
 from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
 from actors.supervisor.fold import load_session
 from actors.supervisor.journal import Journal
+from bench import pgcluster
 from bus.codec import encode
 from bus.messages import Envelope, Event
 
@@ -177,11 +181,61 @@ def assert_invariants(history: list[dict[str, Any]], events: list[tuple[int, str
             assert i + 1 < len(history)
 
 
+class Stores:
+    """Makes empty session logs of one kind ("sqlite" or "pg") for a test."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest, tmp: Path) -> None:
+        self.kind = kind
+        self.tmp = tmp
+        self.cluster = request.getfixturevalue("pg_cluster") if kind == "pg" else None
+        self.opened: list[Journal] = []
+        #: PostgreSQL stores given back, emptied (a new schema's tables take 0.25 s to
+        #: create: the property test needs one per prefix of each example).
+        self.free: list[str] = []
+
+    def journal(self, name: str = "sessions") -> Journal:
+        """A journal on a new, empty store."""
+        path = self.tmp / f"{name}-{len(self.opened)}.db"
+        if self.cluster is None:
+            journal = Journal(path, reserve_mb=0)
+        else:
+            url = self.free.pop() if self.free else pgcluster.fresh_schema(self.cluster)
+            journal = Journal(path, reserve_mb=0, store=open_store(self.tmp, url))
+        self.opened.append(journal)
+        return journal
+
+    def recycle(self, journal: Journal) -> None:
+        """Close `journal`; its store, emptied, serves a later `journal()`."""
+        journal.close()
+        if self.cluster is not None:
+            with journal.log.connect() as conn:
+                conn.execute("TRUNCATE records, sessions, compactions, starts, leases")
+            self.free.append(journal.log.url)
+
+    def raw(self, journal: Journal, sql: str) -> None:
+        """Run `sql` on the journal's store, behind its back (a fault injected)."""
+        if self.cluster is None:
+            journal.log.db.execute(sql)
+        else:
+            with journal.log.connect() as conn:
+                conn.execute(sql)
+
+    def close(self) -> None:
+        for journal in self.opened:
+            journal.close()
+
+
+@pytest.fixture(params=["sqlite", "pg"])
+def stores(request, tmp_path_factory):
+    """Empty stores of each kind in turn (the pg one skips, saying why, without a server)."""
+    made = Stores(request.param, request, tmp_path_factory.mktemp("store"))
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def journal(tmp_path: Path):
-    j = Journal(tmp_path / "sessions.db", reserve_mb=0)
-    yield j
-    j.close()
+def journal(stores):
+    return stores.journal()
 
 
 # -- constant work per event ------------------------------------------------------------
@@ -242,14 +296,14 @@ REPLY = st.one_of(st.just("tools"), st.just("pause"), st.text("abc ", min_size=1
                   st.just(ModelError("overloaded_error", "Overloaded", 529)))
 
 
+@pytest.mark.timeout(600)  # (PostgreSQL on a loaded machine: a store per prefix)
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(runs=st.lists(st.tuples(st.lists(REPLY, max_size=7), st.booleans(), INTERRUPT,
                                st.booleans()),
                      min_size=1, max_size=3))
-def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factory, runs):
-    tmp = tmp_path_factory.mktemp("log")
-    journal = Journal(tmp / "sessions.db", reserve_mb=0)
+def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(stores, runs):
+    journal = stores.journal()
     session = Session("s1", AGENT, "/tmp")
     io = LoggedIO(journal, [])
     for replies, cancel, interrupt, compact in runs:
@@ -262,12 +316,12 @@ def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factor
     assert loaded is not None
     assert {f: getattr(loaded, f) for f in FOLDED} == {f: getattr(session, f) for f in FOLDED}
     records, row = journal.log.records("s1"), journal.log.row("s1")
-    journal.close()
+    stores.recycle(journal)
     assert row is not None and len(records) == len(io.events)
 
     for k in range(1, len(records) + 1):
         # The log a supervisor killed after `k` records leaves (no compaction yet) ...
-        copy = Journal(tmp / f"prefix{k}.db", reserve_mb=0)
+        copy = stores.journal(f"prefix{k}")
         copy.log.commit(records[:k], [row])
         prefix = load_session(copy.log, "s1", {})
         assert prefix is not None and prefix.next_seq == k + 1
@@ -281,7 +335,7 @@ def test_any_prefix_of_the_log_folds_into_a_session_that_resumes(tmp_path_factor
         loop_events = [(t, c) for _, t, c in again.events[k:] if t != "TOKEN"]
         assert machine_events == loop_events
         assert machine_history == prefix.history
-        copy.close()
+        stores.recycle(copy)
 
 
 def machine_resume(folded: Session) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
@@ -336,11 +390,12 @@ def test_a_torn_last_record_loads_up_to_the_last_whole_one(tmp_path):
     log.close()
 
 
-def test_an_undecodable_record_is_skipped_naming_its_session(journal, caplog):
+def test_an_undecodable_record_is_skipped_naming_its_session(stores, journal, caplog):
     for sid in ("bad", "good"):
         one_run(Session(sid, AGENT, "/tmp"), LoggedIO(journal, ["hello"]))
-    journal.log.db.execute("DELETE FROM compactions")
-    journal.log.db.execute("UPDATE records SET frame = x'c1' WHERE sid = 'bad' AND seq = 3")
+    stores.raw(journal, "DELETE FROM compactions")
+    bad = "x'c1'" if stores.kind == "sqlite" else "'\\xc1'::bytea"
+    stores.raw(journal, f"UPDATE records SET frame = {bad} WHERE sid = 'bad' AND seq = 3")
     with caplog.at_level(logging.ERROR, "oploop.journal"):
         bad = load_session(journal.log, "bad", {})
         good = load_session(journal.log, "good", {})
@@ -404,11 +459,13 @@ def test_a_user_text_merge_is_logged_as_added_blocks(journal):
         {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]
 
 
-def test_records_are_sqlite_rows_per_event(journal):
+def test_records_are_sqlite_rows_per_event(tmp_path):
+    journal = Journal(tmp_path / "sessions.db", reserve_mb=0)
     one_run(Session("s1", AGENT, "/tmp"), LoggedIO(journal, ["hi"]))
     n = journal.log.db.execute("SELECT count(*) FROM records WHERE sid = 's1'").fetchone()[0]
     assert n == journal.log.last_seq("s1")
     assert isinstance(journal.log.db, sqlite3.Connection)
+    journal.close()
 
 
 def test_messages_waiting_fold_from_the_row_once_and_old_rows_still_load(journal):

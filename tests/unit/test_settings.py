@@ -63,3 +63,10 @@ def test_the_file_comes_from_oploop_config_then_the_home(tmp_path, monkeypatch):
     other.write_text("[limits]\nmax_prompt_chars = 'x'\n")
     with pytest.raises(ConfigError, match="limits.max_prompt_chars: expected int"):
         load_settings(env(tmp_path, OPLOOP_CONFIG=str(other)))
+
+
+def test_oploop_store_overrides_the_store_url(tmp_path):
+    s = load_settings(env(tmp_path, OPLOOP_STORE="postgresql://o@/x?host=/run/pg"))
+    assert s.config.store.url == "postgresql://o@/x?host=/run/pg"
+    with pytest.raises(ConfigError, match="OPLOOP_STORE: expected a postgresql:// URL"):
+        load_settings(env(tmp_path, OPLOOP_STORE="sqlite:///x"))

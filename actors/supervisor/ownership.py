@@ -1,0 +1,226 @@
+"""This host's share of a PostgreSQL store that several hosts serve (`actors.pgleases`).
+
+The supervisor of a host on a shared store:
+
+- takes a session's lease before a run starts there (`acquire`; refused when
+  another host runs it);
+- every `RENEW_EVERY_S` renews all its leases with one statement and, unless it is
+  an embedded host, claims running sessions whose lease lapsed (another host died,
+  froze or was cut off): `claimed(sids, reason)` resumes them as after a restart;
+- stops the work of every session whose lease it did not get back (`lost(sids)`),
+  and of all of them once it has not renewed for a whole lease (the store
+  unreachable: it cannot tell whether another host took them);
+- at a graceful stop, expires its leases at once (`hand_over`): the other hosts
+  take its running sessions at their next claim, within a second.
+
+The renewals run on a connection of their own in a worker thread, so a slow
+commit on the loop never delays them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from actors import pgleases
+from actors.pgleases import Claimed, Fence
+from actors.pglog import PgSessionLog
+from actors.sessionlog import JournalError
+
+log = logging.getLogger("oploop.ownership")
+
+#: How often leases are renewed and lapsed ones claimed (seconds).
+RENEW_EVERY_S = 1.0
+#: The file in $OPLOOP_HOME naming this host on shared stores (made at first start).
+HOST_ID_FILE = "host-id"
+
+
+def host_id(home: Path) -> str:
+    """This home's host id on shared stores (stable across restarts: a restarted host
+    takes its own sessions back at once)."""
+    path = home / HOST_ID_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    made = secrets.token_hex(6)
+    tmp = path.with_name(f".{HOST_ID_FILE}.{os.getpid()}")
+    tmp.write_text(made + "\n")
+    os.replace(tmp, path)
+    return made
+
+
+class Ownership:
+    """Acquire, renew, claim and give up this host's leases."""
+
+    def __init__(self, store: PgSessionLog, owner: str, name: str, lease_s: float, *,
+                 claims: bool, lost: Callable[[set[str]], None],
+                 claimed: Callable[[dict[str, Claimed]], None]) -> None:
+        self.store = store
+        self.name = name
+        self.claims = claims
+        self.fence = Fence(owner, lease_s)
+        store.fence = self.fence
+        self._lost = lost
+        self._claimed = claimed
+        self._conn: psycopg.Connection[Any] | None = None
+        #: Monotonic time each held lease was taken (a renewal that began before it
+        #: cannot have renewed it).
+        self._taken: dict[str, float] = {}
+        #: When the last successful renewal was sent (monotonic).
+        self.renewed_at = time.monotonic()
+        self.failing = False
+
+    @property
+    def owner(self) -> str:
+        """This host's id on the store."""
+        return self.fence.owner
+
+    def acquire(self, sid: str) -> str:
+        """Take `sid`'s lease for a run starting here: "" when taken, else why not."""
+        try:
+            conn = self.store.connection()
+            epoch = pgleases.acquire(conn, sid, self.owner, self.fence.lease_s)
+            if epoch is None:
+                other = pgleases.holder(conn, sid) or "another host"
+                return f"session {sid} is running on host {other}"
+        except (psycopg.Error, JournalError) as exc:
+            return f"the store cannot be reached: {exc}"
+        self._hold({sid: epoch})
+        return ""
+
+    def release(self, sids: set[str]) -> None:
+        """Give up the leases of `sids`, claimed but not resumed here (nothing to run:
+        an ended or unreadable session), so that no host holds them for ever."""
+        if not sids:
+            return
+        try:
+            self.fence.release(self.store.connection(), sids)
+        except (psycopg.Error, JournalError) as exc:
+            log.error("cannot release the leases of %s: %s", ", ".join(sorted(sids)), exc)
+            return  # (held, renewed; tried again at this host's stop, by expiry)
+        self.forget(sids)
+
+    def runs_elsewhere(self, sid: str) -> str:
+        """What a request for `sid`, whose run this host does not hold, is told."""
+        try:
+            other = pgleases.holder(self.store.connection(), sid)
+        except (psycopg.Error, JournalError) as exc:
+            return f"the store cannot be reached: {exc}"
+        if other is None:
+            return (f"session {sid} is running on a host that stopped: another host of the "
+                    "store takes it over within seconds; try again then")
+        return f"session {sid} is running on host {other}: send this to that host"
+
+    def overview(self) -> dict[str, Any]:
+        """The store, this host's id, the hosts on the store and their leases (for
+        `oploop status`; an "error" when the store cannot be read)."""
+        out: dict[str, Any] = {"url": self.store.where, "host": self.owner,
+                               "lease_s": self.fence.lease_s, "renewing": not self.failing}
+        try:
+            out.update(pgleases.overview(self.store.connection()))
+        except (psycopg.Error, JournalError) as exc:
+            out["error"] = str(exc)
+        return out
+
+    def _hold(self, epochs: dict[str, int]) -> None:
+        now = time.monotonic()
+        for sid, epoch in epochs.items():
+            self.fence.epochs[sid] = epoch
+            self._taken[sid] = now
+
+    def forget(self, sids: set[str]) -> None:
+        """No longer hold `sids` (lost)."""
+        for sid in sids:
+            self.fence.epochs.pop(sid, None)
+            self._taken.pop(sid, None)
+
+    async def run(self) -> None:
+        """Renew and claim every `RENEW_EVERY_S` until cancelled."""
+        first = True
+        while True:
+            began = time.monotonic()
+            await self.tick(began, mine=first)
+            first = False
+            await asyncio.sleep(max(0.0, RENEW_EVERY_S - (time.monotonic() - began)))
+
+    async def tick(self, began: float, *, mine: bool = False) -> None:
+        """One renewal (and claim): what lapsed stops, what was claimed resumes."""
+        try:
+            renewed, claimed = await asyncio.to_thread(self._renew_and_claim, mine)
+        except (psycopg.Error, JournalError) as exc:
+            if not self.failing:
+                log.error("cannot renew the leases on %s: %s", self.store.where, exc)
+            self.failing = True
+            if time.monotonic() - self.renewed_at > self.fence.lease_s and self.fence.epochs:
+                lost = set(self.fence.epochs)
+                log.error("no renewal for %.1f s: %d session(s) stop here (another host "
+                          "may have them now)", time.monotonic() - self.renewed_at, len(lost))
+                self.forget(lost)
+                self._lost(lost)
+            return
+        self.failing = False
+        self.renewed_at = began
+        # Held before this renewal began, and not renewed at the epoch held: lapsed.
+        lost = {sid for sid, epoch in self.fence.epochs.items()
+                if self._taken.get(sid, 0.0) < began and renewed.get(sid) != epoch}
+        if lost:
+            log.error("lease lapsed for %d session(s): their work stops here", len(lost))
+            self.forget(lost)
+            self._lost(lost)
+        if claimed:
+            self._hold({sid: c.epoch for sid, c in claimed.items()})
+            for sid, c in claimed.items():
+                log.warning("claimed session %s (epoch %d): the lease of host %s lapsed at "
+                            "%.3f, claimed at %.3f (the store's clock)", sid, c.epoch,
+                            c.previous or "(none)", c.lapsed_at, c.claimed_at)
+            self._claimed(claimed)
+
+    def _renew_and_claim(self, mine: bool) -> tuple[dict[str, int], dict[str, Claimed]]:
+        """(In a worker thread, one call at a time.) Renew, heartbeat, claim."""
+        conn = self._connection()
+        renewed = pgleases.renew(conn, self.owner, self.fence.lease_s)
+        pgleases.heartbeat(conn, self.owner, self.name)
+        claimed = pgleases.claim(conn, self.owner, self.fence.lease_s, mine=mine) \
+            if self.claims else {}
+        return renewed, claimed
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = self.store.connect()
+        return self._conn
+
+    def hand_over(self) -> None:
+        """A graceful stop: expire this host's leases now and say it is down."""
+        try:
+            conn = self._connection()
+            given = pgleases.give_up(conn, self.owner)
+            pgleases.heartbeat(conn, self.owner, self.name, down=True)
+        except (psycopg.Error, JournalError) as exc:
+            log.error("cannot hand the sessions over (%s): they are taken when their "
+                      "leases lapse", exc)
+            return
+        if given:
+            log.warning("handed %d running session(s) over to the other hosts", given)
+
+    def close(self) -> None:
+        """Close the renewal connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def host_name(home: Path) -> str:
+    """How this host is shown to the others: machine name and home."""
+    return f"{socket.gethostname()}:{home}"
