@@ -18,6 +18,7 @@ the session when it journals an event, sees exactly the state the events fold to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -132,6 +133,9 @@ class RunDriver:
         self._ask_timers: dict[str, asyncio.TimerHandle] = {}
         self._batch: tuple[asyncio.TaskGroup, asyncio.Semaphore] | None = None
         self._wake: asyncio.Future[None] | None = None
+        #: When each tool call in flight began (perf_counter): a cancel reports how
+        #: long they ran.
+        self._tool_t0: dict[str, float] = {}
         session.driver = self
 
     # -- inputs ------------------------------------------------------------------------
@@ -184,6 +188,10 @@ class RunDriver:
         session = self.session
         if session.driver is not self:
             return  # a newer run owns the session
+        if isinstance(event, Cancel) and self._tool_t0 and not event.ran_ms:
+            now = time.perf_counter()  # how long each call in flight has run, for its end
+            event = dataclasses.replace(event, ran_ms=tuple(
+                (cid, (now - t0) * 1000) for cid, t0 in self._tool_t0.items()))
         old = self.state
         state, actions = step(old, event)
         # First: the journal reads the session's run as the actions emit.
@@ -324,11 +332,13 @@ class RunDriver:
         self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
         if self.state.phase is not Phase.TOOLS or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
+        self._tool_t0[call.id] = time.perf_counter()
         if job.refusal is not None:  # hidden or unknown: never run
             outcome = job.refusal
         else:
             outcome = await self.io.run_tool(self.session, call,
                                              timeout_s=self.session.agent.tool_timeout_s)
+        self._tool_t0.pop(call.id, None)
         self.feed(ToolFinished(call.id, outcome))
 
     def _abort(self) -> None:

@@ -145,8 +145,9 @@ class Supervisor:
         """Stamp the next seq of `session` on an event and publish it: at once without a
         journal, else after the journal has committed it (at the end of this loop
         iteration, with every other event of it: one commit per iteration)."""
-        seq = session.stamp(type_, data)
-        env = Envelope(Event(seq, type_, turn, time.time(), data), sid=session.id)
+        ts = time.time()
+        seq = session.stamp(type_, data, ts)
+        env = Envelope(Event(seq, type_, turn, ts, data), sid=session.id)
         frame = encode(env)
         if self.journal is None:
             self._publish(frame, session.id, seq)
