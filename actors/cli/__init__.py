@@ -13,9 +13,18 @@ down, status, keys), `hosting` (which host; the embedded one; a dead host notice
 
 from __future__ import annotations
 
+import signal
+
+from actors import quiet_interrupt
+
+__all__ = ["main", "quiet_interrupt"]
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `oploop` console script."""
+    # (Already so when `actors` was imported as the command: see `actors/__init__.py`.)
+    # The imports below take a noticeable part of a second.
+    signal.signal(signal.SIGINT, quiet_interrupt)
     from actors.cli.app import main as app_main
 
     app_main(argv)

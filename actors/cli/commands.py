@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from actors.cli import listing
 from actors.cli.approvals import decide_here, interactive
 from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError, fail
 from actors.cli.hosting import attach, host_watch
@@ -22,7 +23,9 @@ from bus.vocab import EventType
 
 
 async def watch(args: argparse.Namespace, settings: Settings) -> int:
-    """Replay a session, then follow it live; the status is its last run's."""
+    """Replay a session, then follow it live, its later runs too, until Ctrl-C
+    (`--until-idle`: until the run in progress ends; `--no-follow`: the replay only);
+    the status is its last run's."""
     render = Renderer(json_lines=args.json, quiet=args.quiet, prompts=True)
     async with attach(settings, start=False) as host, host_watch(host.host_pid, settings.home):
         client = host.client
@@ -41,12 +44,21 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
             print(f"oploop: {lag.describe()}", file=sys.stderr, flush=True)
 
         ask = args.yes or interactive(args.json)
-        async for event in client.events(args.session, args.from_seq,
-                                         follow=not args.no_follow, on_lag=on_lag):
-            render.event(event)
-            kind, data = event["type"], event["data"]
-            if ask and kind == EventType.APPROVAL_REQUESTED:
-                await _ask_if_open(client, args, data)
+        follow = not args.no_follow
+        next_seq = args.from_seq
+        while True:  # one pass per run: the next one (a follow-up, a message) follows
+            async for event in client.events(args.session, next_seq, follow=follow,
+                                             on_lag=on_lag):
+                render.event(event)
+                next_seq = event["seq"] + 1
+                kind, data = event["type"], event["data"]
+                if ask and kind == EventType.APPROVAL_REQUESTED:
+                    await _ask_if_open(client, args, data)
+            if not follow or args.until_idle:
+                break
+            if not args.json and sys.stderr.isatty():
+                print(f"oploop: {args.session} is idle: following its next run "
+                      "(Ctrl-C ends)", file=sys.stderr, flush=True)
     return render.exit_status() if render.terminal else EXIT_OK
 
 
@@ -102,19 +114,17 @@ async def decide(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def session_row(s: dict[str, Any]) -> str:
-    """One line of `oploop sessions` (the one place its columns are made)."""
-    row = (f"{s['session']}  {s['state']:<8} agent {s['agent']}  runs {s['runs']}  "
-           f"turns {s['turns']}  events {s['last_seq']}  {describe(s.get('usage'))}")
-    return row.rstrip()
-
-
 async def sessions(args: argparse.Namespace, settings: Settings) -> int:
-    """List the host's sessions."""
+    """List the host's sessions, newest first: a header and the web list's columns."""
     async with attach(settings, start=False) as host:
         found = await host.client.sessions()
-    for s in found:
-        print(json.dumps(s) if args.json else session_row(s))
+    if args.json:
+        for s in listing.newest_first(found):
+            print(json.dumps(s))
+    elif not found:
+        print("oploop: no sessions yet (`oploop run PROMPT` starts one)", file=sys.stderr)
+    else:
+        print("\n".join(listing.table(found)))
     return EXIT_OK
 
 
@@ -128,19 +138,34 @@ async def inspect(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"summary": summary, "history_messages": len(history),
                           "history_bytes": size, "history": history}, default=repr))
         return EXIT_OK
-    print(f"session {summary.get('session', args.session)}")
-    for key in ("state", "agent", "runs", "turns", "last_seq", "last_end", "cwd"):
-        if key in summary:
-            label = {"last_seq": "last event", "last_end": "last run ended"}.get(key, key)
-            print(f"  {label:<15}{summary[key]}")
-    for key, value in summary.items():
-        if key == "usage":
-            print(f"  {'usage':<15}{describe(value)}")
-        elif key not in ("session", "state", "agent", "runs", "turns", "last_seq", "last_end",
-                         "cwd"):
-            print(f"  {key:<15}{value}")
-    print(f"  {'history':<15}{len(history)} message(s), {size:,} bytes")
+    for label, value in inspect_lines(summary, args.session):
+        print(f"  {label:<16}{value}" if label else value)
+    print(f"  {'history':<16}{len(history)} message(s), {size:,} bytes")
     return EXIT_OK
+
+
+#: `inspect`'s lines: (summary key, label, how it is shown), in this order; the other
+#: keys of the summary follow as they are.
+_INSPECTED: tuple[tuple[str, str, Any], ...] = (
+    ("title", "title", str), ("state", "state", str), ("agent", "agent", str),
+    ("runs", "runs", str), ("turns", "turns", str), ("last_seq", "last event", str),
+    ("started", "started", listing.when), ("run_started", "last run began", listing.when),
+    ("ended", "last run ended", listing.when), ("last_end", "ended by", str),
+    ("duration_s", "run time", listing.took), ("usage", "usage", describe),
+    ("cwd", "cwd", str))
+#: Summary keys `inspect` leaves out: said above in another form.
+_UNSHOWN = frozenset({"session", "created"})
+
+
+def inspect_lines(summary: dict[str, Any], sid: str) -> list[tuple[str, str]]:
+    """`oploop inspect`'s lines: (label, value), times as dates and ages."""
+    out = [("", f"session {summary.get('session', sid)}")]
+    for key, label, show in _INSPECTED:
+        if key in summary and summary[key] not in (None, ""):
+            out.append((label, show(summary[key])))
+    shown = {key for key, _, _ in _INSPECTED} | _UNSHOWN
+    out += [(key, str(value)) for key, value in summary.items() if key not in shown]
+    return out
 
 
 def _report_removed(removed: list[str], refused: dict[str, str], as_json: bool) -> int:

@@ -511,6 +511,14 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             # The cancel went through the gateway: timed to its CANCELLED.
             assert samples[("oploop_gateway_cancel_seconds_count", ())] >= 1
             assert samples[("oploop_runs_total", (("terminal", "CANCELLED"),))] >= 1
+            # Every state and terminal is exported, at 0 when none is; and the cost.
+            assert ("oploop_sessions", (("state", "running"),)) in samples
+            assert ("oploop_runs_total", (("terminal", "ERROR"),)) in samples
+            assert ("oploop_cancels_total", (("mode", "deadline"),)) in samples
+            priced = sum((e["data"].get("usage") or {}).get("cost_usd") or 0 for e in events
+                         if e["type"] == "TURN_END")
+            assert samples[("oploop_model_cost_usd_total", ())] >= priced * 0.999
+            assert samples[("oploop_sessions_cost_usd", ())] >= priced * 0.999
             # Every stream of the tests before has ended, those the client left mid-run
             # too: their handlers were cancelled, their subscriptions closed.
             for _ in range(200):

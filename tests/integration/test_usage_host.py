@@ -21,7 +21,7 @@ from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model import start_server
 from actors.runner import Runner
 from actors.sandbox.workspaces import remove_home
-from actors.usage import DEFAULT_PRICES, Price, Usage
+from actors.usage import DEFAULT_PRICES, Price, Usage, money, short_count
 from bus.client import Client
 
 HOUSE = Price(1.0, 2.0, 3.0, 4.0)
@@ -161,7 +161,8 @@ def test_session_totals_in_sessions_status_and_inspect(host):
 
     table = oploop(host, "sessions")
     (row,) = [line for line in table.stdout.splitlines() if line.startswith(sid)]
-    assert " in · " in row and "$" in row
+    total = Usage.from_dict(mine[0]["usage"])  # the web list's tokens and cost columns
+    assert f" {short_count(total.tokens)} " in row and f" {money(total.cost)}" in row
 
 
 # -- the in-process Runner, router included ---------------------------------------------

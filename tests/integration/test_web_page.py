@@ -335,9 +335,16 @@ def test_a_running_tool_shows_its_elapsed_time(host):
                 await page.click("#cancel-ui")
                 await page.wait_for_selector(".terminal.CANCELLED")
                 assert await page.locator("#log .tool.running").count() == 0
-                # A cancelled tool reports the time it ran, not 0 ms.
+                # A cancelled tool reports the time it ran (over a second), not 0 ms, and
+                # /metrics buckets it so.
                 head = await page.inner_text("#log .tool .head")
-                assert "failed" in head and not head.endswith("· 0 ms"), head
+                assert "failed" in head and head.endswith(" s"), head
+                metrics = await page.evaluate("fetch('/metrics').then(r => r.text())")
+                buckets = {line.split('le="')[1].split('"')[0]: float(line.split()[-1])
+                           for line in metrics.splitlines() if line.startswith(
+                               'oploop_tool_call_duration_seconds_bucket{') and
+                           'tool="shell"' in line}
+                assert buckets["+Inf"] - buckets["1.0"] >= 1, buckets
                 assert not errors, errors
             finally:
                 await browser.close()
