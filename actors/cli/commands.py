@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from actors.cli import listing
@@ -18,7 +20,7 @@ from actors.render import Renderer
 from actors.settings import Settings
 from actors.usage import describe
 from bus.client import Lag
-from bus.errors import AccessDenied
+from bus.errors import AccessDenied, SessionRemoved
 from bus.vocab import EventType
 
 
@@ -46,9 +48,9 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
         ask = args.yes or interactive(args.json)
         follow = not args.no_follow
         next_seq = args.from_seq
+        stream = client.events(args.session, next_seq, follow=follow, on_lag=on_lag)
         while True:  # one pass per run: the next one (a follow-up, a message) follows
-            async for event in client.events(args.session, next_seq, follow=follow,
-                                             on_lag=on_lag):
+            async for event in stream:
                 render.event(event)
                 next_seq = event["seq"] + 1
                 kind, data = event["type"], event["data"]
@@ -59,7 +61,46 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
             if not args.json and sys.stderr.isatty():
                 print(f"oploop: {args.session} is idle: following its next run "
                       "(Ctrl-C ends)", file=sys.stderr, flush=True)
+            stream = await _next_pass(client, args.session, next_seq, on_lag)
     return render.exit_status() if render.terminal else EXIT_OK
+
+
+#: While `watch` waits for a session's next run, how often it asks whether the session
+#: still exists.
+GONE_CHECK_S = 2.0
+
+
+async def _next_pass(client: Any, sid: str, next_seq: int,
+                     on_lag: Any) -> AsyncIterator[dict[str, Any]]:
+    """The events of `sid`'s next run, from `next_seq` on, live.
+
+    A deletion is noticed by the client once it has seen an event of the pass (or by
+    the live notice); until the first one comes, the session is asked after every
+    `GONE_CHECK_S` (deleted meanwhile: `SessionRemoved`, as the client raises it).
+    """
+    stream = client.events(sid, next_seq, on_lag=on_lag)
+    first = asyncio.ensure_future(anext(stream))
+    try:
+        while not (await asyncio.wait({first}, timeout=GONE_CHECK_S))[0]:
+            if await client.last_seq(sid) is None:
+                raise SessionRemoved(sid)
+    finally:
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await first
+    try:
+        head = [first.result()]
+    except StopAsyncIteration:  # (a stream that follows ends after an event, never before)
+        head = []
+
+    async def joined() -> AsyncIterator[dict[str, Any]]:
+        for event in head:
+            yield event
+        async for event in stream:
+            yield event
+
+    return joined()
 
 
 async def _ask_if_open(client: Any, args: argparse.Namespace, data: dict[str, Any]) -> None:
