@@ -183,7 +183,12 @@ function listRow(s) {
   del.title = del.disabled ? "running: cancel it first" : "delete the session and its events";
   del.onclick = () => deleteSession(s.session);
   const cost = money(s.usage?.cost_usd);
-  const cells = [el("span", `state ${s.state}`, s.state), s.agent, agoCell(s.started ?? s.created),
+  const state = el("span", "", "");
+  state.append(el("span", `state ${s.state}`, s.state));
+  if (s.state !== "running" && (s.last_end === "ERROR" || s.last_end === "CANCELLED")) {
+    state.append(el("span", `ended ${s.last_end}`, ` ${s.last_end.toLowerCase()}`));
+  }
+  const cells = [state, s.agent, agoCell(s.started ?? s.created),
     duration(sessionDuration(s)), s.turns, count(tokensOf(s.usage)),
     cost || el("span", "muted", "?"), del];
   tr.append(title);
