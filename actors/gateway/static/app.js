@@ -188,16 +188,16 @@ function listRow(s) {
   if (s.state !== "running" && (s.last_end === "ERROR" || s.last_end === "CANCELLED")) {
     state.append(el("span", `ended ${s.last_end}`, ` ${s.last_end.toLowerCase()}`));
   }
+  const unpriced = el("span", "muted", "?");
+  unpriced.title = "no price known for this model";
   const cells = [state, s.agent, agoCell(s.started ?? s.created),
-    duration(sessionDuration(s)), s.turns, count(tokensOf(s.usage)),
-    cost || el("span", "muted", "?"), del];
+    duration(sessionDuration(s)), s.turns, count(tokensOf(s.usage)), cost || unpriced, del];
   tr.append(title);
   for (const c of cells) {
     const td = el("td");
     if (c instanceof Node) td.append(c); else td.textContent = c ?? "";
     tr.append(td);
   }
-  if (!cost) tr.lastChild.previousSibling.title = "no price known for this model";
   return tr;
 }
 
