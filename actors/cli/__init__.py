@@ -23,8 +23,10 @@ __all__ = ["main", "quiet_interrupt"]
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `oploop` console script."""
     # (Already so when `actors` was imported as the command: see `actors/__init__.py`.)
-    # The imports below take a noticeable part of a second.
-    signal.signal(signal.SIGINT, quiet_interrupt)
+    # The imports below take a noticeable part of a second. An ignored SIGINT (a
+    # background job's) stays ignored.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, quiet_interrupt)
     from actors.cli.app import main as app_main
 
     app_main(argv)

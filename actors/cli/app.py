@@ -362,8 +362,11 @@ def _with_sigint(fn: Callable[[argparse.Namespace], int], args: argparse.Namespa
     it: a Ctrl-C now is one `guarded` turns into 130, never a traceback."""
     from actors.cli import quiet_interrupt
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    quiet = signal.getsignal(signal.SIGINT) is quiet_interrupt  # (else: ignored, kept so)
+    if quiet:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return fn(args)
     finally:
-        signal.signal(signal.SIGINT, quiet_interrupt)
+        if quiet:
+            signal.signal(signal.SIGINT, quiet_interrupt)

@@ -219,8 +219,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Actors (name, pid, restarts, CPU, RSS) and sessions."""
     state = read_state()
     if state is None:
-        print(f"oploop: no host is running in {oploop_home()}: nothing to stop")
-        return EXIT_OK
+        return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
     rows = actor_rows(state)
     try:
         sessions, machines, servers = asyncio.run(_host_view())
