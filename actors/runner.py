@@ -252,8 +252,9 @@ class _LocalIO(Generic[Deps]):
         self._deciding: set[asyncio.Task[None]] = set()
 
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        event = {"seq": session.stamp(type_, data), "session": session.id, "type": type_,
-                 "turn": turn, "ts": time.time(), "data": data}
+        ts = time.time()
+        event = {"seq": session.stamp(type_, data, ts), "session": session.id, "type": type_,
+                 "turn": turn, "ts": ts, "data": data}
         self.events.append(event)
         if self.runner.on_event is not None:
             self.runner.on_event(event)

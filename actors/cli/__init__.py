@@ -13,9 +13,20 @@ down, status, keys), `hosting` (which host; the embedded one; a dead host notice
 
 from __future__ import annotations
 
+import signal
+
+from actors import quiet_interrupt
+
+__all__ = ["main", "quiet_interrupt"]
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `oploop` console script."""
+    # (Already so when `actors` was imported as the command: see `actors/__init__.py`.)
+    # The imports below take a noticeable part of a second. An ignored SIGINT (a
+    # background job's) stays ignored.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, quiet_interrupt)
     from actors.cli.app import main as app_main
 
     app_main(argv)

@@ -4,9 +4,12 @@ error one line (`errors.guarded`), bus errors named for what the user can do."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import signal
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 from actors.cli import commands, hostcmds, mcpcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
@@ -99,9 +102,53 @@ def _version() -> str:
         return "0.1.0 (source tree)"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a mistyped command, choice or option (the
+    closest known word, by `difflib`), as git and cargo say it."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with the usage and `message`, plus a suggestion where one is close."""
+        choice = _INVALID_CHOICE.search(message)
+        if choice:
+            given, allowed = choice.group(1), _QUOTED.findall(choice.group(2))
+            message += _suggestion(given, allowed)
+        super().error(message)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """Parse; an unknown option is refused naming the closest option of the command."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = _options(self, parsed)
+            hints = "".join(_suggestion(e.split("=", 1)[0], known)
+                            for e in extras if e.startswith("-"))
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hints}")
+        return parsed
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def _suggestion(given: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _options(p: argparse.ArgumentParser, parsed: argparse.Namespace) -> list[str]:
+    """The option strings of `p` and of the (sub)commands `parsed` chose."""
+    found = [o for a in p._actions for o in a.option_strings]
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(parsed, action.dest or "", None)
+            sub = action.choices.get(chosen) if chosen else None
+            if sub is not None:
+                found += _options(sub, parsed)
+    return found
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of `oploop`."""
-    p = argparse.ArgumentParser(prog="oploop", description="A local operator host for LLM agents.",
+    p = Parser(prog="oploop", description="A local operator host for LLM agents.",
                                 epilog=EXIT_HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"oploop {_version()}")
@@ -174,14 +221,20 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print only the final answer")
     run.set_defaults(fn=_async(_run_command, creates_home=True))
-    watch = sub.add_parser("watch", help="attach a viewer: full replay, then live")
+    watch = sub.add_parser("watch", help="attach a viewer: full replay, then live (later "
+                                         "runs too) until Ctrl-C")
     watch.add_argument("session")
     wout = watch.add_mutually_exclusive_group()
     wout.add_argument("--json", action="store_true", help="one event object per line")
     wout.add_argument("-q", "--quiet", action="store_true", help="only the final answers")
     watch.add_argument("--from-seq", type=_seq, default=1, metavar="N",
                        help="start at event N (1: everything)")
-    watch.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
+    wfollow = watch.add_mutually_exclusive_group()
+    wfollow.add_argument("--no-follow", action="store_true",
+                         help="stop at the end of the log (the replay only)")
+    wfollow.add_argument("--until-idle", action="store_true",
+                         help="stop when the run in progress ends (default: follow the "
+                              "session's later runs too, until Ctrl-C)")
     watch.set_defaults(fn=_async(commands.watch))
     for parser in (run, watch):
         parser.add_argument("--yes", action="store_true",
@@ -287,8 +340,8 @@ def parser() -> argparse.ArgumentParser:
     copy.add_argument("--to", required=True, metavar="URL", help="postgresql://...")
     copy.set_defaults(fn=_home_checked(_store_copy, create=False))
     logs = sub.add_parser("logs", help="the host's log ($OPLOOP_HOME/host.log)")
-    logs.add_argument("actor", nargs="?", help="only this actor's lines (supervisor, "
-                                               "executor, llm_caller, broadcaster, host, ...; "
+    logs.add_argument("actor", nargs="?", help="only this actor's lines (host, supervisor, "
+                                               "executor, llm, broadcaster, gateway, netproxy; "
                                                "mcp:NAME: MCP server NAME's stderr)")
     logs.add_argument("-f", "--follow", action="store_true", help="go on printing what is added")
     logs.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines")
@@ -346,7 +399,8 @@ async def _run_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the `oploop` console script."""
+    """Entry point of the `oploop` console script (`actors.cli.main`, which makes a
+    Ctrl-C before the command begins a quiet exit 130)."""
     try:
         p = parser()
         args = p.parse_args(argv)
@@ -356,4 +410,20 @@ def main(argv: list[str] | None = None) -> None:
         p.print_help()
         sys.exit(EXIT_USAGE)
     fn: Any = args.fn
-    exit_with(guarded(lambda: fn(args)))
+    exit_with(guarded(lambda: _with_sigint(fn, args)))
+
+
+def _with_sigint(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run the command with Python's own SIGINT handling (a `KeyboardInterrupt`, which
+    asyncio's runner and `run`'s interrupts take over), and the quiet exit again after
+    it: a Ctrl-C now is one `guarded` turns into 130, never a traceback."""
+    from actors.cli import quiet_interrupt
+
+    quiet = signal.getsignal(signal.SIGINT) is quiet_interrupt  # (else: ignored, kept so)
+    if quiet:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return fn(args)
+    finally:
+        if quiet:
+            signal.signal(signal.SIGINT, quiet_interrupt)

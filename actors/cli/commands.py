@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+from actors.cli import listing
 from actors.cli.approvals import decide_here, interactive
 from actors.cli.errors import EXIT_ERROR, EXIT_OK, CliError, fail
 from actors.cli.hosting import attach, host_watch
@@ -17,12 +20,14 @@ from actors.render import Renderer
 from actors.settings import Settings
 from actors.usage import describe
 from bus.client import Lag
-from bus.errors import AccessDenied
+from bus.errors import AccessDenied, SessionRemoved
 from bus.vocab import EventType
 
 
 async def watch(args: argparse.Namespace, settings: Settings) -> int:
-    """Replay a session, then follow it live; the status is its last run's."""
+    """Replay a session, then follow it live, its later runs too, until Ctrl-C
+    (`--until-idle`: until the run in progress ends; `--no-follow`: the replay only);
+    the status is its last run's."""
     render = Renderer(json_lines=args.json, quiet=args.quiet, prompts=True)
     async with attach(settings, start=False) as host, host_watch(host.host_pid, settings.home):
         client = host.client
@@ -41,13 +46,61 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
             print(f"oploop: {lag.describe()}", file=sys.stderr, flush=True)
 
         ask = args.yes or interactive(args.json)
-        async for event in client.events(args.session, args.from_seq,
-                                         follow=not args.no_follow, on_lag=on_lag):
-            render.event(event)
-            kind, data = event["type"], event["data"]
-            if ask and kind == EventType.APPROVAL_REQUESTED:
-                await _ask_if_open(client, args, data)
+        follow = not args.no_follow
+        next_seq = args.from_seq
+        stream = client.events(args.session, next_seq, follow=follow, on_lag=on_lag)
+        while True:  # one pass per run: the next one (a follow-up, a message) follows
+            async for event in stream:
+                render.event(event)
+                next_seq = event["seq"] + 1
+                kind, data = event["type"], event["data"]
+                if ask and kind == EventType.APPROVAL_REQUESTED:
+                    await _ask_if_open(client, args, data)
+            if not follow or args.until_idle:
+                break
+            if not args.json and sys.stderr.isatty():
+                print(f"oploop: {args.session} is idle: following its next run "
+                      "(Ctrl-C ends)", file=sys.stderr, flush=True)
+            stream = await _next_pass(client, args.session, next_seq, on_lag)
     return render.exit_status() if render.terminal else EXIT_OK
+
+
+#: While `watch` waits for a session's next run, how often it asks whether the session
+#: still exists.
+GONE_CHECK_S = 2.0
+
+
+async def _next_pass(client: Any, sid: str, next_seq: int,
+                     on_lag: Any) -> AsyncIterator[dict[str, Any]]:
+    """The events of `sid`'s next run, from `next_seq` on, live.
+
+    A deletion is noticed by the client once it has seen an event of the pass (or by
+    the live notice); until the first one comes, the session is asked after every
+    `GONE_CHECK_S` (deleted meanwhile: `SessionRemoved`, as the client raises it).
+    """
+    stream = client.events(sid, next_seq, on_lag=on_lag)
+    first = asyncio.ensure_future(anext(stream))
+    try:
+        while not (await asyncio.wait({first}, timeout=GONE_CHECK_S))[0]:
+            if await client.last_seq(sid) is None:
+                raise SessionRemoved(sid)
+    finally:
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await first
+    try:
+        head = [first.result()]
+    except StopAsyncIteration:  # (a stream that follows ends after an event, never before)
+        head = []
+
+    async def joined() -> AsyncIterator[dict[str, Any]]:
+        for event in head:
+            yield event
+        async for event in stream:
+            yield event
+
+    return joined()
 
 
 async def _ask_if_open(client: Any, args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -136,19 +189,17 @@ async def answer(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def session_row(s: dict[str, Any]) -> str:
-    """One line of `oploop sessions` (the one place its columns are made)."""
-    row = (f"{s['session']}  {s['state']:<8} agent {s['agent']}  runs {s['runs']}  "
-           f"turns {s['turns']}  events {s['last_seq']}  {describe(s.get('usage'))}")
-    return row.rstrip()
-
-
 async def sessions(args: argparse.Namespace, settings: Settings) -> int:
-    """List the host's sessions."""
+    """List the host's sessions, newest first: a header and the web list's columns."""
     async with attach(settings, start=False) as host:
         found = await host.client.sessions()
-    for s in found:
-        print(json.dumps(s) if args.json else session_row(s))
+    if args.json:
+        for s in listing.newest_first(found):
+            print(json.dumps(s))
+    elif not found:
+        print("oploop: no sessions yet (`oploop run PROMPT` starts one)", file=sys.stderr)
+    else:
+        print("\n".join(listing.table(found)))
     return EXIT_OK
 
 
@@ -162,19 +213,34 @@ async def inspect(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"summary": summary, "history_messages": len(history),
                           "history_bytes": size, "history": history}, default=repr))
         return EXIT_OK
-    print(f"session {summary.get('session', args.session)}")
-    for key in ("state", "agent", "runs", "turns", "last_seq", "last_end", "cwd"):
-        if key in summary:
-            label = {"last_seq": "last event", "last_end": "last run ended"}.get(key, key)
-            print(f"  {label:<15}{summary[key]}")
-    for key, value in summary.items():
-        if key == "usage":
-            print(f"  {'usage':<15}{describe(value)}")
-        elif key not in ("session", "state", "agent", "runs", "turns", "last_seq", "last_end",
-                         "cwd"):
-            print(f"  {key:<15}{value}")
-    print(f"  {'history':<15}{len(history)} message(s), {size:,} bytes")
+    for label, value in inspect_lines(summary, args.session):
+        print(f"  {label:<16}{value}" if label else value)
+    print(f"  {'history':<16}{len(history)} message(s), {size:,} bytes")
     return EXIT_OK
+
+
+#: `inspect`'s lines: (summary key, label, how it is shown), in this order; the other
+#: keys of the summary follow as they are.
+_INSPECTED: tuple[tuple[str, str, Any], ...] = (
+    ("title", "title", str), ("state", "state", str), ("agent", "agent", str),
+    ("runs", "runs", str), ("turns", "turns", str), ("last_seq", "last event", str),
+    ("started", "started", listing.when), ("run_started", "last run began", listing.when),
+    ("ended", "last run ended", listing.when), ("last_end", "ended by", str),
+    ("duration_s", "run time", listing.took), ("usage", "usage", describe),
+    ("cwd", "cwd", str))
+#: Summary keys `inspect` leaves out: said above in another form.
+_UNSHOWN = frozenset({"session", "created"})
+
+
+def inspect_lines(summary: dict[str, Any], sid: str) -> list[tuple[str, str]]:
+    """`oploop inspect`'s lines: (label, value), times as dates and ages."""
+    out = [("", f"session {summary.get('session', sid)}")]
+    for key, label, show in _INSPECTED:
+        if key in summary and summary[key] not in (None, ""):
+            out.append((label, show(summary[key])))
+    shown = {key for key, _, _ in _INSPECTED} | _UNSHOWN
+    out += [(key, str(value)) for key, value in summary.items() if key not in shown]
+    return out
 
 
 def _report_removed(removed: list[str], refused: dict[str, str], as_json: bool) -> int:

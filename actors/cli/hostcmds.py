@@ -24,7 +24,7 @@ from actors.settings import CONFIG_ENV, Settings, load_settings
 from actors.usage import describe
 from bus.client import Client
 from bus.endpoints import oploop_home
-from bus.errors import BusError
+from bus.errors import BusError, RemoteError
 from bus.security import CredentialError, Keyring
 
 
@@ -65,9 +65,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Start a host (in the foreground, or detached until `oploop down`). It resumes
     the runs a stopped host left open in this home (an embedded host never does)."""
     state = read_state()
-    if state is not None:
+    if state is not None:  # what was asked for is so: said, and not an error
         how = " (the embedded host of an `oploop run`)" if state.get("embedded") else ""
-        return fail(f"a host is already running in {oploop_home()}{how}")
+        print(f"oploop: a host is already running in {oploop_home()} (pid {state.get('pid')})"
+              f"{how}")
+        return EXIT_OK
     try:
         check_settings()
     except ConfigError as exc:
@@ -123,7 +125,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     if state is None:
         if args.unmount:  # e.g. after a crash: what is left mounted can still go
             return _unmount_workspaces()
-        return fail(f"no host is running in {oploop_home()} (`oploop up --detach` starts one)")
+        print(f"oploop: no host is running in {oploop_home()}: nothing to stop")
+        return EXIT_OK
     try:
         running = [s["session"] for s in asyncio.run(_sessions(wait_s=2.0))
                    if s["state"] == "running"]
@@ -387,9 +390,29 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_web(args: argparse.Namespace) -> int:
     """`oploop web [SESSION] [--no-open]`: the web view's address with its token, opened
     in a browser when there is a display (`actors.gateway.urls.show`)."""
-    from actors.gateway.urls import show
+    from actors.gateway.urls import page_url, show
 
+    if args.session and page_url(oploop_home()) is not None:
+        try:  # an address for a session the host does not have would show only an error
+            asyncio.run(_inspect(args.session))
+        except RemoteError as exc:
+            return fail(exc.message)
+        except BusError as exc:
+            return fail(f"the host did not answer: {exc}")
     return show(oploop_home(), args.session, open_browser=not args.no_open)
+
+
+async def _inspect(session: str) -> None:
+    """Ask the host in `$OPLOOP_HOME` about `session` (`RemoteError` if it has none)."""
+    async with Client.connect(oploop_home()) as client:
+        await client.inspect(session)
+
+
+#: The names the actors log under (`runtime.run_actor`), as `oploop logs ACTOR` takes them.
+ACTORS = frozenset({"host", "supervisor", "executor", "llm", "broadcaster", "gateway",
+                    "netproxy"})
+#: Other names a user may give for one of them (the llm caller logs as "llm").
+ACTOR_ALIASES = {"llm_caller": "llm", "llm-caller": "llm"}
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -401,7 +424,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         return fail(f"no log yet in {oploop_home()} (a host started by `oploop up --detach` "
                     "or `oploop run` writes host.log)")
-    mark = f" {args.actor}[" if args.actor else ""
+    actor = ACTOR_ALIASES.get(args.actor, args.actor) if args.actor else ""
+    if actor and actor not in ACTORS:
+        return fail(f"no actor {args.actor!r} (actors: {', '.join(sorted(ACTORS))})")
+    mark = f" {actor}[" if actor else ""
     with f:
         if args.lines is not None:
             tail = f.readlines()[-args.lines:] if args.lines else []
@@ -409,7 +435,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         else:
             lines = iter(f.readline, "")
         for line in lines:
-            if not mark or mark in line or line.startswith(f"{args.actor}["):
+            if not mark or mark in line or line.startswith(f"{actor}["):
                 sys.stdout.write(line)
         sys.stdout.flush()
         while args.follow:

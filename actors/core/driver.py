@@ -145,6 +145,9 @@ class RunDriver:
         self._wake: asyncio.Future[None] | None = None
         #: Who asked for a compaction before the next model call (`oploop compact`).
         self.compact_by = ""
+        #: When each tool call in flight began (perf_counter): a cancel reports how
+        #: long they ran.
+        self._tool_t0: dict[str, float] = {}
         session.driver = self
 
     # -- inputs ------------------------------------------------------------------------
@@ -202,6 +205,10 @@ class RunDriver:
         session = self.session
         if session.driver is not self:
             return  # a newer run owns the session
+        if isinstance(event, Cancel) and self._tool_t0 and not event.ran_ms:
+            now = time.perf_counter()  # how long each call in flight has run, for its end
+            event = dataclasses.replace(event, ran_ms=tuple(
+                (cid, (now - t0) * 1000) for cid, t0 in self._tool_t0.items()))
         old = self.state
         state, actions = step(old, event)
         # First: the journal reads the session's run as the actions emit.
@@ -411,6 +418,7 @@ class RunDriver:
         self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
         if self.state.phase is not Phase.TOOLS or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
+        self._tool_t0[call.id] = time.perf_counter()
         if job.refusal is not None:  # hidden or unknown: never run
             outcome = job.refusal
         else:
@@ -419,6 +427,7 @@ class RunDriver:
             cap = result_cap(budget(self.session, self.io.config.aliases).limit)
             if len(outcome.output) > cap:  # one result never fills the context alone
                 outcome = dataclasses.replace(outcome, output=cut_result(outcome.output, cap))
+        self._tool_t0.pop(call.id, None)
         self.feed(ToolFinished(call.id, outcome))
 
     def _abort(self) -> None:

@@ -123,6 +123,9 @@ class Cancel:
 
     mode: str
     reason: str = ""
+    #: How long each started tool call had run (call id, ms), measured by the driver
+    #: when the cancel arrives: the `TOOL_END` the cancel sends for it reports that.
+    ran_ms: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -456,21 +456,23 @@ def _cancel(out: _Out, ev: Cancel) -> None:
             _decide(out, Decide(call_id, "deny", "cancel", CANCEL_WHY[CancelMode.OPERATION]))
         return
     out.actions.append(AbortJobs())
-    _finish_cancelled(out, ev.mode, ev.reason)
+    _finish_cancelled(out, ev.mode, ev.reason, dict(ev.ran_ms))
 
 
-def _finish_cancelled(out: _Out, mode: str, reason: str) -> None:
+def _finish_cancelled(out: _Out, mode: str, reason: str,
+                      ran_ms: dict[str, float] | None = None) -> None:
     """History made valid (partial text kept, open calls answered), then `CANCELLED`."""
     why = CANCEL_WHY[mode]
     _keep_partial(out, why)
-    _end_started_tools(out, why)
+    _end_started_tools(out, why, ran_ms)
     _close_open_calls(out, why)
     out.emit(EventType.CANCELLED, out.s.turns, {"mode": mode, "reason": reason or why})
 
 
-def _end_started_tools(out: _Out, why: str) -> None:
+def _end_started_tools(out: _Out, why: str, ran_ms: dict[str, float] | None = None) -> None:
     """A `TOOL_END` (an error saying `why`) for each started call without one: every
-    `TOOL_START` a viewer saw gets its end, whatever ends the run."""
+    `TOOL_START` a viewer saw gets its end, whatever ends the run; its duration is how
+    long the call had run (`ran_ms`, measured by the driver), 0 where not known."""
     s = out.s
     if not s.started:
         return
@@ -481,7 +483,7 @@ def _end_started_tools(out: _Out, why: str) -> None:
             call = calls.get(call_id)
             out.emit(EventType.TOOL_END, s.turn, {
                 "tool_use_id": call_id, "name": call.name if call else "", "is_error": True,
-                "output": why, "duration_ms": 0.0,
+                "output": why, "duration_ms": round((ran_ms or {}).get(call_id, 0.0), 3),
             })
 
 

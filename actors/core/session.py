@@ -26,6 +26,7 @@ from actors.core.history import Message
 from actors.core.inputs import Input
 from actors.core.machine import step
 from actors.core.state import Phase, RunState
+from actors.core.timeline import Timeline, title_of
 from actors.core.turn import ToolOutcome
 from actors.usage import Meter
 
@@ -72,13 +73,16 @@ class Session:
     #: Tokens and cost, the fold of the session's events (`stamp` applies each event
     #: to it; `summary` reports it).
     meter: Meter = field(default_factory=Meter)
+    #: Title and times, the fold of the session's events (as `meter`).
+    timeline: Timeline = field(default_factory=Timeline)
 
-    def stamp(self, type_: str, data: dict[str, Any]) -> int:
-        """The seq of the session's next event, taken (and its tokens counted): the one
-        place an event of a session gets its seq."""
+    def stamp(self, type_: str, data: dict[str, Any], ts: float | None = None) -> int:
+        """The seq of the session's next event, sent at `ts` (default: now), taken (and
+        its tokens and times counted): the one place an event of a session gets its seq."""
         seq = self.next_seq
         self.next_seq += 1
         self.meter.apply(type_, data)  # the session's tokens: the fold of its events
+        self.timeline.apply(type_, data, time.time() if ts is None else ts)
         return seq
 
     # -- views of `run` ----------------------------------------------------------------
@@ -163,9 +167,27 @@ class Session:
             "last_end": run.last_end,
             "created": self.created,
             "usage": self.meter.total().to_dict(),
+            **self._times(),
             **({"always_allow": list(run.always)} if run.always else {}),
             **({"waiting_approval": [a[0] for a in run.asks]} if run.asks else {}),
         }
+
+
+    def _times(self) -> dict[str, Any]:
+        """The summary's title and times: `title` (the first prompt, cut), `started`
+        (the session's first run), `run_started` (the current or last run's start),
+        `ended` (the last run's end; None while none has ended), `duration_s` (the
+        finished runs' time; a running run's own is `now - run_started` more)."""
+        t = self.timeline
+        title = t.title
+        if not title and self.history:  # logged before titles were kept: its first prompt
+            first = self.history[0].get("content")
+            if isinstance(first, list):
+                first = " ".join(b.get("text", "") for b in first
+                                 if isinstance(b, dict) and b.get("type") == "text")
+            title = title_of(first)
+        return {"title": title, "started": self.created, "run_started": t.run_started or None,
+                "ended": t.ended or None, "duration_s": round(t.busy_s, 3)}
 
 
 def feed_undriven(session: Session, event: Input) -> None:

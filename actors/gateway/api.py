@@ -8,6 +8,9 @@
   `Last-Event-ID`), then live (broadcaster replay + events, `Client.events`).
 - `POST /api/sessions`: start a session, `{"prompt", "agent"?, "max_turns"?,
   "deadline_s"?, "cwd"?}` (api `StartRun`).
+- `DELETE /api/sessions/{id}`: delete a session, history, events and all (api
+  `RemoveSessions`, as `oploop rm`): 200 `{"session", "removed": true}`; a running
+  one is a 409 (cancel it first), an unknown one a 404.
 - `POST /api/sessions/{id}/cancel`: `{"mode"?: "ui"|"operation", "reason"?}`
   (control `Cancel`).
 - `POST /api/sessions/{id}/compact`: compact its requests (`oploop compact`): 200 with
@@ -292,6 +295,19 @@ async def start_session(request: web.Request) -> web.Response:
     return started(reply.session, reply.run, reply.from_seq)
 
 
+async def delete_session(request: web.Request) -> web.Response:
+    """`DELETE /api/sessions/{id}`: delete the session (a running one is refused). The
+    `guard` middleware refuses it from another site, as every state-changing request."""
+    gw, sid = request.app[GATEWAY], request.match_info["sid"]
+    done = await gw.client.remove([sid])
+    if sid in done.refused:
+        why = done.refused[sid]
+        running = why.startswith(f"session {sid} is running")
+        status, code = (409, "busy") if running else (404, "unknown_session")
+        raise ApiError(status, code, why)
+    return web.json_response({"session": sid, "removed": sid in done.removed})
+
+
 async def send_message(request: web.Request) -> web.Response:
     """`POST /api/sessions/{id}/messages`: a follow-up run on an idle session, a
     message taken at the next boundary of a running one.
@@ -500,6 +516,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/sessions", list_sessions)
     app.router.add_post("/api/sessions", start_session)
     app.router.add_get("/api/sessions/{sid}", get_session)
+    app.router.add_delete("/api/sessions/{sid}", delete_session)
     app.router.add_get("/api/sessions/{sid}/events", session_events)
     app.router.add_post("/api/sessions/{sid}/cancel", cancel_session)
     app.router.add_post("/api/sessions/{sid}/messages", send_message)

@@ -37,6 +37,7 @@ from prometheus_client import (
 )
 from prometheus_client.process_collector import ProcessCollector
 
+from actors.usage import Usage
 from bus.client import Client
 from bus.errors import BusError
 from bus.vocab import TERMINAL, CancelMode, EventType
@@ -58,6 +59,8 @@ TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 #: The kinds of a `usage` that are counted as tokens.
 TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
                "cache_read_input_tokens")
+#: The states a session is listed in (`Session.state`): each exported, 0 when none is.
+SESSION_STATES = ("running", "idle")
 #: The host's status file (`actors.host.actor.STATE_FILE`, not imported: the host's
 #: module is not the gateway's to load).
 HOST_STATE = "host.json"
@@ -104,6 +107,9 @@ class Metrics:
                                ["cause"], registry=r)
         self.tokens = Counter("oploop_tokens", "Model tokens, by kind (TURN_END usage)",
                               ["kind"], registry=r)
+        self.cost = Counter("oploop_model_cost_usd", "Estimated model cost in USD (TURN_END "
+                            "usage, priced by the host; calls of unpriced models not "
+                            "included)", registry=r)
         self.missed = Counter("oploop_gateway_events_missed",
                               "Events the gateway's live stream skipped (not counted above)",
                               registry=r)
@@ -112,6 +118,10 @@ class Metrics:
                                    "SSE clients dropped for reading too slowly", registry=r)
         self.sessions = Gauge("oploop_sessions", "Sessions by state (the supervisor's list)",
                               ["state"], registry=r)
+        self.sessions_cost = Gauge("oploop_sessions_cost_usd",
+                                   "Estimated cost in USD of the sessions listed (the "
+                                   "supervisor's totals; unpriced ones not included)",
+                                   registry=r)
         self.viewers = Gauge("oploop_viewers", "Viewers subscribed at the broadcaster",
                              registry=r)
         self.backfilled = Gauge("oploop_broadcaster_events_recovered",
@@ -133,6 +143,14 @@ class Metrics:
         self.scrape_errors = Counter("oploop_gateway_scrape_errors",
                                      "Scrapes where a source did not answer", ["source"],
                                      registry=r)
+        # Known label values from the start, at 0: a rate over a series that appears
+        # only with its first event misses that event (and a dashboard shows no line).
+        for terminal in sorted(TERMINAL):
+            self.runs.labels(terminal)
+        for mode in CancelMode:
+            self.cancels.labels(mode.value)
+        for name in TOKEN_KINDS:
+            self.tokens.labels(name.removesuffix("_tokens"))
         self._tool = _Labels()
         self._cause = _Labels()
         self._stop = _Labels()
@@ -179,6 +197,9 @@ class Metrics:
                     n = usage.get(name)
                     if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                         self.tokens.labels(name.removesuffix("_tokens")).inc(n)
+                cost = usage.get("cost_usd")
+                if isinstance(cost, int | float) and not isinstance(cost, bool) and cost > 0:
+                    self.cost.inc(cost)
         elif kind in TERMINAL:
             self.runs.labels(kind).inc()
             sent = self._cancels.pop(ev["session"], None)
@@ -205,10 +226,13 @@ class Metrics:
         """Read the host's current figures, then render the whole registry."""
         self.sessions.clear()
         try:
-            states = collections.Counter(
-                str(s.get("state", "")) for s in await client.sessions(timeout=SCRAPE_TIMEOUT_S))
+            listed = await client.sessions(timeout=SCRAPE_TIMEOUT_S)
+            states = collections.Counter({state: 0 for state in SESSION_STATES})
+            states.update(str(s.get("state", "")) for s in listed)
             for state, n in states.items():
                 self.sessions.labels(state).set(n)
+            self.sessions_cost.set(sum(Usage.from_dict(s.get("usage")).cost or 0.0
+                                       for s in listed))
         except BusError as exc:
             self.scrape_errors.labels("supervisor").inc()
             log.warning("metrics: the supervisor did not answer: %s", exc)

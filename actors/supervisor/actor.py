@@ -171,12 +171,12 @@ class Supervisor:
         """Stamp the next seq of `session` on an event and publish it: at once without a
         journal, else after the journal has committed it (at the end of this loop
         iteration, with every other event of it: one commit per iteration)."""
-        seq = session.stamp(type_, data)
-        now = time.time()
-        env = Envelope(Event(seq, type_, turn, now, data), sid=session.id)
+        ts = time.time()
+        seq = session.stamp(type_, data, ts)
+        env = Envelope(Event(seq, type_, turn, ts, data), sid=session.id)
         if self.tracer is not None:  # (off: this test is all it costs)
             self.tracer.on_event(session.id, session.agent.name, session.agent.model_id(),
-                                 type_, turn, data, now)
+                                 type_, turn, data, ts)
         frame = encode(env)
         if self.journal is None:
             self._publish(frame, session.id, seq)

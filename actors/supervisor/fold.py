@@ -27,6 +27,7 @@ from actors.core.fold import fold_event
 from actors.core.history import Message, append_blocks, blocks
 from actors.core.session import Session
 from actors.core.state import Phase, RunState
+from actors.core.timeline import Timeline
 from actors.core.turn import ToolOutcome
 from actors.logstore import SessionStore
 from actors.sessionlog import Compaction, Record, SessionRow
@@ -155,6 +156,7 @@ def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
     data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms, list(o.images)]
                         for k, o in session.outcomes.items()}
     data["meter"] = session.meter.to_state()
+    data["timeline"] = session.timeline.to_state()
     packed: bytes = msgpack.packb(data, use_bin_type=True)
     return packed
 
@@ -189,6 +191,7 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
     # A field added since the snapshot was written keeps its default.
     session = Session(agent=agent, **{k: data[k] for k in _FIELDS if k in data})
     session.meter = meter
+    session.timeline = Timeline.from_state(data.pop("timeline", None))
     history = session.history
     session.run = RunState(
         phase=Phase.IDLE if data.get("run_over", True) else Phase.MODEL,
@@ -233,6 +236,7 @@ def apply_record(session: Session, seq: int, event: Event, delta: dict[str, Any]
         session.start_key = str(extras.get("key", ""))
     session.run = fold_event(session.run, kind, event.turn, data)
     session.meter.apply(kind, data)  # tokens: the same fold `Session.stamp` does live
+    session.timeline.apply(kind, data, event.ts)
     history = session.history
     for op in delta.get("h") or ():
         role, added = op

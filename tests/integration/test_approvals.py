@@ -320,7 +320,7 @@ def test_watch_on_a_terminal_asks_about_a_call_still_waiting(host):
             return started.session
 
     sid = asyncio.run(ask())
-    term = Terminal(host, "watch", sid)
+    term = Terminal(host, "watch", "--until-idle", sid)
     term.expect("approve? [y/N/a(lways for this session)]")
     os.write(term.master, b"y\n")
     term.expect("approved by local")

@@ -358,14 +358,14 @@ def test_watch_quiet_and_logs(short_home):
         assert "quietly" in quiet.stdout and "→" not in quiet.stdout and "done" not in quiet.stdout
         done = oploop(short_home, "run", "--json", "run `echo one`")
         sid = events_of(done.stdout)[0]["session"]
-        assert oploop(short_home, "watch", sid).returncode == 0
+        assert oploop(short_home, "watch", "--until-idle", sid).returncode == 0
         beyond = oploop(short_home, "watch", sid, "--from-seq", "999")
         assert beyond.returncode == 1 and "nothing from --from-seq 999" in beyond.stderr
         assert oploop(short_home, "watch", sid, "--from-seq", "-5").returncode == 2
         late = oploop(short_home, "run", "--json", "--deadline", "0.5", "run `sleep 20`")
         assert late.returncode == 130, late.stderr
         late_sid = events_of(late.stdout)[0]["session"]
-        replay = oploop(short_home, "watch", late_sid)
+        replay = oploop(short_home, "watch", "--until-idle", late_sid)
         assert replay.returncode == 130 and "› run 1: run `sleep 20`" in replay.stdout
         assert oploop(short_home, "run", "--max-turns", "-1", "x").returncode == 2
         logs = oploop(short_home, "logs", "-n", "5")

@@ -388,6 +388,8 @@ def test_every_request_needs_the_token(host):
                                                      "message": "a token is required"}
             async with http.post(f"{url}api/sessions", json={"prompt": "hi"}) as resp:
                 assert resp.status == 401
+            async with http.delete(f"{url}api/sessions/abc") as resp:
+                assert resp.status == 401
             # A first visit with ?token= goes to the page's own name, which sets the
             # cookie and drops the token from the URL.
             async with http.get(f"{url}?token={token}") as resp:
@@ -401,13 +403,22 @@ def test_every_request_needs_the_token(host):
     asyncio.run(main())
 
 
+async def _any_session(host: str) -> str:
+    async with session(host) as http:
+        return await start(http, url_of(host), "list /tmp")
+
+
 def test_oploop_web_prints_the_pages_address_with_its_token(host):
     shown = oploop(host, "web", "--no-open", env=GATEWAY_ENV)
     assert shown.returncode == 0, shown.stderr
     token = (Path(host) / "web.token").read_text().strip()
     assert shown.stdout.strip() == f"{page_base(host)}?token={token}"
-    one = oploop(host, "web", "abc123", "--no-open", env=GATEWAY_ENV)
-    assert one.stdout.strip() == f"{page_base(host)}s/abc123?token={token}"
+    unknown = oploop(host, "web", "abc123", "--no-open", env=GATEWAY_ENV)
+    assert unknown.returncode == 1 and unknown.stdout == ""  # no address of a page of nothing
+    assert unknown.stderr.strip() == "oploop: no session 'abc123'", unknown.stderr
+    sid = asyncio.run(_any_session(host))
+    one = oploop(host, "web", sid, "--no-open", env=GATEWAY_ENV)
+    assert one.stdout.strip() == f"{page_base(host)}s/{sid}?token={token}"
 
     async def main() -> None:
         async with aiohttp.ClientSession(connector=loopback_names()) as http, \
@@ -454,6 +465,12 @@ def test_bad_input_gets_a_json_error(host):
                 assert resp.status == 403
             async with http.get(f"{url}api/sessions", headers={"Host": "evil.example"}) as resp:
                 assert resp.status == 403  # DNS rebinding: another site's name
+            # A delete likewise: never from another site; an unknown session is a 404.
+            async with http.delete(f"{url}api/sessions/nosuch",
+                                   headers={"Origin": "http://evil.example"}) as resp:
+                assert resp.status == 403 and "cross-site" in (await resp.json())["message"]
+            async with http.delete(f"{url}api/sessions/nosuch") as resp:
+                assert resp.status == 404 and (await resp.json())["error"] == "unknown_session"
             async with http.get(f"{url}api/nothing") as resp:
                 assert resp.status == 404 and (await resp.json())["error"] == "not_found"
             sid = await start(http, url, "list /tmp")
@@ -531,6 +548,14 @@ def test_metrics_count_runs_turns_tools_and_read_the_host(host):
             # The cancel went through the gateway: timed to its CANCELLED.
             assert samples[("oploop_gateway_cancel_seconds_count", ())] >= 1
             assert samples[("oploop_runs_total", (("terminal", "CANCELLED"),))] >= 1
+            # Every state and terminal is exported, at 0 when none is; and the cost.
+            assert ("oploop_sessions", (("state", "running"),)) in samples
+            assert ("oploop_runs_total", (("terminal", "ERROR"),)) in samples
+            assert ("oploop_cancels_total", (("mode", "deadline"),)) in samples
+            priced = sum((e["data"].get("usage") or {}).get("cost_usd") or 0 for e in events
+                         if e["type"] == "TURN_END")
+            assert samples[("oploop_model_cost_usd_total", ())] >= priced * 0.999
+            assert samples[("oploop_sessions_cost_usd", ())] >= priced * 0.999
             # Every stream of the tests before has ended, those the client left mid-run
             # too: their handlers were cancelled, their subscriptions closed.
             for _ in range(200):

@@ -21,7 +21,7 @@ from actors.llm_caller.policy import RetryPolicy
 from actors.offline_model import start_server
 from actors.runner import Runner
 from actors.sandbox.workspaces import remove_home
-from actors.usage import DEFAULT_PRICES, Price, Usage
+from actors.usage import DEFAULT_PRICES, Price, Usage, money, short_count
 from bus.client import Client
 
 HOUSE = Price(1.0, 2.0, 3.0, 4.0)
@@ -161,7 +161,8 @@ def test_session_totals_in_sessions_status_and_inspect(host):
 
     table = oploop(host, "sessions")
     (row,) = [line for line in table.stdout.splitlines() if line.startswith(sid)]
-    assert " in · " in row and "$" in row
+    shown = Usage.from_dict(mine[0]["usage"])  # the web list's tokens and cost columns
+    assert f" {short_count(shown.tokens)} " in row and f" {money(shown.cost)}" in row
 
 
 # -- the in-process Runner, router included ---------------------------------------------
@@ -207,6 +208,14 @@ def test_session_totals_survive_a_host_restart():
         assert after["usage"] == before["usage"] == events[-1]["data"]["usage"]
         total = Usage.from_dict(before["usage"]) + usages(more, "DONE")[0]
         assert Usage.from_dict(listed["usage"]) == Usage.from_dict(total.to_dict())
+        # The list's title and times too (the fold of the events' `ts`).
+        times = ("title", "started", "run_started", "ended", "duration_s")
+        assert {k: after[k] for k in times} == {k: before[k] for k in times}
+        assert before["title"] == "hello there"
+        assert before["ended"] == events[-1]["ts"]
+        assert before["duration_s"] == round(events[-1]["ts"] - events[0]["ts"], 3)
+        assert listed["title"] == "hello there" and listed["ended"] == more[-1]["ts"]
+        assert listed["duration_s"] > before["duration_s"]
     finally:
         remove_home(Path(home))
 

@@ -126,8 +126,9 @@ async def collect_until(agen: AsyncIterator[dict[str, Any]], out: list[dict[str,
 
 
 def watch_process(home: str, session: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*OPLOOP, "watch", "--json", *args, session], env=clean_env(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([*OPLOOP, "watch", "--json", "--until-idle", *args, session],
+                            env=clean_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):

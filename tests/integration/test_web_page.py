@@ -18,6 +18,7 @@ from homes import make_home, remove_home
 from hostkit import running_host
 
 from actors.gateway.urls import page_url
+from actors.usage import money, short_count
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
@@ -41,6 +42,20 @@ SCRIPTS = {"slow": [{"reply": WORDS, "delay_s": 0.03}],
                {"type": "tool_use", "name": "shell", "input": {"command": "echo from-the-page"}},
                {"type": "tool_use", "name": "shell", "input": {"command": "echo never"}}]},
                {"reply": "decided", "stop_reason": "end_turn"}]}
+# A reply in Markdown, with what a page must never run: a script, an event handler, a
+# `javascript:` link (the model's text is rendered; these must come out inert).
+XSS = ('<img src=x onerror="window.__xss=1"> <script>window.__xss=2</script> '
+       '[click](javascript:window.__xss=3) <a href="javascript:window.__xss=4">a</a> '
+       '<svg><script>window.__xss=5</script></svg> <iframe src="javascript:window.__xss=6">')
+MARKDOWN = ("# Findings\n\nThe **disk** is fine:\n\n- one\n- two\n\n"
+            "```sh\ndf -h /\n```\n\n" + XSS)
+SCRIPTS["md"] = [{"reply": MARKDOWN, "delay_s": 0}]
+# A tool that runs until cancelled: the page shows its elapsed time meanwhile.
+SCRIPTS["sleepy"] = [{"reply": [{"type": "text", "text": "Checking the **disk** first, with "
+                                                        "`df`; then I wait:"},
+                                {"type": "tool_use", "name": "shell",
+                                 "input": {"command": "df -h /; sleep 60"}}]},
+                     {"reply": "slept", "stop_reason": "end_turn"}]
 ASKER = '[agents.asker]\napproval_timeout_s = 600\n[agents.asker.permissions]\nshell = "ask"\n'
 ARTIFACTS = Path(os.environ.get("OPLOOP_ARTIFACTS", "/tmp/oploop-artifacts")) / "web"
 TIMEOUT_MS = 30_000
@@ -133,7 +148,8 @@ def test_start_watch_cancel_in_two_pages(host):
                     await p.wait_for_selector(".terminal.CANCELLED")
                     assert await p.inner_text("#state") == "idle"
                     # Said before the end: it joined the run's history, shown in both.
-                    assert await p.inner_text(".said") == "✉ local: a note from the page"
+                    said = await p.inner_text(".said")  # (its time, then what was said)
+                    assert said.endswith("\n✉ local: a note from the page"), said
                     assert await p.inner_text("#follow-send") == "Send follow-up"
                 seqs = [await p.get_attribute("#log", "data-seq") for p in (page, other)]
                 assert seqs[0] == seqs[1] and int(seqs[0] or 0) > 3
@@ -178,8 +194,8 @@ def test_a_session_of_10000_events_renders_in_full(host):
                 assert last > 10_000
                 assert await page.get_attribute("#log", "data-seq") == str(last)
                 text = await page.evaluate(
-                    "[...document.querySelectorAll('#log .text')].map(e => e.textContent)")
-                assert text[0] == BIG
+                    "[...document.querySelectorAll('#log .text .md')].map(e => e.textContent)")
+                assert text[0].strip() == BIG
                 assert not errors, errors
             finally:
                 await browser.close()
@@ -218,6 +234,228 @@ def test_approve_and_deny_from_the_page(host):
                     "[...document.querySelectorAll('#log .tool .output')].map(e => e.textContent)")
                 assert any("from-the-page" in o for o in outputs), outputs
                 assert any("denied by local" in o for o in outputs), outputs
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+async def _browser(pw):
+    return await pw.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu"])
+
+
+async def _page(browser, errors: list[str]) -> Page:
+    page = await browser.new_page(viewport={"width": 1200, "height": 760})
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.set_default_timeout(TIMEOUT_MS)
+    return page
+
+
+def _row(sid: str) -> str:
+    return f'#sessions tr[data-session="{sid}"]'
+
+
+SHOWN = "[...document.querySelectorAll('#sessions tbody tr')].map(r => r.dataset.session)"
+
+
+def test_markdown_is_rendered_and_nothing_in_it_runs(host):
+    url = page_base(host)
+    token = token_of(host)
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await _browser(pw)
+            errors: list[str] = []
+            try:
+                page = await _page(browser, errors)
+                await page.goto(f"{url}?token={token}")
+                # The prompt carries markup too: shown as text, never parsed.
+                sid = await start_in_page(
+                    page, {"prompt": "#md <img src=y onerror=window.__xss=7>"})
+                await page.goto(f"{url}s/{sid}")
+                await page.wait_for_selector(".terminal.DONE")
+                md = page.locator("#log .text .md").first
+                assert await md.locator("h1").inner_text() == "Findings"
+                assert await md.locator("strong").inner_text() == "disk"
+                assert await md.locator("li").count() == 2
+                assert "df -h /" in await md.locator("pre code").inner_text()
+                assert "```" not in await md.inner_text()  # the fence is a block, not text
+                assert "<img src=y" in await page.inner_text(".prompt")
+                dangerous = await page.evaluate("""() => ({
+                  xss: window.__xss ?? null,
+                  scripts: document.querySelectorAll('#log script').length,
+                  frames: document.querySelectorAll('#log iframe').length,
+                  handlers: [...document.querySelectorAll('#log *')].filter(
+                    e => [...e.attributes].some(a => a.name.startsWith('on'))).length,
+                  jsLinks: [...document.querySelectorAll('#log a')].filter(
+                    a => (a.getAttribute('href') || '').trim().toLowerCase()
+                      .startsWith('javascript')).length,
+                  promptImages: document.querySelectorAll('#log .prompt img').length,
+                })""")
+                assert dangerous == {"xss": None, "scripts": 0, "frames": 0, "handlers": 0,
+                                     "jsLinks": 0, "promptImages": 0}, dangerous
+                # Every event has its time; the run its totals (the offline model is free).
+                assert await page.locator("#log .run > .prompt time.at").count() == 1
+                assert await page.locator("#log .text time.at").count() >= 1
+                totals = await page.inner_text("#log .run .totals")
+                assert totals.startswith("run total:") and "$" in totals, totals
+                # A type the page has no renderer for (one added since): shown by name
+                # with its data, as text, not dropped.
+                shown = await page.evaluate("""() => {
+                  window.oploopView.render({type: 'NEW_KIND', seq: 1e9, ts: Date.now() / 1000,
+                    data: {note: '<b>as text</b>'}});
+                  const box = [...document.querySelectorAll('#log .event')].pop();
+                  return [box.querySelector('.kind').textContent, box.textContent,
+                          box.querySelectorAll('b').length];
+                }""")
+                assert shown[0] == "NEW_KIND" and "<b>as text</b>" in shown[1] and shown[2] == 0
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+def test_a_running_tool_shows_its_elapsed_time(host):
+    url = page_base(host)
+    token = token_of(host)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await _browser(pw)
+            errors: list[str] = []
+            try:
+                page = await _page(browser, errors)
+                await page.goto(f"{url}?token={token}")
+                sid = await start_in_page(page, {"prompt": "#sleepy check the disk, slowly"})
+                await page.goto(f"{url}s/{sid}")
+                tool = page.locator("#log .tool.running")
+                await tool.wait_for()
+                # The elapsed time counts up while the tool runs (a tick a second).
+                await page.wait_for_function(
+                    "() => /[1-9][.0-9]* s$/.test(document.querySelector("
+                    "'#log .tool.running .elapsed')?.textContent ?? '')")
+                assert "running" in await tool.inner_text()
+                await page.screenshot(path=str(ARTIFACTS / "session-running-tool.png"))
+                await page.click("#cancel-ui")
+                await page.wait_for_selector(".terminal.CANCELLED")
+                assert await page.locator("#log .tool.running").count() == 0
+                # A cancelled tool reports the time it ran (over a second), not 0 ms, and
+                # /metrics buckets it so.
+                head = await page.inner_text("#log .tool .head")
+                assert "failed" in head and head.endswith(" s"), head
+                metrics = await page.evaluate("fetch('/metrics').then(r => r.text())")
+                buckets = {line.split('le="')[1].split('"')[0]: float(line.split()[-1])
+                           for line in metrics.splitlines() if line.startswith(
+                               'oploop_tool_call_duration_seconds_bucket{') and
+                           'tool="shell"' in line}
+                assert buckets["+Inf"] - buckets["1.0"] >= 1, buckets
+                assert not errors, errors
+            finally:
+                await browser.close()
+
+    asyncio.run(main())
+
+
+def test_the_list_has_its_columns_search_filters_and_delete(host):
+    url = page_base(host)
+    token = token_of(host)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> None:
+        assert async_playwright is not None
+        async with async_playwright() as pw:
+            browser = await _browser(pw)
+            errors: list[str] = []
+            try:
+                page = await _page(browser, errors)
+                await page.goto(f"{url}?token={token}")
+                first = await start_in_page(page, {"prompt": "#md summarise the zebra report"})
+                second = await start_in_page(page, {"prompt": "#md list the quokka files"})
+                running = await start_in_page(page, {"prompt": "#sleepy wait for the pelican"})
+                await page.goto(url)
+                await page.wait_for_function(
+                    f"""() => document.querySelector('{_row(running)} .state')?.textContent
+                          === 'running' && [...document.querySelectorAll(
+                          '{_row(first)} .state, {_row(second)} .state')].length === 2
+                          && [...document.querySelectorAll(
+                          '{_row(first)} .state, {_row(second)} .state')]
+                          .every(e => e.textContent === 'idle')""")
+                heads = await page.evaluate(
+                    "[...document.querySelectorAll('#sessions thead th')].map(e => e.textContent)")
+                assert heads == ["title", "state", "agent", "started", "duration", "turns",
+                                 "tokens", "cost", ""]
+                # Newest first: the three just started lead, the last one on top.
+                order = await page.evaluate(SHOWN)
+                assert order[:3] == [running, second, first], order
+                cells = await page.locator(_row(second)).evaluate(
+                    "r => [...r.cells].map(c => c.innerText)")
+                title, state, agent, started, took, turns, tokens, cost, _ = cells
+                assert title.startswith("#md list the quokka files") and second in title
+                listed = await page.evaluate("fetch('/api/sessions').then(r => r.json())")
+                summary = next(x for x in listed["sessions"] if x["session"] == second)
+                usage = summary["usage"]
+                # The cost as the host prices it (`actors/usage.py`), the tokens all kinds.
+                assert (state, agent, turns, cost) == (
+                    "idle", "default", "1", money(usage["cost_usd"])), cells
+                assert usage["cost_usd"] is not None and usage["cost_usd"] > 0, usage
+                assert tokens == short_count(sum(v for k, v in usage.items()
+                                                 if k.endswith("_tokens"))), cells
+                assert started.endswith("s ago") and took.endswith(("ms", " s")), cells
+                assert summary["title"] == "#md list the quokka files", summary
+                assert summary["ended"] >= summary["started"] > 0, summary
+                hover = await page.locator(f"{_row(second)} time").get_attribute("title")
+                assert hover and any(ch.isdigit() for ch in hover)
+                body = await page.inner_text("body")
+                for bad in ("Invalid Date", "NaN", "undefined", "null"):
+                    assert bad not in body, body
+                await page.screenshot(path=str(ARTIFACTS / "sessions-list.png"))
+                # Search and filters.
+                await page.fill("#search", "quokka")
+                assert await page.evaluate(SHOWN) == [second]
+                await page.fill("#search", "")
+                await page.select_option("#filter-state", "running")
+                shown = await page.evaluate(SHOWN)
+                assert running in shown and first not in shown and second not in shown
+                await page.select_option("#filter-state", "")
+                await page.select_option("#filter-agent", "default")
+                assert {first, second, running} <= set(await page.evaluate(SHOWN))
+                await page.select_option("#filter-agent", "")
+                # Delete, confirmed: gone from the list and from the host. A running one
+                # cannot be deleted (its button is off; the API says why).
+                assert await page.locator(f"{_row(running)} button.delete").is_disabled()
+                page.once("dialog", lambda d: asyncio.ensure_future(d.accept()))
+                await page.click(f"{_row(first)} button.delete")
+                await page.locator(_row(first)).wait_for(state="detached")
+                status = await page.evaluate(f"fetch('/api/sessions/{first}').then(r => r.status)")
+                assert status == 404
+                refused = await page.evaluate(
+                    f"fetch('/api/sessions/{running}', {{method: 'DELETE'}})"
+                    ".then(async r => [r.status, await r.json()])")
+                assert refused[0] == 409 and "running" in refused[1]["message"], refused
+                # Dismissed: nothing is deleted.
+                asked: list[str] = []
+
+                async def dismiss(dialog) -> None:
+                    asked.append(dialog.message)
+                    await dialog.dismiss()
+
+                page.once("dialog", lambda d: asyncio.ensure_future(dismiss(d)))
+                await page.click(f"{_row(second)} button.delete")
+                await page.wait_for_function("() => true")
+                assert asked and second in asked[0]
+                assert await page.evaluate(
+                    f"fetch('/api/sessions/{second}').then(r => r.status)") == 200
+                cancelled = await page.evaluate(
+                    f"fetch('/api/sessions/{running}/cancel', {{method: 'POST', "
+                    "headers: {'Content-Type': 'application/json'}, body: '{}'})"
+                    ".then(r => r.status)")
+                assert cancelled == 200
                 assert not errors, errors
             finally:
                 await browser.close()

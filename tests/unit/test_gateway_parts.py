@@ -89,6 +89,20 @@ def test_metrics_count_a_run_from_its_events():
     assert samples(m)[("oploop_run_errors_total", (("error", "model_error"),))] == 1
 
 
+def test_metrics_show_every_state_terminal_and_mode_at_zero_and_count_the_cost():
+    m = Metrics()
+    s = samples(m)
+    for terminal in ("DONE", "ERROR", "CANCELLED"):
+        assert s[("oploop_runs_total", (("terminal", terminal),))] == 0
+    for mode in ("ui", "operation", "deadline"):
+        assert s[("oploop_cancels_total", (("mode", mode),))] == 0
+    assert s[("oploop_model_cost_usd_total", ())] == 0
+    for i, cost in enumerate([0.25, None, 0.5]):  # (None: a model with no price)
+        m.observe(ev(i + 1, "TURN_END", {"stop": "end_turn", "usage": {
+            "input_tokens": 10, "output_tokens": 3, "cost_usd": cost}}))
+    assert samples(m)[("oploop_model_cost_usd_total", ())] == 0.75
+
+
 def test_metrics_count_gaps_and_bound_model_chosen_labels():
     m = Metrics()
     m.observe(ev(1, "TURN_START"))
