@@ -36,6 +36,7 @@ from bus.jobs import (
     Ready,
     Retrying,
     ToolJob,
+    ToolOutput,
     ToolResult,
     ToolsChanged,
 )
@@ -416,6 +417,7 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     Retrying,
     LlmResult,
     ToolJob,
+    ToolOutput,
     ToolResult,
     JobFailed,
     Event,
@@ -435,5 +437,5 @@ __all__ = [
     "PruneSessions", "Ready", "RemoveSessions", "Renew", "RenewAck", "ReplayBatch",
     "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",
     "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "ToolJob",
-    "ToolList", "ToolResult", "ToolsChanged",
+    "ToolList", "ToolOutput", "ToolResult", "ToolsChanged",
 ]

@@ -180,6 +180,9 @@ def parser() -> argparse.ArgumentParser:
     watch.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
     watch.set_defaults(fn=_async(commands.watch))
     for parser in (run, watch):
+        parser.add_argument("--quiet-tools", action="store_true",
+                            help="do not show what running tools print (TOOL_OUTPUT events; "
+                                 "their results still show)")
         parser.add_argument("--yes", action="store_true",
                             help="approve every call that waits for approval (the agent's "
                                  "`ask` rules) while this command follows the run, unasked")

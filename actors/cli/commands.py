@@ -23,7 +23,8 @@ from bus.vocab import EventType
 
 async def watch(args: argparse.Namespace, settings: Settings) -> int:
     """Replay a session, then follow it live; the status is its last run's."""
-    render = Renderer(json_lines=args.json, quiet=args.quiet, prompts=True)
+    render = Renderer(json_lines=args.json, quiet=args.quiet, prompts=True,
+                      tool_output=not args.quiet_tools)
     async with attach(settings, start=False) as host, host_watch(host.host_pid, settings.home):
         client = host.client
         # The broadcaster keeps finished sessions' logs; a session just started may

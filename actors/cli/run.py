@@ -148,7 +148,8 @@ async def _cancel_quietly(client: Client, session: str, reason: str) -> None:
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     """`oploop run PROMPT`: 0 done, 1 error, 130 cancelled (143 on SIGTERM)."""
     prompt = read_prompt(args.prompt)
-    render = Renderer(json_lines=args.json, quiet=args.quiet)
+    render = Renderer(json_lines=args.json, quiet=args.quiet,
+                      tool_output=not args.quiet_tools)
     with Interrupts() as stop:
         try:
             return await _run(args, settings, prompt, render, stop)

@@ -44,6 +44,7 @@ from bus.messages import (
     LlmResult,
     Ready,
     Retrying,
+    ToolOutput,
     ToolResult,
     ToolsChanged,
 )
@@ -322,7 +323,8 @@ class Dispatcher:
         self._worker_died(worker.id, reason="left")
 
     def _on_progress(self, worker: WorkerState, env: Envelope) -> None:
-        """A streamed batch or a retry of a job in flight (`Delta`, `Retrying`)."""
+        """A streamed batch or a retry of a job in flight (`Delta`, `Retrying`,
+        `ToolOutput`)."""
         job = self.jobs.get(env.job)
         if job is not None and job.worker == worker.id and not job.aborted:
             job.on_progress(env)
@@ -531,6 +533,7 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     Disconnect: Dispatcher._on_disconnect,
     Delta: Dispatcher._on_progress,
     Retrying: Dispatcher._on_progress,
+    ToolOutput: Dispatcher._on_progress,
     LlmResult: Dispatcher._on_reply,
     ToolResult: Dispatcher._on_reply,
     JobFailed: Dispatcher._on_reply,

@@ -19,6 +19,7 @@ from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
+from actors.tools.live import HostBound
 from actors.usage import priced
 from bus.messages import (
     HISTORY_MISS,
@@ -29,6 +30,7 @@ from bus.messages import (
     LlmResult,
     Retrying,
     ToolJob,
+    ToolOutput,
     ToolResult,
 )
 from bus.vocab import EventType
@@ -118,8 +120,8 @@ class WorkerIO:
         machine = self.tool_machine(session)
         # The executor enforces `timeout_s`; the margin covers a wedged executor.
         try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, lambda env: None,
-                                    machine=machine)
+            reply = await self._job("tool", job, session, timeout_s + 10.0,
+                                    self._tool_output(session, call), machine=machine)
         except ModelError as exc:
             return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
         body = reply.body
@@ -134,6 +136,29 @@ class WorkerIO:
         if isinstance(body, JobFailed):
             return ToolOutcome(f"{call.name} failed: {body.message}", True, machine=machine)
         return ToolOutcome(f"{call.name}: unexpected reply {reply.kind}", True, machine=machine)
+
+    def _tool_output(self, session: Session, call: ToolCall) -> Callable[[Envelope], None]:
+        """What becomes of a tool job's `ToolOutput`s: `TOOL_OUTPUT {call_id, stream, text}`
+        events (`cut`: the last, past the call's bound), while the call's run is open."""
+        driver = session.driver
+        bound = HostBound()
+
+        def on_progress(env: Envelope) -> None:
+            body = env.body
+            # Only while this run is open: nothing may follow its terminal event.
+            if (not isinstance(body, ToolOutput) or driver is None
+                    or session.driver is not driver or session.run_over):
+                return
+            admitted = bound.admit(body.stream, body.text, body.cut)
+            if admitted is None:
+                return
+            text, cut = admitted
+            data: dict[str, Any] = {"call_id": call.id, "stream": body.stream, "text": text}
+            if cut:
+                data["cut"] = True
+            self.emit(session, EventType.TOOL_OUTPUT, session.run_turn, data)
+
+        return on_progress
 
     async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
         """`ask_machine`, run here (it talks to another host; nothing to sandbox): the

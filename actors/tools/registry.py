@@ -54,6 +54,9 @@ class ToolContext(Generic[Deps]):
     kept: tuple[str, ...] = ()
     #: The session's sandbox mode ("" outside a sandbox), named in those messages.
     mode: str = ""
+    #: Told what a running command prints, chunk by chunk ("stdout" | "stderr", bytes):
+    #: the executor's live tool output (`actors/tools/live.py`); None: nobody watches.
+    on_output: Callable[[str, bytes], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,6 +237,18 @@ class SessionView {
         this.text = this.thinking = null;
         break;
       }
+      case "TOOL_OUTPUT": { // what a running tool prints, streamed into its card (as text)
+        const box = this.tools.get(d.call_id);
+        if (!box) break; // its start was before the replay we have: its end shows the output
+        if (!box.live) {
+          box.live = el("details", "live");
+          box.live.open = true;
+          box.live.append(el("summary", "", "output as it came"), el("pre"));
+          box.append(box.live);
+        }
+        box.live.lastChild.append(el("span", `stream-${d.stream}`, d.text || ""));
+        break;
+      }
       case "TOOL_END": {
         let box = this.tools.get(d.tool_use_id);
         this.tools.delete(d.tool_use_id);
