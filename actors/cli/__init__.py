@@ -13,9 +13,21 @@ down, status, keys), `hosting` (which host; the embedded one; a dead host notice
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `oploop` console script."""
+    # A Ctrl-C while the modules load (a second or more on a busy machine) ends the
+    # command quietly, 130, as one later would: nothing has started yet. Python's own
+    # handler would raise KeyboardInterrupt inside an import, and print a traceback.
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
     from actors.cli.app import main as app_main
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app_main(argv)
+
+
+def _interrupted_while_loading(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(130)
