@@ -206,17 +206,21 @@ def _first_event(proc: subprocess.Popen[str], kind: str) -> dict:
 
 
 def test_concurrent_embedded_runs_share_one_host_until_the_last_ends(short_home):
-    first = _start(short_home, "run `sleep 1`")
-    _first_event(first, "TOOL_START")
+    # Each run's tool waits for a file the test makes: the first ends only once the
+    # second has joined the host (its tool runs there), the second once the first ended.
+    wait = "run `until [ -e go ]; do sleep 0.05; done`"
+    first = _start(short_home, wait)
+    first_call = _first_event(first, "TOOL_START")
     host = json.loads((Path(short_home) / "run" / "host.json").read_text())
     assert host["embedded"]
-    # The second run's tool waits for a file made only once the first run has ended.
-    second = _start(short_home, "run `until [ -e go ]; do sleep 0.05; done`")
-    started = _first_event(second, "TOOL_START")
+    second = _start(short_home, wait)
+    second_call = _first_event(second, "TOOL_START")
+    assert json.loads((Path(short_home) / "run" / "host.json").read_text())["pid"] == host["pid"]
+    (workspace(short_home, first_call["session"]) / "go").touch()
     out1, err1 = first.communicate(timeout=WAIT_S)
     assert first.returncode == 0, err1
     assert psutil.pid_exists(host["pid"])  # the second still uses it
-    (workspace(short_home, started["session"]) / "go").touch()
+    (workspace(short_home, second_call["session"]) / "go").touch()
     out2, err2 = second.communicate(timeout=WAIT_S)
     assert second.returncode == 0, err2
     assert events_of(out2)[-1]["type"] == "DONE"
