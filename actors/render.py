@@ -25,14 +25,18 @@ class Renderer:
     """Prints events as they come and remembers how the run ended.
 
     `prompts`: show each run's prompt (`SESSION_START`): a replay (`watch`) shows
-    them; `run` does not repeat what was just typed.
+    them; `run` does not repeat what was just typed. `tool_output`: show what
+    running tools print (`TOOL_OUTPUT`; `--quiet-tools` hides it, JSON lines too).
     """
 
     def __init__(self, json_lines: bool = False, out: TextIO | None = None, *,
-                 quiet: bool = False, prompts: bool = False) -> None:
+                 quiet: bool = False, prompts: bool = False, tool_output: bool = True) -> None:
         self.json_lines = json_lines
         self.quiet = quiet
         self.prompts = prompts
+        self.tool_output = tool_output
+        #: A running call's output not shown yet: the start of a line, per (call, stream).
+        self._partial: dict[tuple[str, str], str] = {}
         self.out = out or sys.stdout
         self.color = _color(self.out)
         self.terminal: str | None = None
@@ -49,6 +53,8 @@ class Renderer:
         kind, data = ev["type"], ev["data"]
         if kind in TERMINAL:
             self.terminal = kind
+        if kind == EventType.TOOL_OUTPUT and not self.tool_output:
+            return
         if self.json_lines:
             print(json.dumps(ev, default=repr), file=self.out, flush=True)
             return
@@ -120,7 +126,36 @@ class Renderer:
         where = f" (on {machine})" if machine and machine != "local" else ""
         self._line(f"→ {data['name']} {_brief(data.get('input'))}{where}")
 
+    def _on_TOOL_OUTPUT(self, data: dict[str, Any]) -> None:  # noqa: N802
+        """What a running tool printed, line by line under its `→` line: `  │ ` for
+        stdout, `  ! ` for stderr (a line's start waits for its end, or the call's)."""
+        key = (str(data.get("call_id", "")), str(data.get("stream", "")))
+        text = self._partial.pop(key, "") + str(data.get("text", ""))
+        if data.get("cut"):  # the note that the rest is not shown live
+            self._tool_lines(key[1], text.rstrip("\n"), note=True)
+            return
+        whole, _, rest = text.rpartition("\n")
+        if rest:
+            self._partial[key] = rest
+        if whole or text.startswith("\n"):
+            self._tool_lines(key[1], whole)
+
+    def _tool_lines(self, stream: str, text: str, note: bool = False) -> None:
+        for line in text.split("\n"):
+            if note:
+                self._line(self._dim(f"  │ {line}"))
+            elif stream == "stderr":
+                self._line(self._red("  ! ") + line)
+            else:
+                self._line(self._dim("  │ ") + line)
+
+    def _flush_output(self, call_id: str) -> None:
+        """The last unfinished line of each stream of `call_id` (its call ended)."""
+        for key in [k for k in self._partial if k[0] == call_id]:
+            self._tool_lines(key[1], self._partial.pop(key))
+
     def _on_TOOL_END(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._flush_output(str(data.get("tool_use_id", "")))
         self._running.pop(str(data.get("tool_use_id", "")), None)
         mark = "✗" if data.get("is_error") else "✓"
         first = (data.get("output") or "").strip().splitlines()
@@ -233,6 +268,7 @@ class Renderer:
 
     def _terminal_line(self, kind: str, data: dict[str, Any]) -> str:
         self._running.clear()
+        self._partial.clear()
         if kind == EventType.DONE:
             line = f"— done: {data.get('turns', 0)} turn(s), stop {data.get('stop', '')}"
         elif kind == EventType.ERROR:
@@ -259,6 +295,9 @@ class Renderer:
 
     def _dim(self, text: str) -> str:
         return f"\x1b[2m{text}\x1b[0m" if self.color and text else text
+
+    def _red(self, text: str) -> str:
+        return f"\x1b[31m{text}\x1b[0m" if self.color and text else text
 
     def _bold(self, text: str) -> str:
         return f"\x1b[1m{text}\x1b[0m" if self.color else text

@@ -112,7 +112,7 @@ async def _produce(home: str, sid: str, seconds: float, batch_ms: float,
     """Stream `RATE` deltas/s for `seconds` through a `DeltaBatcher`; returns the last seq."""
     import zmq
 
-    from actors.llm_caller.batcher import DeltaBatcher
+    from actors.batching import DeltaBatcher
     from bus.codec import encode
     from bus.endpoints import Endpoints
     from bus.messages import Envelope, Event

@@ -21,6 +21,10 @@ live in `bench.soak_verdict`):
 - no session ends in ERROR, unless for a cause `bench.soak_verdict.explained_error`
   knows to be legitimate (a model call whose llm callers were all killed under it,
   more times than the dispatcher re-issues it); every ERROR is listed with its trace;
+- every failed tool call is explained (`bench.soak_verdict.explained_tool_error`):
+  the driver's cancel of a "cancel" session, or the supervisor or the call's
+  executor killed while the session ran; the tools' data is in the sessions'
+  working directory, named relative to it;
 - every killed actor came back, and none was marked failed;
 - after `oploop down`, no process the host ever had under it is left (the
   tree is sampled all along: actors, their children, sandboxed tool processes),
@@ -398,6 +402,9 @@ async def drive(host: SoakHost, config: SoakConfig, data: Path) -> dict[str, Any
     rng = random.Random(config.seed)
     kinds = list(config.kinds)
     cwd = host.directory  # relative tool paths resolve here
+    # The data as the tools name it: relative to the sessions' working directory (the
+    # sandbox hides the host's /tmp, and binds only the working directory back in).
+    data = data.relative_to(cwd)
     measure = config.rss_tolerance is not None
     out: dict[str, Any] = {"warmup": []}
     async with contextlib.AsyncExitStack() as stack:
@@ -431,6 +438,7 @@ async def drive(host: SoakHost, config: SoakConfig, data: Path) -> dict[str, Any
                     one_session(clients, r, cwd, config.session_timeout_s)))
             await asyncio.gather(*tasks)
             out["sessions_s"] = time.monotonic() - t0
+            out["t0"] = t0  # the kills' clock (`Kill.at_s` counts from it)
             await kill_task
             stop.set()
         out["run_s"] = time.monotonic() - t0

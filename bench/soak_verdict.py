@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from actors.core.machine import CANCEL_WHY, INTERRUPTED, WORKER_LOST
 from actors.supervisor.dispatch import MAX_REDISPATCH
 from bench.stats import machine, percentile
 from bus.vocab import TERMINAL, CancelMode
@@ -178,6 +179,50 @@ def explained_error(run: SessionRun) -> str:
     return ""
 
 
+#: A kill this close (in s) before a session started or after it ended may still be
+#: what failed its tool call: the restarted actor's news reaches the run late.
+KILL_MARGIN_S = 1.0
+
+
+def explained_tool_error(run: SessionRun, output: str, kills: Sequence[Kill],
+                         t0: float) -> str:
+    """Why a tool call of `run` legitimately failed with `output`, or "" (a problem).
+
+    Legitimate: the driver's own cancel of a "cancel" session; a supervisor killed
+    while the session ran (the call is never run again: "interrupted"); the executor
+    running the call killed under it. Anything else (a file the tools cannot read, a
+    command that fails, a refusal) is a finding: the soak exercises the tools too.
+    """
+    if run.kind == "cancel" and output == CANCEL_WHY[CancelMode.UI]:
+        return "the driver cancelled the run"
+
+    def killed(prefix: str) -> bool:
+        start, end = run.started_at - t0 - KILL_MARGIN_S, run.ended_at - t0 + KILL_MARGIN_S
+        return any(k.actor.startswith(prefix) and start <= k.at_s <= end for k in kills)
+
+    if output == INTERRUPTED and killed("supervisor"):
+        return "the supervisor was killed while the call ran"
+    lost = output == WORKER_LOST or output.endswith("failed: executor died")
+    if lost and killed("executor"):
+        return "its executor was killed while the call ran"
+    return ""
+
+
+def tool_error_problems(runs: Sequence[SessionRun], kills: Sequence[Kill],
+                        t0: float) -> list[str]:
+    """Every failed tool call (a `TOOL_END` with `is_error`) no kill or cancel explains."""
+    problems = []
+    for run in runs:
+        for ev in run.views[0] if run.views else []:
+            if ev["type"] != "TOOL_END" or not ev["data"].get("is_error"):
+                continue
+            output = str(ev["data"].get("output", ""))
+            if not explained_tool_error(run, output, kills, t0):
+                problems.append(f"session {run.index} ({run.kind}, {run.session}): tool "
+                                f"{ev['data'].get('name')} failed unexplained: {output[:200]}")
+    return problems
+
+
 def trace(run: SessionRun) -> list[str]:
     """The first viewer's events of `run`, one short line each (seconds since the
     first), tokens left out (for the report)."""
@@ -203,6 +248,7 @@ def report(config: SoakConfig, got: dict[str, Any],
     runs: list[SessionRun] = got["runs"]
     kills: list[Kill] = got["kills"]
     problems = [p for r in runs for p in check_run(r)] + got["kill_problems"]
+    problems += tool_error_problems(runs, kills, got.get("t0", 0.0))
     first_views = [r.views[0] for r in runs if r.views]
     counts = Counter(e["type"] for v in first_views for e in v)
     # Tool calls that failed, by what they said (an executor killed mid-call: legitimate).
@@ -250,6 +296,8 @@ def report(config: SoakConfig, got: dict[str, Any],
         "events": {"total": sum(counts.values()), "RETRY": counts["RETRY"],
                    "RESUMED": counts["RESUMED"], "TOOL_END": counts["TOOL_END"],
                    "tool_errors": sum(tool_errors.values()),
+                   "tool_errors_unexplained": len(tool_error_problems(runs, kills,
+                                                                      got.get("t0", 0.0))),
                    "tool_errors_by_output": dict(tool_errors),
                    "retry_errors": dict(Counter(e["data"].get("error", "")[:60] for v in first_views
                                                 for e in v if e["type"] == "RETRY"))},
@@ -284,7 +332,8 @@ def summary(rep: dict[str, Any]) -> str:
         f"terminal {s['terminal']}",
         f"  kills {k['total']}: {k['per_actor']} (slowest return {k['back_s_max']:.2f} s)",
         f"  events {e['total']}: RETRY {e['RETRY']}, RESUMED {e['RESUMED']}, "
-        f"tool results {e['TOOL_END']} ({e['tool_errors']} errors)",
+        f"tool results {e['TOOL_END']} ({e['tool_errors']} errors, "
+        f"{e['tool_errors_unexplained']} unexplained)",
         f"  time: last session ended {rep['time']['sessions_s']:.1f} s after the first "
         f"started; session p50 {s['duration_s']['p50']:.2f} s, p95 "
         f"{s['duration_s']['p95']:.2f} s, max {s['duration_s']['max']:.2f} s",

@@ -179,6 +179,23 @@ class ToolJob(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolOutput(Body):
+    """Executor -> supervisor: a batch of what a running tool printed, before its result.
+
+    `stream`: "stdout" or "stderr"; `text`: the batch (decoded, utf-8 errors replaced).
+    A call's live output is bounded (`actors/tools/live.py`): past the bound one last
+    `ToolOutput` with `cut` set says that the output goes on (its `text` says so), and
+    nothing more of that call comes before its `ToolResult`, which has the output as
+    ever. No reply.
+    """
+
+    KIND: ClassVar[str] = "tool_output"
+    stream: str
+    text: str
+    cut: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ToolResult(Body):
     """Executor -> supervisor: the tool's `output`, whether it `is_error`, its duration.
 

@@ -23,6 +23,7 @@ class EventType(StrEnum):
     THINKING = "THINKING"
     RETRY = "RETRY"
     TOOL_START = "TOOL_START"
+    TOOL_OUTPUT = "TOOL_OUTPUT"
     TOOL_END = "TOOL_END"
     #: A tool call in flight reported progress: `{call_id, progress, total, message}`.
     TOOL_PROGRESS = "TOOL_PROGRESS"

@@ -3,9 +3,10 @@
 A remote run may stream thousands of `TOKEN` batches; each forwarded event is one
 more event in the caller's log, for every viewer of it. So the relay, a pure
 object fed the remote events, coalesces streamed text into one event per
-`TEXT_EVERY_S`, cuts long fields, and forwards at most `MAX_EVENTS` per ask; past
-that only the remote run's terminal event still goes, saying how many were left
-out. The caller's log grows by a bounded amount whatever the remote does.
+`TEXT_EVERY_S`, leaves out live tool output (`TOOL_OUTPUT`), cuts long
+fields, and forwards at most `MAX_EVENTS` per ask; past that only the remote
+run's terminal event still goes, saying how many were left out. The caller's
+log grows by a bounded amount whatever the remote does.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class Relay:
     def feed(self, ev: dict[str, Any], now: float) -> list[dict[str, Any]]:
         """The payloads (`MACHINE_EVENT` data) to emit now for remote event `ev`."""
         kind = ev.get("type")
+        if kind == EventType.TOOL_OUTPUT:
+            # The remote tools' live output stays in the remote log: forwarded, it would
+            # spend this ask's events on what its `TOOL_END` carries anyway.
+            return []
         out: list[dict[str, Any]] = []
         if kind in _STREAMED:
             text = str((ev.get("data") or {}).get("text", ""))

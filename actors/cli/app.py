@@ -237,6 +237,9 @@ def parser() -> argparse.ArgumentParser:
                               "session's later runs too, until Ctrl-C)")
     watch.set_defaults(fn=_async(commands.watch))
     for parser in (run, watch):
+        parser.add_argument("--quiet-tools", action="store_true",
+                            help="do not show what running tools print (TOOL_OUTPUT events; "
+                                 "their results still show)")
         parser.add_argument("--yes", action="store_true",
                             help="approve every call that waits for approval (the agent's "
                                  "`ask` rules) while this command follows the run, unasked")

@@ -28,7 +28,8 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
     """Replay a session, then follow it live, its later runs too, until Ctrl-C
     (`--until-idle`: until the run in progress ends; `--no-follow`: the replay only);
     the status is its last run's."""
-    render = Renderer(json_lines=args.json, quiet=args.quiet, prompts=True)
+    render = Renderer(json_lines=args.json, quiet=args.quiet, prompts=True,
+                      tool_output=not args.quiet_tools)
     async with attach(settings, start=False) as host, host_watch(host.host_pid, settings.home):
         client = host.client
         # The broadcaster keeps finished sessions' logs; a session just started may

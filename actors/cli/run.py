@@ -162,7 +162,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("give one PROMPT (quote it), or --prompt SERVER/PROMPT key=value ...")
     else:
         prompt = read_prompt(args.prompt[0])
-    render = Renderer(json_lines=args.json, quiet=args.quiet)
+    render = Renderer(json_lines=args.json, quiet=args.quiet,
+                      tool_output=not args.quiet_tools)
     with Interrupts() as stop:
         try:
             return await _run(args, settings, prompt, render, stop)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors import memorytool
+from actors.batching import FLUSH_INTERVAL_S
 from actors.config import Agent, Config
 from actors.permissions import refusal_here
 from actors.runtime import run_actor
@@ -39,6 +40,7 @@ from actors.tools import (
     make_write_file,
 )
 from actors.tools.builtin import LIST_CAP, READ_CAP
+from actors.tools.live import LiveOutput
 from actors.tools.process import ToolRefused
 from actors.worker import Worker
 from bus.endpoints import Endpoints
@@ -51,6 +53,7 @@ from bus.messages import (
     PromptResult,
     SampleAnswer,
     ToolJob,
+    ToolOutput,
     ToolProgress,
     ToolResult,
     ToolsChanged,
@@ -110,8 +113,11 @@ class Executor(Worker):
         catalogue: Catalogue | None = None,
         sandbox: Sandbox | None = None,
         config: Config | None = None,
+        batch_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         super().__init__(endpoints)
+        #: How long live tool output is batched (`OPLOOP_TOKEN_BATCH_MS`, as the model's).
+        self.batch_s = batch_s
         #: The host's agents: their `deny` rules are enforced here too, whoever sent
         #: the job (a second layer: the supervisor refuses them first).
         self.config = config or Config()
@@ -301,9 +307,14 @@ class Executor(Worker):
                         await asyncio.to_thread(self.sandbox.workspace, sid)
                     except ToolRefused as exc:  # no quota possible, the disk full, ...
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
-                ctx = self._context(env, job, view, start, agent)
-                with modes.using(view):
-                    outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
+                live = self._live(env)
+                ctx = self._context(env, job, view, start, agent, live)
+                try:
+                    with modes.using(view):
+                        outcome = await invoke(self.catalogue_for(agent), job.name, job.input,
+                                               ctx)
+                finally:
+                    live.close()  # the last of it goes before the result
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000
             return ToolResult(f"{job.name} timed out after {timeout_s:g} s", True, elapsed_ms)
@@ -313,8 +324,16 @@ class Executor(Worker):
             output += f"\n[{view.allow_hint()}]"
         return ToolResult(output, outcome.is_error, round(elapsed_ms, 3))
 
+    def _live(self, env: Envelope) -> LiveOutput:
+        """The live output of the job of `env`: `ToolOutput`s on the job's pipe, which
+        the supervisor makes `TOOL_OUTPUT` events."""
+        def emit(stream: str, text: str, cut: bool) -> None:
+            self.progress(env, ToolOutput(stream, text, cut))
+
+        return LiveOutput(emit, self.batch_s)
+
     def _context(self, env: Envelope, job: ToolJob, view: modes.WorkView,
-                 start: str, agent: Agent | None) -> ToolContext[None]:
+                 start: str, agent: Agent | None, live: LiveOutput) -> ToolContext[None]:
         """One working directory for every tool (the same relative path, the same file):
         the session's cwd, or in scratch mode its workspace. In scratch mode the reads
         also see the directory the session was started in, and the agent's `read_paths`.
@@ -328,7 +347,7 @@ class Executor(Worker):
         return ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private,
                            workspace=cwd, read_paths=readable, hidden=self.sandbox.hidden(view),
                            kept=(view.cwd, *view.writable, *readable), mode=view.mode,
-                           memory=memory)
+                           memory=memory, on_output=live.feed)
 
     async def serve(self) -> None:
         """Sweep what a dead executor left, adopt orphans, then serve; tidy up on the way out."""
@@ -351,7 +370,7 @@ class Executor(Worker):
 async def _main(settings: Settings) -> None:
     endpoints = settings.endpoints()  # OPLOOP_CONNECT: a worker on another machine
     try:
-        executor = Executor(endpoints, config=settings.config)
+        executor = Executor(endpoints, config=settings.config, batch_s=settings.token_batch_s)
     except PolicyError as exc:
         raise SystemExit(f"executor: bad sandbox configuration: {exc}") from exc
     executor.machine = settings.machine

@@ -1,7 +1,7 @@
 """`GET /api/events`: what changes in the sessions list, as it happens.
 
 Every event the gateway's live subscription sees (`Client.live`) but the streamed
-deltas (`TOKEN`, `THINKING`) becomes a notice `{session, seq, type, turn, ts}` for
+deltas (`TOKEN`, `THINKING`, `TOOL_OUTPUT`) becomes a notice `{session, seq, type, turn, ts}` for
 each open stream; the page updates the row, or lists again for a new session.
 Each stream has a bounded queue: one that falls `NOTICE_QUEUE` notices behind is
 ended (its page reconnects and lists again), never holding the others back.
@@ -18,7 +18,7 @@ from bus.vocab import EventType
 
 #: Notices queued for one stream before it is ended.
 NOTICE_QUEUE = 1_000
-DELTAS = frozenset({EventType.TOKEN, EventType.THINKING})
+DELTAS = frozenset({EventType.TOKEN, EventType.THINKING, EventType.TOOL_OUTPUT})
 
 Notice = dict[str, Any]
 

@@ -8,8 +8,8 @@ import logging
 import sys
 from typing import Any
 
+from actors.batching import FLUSH_INTERVAL_S, DeltaBatcher
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
-from actors.llm_caller.batcher import FLUSH_INTERVAL_S, DeltaBatcher
 from actors.llm_caller.calls import call_with_retries
 from actors.llm_caller.failures import CallFailed
 from actors.llm_caller.histories import HISTORY_MISS, BadHistory, HistoryCache, HistoryMiss

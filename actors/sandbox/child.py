@@ -31,6 +31,10 @@ class SandboxedChild:
     errfd: int
     on_close: Callable[[SandboxedChild], None] | None = None
     killed: bool = field(default=False)
+    #: The command's stderr apart from its stdout (a shell call), and its pipe's
+    #: transport, closed with the child.
+    stderr: asyncio.StreamReader | None = None
+    stderr_pipe: asyncio.BaseTransport | None = None
 
     def kill(self) -> None:
         """Kill the tree: its cgroup at once, and the launcher (the pid namespace follows)."""
@@ -52,6 +56,8 @@ class SandboxedChild:
                 log.error("sandbox cgroup %s still populated after kill", self.cgroup.dirs[0])
             return _read_all(self.errfd) if self.errfd >= 0 else ""
         finally:
+            if self.stderr_pipe is not None:
+                self.stderr_pipe.close()
             if self.errfd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(self.errfd)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import fileops, memoryfs
-from actors.tools.process import Spawner, ToolRefused, release, run_to_end
+from actors.tools.process import Spawner, ToolRefused, read_pipe, release, run_to_end
 
 from . import launcher as launcher_mod
 from . import modes, uids
@@ -234,7 +234,23 @@ class Sandbox:
 
         async def spawn(command: str, cwd: Path) -> SandboxedChild:
             pol = policy or self.config.policy(tool)
-            return await self.launch(tool, pol, cwd, argv=["/bin/sh", "-c", command], net=net)
+            # stderr on a pipe of its own, so a viewer can tell it from stdout.
+            err_r, err_w = os.pipe()
+            try:
+                child = await self.launch(tool, pol, cwd, argv=["/bin/sh", "-c", command],
+                                          net=net, stderr=err_w)
+            except BaseException:
+                os.close(err_r)
+                raise
+            finally:
+                os.close(err_w)
+            try:
+                child.stderr, child.stderr_pipe = await read_pipe(err_r)
+            except BaseException:
+                child.kill()
+                await release(child)  # to the end, even if cancelled (again) meanwhile
+                raise
+            return child
 
         return spawn
 

@@ -46,6 +46,7 @@ from bus.messages import (
     PromptResult,
     Ready,
     Retrying,
+    ToolOutput,
     ToolProgress,
     ToolResult,
     ToolsChanged,
@@ -327,8 +328,9 @@ class Dispatcher:
         self._worker_died(worker.id, reason="left")
 
     def _on_progress(self, worker: WorkerState, env: Envelope) -> None:
-        """A streamed batch, a retry or a tool's progress of a job in flight (`Delta`,
-        `Retrying`, `ToolProgress`)."""
+        """A streamed batch, a retry, a tool's progress or output, an MCP server's
+        question or model call, of a job in flight (`Delta`, `Retrying`, `ToolProgress`,
+        `ToolOutput`, `Elicit`, `Sample`)."""
         job = self.jobs.get(env.job)
         if job is not None and job.worker == worker.id and not job.aborted:
             job.on_progress(env)
@@ -540,6 +542,7 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     ToolProgress: Dispatcher._on_progress,
     Elicit: Dispatcher._on_progress,
     Sample: Dispatcher._on_progress,
+    ToolOutput: Dispatcher._on_progress,
     LlmResult: Dispatcher._on_reply,
     ToolResult: Dispatcher._on_reply,
     JobFailed: Dispatcher._on_reply,

@@ -21,6 +21,7 @@ from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher, NoCapacity
 from actors.supervisor.elicits import Elicits
 from actors.supervisor.samples import Samples, llm_job, reply_of
+from actors.tools.live import HostBound
 from actors.usage import priced
 from bus.mcpwire import Elicit, Sample
 from bus.messages import (
@@ -32,6 +33,7 @@ from bus.messages import (
     LlmResult,
     Retrying,
     ToolJob,
+    ToolOutput,
     ToolProgress,
     ToolResult,
 )
@@ -147,12 +149,15 @@ class WorkerIO:
                       list(session.agent.read_paths), session.agent.name)
         machine = self.tool_machine(session)
         progressed = self._tool_progress(session, call.id)
+        output = self._tool_output(session, call)
 
         def on_progress(env: Envelope) -> None:
             if isinstance(env.body, Elicit):  # an MCP server asks the user
                 self.elicits.requested(session, call.id, env)
             elif isinstance(env.body, Sample):  # an MCP server asks for a model call
                 self.samples.requested(session, call.id, env)
+            elif isinstance(env.body, ToolOutput):  # what a running command prints
+                output(env)
             else:
                 progressed(env)
 
@@ -192,12 +197,36 @@ class WorkerIO:
                     "total": body.total or None, "message": body.message})
 
         return on_progress
+
     async def sample(self, session: Session, request: dict[str, Any],
                      wait_s: float) -> dict[str, Any]:
         """A model call an MCP server asked for, priced; raises `ModelError`."""
         reply = await self._job("llm", llm_job(request, wait_s), session, wait_s,
                                 lambda env: None)
         return priced(reply_of(reply), self.config.prices)
+
+    def _tool_output(self, session: Session, call: ToolCall) -> Callable[[Envelope], None]:
+        """What becomes of a tool job's `ToolOutput`s: `TOOL_OUTPUT {call_id, stream, text}`
+        events (`cut`: the last, past the call's bound), while the call's run is open."""
+        driver = session.driver
+        bound = HostBound()
+
+        def on_progress(env: Envelope) -> None:
+            body = env.body
+            # Only while this run is open: nothing may follow its terminal event.
+            if (not isinstance(body, ToolOutput) or driver is None
+                    or session.driver is not driver or session.run_over):
+                return
+            admitted = bound.admit(body.stream, body.text, body.cut)
+            if admitted is None:
+                return
+            text, cut = admitted
+            data: dict[str, Any] = {"call_id": call.id, "stream": body.stream, "text": text}
+            if cut:
+                data["cut"] = True
+            self.emit(session, EventType.TOOL_OUTPUT, session.run_turn, data)
+
+        return on_progress
 
     async def _ask(self, session: Session, call: ToolCall) -> ToolOutcome:
         """`ask_machine`, run here (it talks to another host; nothing to sandbox): the

@@ -291,11 +291,12 @@ def make_shell(spawn: Spawner = spawn_local, *, cap: int = SHELL_OUTPUT_CAP) -> 
     async def shell(ctx: ToolContext[Any], command: str,
                     timeout_s: float = SHELL_DEFAULT_TIMEOUT_S) -> ToolOutcome:
         """Run a shell command in the working directory and return its stdout and
-        stderr interleaved (stdin is empty; at most 64 KiB of output, start and end
+        stderr interleaved as they came (stdin is empty; at most 64 KiB of output, start and end
         kept). A non-zero exit status is reported as an error. Default timeout 30 s,
         max 600 s; background processes are killed when the command ends."""
         try:
-            result = await run_command(command, ctx.cwd, timeout_s=timeout_s, cap=cap, spawn=spawn)
+            result = await run_command(command, ctx.cwd, timeout_s=timeout_s, cap=cap,
+                                       spawn=spawn, on_output=ctx.on_output)
         except ToolRefused as exc:
             return ToolOutcome.error(f"shell: {exc}")
         except OSError as exc:  # only starting the shell touches the OS here

@@ -1,7 +1,10 @@
 """Running a shell command as one killable process tree, with bounded output.
 
 Spawning is one small replaceable function (`Spawner`) returning a `Child`: the
-process plus how to kill its whole tree and wait until that tree is gone.
+process plus how to kill its whole tree and wait until that tree is gone. Its
+stdout and stderr are two pipes, read as they come: each chunk goes to the
+command's result (one `CappedOutput`, in the order the chunks arrive) and, for a
+viewer, to `on_output` (live tool output).
 `spawn_local` kills a process group; the sandbox (actors.sandbox) swaps in a
 launcher whose tree lives in its own cgroup and pid namespace, and keeps the
 waiting, capping and killing here.
@@ -34,7 +37,7 @@ class ChildProcess(Protocol):
 
     @property
     def stdout(self) -> asyncio.StreamReader | None:
-        """Its output (stdout and stderr)."""
+        """Its stdout (and its stderr too when the `Child` has no `stderr` apart)."""
 
     @property
     def returncode(self) -> int | None:
@@ -51,6 +54,10 @@ class Child(Protocol):
     def process(self) -> ChildProcess:
         """The process whose exit ends the command."""
 
+    @property
+    def stderr(self) -> asyncio.StreamReader | None:
+        """The command's stderr, read apart from its stdout (None: it goes with stdout)."""
+
     def kill(self) -> None:
         """SIGKILL the command and everything it started; synchronous, safe to repeat."""
 
@@ -64,7 +71,11 @@ class Child(Protocol):
 
 
 Spawner = Callable[[str, Path], Awaitable[Child]]
-"""Starts `command` in `cwd`, output (stdout and stderr) on the process's stdout pipe."""
+"""Starts `command` in `cwd`: stdout on the process's stdout pipe, stderr on the
+child's `stderr` pipe (or with stdout)."""
+
+OnOutput = Callable[[str, bytes], None]
+"""Told each chunk a running command prints, as it comes: ("stdout" | "stderr", bytes)."""
 
 
 @dataclass(slots=True)
@@ -72,6 +83,11 @@ class GroupChild:
     """An unsandboxed command that leads its own process group (`spawn_local`)."""
 
     process: asyncio.subprocess.Process
+
+    @property
+    def stderr(self) -> asyncio.StreamReader | None:
+        """The shell's stderr pipe."""
+        return self.process.stderr
 
     def kill(self) -> None:
         """SIGKILL the group (a member that called setsid escapes it: use the sandbox)."""
@@ -91,7 +107,8 @@ _READ_CHUNK = 64 * 1024
 
 
 async def spawn_local(command: str, cwd: Path) -> GroupChild:
-    """Start `/bin/sh -c command` in `cwd`, unsandboxed: stdin /dev/null, stderr into stdout.
+    """Start `/bin/sh -c command` in `cwd`, unsandboxed: stdin /dev/null, stdout and
+    stderr on two pipes.
 
     A cancellation while asyncio still connects the pipes kills the whole group:
     the shell runs from the fork on, and may have started children already
@@ -104,7 +121,7 @@ async def spawn_local(command: str, cwd: Path) -> GroupChild:
         cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        stderr=asyncio.subprocess.PIPE,
         # A new session makes the shell a process-group leader, so one killpg also
         # reaches its `cmd &` children. (No preexec_fn: it is unsafe with threads.)
         start_new_session=True,
@@ -189,19 +206,27 @@ async def run_command(
     timeout_s: float,
     cap: int,
     spawn: Spawner = spawn_local,
+    on_output: OnOutput | None = None,
 ) -> CommandResult:
     """Run `command` to completion or `timeout_s`, then kill whatever it left behind.
 
     The tree is SIGKILLed in every case — normal exit (background children would
     outlive the call and hold the pipe open), timeout, and cancellation — and
     waited for until it is gone; after a cancellation CancelledError propagates.
+    `on_output` is told every chunk of stdout and stderr as it is read (the result
+    has them too, in the order they arrived: two pipes, so writes close together on
+    both may come out of the order they were made in).
     """
     child = await spawn(command, cwd)
     proc = child.process
     assert proc.stdout is not None, "spawner must give the process a stdout pipe"
     out = CappedOutput(cap)
+    streams = [("stdout", proc.stdout)]
+    if child.stderr is not None:
+        streams.append(("stderr", child.stderr))
     # Owned here: awaited in _drain, or cancelled in the finally below.
-    reader = asyncio.create_task(_pump(proc.stdout, out))
+    readers = [asyncio.create_task(_pump(stream, name, out, on_output))
+               for name, stream in streams]
     complete = False
     try:
         try:
@@ -209,10 +234,11 @@ async def run_command(
         finally:
             # Synchronous, so it happens at once even while this task is being cancelled.
             child.kill()
-        complete = await _drain(reader)
+        complete = await _drain(readers)
     finally:
         if not complete:
-            reader.cancel()
+            for reader in readers:
+                reader.cancel()
         # Cancelled or not, here or while draining, even cancelled again meanwhile:
         # wait (bounded) until the tree is gone and release its cgroup, so "the call
         # returned" means "nothing of it runs or remains".
@@ -271,21 +297,35 @@ async def _reap(child: Child) -> str:
 
 
 def _close_stdout(proc: ChildProcess) -> None:
-    """Close our end of the output pipe (a detached process may hold the other)."""
+    """Close our end of the output pipes (a detached process may hold the others)."""
     close = getattr(proc, "close_stdout", None)
     if close is not None:
         close()
         return
     transport = getattr(proc, "_transport", None)
-    pipe = transport.get_pipe_transport(1) if transport is not None else None
-    if pipe is not None:
-        pipe.close()
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        if pipe is not None:
+            pipe.close()
 
 
-async def _pump(stream: asyncio.StreamReader, out: CappedOutput) -> None:
+async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream reading the pipe `fd` (taken over: closed with the transport, or now
+    if connecting it fails)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", 0))
+    return reader, transport
+
+
+async def _pump(stream: asyncio.StreamReader, name: str, out: CappedOutput,
+                on_output: OnOutput | None) -> None:
     # Keep reading past the cap: a child blocked on a full pipe would never exit.
     while chunk := await stream.read(_READ_CHUNK):
         out.feed(chunk)
+        if on_output is not None:
+            on_output(name, chunk)
 
 
 async def _wait_exit(proc: ChildProcess, timeout_s: float) -> bool:
@@ -326,11 +366,9 @@ async def _wait_exit(proc: ChildProcess, timeout_s: float) -> bool:
     return False
 
 
-async def _drain(reader: asyncio.Task[None]) -> bool:
-    """Let the reader reach EOF; False if it had to be stopped (it is cancelled then)."""
-    try:
-        async with asyncio.timeout(_DRAIN_S):
-            await reader
-    except TimeoutError:
-        return False
-    return True
+async def _drain(readers: list[asyncio.Task[None]]) -> bool:
+    """Let the readers reach EOF; False if one had to be stopped (the caller cancels it)."""
+    done, pending = await asyncio.wait(readers, timeout=_DRAIN_S)
+    for reader in done:
+        reader.result()  # a reader's failure is the command's
+    return not pending

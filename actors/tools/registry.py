@@ -57,6 +57,9 @@ class ToolContext(Generic[Deps]):
     #: The folder of the agent's `memory` name, where the `memory` tool works (None:
     #: the agent has none, and `memory` is refused).
     memory: Path | None = None
+    #: Told what a running command prints, chunk by chunk ("stdout" | "stderr", bytes):
+    #: the executor's live tool output (`actors/tools/live.py`); None: nobody watches.
+    on_output: Callable[[str, bytes], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,11 @@ from bus.endpoints import Endpoints
 from bus.vocab import TERMINAL
 
 OPLOOP = [sys.executable, "-m", "actors.cli"]
+#: How long a test waits on another process's observable state by default: a bound for
+#: a wait that went wrong, never a pause. Generous: with every core of the machine busy
+#: (other tests beside it, `./scripts/test -n`), a host or an actor may take tens of
+#: seconds to start.
+WAIT_S = 90.0
 
 
 def cli_env(home: str, env: dict[str, str] | None = None,
@@ -37,7 +42,7 @@ def cli_env(home: str, env: dict[str, str] | None = None,
     return full_env
 
 
-def oploop(home: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
+def oploop(home: str, *args: str, env: dict[str, str] | None = None, timeout: float = WAIT_S,
            cwd: str | os.PathLike[str] | None = None, input_text: str | None = None,
            drop: tuple[str, ...] = ("ANTHROPIC_",),
            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -176,7 +181,7 @@ def processes_with(mark: str) -> list[int]:
             if any(mark in part for part in p.info["cmdline"] or ())]
 
 
-def wait_until(predicate: Any, what: str = "condition", timeout: float = 30.0) -> None:
+def wait_until(predicate: Any, what: str = "condition", timeout: float = WAIT_S) -> None:
     """Poll an observable state (a process table, a state file) until `predicate()` holds."""
     end = time.monotonic() + timeout
     while not predicate():
@@ -184,7 +189,7 @@ def wait_until(predicate: Any, what: str = "condition", timeout: float = 30.0) -
         time.sleep(0.02)
 
 
-async def until(predicate: Any, what: str = "condition", timeout: float = 30.0) -> None:
+async def until(predicate: Any, what: str = "condition", timeout: float = WAIT_S) -> None:
     """`wait_until` for async code; `predicate()` may also return an awaitable."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout

@@ -6,10 +6,14 @@ outgoing connection of a busy machine (and its TIME_WAIT) competes for the same
 ports, so under load a block found free was often taken again, or none was found.
 Blocks are picked below that range instead, at random, and probed the way ZeroMQ
 binds (SO_REUSEADDR), so a port in TIME_WAIT that the host could bind counts as free.
+Under pytest-xdist each worker picks in a slice of that range of its own
+(`PYTEST_XDIST_WORKER`), so two workers never probe, find free and then both bind
+the same port.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -35,15 +39,29 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _worker_slice(low: int, high: int) -> tuple[int, int]:
+    """This test process's part of [low, high): all of it, or under pytest-xdist the
+    slice of worker N ("gwN") of `PYTEST_XDIST_WORKER_COUNT`."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        index = int(worker.removeprefix("gw"))
+        workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    except (KeyError, ValueError):
+        return low, high
+    size = (high - low) // max(1, workers)
+    return low + index * size, low + (index + 1) * size
+
+
 def free_ports(host: str = "127.0.0.1", count: int = 5) -> int:
     """The first of `count` consecutive ports on `host` that nothing listens on now."""
-    high = max(_ephemeral_floor(), _LOW + 1000) - count
+    low, high = _worker_slice(_LOW, max(_ephemeral_floor(), _LOW + 1000))
+    high -= count
     rng = random.Random()
     for _ in range(1000):
-        base = rng.randrange(_LOW, high)
+        base = rng.randrange(low, high)
         if all(_bindable(host, port) for port in range(base, base + count)):
             return base
-    raise RuntimeError(f"no block of {count} free ports on {host} in {_LOW}..{high}")
+    raise RuntimeError(f"no block of {count} free ports on {host} in {low}..{high}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

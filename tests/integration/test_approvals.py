@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from homes import make_home, remove_home
 from hostkit import actor, assert_one_run, oploop, scripted_host, until
 
 from bus.client import Client
@@ -48,10 +49,27 @@ SCRIPTS = {
 }
 
 
+def approvals_host(home: str, directory: Path):
+    (Path(home) / "oploop.toml").write_text(CONFIG)
+    return scripted_host(home, SCRIPTS, directory)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """One host for the tests that only run sessions on it (each its own session; the
+    offline model plays a script per session)."""
+    home = make_home("opap-")
+    try:
+        with approvals_host(home, tmp_path_factory.mktemp("approvals")) as running:
+            yield running
+    finally:
+        remove_home(Path(home))
+
+
 @pytest.fixture
-def host(short_home, tmp_path):
-    (Path(short_home) / "oploop.toml").write_text(CONFIG)
-    with scripted_host(short_home, SCRIPTS, tmp_path) as running:
+def own_host(short_home, tmp_path):
+    """A host of the test's own, which it kills or stops."""
+    with approvals_host(short_home, tmp_path) as running:
         yield running
 
 
@@ -157,7 +175,8 @@ def test_a_deny_rule_is_refused_and_bad_decisions_change_nothing(host):
         assert line in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_a_pending_approval_survives_a_supervisor_sigkill(host):
+def test_a_pending_approval_survives_a_supervisor_sigkill(own_host):
+    host = own_host
     async def main() -> list[dict[str, Any]]:
         async with Client.connect(Path(host)) as client:
             started = await client.start("#one go", agent="ops")
@@ -272,7 +291,8 @@ def test_without_a_terminal_nothing_is_asked_and_yes_approves_everything(host):
                for e in rest)
 
 
-def test_a_pending_approval_survives_a_host_down_and_up(host, tmp_path):
+def test_a_pending_approval_survives_a_host_down_and_up(own_host, tmp_path):
+    host = own_host
     scenario = tmp_path / "scenario.json"
     env = {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}
 

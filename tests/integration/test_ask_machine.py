@@ -37,7 +37,7 @@ from bus.errors import RemoteError
 from bus.security import ClientKeys
 
 # A guard only: three hosts start with the module's first test (~20 s in all here).
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 #: A directory of B's machine outside any home, named before the scenarios are written:
 #: the hosts' sessions run in scratch mode (tests/conftest.py), where the file tools

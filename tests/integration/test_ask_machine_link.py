@@ -42,7 +42,7 @@ WHY = namespaces_usable()
 
 
 @pytest.mark.skipif(bool(WHY), reason=WHY or "namespaces usable")
-@pytest.mark.timeout(180)  # a guard only: ~20 s here, the lease's 10 s included
+@pytest.mark.timeout(300)  # a guard only: ~20 s here, the lease's 10 s included
 def test_a_cut_link_ends_the_call_and_the_lease_ends_the_remote_run():
     homes = {name: make_home(f"askl{name}-") for name in "ab"}
     try:

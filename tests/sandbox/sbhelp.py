@@ -35,7 +35,9 @@ from actors.tools.process import CommandResult, run_command
 PYTHON = "/usr/bin/python3"
 """A system Python the sandbox can run (the venv's lives under /root, which it cannot read)."""
 
-BOUND_S = 5.0  # upper bound on polling an observable condition; never a pass/fail timing
+# Upper bound on polling an observable condition; never a pass/fail timing (generous:
+# with every core busy, a sandboxed tree can take many seconds to come up).
+BOUND_S = 60.0
 
 TEST_POLICY = Policy(
     limits=Limits(memory_bytes=256 * 1024 * 1024, pids=64, cpu=1.0),

@@ -44,6 +44,11 @@ class HookedChild:
         """The launcher."""
         return self.inner.process
 
+    @property
+    def stderr(self) -> asyncio.StreamReader | None:
+        """The command's stderr pipe."""
+        return self.inner.stderr
+
     def kill(self) -> None:
         """Kill the tree, then run the hook."""
         self.inner.kill()

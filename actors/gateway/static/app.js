@@ -341,6 +341,17 @@ const RENDERERS = {
     v.add(box, ev);
     v.tick();
   },
+  TOOL_OUTPUT(v, ev, d) { // what a running tool prints, streamed into its card (as text)
+    const box = v.tools.get(d.call_id);
+    if (!box) return; // its start was before the replay we have: its end shows the output
+    if (!box.live) {
+      box.live = el("details", "live");
+      box.live.open = true;
+      box.live.append(el("summary", "", "output as it came"), el("pre"));
+      box.append(box.live);
+    }
+    box.live.lastChild.append(el("span", `stream-${d.stream}`, d.text || ""));
+  },
   TOOL_END(v, ev, d) {
     let box = v.tools.get(d.tool_use_id);
     v.tools.delete(d.tool_use_id);

@@ -1,4 +1,5 @@
-"""Coalesce streamed deltas into batches: fewer events, no visible latency."""
+"""Coalesce streamed text into batches: fewer events, no visible latency (the llm
+callers' `TOKEN`/`THINKING` deltas, the executors' live tool output)."""
 
 from __future__ import annotations
 
