@@ -45,7 +45,8 @@ def host():
 def _host(program: Path, url: str) -> Iterator[str]:
     home = make_home("opme-")
     tests = str(Path(TEST_SERVER).parent)
-    server = f"command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, \"stdio\"]"
+    server = (f"command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, \"stdio\"]\n"
+              "start_timeout_s = 90  # (importing the SDK on busy cores: a minute)")
     Path(home, "oploop.toml").write_text(f"""
 [mcp.test]
 {server}

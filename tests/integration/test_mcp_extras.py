@@ -63,6 +63,7 @@ def _host(program: Path, url: str) -> Iterator[str]:
     Path(home, "oploop.toml").write_text(f"""
 [mcp.test]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio"]
+start_timeout_s = 90  # (importing the SDK on busy cores: a minute)
 include_instructions = true
 timeout_s = 30
 [mcp.test.sandbox]
