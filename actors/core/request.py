@@ -10,6 +10,7 @@ for the bus has its oldest results left out (`actors.bounds.fit_messages`).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import platform
@@ -66,6 +67,7 @@ def reminders(agent: Agent, tools: list[dict[str, Any]], cwd: str) -> list[str]:
     return out
 
 
+@functools.cache  # (the process's user does not change; getuser() reads the env or passwd)
 def _user() -> str:
     try:
         return getpass.getuser()

@@ -52,10 +52,13 @@ MAX_CALLS = 500
 MAX_AGE_S = 120.0
 MAX_IDLE_PER_KEY = 2
 """Parallel reads of one session each take a reader; this many wait idle afterwards."""
-MAX_IDLE = 8
+MAX_IDLE = 32
 """All sessions together (per executor): the least recently used reader is retired
-beyond this. Each holds ~2 MB of its own (PSS; ~9 MB RSS, most shared with the fork
-server), so idle readers stay under ~20 MB per executor."""
+beyond this. As many as an executor runs calls at once (`executor.SLOTS`): with 8, a
+host serving 100 sessions (their calls sent back to the same executor, `dispatch`)
+started a launcher for nearly every read. Each holds ~2 MB of its own (PSS; ~9 MB RSS,
+most shared with the fork server): under ~70 MB per busy executor, none once idle
+(`IDLE_S`)."""
 SWEEP_S = 0.5
 _GONE_S = 2.0  # bound on waiting for retired readers to exit, when the sandbox closes
 
