@@ -64,6 +64,17 @@ def private_files(home: Path) -> list[Path]:
 #: are few pages, and the OS page cache holds the file anyway.
 PAGE_CACHE_KIB = 512
 
+#: SQLite's page size for a database oploop creates (an existing one keeps its own). A
+#: commit writes whole pages to the WAL, two or three of them for one record (the leaf
+#: it goes in, its neighbours when they are rebalanced, the parent): at 4 KiB that was
+#: ~5 KB per streamed TOKEN event; at 1 KiB, with TOKENs committed in groups
+#: (`supervisor.actor.TOKEN_COMMIT_S`), under 1 KB. Large frames (tool results) take
+#: overflow pages either way: a 4-byte link per page more.
+PAGE_SIZE = 1024
+#: Bytes of WAL after which a commit checkpoints it into the database: SQLite's default
+#: (1,000 pages) at 4 KiB pages, kept in bytes whatever the page size.
+WAL_CHECKPOINT_BYTES = 4 << 20
+
 
 def bounded_cache(db: sqlite3.Connection) -> sqlite3.Connection:
     """Cap `db`'s page cache at `PAGE_CACHE_KIB` (every connection oploop opens)."""
@@ -88,7 +99,10 @@ def open_private_db(path: Path, schema: str) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     bounded_cache(db)
+    db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (before WAL: it fixes the page size)
     db.execute("PRAGMA journal_mode=WAL")
+    page = db.execute("PRAGMA page_size").fetchone()[0]
+    db.execute(f"PRAGMA wal_autocheckpoint={max(1, WAL_CHECKPOINT_BYTES // page)}")
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(schema)
     return db

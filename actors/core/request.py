@@ -10,6 +10,7 @@ for the bus has its oldest results left out (`actors.bounds.fit_messages`).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import platform
@@ -80,6 +81,7 @@ def _instructions(tools: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return list(seen.items())
 
 
+@functools.cache  # (the process's user does not change; getuser() reads the env or passwd)
 def _user() -> str:
     try:
         return getpass.getuser()

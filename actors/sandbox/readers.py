@@ -50,12 +50,18 @@ for seconds between reads gets a fresh reader, as cheap as a one-off launcher, a
 holds no process meanwhile."""
 MAX_CALLS = 500
 MAX_AGE_S = 120.0
-MAX_IDLE_PER_KEY = 2
-"""Parallel reads of one session each take a reader; this many wait idle afterwards."""
-MAX_IDLE = 8
+MAX_IDLE_PER_KEY = 32
+"""Parallel reads of one key each take a reader; this many wait idle afterwards. A key
+is a whole lockdown, often shared: sessions of one agent in one directory read through
+the same readers. With 2, a host serving 100 such sessions retired nearly every reader
+it had just started (one read in three forked a launcher); `MAX_IDLE` bounds them all."""
+MAX_IDLE = 32
 """All sessions together (per executor): the least recently used reader is retired
-beyond this. Each holds ~2 MB of its own (PSS; ~9 MB RSS, most shared with the fork
-server), so idle readers stay under ~20 MB per executor."""
+beyond this. As many as an executor runs calls at once (`executor.SLOTS`): with 8, a
+host serving 100 sessions (their calls sent back to the same executor, `dispatch`)
+started a launcher for nearly every read. Each holds ~2 MB of its own (PSS; ~9 MB RSS,
+most shared with the fork server): under ~70 MB per busy executor, none once idle
+(`IDLE_S`)."""
 SWEEP_S = 0.5
 _GONE_S = 2.0  # bound on waiting for retired readers to exit, when the sandbox closes
 

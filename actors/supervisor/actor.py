@@ -61,7 +61,7 @@ from bus.messages import (
     ToolList,
 )
 from bus.sockets import Port, Reactor
-from bus.vocab import CancelMode
+from bus.vocab import CancelMode, EventType
 
 if TYPE_CHECKING:
     from actors.supervisor.ownership import Ownership
@@ -89,6 +89,17 @@ MAX_START_KEYS = 1_024
 JOURNAL_RETRY_S = 1.0
 #: How often the session log's reserve file is checked (and remade once space returns).
 RESERVE_CHECK_S = 5.0
+#: A commit holding nothing but streamed text (`GROUPED` events) waits this long for
+#: more (group commit): a streamed answer's TOKENs (one per llm-caller batch, ~20-50 ms
+#: apart) then share their pages, where one commit each wrote 2-3 SQLite pages per
+#: TOKEN. Any other event, a reply waiting for the commit, or a replay commits at once,
+#: these TOKENs with it. Nothing is published before its commit, so what a viewer has
+#: seen is still in the log after a kill -9: only the stream's text shows up to this
+#: much later.
+TOKEN_COMMIT_S = 0.2
+#: The events whose commit may wait `TOKEN_COMMIT_S` (see there): streamed text, a
+#: model's or a running command's.
+GROUPED = frozenset({EventType.TOKEN, EventType.THINKING, EventType.TOOL_OUTPUT})
 
 
 class Supervisor:
@@ -99,7 +110,10 @@ class Supervisor:
         self.config = config or Config()
         self.journal = journal
         self._unjournaled: list[tuple[str, int, bytes]] = []
-        self._flush_scheduled = False
+        #: The pending commit's call (None: none pending), and whether it is due at once
+        #: (else a TOKEN-only batch waiting `TOKEN_COMMIT_S` for more).
+        self._flush_handle: asyncio.Handle | None = None
+        self._flush_urgent = False
         #: A commit failed (disk full): the next try waits for a timer, not call_soon.
         self._journal_failing = False
         self._reserve_releases = 0
@@ -170,7 +184,8 @@ class Supervisor:
     def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
         """Stamp the next seq of `session` on an event and publish it: at once without a
         journal, else after the journal has committed it (at the end of this loop
-        iteration, with every other event of it: one commit per iteration)."""
+        iteration, with every other event of it: one commit per iteration; streamed text
+        may wait `TOKEN_COMMIT_S` for more)."""
         ts = time.time()
         seq = session.stamp(type_, data, ts)
         env = Envelope(Event(seq, type_, turn, ts, data), sid=session.id)
@@ -183,7 +198,7 @@ class Supervisor:
             return
         self.journal.record(session, type_, seq, frame)
         self._unjournaled.append((session.id, seq, frame))
-        self._schedule_flush()
+        self._schedule_flush(urgent=type_ not in GROUPED)
 
     def journal_later(self, session: Session) -> None:
         """Journal `session`'s row (e.g. an operation cancel) with this iteration's commit."""
@@ -192,15 +207,31 @@ class Supervisor:
         self.journal.touch(session)
         self._schedule_flush()
 
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and not self._journal_failing:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+    @property
+    def _flush_scheduled(self) -> bool:
+        return self._flush_handle is not None
+
+    def _schedule_flush(self, urgent: bool = True) -> None:
+        """Commit at the end of this loop iteration, or (`urgent` False: TOKENs only)
+        within `TOKEN_COMMIT_S`; an urgent call brings a waiting commit forward."""
+        if self._journal_failing:
+            return
+        handle = self._flush_handle
+        if handle is not None:
+            if self._flush_urgent or not urgent:
+                return
+            handle.cancel()
+        loop = asyncio.get_running_loop()
+        self._flush_urgent = urgent
+        self._flush_handle = (loop.call_soon(self._flush) if urgent
+                              else loop.call_later(TOKEN_COMMIT_S, self._flush))
 
     def _flush(self) -> None:
         """Commit the pending records, then publish their events and send the replies
         that waited for them. A failed commit publishes nothing: it is tried again."""
-        self._flush_scheduled = False
+        if self._flush_handle is not None:  # (called directly: the pending call is void)
+            self._flush_handle.cancel()
+            self._flush_handle = None
         assert self.journal is not None
         try:
             self.journal.commit()
@@ -278,6 +309,7 @@ class Supervisor:
         port = port or self.api
         if self._flush_scheduled or self._journal_failing:
             self._after_commit.append((port, env, peer))
+            self._schedule_flush()  # (a reply does not wait for more TOKENs)
         else:
             port.reply(env, peer)
 

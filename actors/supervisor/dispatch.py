@@ -1,10 +1,12 @@
 """Job dispatch to workers (Majordomo style) and their liveness (Paranoid Pirate).
 
 Workers announce a role, a capacity and their machine with `Ready`; a job goes
-to the live worker of its role with the most free slots, or waits in a bounded
-queue. A job may be bound to one machine (a session's `target_machine`: its
-tool calls run there and nowhere else): it waits in that machine's queue, and
-fails at once when the machine has no worker of its role connected.
+to the worker that took the session's last job of that role while it has a free
+slot (its warm sandboxed reader, its copy of the history), else to the live worker
+of its role with the most free slots, or waits in a bounded queue. A job may be
+bound to one machine (a session's `target_machine`: its tool calls run there and
+nowhere else): it waits in that machine's queue, and fails at once when the machine
+has no worker of its role connected.
 A worker missing three heartbeats (or one we cannot route to) is dead: its
 llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
 "executor died", or "machine NAME lost" for a worker machine's (tools have side
@@ -70,6 +72,9 @@ MAX_REDISPATCH = 5
 MAX_TOLD = 10_000
 
 ROLES = ("llm", "tool")
+
+#: (role, session) pairs whose last worker is remembered (the least recently used go first).
+MAX_STICKY = 4_096
 
 #: How often the supervisor looks for silent workers: a few times per heartbeat, so
 #: that a lost machine is told within 3 heartbeats and a quarter, not 4.
@@ -169,6 +174,13 @@ class Dispatcher:
         #: local_worker_keys`); any other worker key serves only the machine it names.
         self.local_worker_keys: frozenset[str] = frozenset()
         self._prefix = f"j{os.getpid():x}."
+        #: (role, session) -> the worker that took the session's last job of that role.
+        #: Its next job goes there again while that worker has a free slot: an executor
+        #: keeps the session's sandboxed reader warm (a read on it ~0.1 ms, a fresh one
+        #: a fork server round trip and ~3 ms), an llm caller holds the session's history
+        #: as of its last call (the job is a delta against it, not against what the
+        #: caller held two or more calls ago, nor a full send).
+        self._sticky: dict[tuple[str, str], bytes] = {}
 
     # -- submitting --------------------------------------------------------------------
 
@@ -239,19 +251,31 @@ class Dispatcher:
         role, machine = key
         queue = self.queues.get(key)
         sends: list[tuple[Job, WorkerState]] = []
+        sticky = self._sticky
         while queue:
-            worker = max(
-                (w for w in self.workers.values() if w.role == role and w.free > 0
-                 and (machine is None or w.machine == machine)),
-                key=lambda w: w.free, default=None,
-            )
-            if worker is None:
-                break
-            job = queue.popleft()
+            job = queue[0]
+            at = (role, job.env.sid)
+            last = self.workers.get(sticky.get(at, b""))
+            if last is not None and last.free > 0 and last.role == role and (
+                    machine is None or last.machine == machine):
+                worker = last
+            else:
+                worker = max(
+                    (w for w in self.workers.values() if w.role == role and w.free > 0
+                     and (machine is None or w.machine == machine)),
+                    key=lambda w: w.free, default=None,
+                )
+                if worker is None:
+                    break
+            queue.popleft()
             job.worker = worker.id
             job.dispatches += 1
             worker.inflight.add(job.id)
             sends.append((job, worker))
+            sticky.pop(at, None)  # (re-inserted last: the least recently used go first)
+            sticky[at] = worker.id
+            if len(sticky) > MAX_STICKY:
+                del sticky[next(iter(sticky))]
         return sends
 
     def _send_jobs(self, key: tuple[str, str | None]) -> None:

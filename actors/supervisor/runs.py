@@ -191,8 +191,12 @@ class Runs:
         unwritable = self.sup.unwritable()
         if unwritable:
             return "disk_full", unwritable
-        # A run counts until its terminal event, not until its task has unwound.
-        running = sum(1 for s in self.sup.sessions.values() if not s.run_over)
+        # A run counts until its terminal event, not until its task has unwound. (Fewer
+        # sessions in memory than the limit cannot be too many runs: no O(sessions) count
+        # per start then, which 1,000 sessions starting together made quadratic.)
+        running = 0
+        if len(self.sup.sessions) >= limits.max_running_sessions:
+            running = sum(1 for s in self.sup.sessions.values() if not s.run_over)
         if running >= limits.max_running_sessions:
             return "busy", (f"{running} sessions are running, the limit "
                             f"(limits.max_running_sessions = {limits.max_running_sessions}): "

@@ -161,3 +161,40 @@ def test_each_machine_offers_its_own_executors_tools():
         assert len(dispatcher.tool_specs()) == 3  # (any machine: the union)
 
     asyncio.run(with_dispatcher(body))
+
+
+def test_a_session_s_jobs_go_back_to_the_worker_of_its_last_one_while_it_has_room():
+    """Stickiness (issue 28): an executor keeps the session's sandboxed reader warm, an
+    llm caller its history; another session, or a full worker, goes by free slots."""
+    async def body(dispatcher, worker):
+        a, b = worker("tool", capacity=2), worker("tool", capacity=2)
+        await registered(dispatcher, a, b)
+
+        def call(sid: str) -> Job:
+            return dispatcher.submit("tool", ToolJob("shell", {"command": "true"}), sid=sid,
+                                     deadline=0.0, on_progress=lambda env: None)
+
+        def reply(job: Job) -> None:
+            dispatcher.handle_work(job.worker, Envelope(JobFailed("x", "done"), job=job.id),
+                                   b"")
+
+        x = call("x")  # on a (both equally free: the first)
+        first = call("s1")  # on b, the freer one
+        home = first.worker
+        assert (x.worker, home) == (a.id, b.id)
+        reply(first)
+        reply(x)
+        for _ in range(3):  # both equally free: s1 goes where it went, each time
+            again = call("s1")
+            assert again.worker == home
+            reply(again)
+        held = call("s1")  # in flight on home: home has 1 free slot, the other 2
+        assert held.worker == home
+        other = call("s2")  # s2 has no worker yet: the one with the most free slots
+        assert other.worker not in (home, None)
+        assert call("s1").worker == home  # its last worker still has room: home again
+        assert dispatcher.workers[home].free == 0
+        later = call("s1")  # home is full: s1 goes to a worker with room
+        assert later.worker not in (home, None)
+
+    asyncio.run(with_dispatcher(body))

@@ -106,6 +106,28 @@ def test_a_reader_is_reused_and_never_shared_between_sessions(rhost: Host) -> No
     still_reads(rhost)
 
 
+def test_parallel_reads_of_one_key_leave_their_readers_idle_for_the_next_ones(
+        rhost: Host) -> None:
+    """Sessions of one agent in one directory share a key: their parallel reads each take
+    a reader, and all of them wait idle for the next round (issue 28: 2 per key did,
+    so 100 such sessions forked a launcher for one read in three)."""
+    sandbox = rhost.sandbox
+    ctx: ToolContext[None] = ToolContext(cwd=rhost.workspace, workspace=rhost.workspace)
+    box = tools(sandbox, READ_POLICY)
+    parallel = 6
+
+    async def round_of_reads() -> None:
+        outs = await asyncio.gather(*(invoke(box, "read_file", {"path": "/etc/hostname"}, ctx)
+                                      for _ in range(parallel)))
+        assert not any(out.is_error for out in outs), outs
+
+    asyncio.run(round_of_reads())
+    first = {r.pid for r in readers_of(sandbox, rhost.workspace)}
+    assert len(first) > 2 and sandbox.readers.idle_count() == len(first)
+    asyncio.run(round_of_reads())
+    assert {r.pid for r in readers_of(sandbox, rhost.workspace)} == first  # none started
+
+
 def test_a_reader_dies_with_its_session(rhost: Host) -> None:
     sandbox = rhost.sandbox
     # Removed by this executor: retired at once.

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_machine import World
 
+from actors import storage
 from actors.config import Agent, Config
 from actors.core.compaction import apply_between_runs, compact_between_runs
 from actors.core.driver import ModelError, RunDriver
@@ -267,6 +268,25 @@ def bytes_per_token_event(tmp: Path, turn: int, n: int = 50) -> float:
     spent = (_wchar() - before) / n
     journal.close()
     return spent
+
+
+def test_a_new_log_has_small_pages_and_an_old_one_keeps_its_own(tmp_path):
+    """1 KiB pages (a commit writes whole pages: issue 28), the WAL checkpointed every
+    4 MiB as before; a log made with SQLite's default 4 KiB pages is opened as it is."""
+    new = SessionLog(tmp_path / "new.db", reserve_mb=0)
+    assert new.db.execute("PRAGMA page_size").fetchone()[0] == storage.PAGE_SIZE == 1024
+    assert new.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4096
+    new.close()
+    old = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(old)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (a)")
+    log = SessionLog(old, reserve_mb=0)
+    assert log.db.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert log.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1024
+    log.commit([Record("s1", 1, b"frame")])
+    assert [r.seq for r in log.records("s1")] == [1]
+    log.close()
 
 
 def test_bytes_written_per_token_event_do_not_grow_with_the_history(tmp_path):
