@@ -19,7 +19,7 @@ from actors.cli.errors import EXIT_OK, CliError, fail
 from actors.cli.hosting import offline_notice, spawn_host
 from actors.config import ConfigError
 from actors.host.actor import read_state
-from actors.mcp.config import names_a_server_tool
+from actors.mcp.config import NAME_RE, names_a_server_tool
 from actors.settings import CONFIG_ENV, Settings, load_settings
 from actors.usage import describe
 from bus.client import Client
@@ -415,6 +415,12 @@ ACTORS = frozenset({"host", "supervisor", "executor", "llm", "broadcaster", "gat
 ACTOR_ALIASES = {"llm_caller": "llm", "llm-caller": "llm"}
 
 
+def _is_mcp_log(actor: str) -> bool:
+    """`mcp:NAME`: the stderr lines of MCP server NAME (logged as `mcp:NAME[pid]`)."""
+    prefix, _, name = actor.partition(":")
+    return prefix == "mcp" and NAME_RE.match(name) is not None
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     """Print `$OPLOOP_HOME/host.log` (the host's and its actors' log), or only the lines
     of one actor; `--follow` goes on printing what is added (Ctrl-C ends)."""
@@ -425,8 +431,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return fail(f"no log yet in {oploop_home()} (a host started by `oploop up --detach` "
                     "or `oploop run` writes host.log)")
     actor = ACTOR_ALIASES.get(args.actor, args.actor) if args.actor else ""
-    if actor and actor not in ACTORS:
-        return fail(f"no actor {args.actor!r} (actors: {', '.join(sorted(ACTORS))})")
+    if actor and actor not in ACTORS and not _is_mcp_log(actor):
+        return fail(f"no actor {args.actor!r} (actors: {', '.join(sorted(ACTORS))}; "
+                    f"mcp:NAME for MCP server NAME's stderr)")
     mark = f" {actor}[" if actor else ""
     with f:
         if args.lines is not None:

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 from actors.core.history import Message, blocks
 
-__all__ = ["CHARS_PER_TOKEN", "KEEP_RESULT_MESSAGES", "NEAR", "SUMMARY_MARK", "TARGET",
-           "ContextMemo", "ContextView", "block_tokens", "budget_of", "clear_point",
+__all__ = ["CHARS_PER_TOKEN", "IMAGE_TOKENS", "KEEP_RESULT_MESSAGES", "NEAR", "SUMMARY_MARK",
+           "TARGET", "ContextMemo", "ContextView", "block_tokens", "budget_of", "clear_point",
            "cleared_block", "count_results", "count_turns", "is_summary_request",
            "message_tokens", "request_tokens", "result_cap", "summary_message", "summary_of",
            "summary_point", "summary_request", "too_long", "transcript", "view_messages"]
@@ -34,6 +34,9 @@ __all__ = ["CHARS_PER_TOKEN", "KEEP_RESULT_MESSAGES", "NEAR", "SUMMARY_MARK", "T
 #: The estimate: a token for every four characters of a block's JSON (the API counts
 #: English and code at about 3.5 to 4.5 characters a token; JSON's quoting adds more).
 CHARS_PER_TOKEN = 4
+#: An image, whatever its bytes: the API counts about width x height / 750 tokens, after
+#: scaling it to at most ~1.15 megapixels, so about 1,600 at most (its base64 is not text).
+IMAGE_TOKENS = 1_600
 #: The user messages holding tool results kept whole by a compaction (the latest ones).
 KEEP_RESULT_MESSAGES = 2
 #: A result shorter than this (characters) is never cleared: its marker is no shorter.
@@ -91,8 +94,31 @@ EMPTY = ContextView()
 
 
 def block_tokens(block: Any) -> int:
-    """A content block's (or a tool definition's) estimated tokens."""
-    return (len(json.dumps(block)) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    """A content block's (or a tool definition's) estimated tokens: its JSON's characters,
+    but an image (alone or in a tool's result) as the API counts it, `IMAGE_TOKENS`."""
+    images = _images_in(block)
+    if images:
+        block = _without_images(block)
+    return (len(json.dumps(block)) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN \
+        + images * IMAGE_TOKENS
+
+
+def _images_in(block: Any) -> int:
+    if isinstance(block, dict):
+        if block.get("type") == "image":
+            return 1
+        content = block.get("content")
+        return sum(_images_in(b) for b in content) if isinstance(content, list) else 0
+    return 0
+
+
+def _without_images(block: Any) -> Any:
+    if not isinstance(block, dict) or block.get("type") == "image":
+        return {"type": "image"} if isinstance(block, dict) else block
+    content = block.get("content")
+    if isinstance(content, list):
+        return {**block, "content": [_without_images(b) for b in content]}
+    return block
 
 
 def message_tokens(message: Message) -> int:
@@ -308,7 +334,11 @@ def too_long(error: str, message: str, status: int = 0) -> bool:
     """Whether a failed model call failed because its request was too large: the API's
     400 "prompt is too long", a 413, or a request over the bus's frame limit."""
     text = message.lower()
-    return (error == "oversize" or status == 413 or "request_too_large" in text
+    # "oversize" is also a *reply* over the frame ("the llm_result reply cannot be
+    # sent", `worker.unsendable`): the model's own answer, which a smaller request does
+    # not shrink. Only the dispatcher's refusal of the job itself is the request's size.
+    request_oversize = error == "oversize" and "cannot be sent to a worker" in text
+    return (request_oversize or status == 413 or "request_too_large" in text
             or "prompt is too long" in text)
 
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from actors.offline_model.wire import prompt_tokens, prompt_too_long
+from actors.offline_model.wire import prompt_too_long, value_tokens
 
 #: Prefixes remembered (digests, ~100 bytes each).
 MAX_ENTRIES = 4096
@@ -53,9 +53,9 @@ class PromptTooLong(Exception):
 
 def prompt_size(request: Mapping[str, Any]) -> int:
     """A request's input tokens as `PromptCache.usage` counts them (nothing cached)."""
-    return sum(prompt_tokens(json.dumps(
+    return sum(value_tokens(
         {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, Mapping) else b,
-        sort_keys=True)) for b in prompt_blocks(request))
+        sort_keys=True) for b in prompt_blocks(request))
 
 
 class PromptCache:
@@ -81,7 +81,7 @@ class PromptCache:
                 block = {k: v for k, v in block.items() if k != "cache_control"}
             text = json.dumps(block, sort_keys=True)
             digest.update(text.encode())
-            total += prompt_tokens(text)
+            total += value_tokens(block, sort_keys=True)  # (an image: what the API counts)
             prefixes.append((total, digest.copy().digest()))
         if window and total > window:
             raise PromptTooLong(total, window)

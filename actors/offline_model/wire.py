@@ -96,10 +96,41 @@ def prompt_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+#: What the API counts for an image: about width x height / 750 tokens of the image
+#: scaled to at most ~1.15 megapixels, so at most about 1,600 (never its base64's length).
+IMAGE_TOKENS = 1_600
+
+
+def without_images(value: Any) -> tuple[Any, int]:
+    """`value` with each image block replaced by a bare `{"type": "image"}`, and how many
+    there were: what is counted as text, and the images counted as `IMAGE_TOKENS`."""
+    images = 0
+
+    def strip(v: Any) -> Any:
+        nonlocal images
+        if isinstance(v, dict):
+            if v.get("type") == "image":
+                images += 1
+                return {"type": "image"}
+            return {k: strip(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    return strip(value), images
+
+
+def value_tokens(value: Any, *, sort_keys: bool = False) -> int:
+    """The tokens of a part of a request (a block, the messages): its JSON's, an image
+    counting `IMAGE_TOKENS`."""
+    text, images = without_images(value)
+    return prompt_tokens(json.dumps(text, sort_keys=sort_keys)) + images * IMAGE_TOKENS
+
+
 def input_tokens(request: Mapping[str, Any]) -> int:
     """A rough input size: the system prompt, messages and tool definitions."""
     parts = [request.get("system"), request.get("messages"), request.get("tools")]
-    return max(1, sum(prompt_tokens(json.dumps(p)) for p in parts if p))
+    return max(1, sum(value_tokens(p) for p in parts if p))
 
 
 def prompt_too_long(tokens: int, window: int) -> str:

@@ -134,6 +134,9 @@ def test_too_long_is_the_apis_400_a_413_or_the_frame_limit():
     assert too_long("oversize", "the llm_job cannot be sent to a worker: 22027475 bytes > 16777216")
     assert too_long("request_too_large", "Request exceeds the maximum size", 413)
     assert not too_long("invalid_request_error", "max_tokens: field required")
+    # the model's own reply over the frame: a smaller request would not shrink it
+    assert not too_long("oversize", "the llm_result reply cannot be sent: oversize: 16778556 "
+                                    "bytes > 16777216")
 
 
 def test_summary_requests_are_told_apart_and_the_marks_agree():
