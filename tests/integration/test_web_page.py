@@ -341,6 +341,13 @@ def test_a_running_tool_shows_its_elapsed_time(host):
                     "() => /[1-9][.0-9]* s$/.test(document.querySelector("
                     "'#log .tool.running .elapsed')?.textContent ?? '')")
                 assert "running" in await tool.inner_text()
+                # What the command printed (df, before its sleep) is in its card while it
+                # still runs: TOOL_OUTPUT streamed into the page, before TOOL_END.
+                live = page.locator("#log .tool.running .live pre")
+                await live.wait_for()
+                await page.wait_for_function(
+                    "() => /Filesystem/.test(document.querySelector("
+                    "'#log .tool.running .live pre')?.textContent ?? '')")
                 await page.screenshot(path=str(ARTIFACTS / "session-running-tool.png"))
                 await page.click("#cancel-ui")
                 await page.wait_for_selector(".terminal.CANCELLED")
