@@ -175,7 +175,8 @@ class Dispatcher:
         self.local_worker_keys: frozenset[str] = frozenset()
         self._prefix = f"j{os.getpid():x}."
         #: (role, session) -> the worker that took the session's last job of that role.
-        #: Its next job goes there again while that worker has a free slot: an executor
+        #: Its next job goes there again while that worker has a free slot and none of
+        #: the session's jobs in flight (parallel calls of one reply spread): an executor
         #: keeps the session's sandboxed reader warm (a read on it ~0.1 ms, a fresh one
         #: a fork server round trip and ~3 ms), an llm caller holds the session's history
         #: as of its last call (the job is a delta against it, not against what the
@@ -257,7 +258,8 @@ class Dispatcher:
             at = (role, job.env.sid)
             last = self.workers.get(sticky.get(at, b""))
             if last is not None and last.free > 0 and last.role == role and (
-                    machine is None or last.machine == machine):
+                    machine is None or last.machine == machine) and not self._busy_with(
+                    last, job.env.sid):
                 worker = last
             else:
                 worker = max(
@@ -277,6 +279,12 @@ class Dispatcher:
             if len(sticky) > MAX_STICKY:
                 del sticky[next(iter(sticky))]
         return sends
+
+    def _busy_with(self, worker: WorkerState, sid: str) -> bool:
+        """Whether `worker` runs a job of session `sid` now (then the session's next job,
+        a parallel call of the same reply, goes to the idlest worker instead)."""
+        jobs = self.jobs
+        return any((j := jobs.get(i)) is not None and j.env.sid == sid for i in worker.inflight)
 
     def _send_jobs(self, key: tuple[str, str | None]) -> None:
         """Send what `_pump` matches in queue `key`. A job no worker can take fails; a

@@ -165,7 +165,8 @@ def test_each_machine_offers_its_own_executors_tools():
 
 def test_a_session_s_jobs_go_back_to_the_worker_of_its_last_one_while_it_has_room():
     """Stickiness (issue 28): an executor keeps the session's sandboxed reader warm, an
-    llm caller its history; another session, or a full worker, goes by free slots."""
+    llm caller its history; another session, a parallel call of the same session, or a
+    full worker, goes by free slots."""
     async def body(dispatcher, worker):
         a, b = worker("tool", capacity=2), worker("tool", capacity=2)
         await registered(dispatcher, a, b)
@@ -190,11 +191,22 @@ def test_a_session_s_jobs_go_back_to_the_worker_of_its_last_one_while_it_has_roo
             reply(again)
         held = call("s1")  # in flight on home: home has 1 free slot, the other 2
         assert held.worker == home
-        other = call("s2")  # s2 has no worker yet: the one with the most free slots
-        assert other.worker not in (home, None)
-        assert call("s1").worker == home  # its last worker still has room: home again
-        assert dispatcher.workers[home].free == 0
-        later = call("s1")  # home is full: s1 goes to a worker with room
-        assert later.worker not in (home, None)
+        # One reply's second call while the first runs on home: spread, not stacked
+        # there (the idlest worker takes it, so parallel calls run in parallel).
+        beside = call("s1")
+        assert beside.worker not in (home, None)
+        reply(held)
+        reply(beside)
+        # s1's last worker (the other one now) full: s1 goes to a worker with room.
+        last = beside.worker
+        for n in range(10):  # other sessions' jobs: kept on `last`, done at once elsewhere
+            if dispatcher.workers[last].free == 0:
+                break
+            filler = call(f"fill{n}")
+            if filler.worker != last:
+                reply(filler)
+        assert dispatcher.workers[last].free == 0
+        later = call("s1")
+        assert later.worker not in (last, None)
 
     asyncio.run(with_dispatcher(body))

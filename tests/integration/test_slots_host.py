@@ -64,7 +64,11 @@ def test_every_slot_filled_with_each_failure_kind_then_a_normal_call_runs(
         "under": [write(MAX_FRAME_BYTES - 4096), OK],
         "big": [write(MAX_MODEL_REPLY_BYTES - 4096), OK],
     }
-    with scripted_host(short_home, scripts, tmp_path, {"OPLOOP_EXECUTORS": "1"}) as home:
+    # The frame's bounds, not the context window's: a model (and an agent) with a window
+    # that holds an 8 MB tool input (the window's own handling: test_compaction.py).
+    Path(short_home, "oploop.toml").write_text("[agents.default]\ncontext_window = 20000000\n")
+    with scripted_host(short_home, scripts, tmp_path, {
+            "OPLOOP_EXECUTORS": "1", "OPLOOP_OFFLINE_CONTEXT": "20000000"}) as home:
         events = asyncio.run(run_events(home, "#names list it", cwd=str(tmp_path)))
         results = of_type(events, "TOOL_END")
         assert len(results) == SLOTS + 4, sorted({e["type"] for e in events})
