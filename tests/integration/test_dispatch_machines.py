@@ -199,13 +199,9 @@ def test_a_session_s_jobs_go_back_to_the_worker_of_its_last_one_while_it_has_roo
         reply(beside)
         # s1's last worker (the other one now) full: s1 goes to a worker with room.
         last = beside.worker
-        for n in range(10):  # other sessions' jobs: kept on `last`, done at once elsewhere
-            if dispatcher.workers[last].free == 0:
-                break
-            filler = call(f"fill{n}")
-            if filler.worker != last:
-                reply(filler)
-        assert dispatcher.workers[last].free == 0
+        fillers = [call(f"fill{n}") for n in range(4)]  # every slot of both taken
+        assert all(w.free == 0 for w in dispatcher.workers.values())
+        reply(next(f for f in fillers if f.worker != last))  # one free slot, not on `last`
         later = call("s1")
         assert later.worker not in (last, None)
 
