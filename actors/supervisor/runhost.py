@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.config import Config
 from actors.core.loopio import LoopIO
@@ -19,6 +19,9 @@ from actors.supervisor.leases import Leases
 from bus.messages import Envelope, RunStarted
 from bus.security import Gate
 from bus.sockets import Port
+
+if TYPE_CHECKING:  # (psycopg is imported only on a shared store)
+    from actors.supervisor.forwarding import Forwarder
 
 
 class RunHost(Protocol):
@@ -33,6 +36,9 @@ class RunHost(Protocol):
     control: Port
     #: The CURVE gate (its keyring binds each peer key to one agent); None over ipc.
     gate: Gate | None
+    #: On a shared store: sends requests on to the host holding a session, and places
+    #: new sessions (None: the store is this host's alone).
+    forwarder: Forwarder | None
 
     def session(self, sid: str) -> Session | None:
         """The session `sid` (in memory, else folded from the log), or None."""

@@ -76,6 +76,15 @@ def _by(user_id: str | None) -> str:
     return user_id.split(":", 1)[1] if ":" in user_id else user_id
 
 
+def _asker(user_id: str | None, body: Any) -> str:
+    """Who asked for `body`: as `_by` says, or, for a request another host of the store
+    forwarded (`body.by`, honoured from this host's own user only), who asked there."""
+    forwarded = getattr(body, "by", "")
+    if forwarded and _role(user_id) in (None, "local"):
+        return str(forwarded)
+    return _by(user_id)
+
+
 class Runs:
     """The supervisor's runs: `sup` has the sessions, the session log and the ports."""
 
@@ -144,6 +153,10 @@ class Runs:
                                          f"this peer key may start runs on agent {bound!r} "
                                          f"only, not {req.agent or 'default'!r}")
                 return
+            if req.host:
+                self.sup.api.reply_error(peer, env.id, "forbidden",
+                                         "a peer key cannot choose the host its run goes to")
+                return
             if req.machine:
                 # Which machine's files, network and processes the tools act on is this
                 # host's agent's to say (its `target_machine`), as the directory is.
@@ -167,6 +180,8 @@ class Runs:
         if known is not None:  # a resend: the first one started the run
             self.sup.reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
             return
+        if self._placed_elsewhere(peer, env, req):
+            return
         refusal = self._refusal(req)
         sid = req.session or secrets.token_hex(6)
         if refusal is None:
@@ -183,6 +198,35 @@ class Runs:
         # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
         self.sup.remember_start(req.key, started)
         self.sup.reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
+
+    def _placed_elsewhere(self, peer: bytes | None, env: Envelope, req: StartRun) -> bool:
+        """Whether `req` is answered without starting here: a new session placed on
+        another host of the store (sent there), or a host name that cannot be used."""
+        forwarder = self.sup.forwarder
+        if forwarder is None:
+            if req.host:
+                self.sup.api.reply_error(peer, env.id, "unknown_host",
+                                         f"no host {req.host!r}: this host's store is its "
+                                         "own ([store] url shared by no other host)")
+                return True
+            return False
+        if _role(self.sup.api.user_id) == PEER:
+            return False  # (a peer's run stays here: it renews its lease with this host)
+        placed = forwarder.place(req)
+        if isinstance(placed, str):
+            forwarder.refuse(self.sup.api, peer, env, placed)
+            return True
+        if placed is None:
+            return False
+        forwarder.start_elsewhere(self.sup.api, peer, env, req, placed)
+        return True
+
+    def _forwarded(self, port: Port, peer: bytes | None, env: Envelope, body: Any) -> bool:
+        """Whether another host of the store holds `body.session`: `body` (its caller's
+        rights checked here) was sent on to that host, which answers."""
+        forwarder = self.sup.forwarder
+        return forwarder is not None and \
+            forwarder.forwards(port, peer, env, body, _asker(port.user_id, body))
 
     def _begin(self, req: StartRun, sid: str, traceparent: str = "") -> RunStarted:
         """Begin the run `req` asks for (refusals already checked) in session `sid` (new
@@ -304,7 +348,9 @@ class Runs:
             self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can send messages to sessions")
             return
-        self.say(peer, env, body, _by(self.sup.control.user_id))
+        if self._forwarded(self.sup.control, peer, env, body):
+            return
+        self.say(peer, env, body, _asker(self.sup.control.user_id, body))
 
     def _control_compact(self, peer: bytes | None, env: Envelope, body: Compact) -> None:
         if _role(self.sup.control.user_id) not in CONTROLLERS:
@@ -354,6 +400,8 @@ class Runs:
             port.reply_error(peer, env.id, "bad_request",
                              f"decision must be 'approve' or 'deny', not {req.decision!r}")
             return
+        if self._forwarded(port, peer, env, req):
+            return
         session = self.sup.session(req.session)
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
@@ -370,7 +418,7 @@ class Runs:
             if error is not None:
                 port.reply_error(peer, env.id, "not_pending", error)
                 return
-        by = _by(user)
+        by = _asker(user, req)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
                 driver.decide(call_id, req.decision, by, cut_reason(req.reason), req.always)
@@ -388,16 +436,20 @@ class Runs:
                              f"a {_role(user)} key may not answer a server's question "
                              "(the local user and control keys may)")
             return
+        if self._forwarded(port, peer, env, req):
+            return
         elicits = getattr(self.sup.io, "elicits", None)
         if elicits is None:
             port.reply_error(peer, env.id, "not_pending", "no question waits here")
             return
-        elicits.answer(port, _by(user), peer, env, req)
+        elicits.answer(port, _asker(user, req), peer, env, req)
 
     def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
                 port: Port | None = None) -> None:
         """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
         port = port or self.sup.control
+        if self._forwarded(port, peer, env, req):
+            return
         session = self.sup.session(req.session)
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
