@@ -110,7 +110,9 @@ class Broadcaster:
                 self.backfill.release(env.sid)
         elif appended.gap:
             self.backfill.hold(env.sid, seq, frame)
-        else:
+        elif self.follower is None or appended.reason != "duplicate":
+            # (On a shared store a duplicate is expected: a replay caught this log up
+            # from the store, or a followed host sent the event first.)
             self._refuse(appended.reason)
 
     def accept(self, sid: str, seq: int, frame: bytes) -> Appended:

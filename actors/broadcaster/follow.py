@@ -3,7 +3,7 @@
 On a PostgreSQL store a session's events are published by the broadcaster of the host
 running it. This host's broadcaster follows the others: one SUB socket per other host
 on this machine (their rows in `hosts`, read again every `REFRESH_S`), subscribed to
-exactly the topics this host's viewers subscribe to. What comes in is logged and
+exactly the sessions this host's viewers subscribe to. What comes in is logged and
 published here like an event of this host's own supervisor (`Broadcaster.followed`):
 in seq order, a hole filled from the store, a duplicate (the same event from this
 host's supervisor, or from a host that follows it back) dropped. Which host runs the
@@ -57,8 +57,10 @@ class Follower:
         self.topics: set[bytes] = set()
 
     def want(self, topic: bytes) -> None:
-        """A viewer here subscribed to `topic`: follow it on every other host."""
-        if topic in self.topics:
+        """A viewer here subscribed to `topic`: follow it on every other host. Not the
+        subscription to every session (`Client.live()`, the gateway's metrics): those
+        count what this host publishes of its own sessions."""
+        if not topic or topic in self.topics:
             return
         self.topics.add(topic)
         for port in self.subs.values():
