@@ -345,7 +345,8 @@ class Supervisor:
 
     def elsewhere(self, session: Session) -> str:
         """Why `session`'s open run cannot be acted on here: another host of the shared
-        store holds it (control reaches its owner's host only, for now), or ""."""
+        store holds it (a request `forwarding` could not send on: the store out of
+        reach, a request forwarded here already), or ""."""
         if self.ownership is None or session.run_over or \
                 session.id in self.ownership.fence.epochs:
             return ""

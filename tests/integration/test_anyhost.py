@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psutil
 import psycopg
 import pytest
@@ -58,7 +59,8 @@ def hosts(pg_cluster, tmp_path_factory):
     url = pgcluster.fresh_schema(pg_cluster)
     scenario = tmp_path_factory.mktemp("anyhost") / "scenario.json"
     scenario.write_text(json.dumps({"scripts": SCRIPTS}))
-    env = {"OPLOOP_STORE": url, "OPLOOP_OFFLINE_SCENARIO": str(scenario)}
+    env = {"OPLOOP_STORE": url, "OPLOOP_OFFLINE_SCENARIO": str(scenario),
+           "OPLOOP_HTTP_LISTEN": "127.0.0.1:0"}
     homes = [make_home("oaa-"), make_home("oab-")]
     for home in homes:
         (Path(home) / "oploop.toml").write_text(CONFIG)
@@ -182,3 +184,52 @@ def test_a_new_session_goes_to_the_least_loaded_host(hosts, tmp_path):
 
     asyncio.run(scenario())
     asyncio.run(until(lambda: not marked(), what="the cancelled tools to be gone"))
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    data = ""
+    async for raw in resp.content:
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith("data:"):
+            data = line[5:].strip()
+        elif not line and data:
+            yield json.loads(data)
+            data = ""
+
+
+def test_the_web_api_cli_watch_and_inspect_of_the_other_host(hosts):
+    a, b, id_a, _, url = hosts
+    web = (Path(b) / "run" / "web.url").read_text().strip()
+    token = (Path(b) / "web.token").read_text().strip()
+
+    async def scenario() -> tuple[str, list[dict[str, Any]]]:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+            async with http.post(f"{web}api/sessions",
+                                 json={"prompt": "#sleep go", "host": id_a}) as resp:
+                assert resp.status == 201, await resp.text()
+                sid = (await resp.json())["session"]
+            assert owner_of(url, sid) == id_a
+            async with http.post(f"{web}api/sessions", json={"prompt": "x", "host": "nosuch"}
+                                 ) as resp:
+                assert resp.status == 400 and "no host 'nosuch'" in await resp.text()
+            seen: list[dict[str, Any]] = []
+            async with http.get(f"{web}api/sessions/{sid}/events",
+                                params={"stop_at": "first"}) as resp:
+                events = sse_events(resp)
+                await until_type(events, "TOOL_START", seen)  # live, from a's broadcaster
+                async with http.post(f"{web}api/sessions/{sid}/cancel", json={}) as cancel:
+                    assert cancel.status == 200, await cancel.text()
+                seen += [e async for e in events]
+            return sid, seen
+
+    sid, seen = asyncio.run(scenario())
+    assert seen[-1]["type"] == "CANCELLED"
+    watched = oploop(b, "watch", sid, "--json", "--no-follow")
+    assert watched.returncode == 130, watched.stderr  # (a cancelled run's status)
+    assert [json.loads(line)["seq"] for line in watched.stdout.splitlines()] == \
+        [e["seq"] for e in seen]
+    inspected = oploop(b, "inspect", sid, "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    summary = json.loads(inspected.stdout)["summary"]
+    assert summary["session"] == sid and summary["state"] == "idle"  # (its run ended)
+    asyncio.run(until(lambda: not marked(), what="the cancelled tool to be gone"))
