@@ -7,8 +7,9 @@ an elicitation's answer for a session whose lease another host holds checks the
 caller's rights as it always does (who may is unchanged), then sends the request on,
 marked with who asked (`by`), to the owner's priority control socket, and relays the
 answer. If the owner changed meanwhile (the lease moved: the owner answers
-"elsewhere", or does not answer), it looks the owner up again and tries once more;
-then the caller gets one clear error. A forwarded request is never forwarded again.
+"elsewhere"; for a cancel, also no answer within `FORWARD_TIMEOUT_S`), it looks the
+owner up again and tries once more; then the caller gets one clear error. A
+forwarded request is never forwarded again.
 
 A new session (`StartRun` without a session) goes to the host named (`StartRun.host`,
 an id or a name from `oploop status`), else to the least-loaded one: the fewest
@@ -39,7 +40,7 @@ from actors.sessionlog import JournalError
 from actors.supervisor.ownership import Ownership
 from bus.endpoints import EndpointError, Endpoints
 from bus.errors import BusError, RemoteError, RequestTimeout
-from bus.messages import Body, Envelope, StartRun
+from bus.messages import Body, Cancel, Envelope, StartRun
 from bus.rpc import Requester
 from bus.security import CredentialError
 from bus.sockets import Port, Reactor
@@ -127,7 +128,11 @@ class Forwarder:
             try:
                 reply = await self._request(row, "control", body, sid)
             except (RemoteError, RequestTimeout, BusError) as exc:
-                moved = not isinstance(exc, RemoteError) or exc.code == ELSEWHERE
+                # Sent again only where that cannot act twice: refused as not the owner's,
+                # or a cancel (a second one changes nothing); a message or a decision
+                # unanswered may still arrive.
+                moved = exc.code == ELSEWHERE if isinstance(exc, RemoteError) \
+                    else isinstance(body, Cancel)
                 again = self._holder(sid) if moved and attempt == 1 else None
                 if again is not None:  # the lease moved (or its host went quiet)
                     self.counts["retried"] += 1
@@ -137,9 +142,10 @@ class Forwarder:
                 if isinstance(exc, RemoteError):
                     port.reply_error(peer, env.id, exc.code, exc.message)
                 else:
+                    maybe = "" if isinstance(body, Cancel) else " (it may still arrive there)"
                     port.reply_error(peer, env.id, "unavailable",
                                      f"session {sid} runs on host {row.id}, which did not "
-                                     f"answer ({exc}): try again")
+                                     f"answer ({exc}){maybe}")
                 return
             self.counts["forwarded"] += 1
             port.reply(Envelope(reply.body, id=env.id, sid=reply.sid), peer)
