@@ -41,6 +41,10 @@ REPLAY_BATCH_BYTES = 1 << 20
 #: queue, which survives a broadcaster restart, where this queue dies with it.
 INGEST_RCVHWM = 2_000
 
+#: Ends the topic of an event of this host's own supervisor on a shared store: another
+#: host's follower subscribes to `sid + OWN` (a viewer's `sid` matches it too, a prefix).
+OWN = b"\x00"
+
 #: Live events queued per viewer (the XPUB's SNDHWM; `OPLOOP_VIEWER_QUEUE`).
 DEFAULT_VIEWER_QUEUE = 100_000
 
@@ -87,7 +91,7 @@ class Broadcaster:
 
             assert isinstance(shared, PgSessionLog)
             self.follower = Follower(self.reactor, shared, endpoints.run_dir.parent,
-                                     self.followed)
+                                     self.followed, OWN)
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -104,7 +108,7 @@ class Broadcaster:
             self._refuse("no_session")
             return
         seq = env.body.seq
-        appended = self.accept(env.sid, seq, frame)
+        appended = self.accept(env.sid, seq, frame, own=True)
         if appended.stored:
             if env.sid in self.backfill.held:
                 self.backfill.release(env.sid)
@@ -115,13 +119,17 @@ class Broadcaster:
             # from the store, or a followed host sent the event first.)
             self._refuse(appended.reason)
 
-    def accept(self, sid: str, seq: int, frame: bytes) -> Appended:
-        """Append event `seq` of `sid` to the log and, if it was next, publish it."""
+    def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False) -> Appended:
+        """Append event `seq` of `sid` to the log and, if it was next, publish it.
+        `own`: it came from this host's supervisor (on a shared store its topic then
+        carries `OWN`, which the other hosts' followers subscribe to: they never get
+        back what they relayed here)."""
         appended = self.log.append(sid, seq, frame)
         if not appended.stored:
             return appended
+        topic = sid.encode() + (OWN if own and self.follower is not None else b"")
         try:
-            self.events.send_frame(frame, sid.encode())
+            self.events.send_frame(frame, topic)
         except BusError as exc:  # a PUB does not block; only a closed socket lands here
             log.warning("could not publish %s#%d: %s", sid, seq, exc)
         return appended
@@ -151,6 +159,8 @@ class Broadcaster:
         if len(frames) != 1 or frames[0][:1] not in (b"\x00", b"\x01"):
             return
         topic = frames[0][1:]
+        if topic.endswith(OWN):
+            return  # another host's follower (`follow.py`), not a viewer
         if frames[0][:1] == b"\x01":
             self._subscribed[topic] += 1
             self.viewers += 1

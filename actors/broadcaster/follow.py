@@ -3,10 +3,11 @@
 On a PostgreSQL store a session's events are published by the broadcaster of the host
 running it. This host's broadcaster follows the others: one SUB socket per other host
 on this machine (their rows in `hosts`, read again every `REFRESH_S`), subscribed to
-exactly the sessions this host's viewers subscribe to. What comes in is logged and
+exactly the sessions this host's viewers subscribe to, and to their own events only
+(the topic `sid + OWN`: what a host relays is not sent back to it). What comes in is logged and
 published here like an event of this host's own supervisor (`Broadcaster.followed`):
-in seq order, a hole filled from the store, a duplicate (the same event from this
-host's supervisor, or from a host that follows it back) dropped. Which host runs the
+in seq order, a hole filled from the store, a duplicate (one a replay already took
+from the store) dropped. Which host runs the
 session does not matter: every other host is followed, so a session moving to another
 host (failover) keeps its live viewers without a lookup.
 
@@ -46,11 +47,12 @@ class Follower:
     """SUB sockets to the other hosts' broadcasters, subscribed to what viewers here want."""
 
     def __init__(self, reactor: Reactor, store: PgSessionLog, own_home: Path,
-                 received: Callable[[list[bytes]], None]) -> None:
+                 received: Callable[[list[bytes]], None], mark: bytes) -> None:
         self.reactor = reactor
         self.store = store
         self.own_home = own_home
         self._received = received
+        self._mark = mark
         #: The other hosts' homes -> the SUB connected to their broadcaster.
         self.subs: dict[Path, Port] = {}
         #: Topics this host's viewers subscribe to (b"": every session).
@@ -64,7 +66,7 @@ class Follower:
             return
         self.topics.add(topic)
         for port in self.subs.values():
-            port.sock.setsockopt(zmq.SUBSCRIBE, topic)
+            port.sock.setsockopt(zmq.SUBSCRIBE, topic + self._mark)
 
     def unwant(self, topic: bytes) -> None:
         """The last viewer of `topic` here left."""
@@ -72,7 +74,7 @@ class Follower:
             return
         self.topics.discard(topic)
         for port in self.subs.values():
-            port.sock.setsockopt(zmq.UNSUBSCRIBE, topic)
+            port.sock.setsockopt(zmq.UNSUBSCRIBE, topic + self._mark)
 
     async def run(self) -> None:
         """Follow the hosts on the store as they come and go, until cancelled."""
@@ -108,7 +110,7 @@ class Follower:
             log.warning("cannot follow the host of %s: %s", home, exc)
             return
         for topic in self.topics:
-            port.sock.setsockopt(zmq.SUBSCRIBE, topic)
+            port.sock.setsockopt(zmq.SUBSCRIBE, topic + self._mark)
         self.subs[home] = port
 
     def catch_up(self, sid: str, head: int, accept: Callable[[str, int, bytes], Any]) -> None:
