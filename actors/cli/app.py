@@ -214,7 +214,7 @@ def parser() -> argparse.ArgumentParser:
                      help="run the session's tools on worker machine NAME only "
                           "(see `oploop worker`)")
     run.add_argument("--host", metavar="NAME",
-                     help="on a store several hosts share: run the new session on host "
+                     help="on a store several hosts share: run on host "
                           "NAME (its id or name in `oploop status`; default: the "
                           "least-loaded)")
     run.add_argument("--cwd", metavar="DIR",

@@ -11,8 +11,8 @@ answer. If the owner changed meanwhile (the lease moved: the owner answers
 owner up again and tries once more; then the caller gets one clear error. A
 forwarded request is never forwarded again.
 
-A new session (`StartRun` without a session) goes to the host named (`StartRun.host`,
-an id or a name from `oploop status`), else to the least-loaded one: the fewest
+A run goes to the host named (`StartRun.host`, an id or a name from `oploop status`);
+else a new session (`StartRun` without a session) goes to the least-loaded host: the fewest
 unexpired leases among this host and the others that take placed sessions (`oploop
 up` hosts; not an embedded one), this host on a tie. It is sent to that host's api
 socket with the target's id as `host`, so that host starts it without placing it again.
@@ -164,7 +164,7 @@ class Forwarder:
     def place(self, req: StartRun) -> HostRow | str | None:
         """Where a new session `req` runs: None here, a host's row, or why it cannot be
         placed (an unknown host name, one out of reach)."""
-        if req.session:
+        if req.session and not req.host:
             return None  # a follow-up runs where it is asked for (its lease taken here)
         me = self.ownership.owner
         if req.host == me or req.host == self.ownership.name:
