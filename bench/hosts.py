@@ -9,7 +9,8 @@ Two real hosts (separate homes, one machine, a throwaway local cluster: `bench.p
   one on b receive every event; each event's delay from its `ts` (emitted by a's
   supervisor) to each viewer, p50/p99, and what b adds over a, per event. A TOKEN's
   delay includes group commit (up to `TOKEN_COMMIT_S`, 0.2 s: nothing is published
-  before it is committed), on both hosts alike.
+  before it is committed), on both hosts alike; an event committed at once (the cancel
+  rounds' `CANCELLED`) is measured apart.
 """
 
 from __future__ import annotations
@@ -38,21 +39,32 @@ SCRIPTS = {
 
 
 async def _cancels(a: str, b: str, id_a: str, rounds: int) -> dict[str, list[float]]:
-    """Round trips of cancels sent to b (forwarded) and to a (the owner), alternating."""
+    """Round trips of cancels sent to b (forwarded) and to a (the owner), alternating;
+    and the delay from `ts` to a viewer on each host of `CANCELLED` (committed at once)."""
     from bus.client import Client
 
-    took: dict[str, list[float]] = {"via other host": [], "via owner": []}
+    took: dict[str, list[float]] = {"via other host": [], "via owner": [],
+                                    "at once: owner": [], "at once: other": []}
     async with Client.connect(Path(a)) as on_a, Client.connect(Path(b)) as on_b:
+        async def view(client: Client, sid: str, where: str, tool: asyncio.Event) -> None:
+            async for event in client.events(sid, 1, stop_at="first"):
+                if event["type"] == "CANCELLED":  # (both viewers wait for it: live)
+                    took[f"at once: {where}"].append(time.time() - float(event["ts"]))
+                if event["type"] == "TOOL_START":
+                    tool.set()
+
         for i in range(rounds):
             started = await on_a.start("#sleep go", host=id_a)
-            async for event in on_a.events(started.session, started.from_seq,
-                                           stop_at="first"):
-                if event["type"] == "TOOL_START":
-                    break
+            tools = (asyncio.Event(), asyncio.Event())
+            viewers = [asyncio.create_task(view(on_a, started.session, "owner", tools[0])),
+                       asyncio.create_task(view(on_b, started.session, "other", tools[1]))]
+            await tools[0].wait()
+            await tools[1].wait()
             via, client = ("via other host", on_b) if i % 2 == 0 else ("via owner", on_a)
             began = time.perf_counter()
             await client.cancel(started.session)
             took[via].append(time.perf_counter() - began)
+            await asyncio.gather(*viewers)
     return took
 
 
@@ -108,7 +120,8 @@ def run(quick: bool) -> dict[str, Any]:
         id_a = (Path(a) / "host-id").read_text().strip()
         rounds, sessions = (10, 2) if quick else (60, 4)
         took = asyncio.run(_cancels(a, b, id_a, rounds))
-        out["cancel"] = {k: _figures(v) for k, v in took.items()}
+        out["cancel"] = {k: _figures(v) for k, v in took.items() if k.startswith("via")}
+        out["at_once"] = {k: _figures(v) for k, v in took.items() if k.startswith("at once")}
         live = asyncio.run(_live(a, b, id_a, sessions))
         out["live"] = {k: _figures(v) for k, v in live.items()}
         out["live_sessions"] = sessions
@@ -124,7 +137,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     """Cancel round trips and live-event delays, the other host beside the owner."""
-    c, live = result["cancel"], result["live"]
+    c, live, o = result["cancel"], result["live"], result["at_once"]
     ms = lambda v: f"{v * 1e3:.1f} ms"  # noqa: E731
     rows = [
         [f"cancel round trip p50 ({c['via other host']['n']} / {c['via owner']['n']})",
@@ -134,6 +147,10 @@ def table(result: dict[str, Any]) -> str:
          f"{result['live_sessions']} streams)", ms(live["other"]["p50"]),
          ms(live["owner"]["p50"])],
         ["event ts -> viewer p99", ms(live["other"]["p99"]), ms(live["owner"]["p99"])],
+        [f"CANCELLED ts -> viewer p50 ({o['at once: other']['n']} events)",
+         ms(o["at once: other"]["p50"]), ms(o["at once: owner"]["p50"])],
+        ["CANCELLED ts -> viewer p99", ms(o["at once: other"]["p99"]),
+         ms(o["at once: owner"]["p99"])],
         ["added by the other host, per event: p50", ms(live["added"]["p50"]), "-"],
         ["added by the other host, per event: p99", ms(live["added"]["p99"]), "-"],
     ]
