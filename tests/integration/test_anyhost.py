@@ -17,7 +17,7 @@ import psutil
 import psycopg
 import pytest
 from homes import make_home, remove_home
-from hostkit import oploop, running_host, until
+from hostkit import events_of, oploop, running_host, until, workspace
 
 from bench import pgcluster
 from bus.client import Client
@@ -156,6 +156,12 @@ def test_host_places_and_an_unknown_host_is_one_line(hosts, tmp_path):
     assert refused.returncode == 1
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "no host 'nosuch'" in refused.stderr
+    ran = oploop(a, "run", "--host", id_b, "--json", "#talk go", cwd=str(tmp_path))
+    assert ran.returncode == 0, ran.stderr
+    events = events_of(ran.stdout)
+    assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "heard you"
+    assert workspace(b, events[0]["session"]).exists()  # its tool ran on b
+    assert not workspace(a, events[0]["session"]).exists()
 
     async def scenario() -> None:
         async with clients(a) as (on_a,):
