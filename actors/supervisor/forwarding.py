@@ -179,7 +179,7 @@ class Forwarder:
                 known = ", ".join(f"{h.id} ({h.name})" for h in hosts) or "none"
                 return f"no host {req.host!r} is up on the store (hosts: {known})"
             return reach_problem(named[0]) or named[0]
-        mine = sum(1 for _ in self.ownership.fence.epochs)
+        mine = len(self.ownership.fence.epochs)
         best: HostRow | None = None
         for h in hosts:
             if h.id != me and h.placeable and not reach_problem(h) and h.running < mine and \
@@ -206,6 +206,12 @@ class Forwarder:
             reply = await self._request(row, "api", req, "", traceparent=env.traceparent)
         except RemoteError as exc:
             port.reply_error(peer, env.id, exc.code, exc.message)
+            return
+        except RequestTimeout:
+            # Not answered: the run may have started there. The client sends the start
+            # again (the same key) and its resend finds that run, or starts it once.
+            self.counts["failed"] += 1
+            log.warning("host %s did not answer a start in %.0f s", row.id, FORWARD_TIMEOUT_S)
             return
         except BusError as exc:
             self.counts["failed"] += 1
