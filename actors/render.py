@@ -209,7 +209,8 @@ class Renderer:
     def _on_ELICITATION_ANSWERED(self, data: dict[str, Any]) -> None:  # noqa: N802
         fields = data.get("fields") or []
         said = f" ({', '.join(map(str, fields))})" if fields else ""
-        self._line(f"  {data.get('action')} by {data.get('by')}{said} [{data.get('id')}]")
+        why = f": {data['reason']}" if data.get("reason") else ""
+        self._line(f"  {data.get('action')} by {data.get('by')}{said} [{data.get('id')}]{why}")
 
     def _on_SAMPLING(self, data: dict[str, Any]) -> None:  # noqa: N802
         usage = describe(data.get("usage"))
