@@ -202,6 +202,8 @@ class Renderer:
             what = f"{kind}: {', '.join(map(str, choices))}" if choices else kind
             need = ", required" if name in required else ""
             about = f" — {spec['description']}" if spec.get("description") else ""
+            if "default" in spec:
+                about += f" [default: {spec['default']}]"
             self._line(f"  {name} ({what}{need}){about}")
         self._line(f"  answer: oploop answer SESSION {ask} key=value ... (or --decline, "
                    f"--cancel) within {data.get('timeout_s', '?')} s")

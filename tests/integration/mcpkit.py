@@ -73,21 +73,23 @@ def tool_results(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 NPM_CACHE = Path(os.environ.get("OPLOOP_TEST_NPM_CACHE", "/tmp/oploop-test-cache/npm"))
 
 
-def npm_package(spec: str) -> Path:
-    """A folder whose `node_modules` holds the npm package `spec` (a name, no version:
-    `npm install` once, then kept); the test is skipped, saying why, when npm or its
-    registry is not there."""
+def npm_package(spec: str, version: str = "") -> Path:
+    """A folder whose `node_modules` holds the npm package `spec` (a name; `version`:
+    that one, else the latest: `npm install` once, then kept); the test is skipped,
+    saying why, when npm or its registry is not there."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed (apt-get install nodejs npm)")
-    folder = NPM_CACHE / spec.replace("/", "+").replace("@", "")
+    folder = NPM_CACHE / (spec.replace("/", "+").replace("@", "")
+                          + (f"-{version}" if version else ""))
     manifest = folder / "node_modules" / spec
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # (one install at a time, whoever runs tests)
         if not (manifest / "package.json").exists():
             done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
-                                   str(folder), spec], capture_output=True, text=True,
+                                   str(folder), f"{spec}@{version}" if version else spec],
+                                  capture_output=True, text=True,
                                   timeout=600, check=False)
             if done.returncode != 0:
                 pytest.skip(f"npm install {spec} failed (no registry?): "
