@@ -212,7 +212,7 @@ def test_watch_shows_the_question_its_fields_and_the_answer(host):
     shown = oploop(host, "watch", sessions[0], "--no-follow").stdout
     assert "? MCP server test asks: Who is travelling?" in shown, shown
     assert "seats (integer, required) — how many seats" in shown, shown
-    assert "accept by local (name, seats)" in shown, shown
+    assert "accept by local (name, seats, window)" in shown, shown  # (window: its default)
 
 
 async def until_event(events: Any, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
