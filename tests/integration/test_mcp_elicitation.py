@@ -266,3 +266,58 @@ def test_a_supervisor_restart_closes_the_open_question_and_tells_the_server(host
     asyncio.run(until(lambda: {"book-cancelled", "book-cancel"} & {
         m.name for m in marks.iterdir()}, what="the server told", timeout=30))
     assert not (marks / "book-accept").exists()
+
+
+def test_a_question_is_answered_from_the_web_page(host):
+    """The web view shows the question as a form from its schema (a default filled in);
+    a value the form refuses is said on the page, nothing sent; the answer sent closes
+    the form for every viewer and reaches the server."""
+    from test_web_page import (
+        CHROMIUM,
+        TIMEOUT_MS,
+        async_playwright,
+        page_base,
+        start_in_page,
+        token_of,
+    )
+
+    if CHROMIUM is None or async_playwright is None:
+        pytest.skip("no chromium or playwright (see test_web_page.py)")
+    url = page_base(host)
+
+    async def main() -> tuple[str, list[str], list[str]]:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = await browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_default_timeout(TIMEOUT_MS)
+                await page.goto(f"{url}?token={token_of(host)}")
+                sid = await start_in_page(page, {"prompt": "#book"})
+                await page.goto(f"{url}s/{sid}")
+                form = page.locator("form.elicit")
+                await form.locator("button.accept").wait_for()
+                assert not await form.locator("input[name=window]").is_checked()
+                await form.locator("input[name=name]").fill("Di")
+                await form.locator("button.accept").click()  # seats, required, missing
+                await page.wait_for_function(
+                    "document.querySelector('form.elicit .why').textContent.includes("
+                    "'seats: required')")
+                await form.locator("input[name=seats]").fill("4")
+                await form.locator("input[name=window]").check()
+                await form.locator("button.accept").click()
+                await page.wait_for_selector("form.elicit.answered")
+                await page.wait_for_selector(".terminal.DONE")
+                outputs = await page.evaluate(
+                    "[...document.querySelectorAll('#log .tool .output')].map(e => e.textContent)")
+                return await form.inner_text(), outputs, errors
+            finally:
+                await browser.close()
+
+    shown, outputs, errors = asyncio.run(main())
+    assert "? MCP server test asks: Who is travelling?" in shown, shown
+    assert "accept by local (name, seats, window)" in shown, shown
+    assert any("booked 4 seat(s) for Di, window True" in o for o in outputs), outputs
+    assert not errors, errors
