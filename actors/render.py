@@ -202,6 +202,8 @@ class Renderer:
             what = f"{kind}: {', '.join(map(str, choices))}" if choices else kind
             need = ", required" if name in required else ""
             about = f" — {spec['description']}" if spec.get("description") else ""
+            if "default" in spec:
+                about += f" [default: {spec['default']}]"
             self._line(f"  {name} ({what}{need}){about}")
         self._line(f"  answer: oploop answer SESSION {ask} key=value ... (or --decline, "
                    f"--cancel) within {data.get('timeout_s', '?')} s")
@@ -209,7 +211,8 @@ class Renderer:
     def _on_ELICITATION_ANSWERED(self, data: dict[str, Any]) -> None:  # noqa: N802
         fields = data.get("fields") or []
         said = f" ({', '.join(map(str, fields))})" if fields else ""
-        self._line(f"  {data.get('action')} by {data.get('by')}{said} [{data.get('id')}]")
+        why = f": {data['reason']}" if data.get("reason") else ""
+        self._line(f"  {data.get('action')} by {data.get('by')}{said} [{data.get('id')}]{why}")
 
     def _on_SAMPLING(self, data: dict[str, Any]) -> None:  # noqa: N802
         usage = describe(data.get("usage"))

@@ -13,7 +13,9 @@ them), so: a server with calls of one session in flight asks that session (the
 latest call's job carries it); with none, or calls of several sessions at once, the
 request is declined (said in the log): a question must not reach a person who did
 not cause it. An answer that does not come while the call can still wait (its
-`timeout_s`, `WAIT_S` at most) is a decline.
+`timeout_s`, `WAIT_S` at most) is a decline. A call that ends first (cancelled, past its
+bound, or abandoned when the supervisor restarts) answers its questions "cancel" at
+once: the server is told, and nothing waits on for an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Elicitations:
         self._send = send
         self._calls: dict[str, list[_Call]] = {}
         self._waiting: dict[str, asyncio.Future[Any]] = {}
+        #: The call each waiting question was asked for (its end cancels them).
+        self._asked_by: dict[str, _Call] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(3)
 
@@ -75,6 +79,14 @@ class Elicitations:
                 calls.remove(call)
             if not calls:
                 self._calls.pop(server, None)
+            self._cancel_questions(call)
+
+    def _cancel_questions(self, call: _Call) -> None:
+        """The call's questions still waiting are answered "cancel" (the call is over)."""
+        for ask_id in [a for a, c in self._asked_by.items() if c is call]:
+            waiting = self._waiting.get(ask_id)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(ElicitAnswer(ask_id, "cancel", {}))
 
     def callback(self, server: str) -> Any:
         """The `elicitation_callback` of `server`'s `ClientSession`."""
@@ -110,6 +122,7 @@ class Elicitations:
         ask_id = f"{what[:2]}-{self._prefix}-{next(self._ids)}"
         waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[ask_id] = waiting
+        self._asked_by[ask_id] = call
         try:
             self._send(call.env, make(ask_id, wait_s))
             async with asyncio.timeout(wait_s):
@@ -118,6 +131,7 @@ class Elicitations:
             return None
         finally:
             self._waiting.pop(ask_id, None)
+            self._asked_by.pop(ask_id, None)
 
     async def _elicit(self, server: str, params: types.ElicitRequestParams
                       ) -> types.ElicitResult:

@@ -6,10 +6,13 @@ choice). What a person types (`oploop answer S ID key=value`) is a string: it is
 read as the number or boolean the schema wants; what the web view or a program
 sends may already be typed. A missing required field, an unknown one, a value of
 the wrong type or outside its enum is refused with a message naming it: nothing is
-sent to the server then. No SDK here (the supervisor checks the answers)."""
+sent to the server then. A field left out that has a `default` (SEP-1034) is sent with
+it, as a form shown pre-filled and accepted as it is. No SDK here (the supervisor
+checks the answers)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +25,8 @@ class FormError(ValueError):
 
 
 def checked(schema: Mapping[str, Any], content: Mapping[str, Any]) -> dict[str, Any]:
-    """`content` with each value of the type its property wants; raises FormError."""
+    """`content` with each value of the type its property wants, and the defaults of the
+    fields it leaves out; raises FormError."""
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
     properties = properties if isinstance(properties, Mapping) else {}
     required = schema.get("required") if isinstance(schema, Mapping) else None
@@ -33,6 +37,10 @@ def checked(schema: Mapping[str, Any], content: Mapping[str, Any]) -> dict[str, 
             known = ", ".join(map(str, properties)) or "none"
             raise FormError(f"{key}: not a field of this form (fields: {known})")
         out[key] = _value(key, spec, value)
+    for key, spec in properties.items():
+        if key not in out and isinstance(spec, Mapping) and "default" in spec:
+            with contextlib.suppress(FormError):  # (a default its field refuses: not sent)
+                out[str(key)] = _value(str(key), spec, spec["default"])
     for key in required if isinstance(required, list) else ():
         if key not in out:
             raise FormError(f"{key}: required")

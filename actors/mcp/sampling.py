@@ -81,8 +81,8 @@ def callback(asks: Elicitations, server: str) -> Any:
                                 lambda ask_id, wait_s: Sample(ask_id, server, request, wait_s))
         if not isinstance(answer, SampleAnswer):
             return types.ErrorData(code=types.INTERNAL_ERROR,
-                                   message="no model call: no session to make it for, or "
-                                           "no answer in time")
+                                   message="no model call: no session to make it for, "
+                                           "no answer in time, or its call ended")
         if answer.error:
             return types.ErrorData(code=types.INTERNAL_ERROR, message=answer.error)
         return result_of(answer.message)

@@ -21,7 +21,7 @@ from actors.logstore import is_pg_url, open_store
 from actors.machines import LOCAL
 from actors.pgleases import LeaseLost
 from actors.runtime import notify_ready, run_actor
-from actors.sessionlog import JournalError, JournalFull
+from actors.sessionlog import JournalError, JournalFull, Record
 from actors.settings import Settings
 from actors.storage import SESSIONS_FILE
 from actors.supervisor.dispatch import Dispatcher
@@ -360,6 +360,10 @@ class Supervisor:
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
         return self.journal.open_sessions() if self.journal is not None else []
+
+    def run_records(self, session: Session) -> list[Record]:
+        """The records of `session`'s latest run in the log (none without a log)."""
+        return self.journal.run_records(session) if self.journal is not None else []
 
     def forget_when_committed(self, session: Session) -> None:
         """`session`'s run has ended: it leaves memory once that end is committed."""

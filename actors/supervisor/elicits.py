@@ -9,19 +9,26 @@ action, by, fields}` (the names of the fields answered, not their values: the se
 has them, and a form's answers need not reach every viewer of the session). No answer
 within `timeout_s` (what the call can still wait) is a decline `by` "timeout"; a call that
 ends first (cancelled, timed out) closes its questions with "cancel" `by` "ended".
+
+A supervisor restart closes the questions its run left open, "cancel" `by` "restart"
+(`restarted`): the call that asked was in flight on an executor, and a resumed run ends
+such a call as interrupted (never run twice); the executor, which abandons the jobs the
+new supervisor does not know, answers the server "cancel" and cancels the call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actors.bounds import cut_line
 from actors.mcp.forms import ACTIONS, FormError, checked
+from actors.sessionlog import Record
 from actors.supervisor.dispatch import Dispatcher
+from actors.supervisor.fold import BadRecord, decode_record
 from bus.errors import BusError
 from bus.mcpwire import AnswerElicitation, Elicit, ElicitAnswer, ElicitationAck
 from bus.messages import Envelope
@@ -31,6 +38,10 @@ if TYPE_CHECKING:
     from actors.core.loopio import EventSink
     from actors.core.session import Session
     from bus.sockets import Port
+
+#: Why a restart closed a question (`ELICITATION_ANSWERED.reason`).
+RESTARTED = ("the supervisor restarted while the call that asked was in flight: the call "
+             "ends as interrupted, and the server was told \"cancel\"")
 
 #: Longest message and schema (JSON characters) an event carries.
 MAX_MESSAGE = 4000
@@ -109,7 +120,8 @@ class Elicits:
         if pending is None or pending.session.id != req.session:
             port.reply_error(peer, env.id, "not_pending",
                              f"session {req.session}: no question {req.id!r} waits for an "
-                             f"answer (answered already, timed out, or its call ended)")
+                             f"answer (answered already, timed out, its call ended, or the "
+                             f"supervisor restarted)")
             return
         if req.action not in ACTIONS:
             port.reply_error(peer, env.id, "bad_request",
@@ -124,6 +136,16 @@ class Elicits:
                 return
         self._close(req.id, req.action, by, content)
         port.reply(Envelope(ElicitationAck(req.session, req.id, by), id=env.id), peer)
+
+    def restarted(self, session: Session, records: Iterable[Record]) -> list[str]:
+        """A run resumed after a restart: the questions its `records` (the run's, from
+        the log) left open are closed, "cancel" `by` "restart", saying why; their ids."""
+        closed = open_questions(records)
+        for ask_id in closed:
+            self.emit(session, EventType.ELICITATION_ANSWERED, session.run_turn,
+                      {"id": ask_id, "action": "cancel", "by": "restart", "fields": [],
+                       "reason": RESTARTED})
+        return closed
 
     def call_over(self, session: Session, call_id: str) -> None:
         """The call's job ended: its questions are closed (the server has gone on)."""
@@ -157,3 +179,26 @@ class Elicits:
                           sid=job.env.sid)
         with contextlib.suppress(BusError):  # the worker is gone: the call fails as lost
             self.dispatcher.work.send(answer, job.worker)
+
+
+def open_questions(records: Iterable[Record]) -> list[str]:
+    """The ids of the questions `records` ask (`ELICITATION_REQUESTED`) and do not close
+    (`ELICITATION_ANSWERED`), in the order asked; a record that does not decode is
+    skipped (its fold has said so)."""
+    asked: dict[str, None] = {}
+    for record in records:
+        if b"ELICITATION_" not in record.frame:  # (no need to decode the others)
+            continue
+        try:
+            event, _ = decode_record(record)
+        except BadRecord:
+            continue
+        ask_id = event.data.get("id")
+        if not isinstance(ask_id, str) or event.type not in (
+                EventType.ELICITATION_REQUESTED, EventType.ELICITATION_ANSWERED):
+            continue
+        if event.type == EventType.ELICITATION_REQUESTED:
+            asked[ask_id] = None
+        else:
+            asked.pop(ask_id, None)
+    return list(asked)

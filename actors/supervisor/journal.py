@@ -173,6 +173,15 @@ class Journal:
             log.error("cannot list the sessions to resume: %s", exc)
             return []
 
+    def run_records(self, session: Session) -> list[Record]:
+        """The records of `session`'s latest run, from its `SESSION_START` on (none if
+        they cannot be read: that is logged)."""
+        try:
+            return list(self.log.records(session.id, after=max(0, session.run_from_seq - 1)))
+        except JournalError as exc:
+            log.error("session %s: cannot read its run's records: %s", session.id, exc)
+            return []
+
     def load(self, sid: str, agents: dict[str, Agent]) -> Session | None:
         """The session `sid` folded from the log (None: no such session)."""
         return load_session(self.log, sid, agents)

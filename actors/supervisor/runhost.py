@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from actors.config import Config
 from actors.core.loopio import LoopIO
 from actors.core.session import Session
+from actors.sessionlog import Record
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.leases import Leases
 from bus.messages import Envelope, RunStarted
@@ -74,6 +75,10 @@ class RunHost(Protocol):
 
     def open_in_log(self) -> list[str]:
         """The sessions whose run the session log has open (none without a log)."""
+        ...
+
+    def run_records(self, session: Session) -> list[Record]:
+        """The records of `session`'s latest run in the log (none without a log)."""
         ...
 
     def elsewhere(self, session: Session) -> str:

@@ -294,6 +294,9 @@ class Runs:
             if session is None or session.run_over:
                 self.sup.not_resumed(sid)
                 continue
+            elicits = getattr(self.sup.io, "elicits", None)
+            if elicits is not None:  # its questions died with the calls that asked them
+                elicits.restarted(session, self.sup.run_records(session))
             driver = RunDriver(session, self.sup.io)
             driver.resume(reason)
             task = self.sup.spawn(self._run(session, driver, None),

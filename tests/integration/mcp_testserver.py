@@ -4,7 +4,8 @@ mcp 2): `python mcp_testserver.py stdio` or `python mcp_testserver.py http PORT`
 Instructions (`INSTRUCTIONS`); resources `test://greeting` (text), `test://pixel` (a PNG)
 and the template `test://note/{name}`; prompts `review` (arguments `topic`, required,
 and `tone`) and `plain`; the tool `linked` returns a resource link to `test://secret`.
-Tools: `book` (asks the user a form: `name`, `seats`, `window`; says what came back);
+Tools: `book` (asks the user a form: `name`, `seats`, `window`; says what came back;
+marks `book-asking`, then `book-ACTION` or `book-cancelled`);
 `summarise` (asks the client's model, by sampling, and says its answer);
 `echo`; `slow` (sleeps, cancellable, touches `OPLOOP_TEST_MARKS/slow-started`
 first, `slow-cancelled` when cancelled); `deaf` (blocks its event loop: answers
@@ -131,7 +132,12 @@ class Booking(BaseModel):
 async def book(ctx: Context) -> str:
     """Ask the user who travels (an elicitation), then say what was booked."""
     _mark("book-asking")
-    answer = await ctx.elicit("Who is travelling?", Booking)
+    try:
+        answer = await ctx.elicit("Who is travelling?", Booking)
+    except anyio.get_cancelled_exc_class():
+        _mark("book-cancelled")  # (the call was cancelled while the question waited)
+        raise
+    _mark(f"book-{answer.action}")
     if answer.action == "accept":
         data = answer.data
         return f"booked {data.seats} seat(s) for {data.name}, window {data.window}"

@@ -73,21 +73,23 @@ def tool_results(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 NPM_CACHE = Path(os.environ.get("OPLOOP_TEST_NPM_CACHE", "/tmp/oploop-test-cache/npm"))
 
 
-def npm_package(spec: str) -> Path:
-    """A folder whose `node_modules` holds the npm package `spec` (a name, no version:
-    `npm install` once, then kept); the test is skipped, saying why, when npm or its
-    registry is not there."""
+def npm_package(spec: str, version: str = "") -> Path:
+    """A folder whose `node_modules` holds the npm package `spec` (a name; `version`:
+    that one, else the latest: `npm install` once, then kept); the test is skipped,
+    saying why, when npm or its registry is not there."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed (apt-get install nodejs npm)")
-    folder = NPM_CACHE / spec.replace("/", "+").replace("@", "")
+    folder = NPM_CACHE / (spec.replace("/", "+").replace("@", "")
+                          + (f"-{version}" if version else ""))
     manifest = folder / "node_modules" / spec
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # (one install at a time, whoever runs tests)
         if not (manifest / "package.json").exists():
             done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
-                                   str(folder), spec], capture_output=True, text=True,
+                                   str(folder), f"{spec}@{version}" if version else spec],
+                                  capture_output=True, text=True,
                                   timeout=600, check=False)
             if done.returncode != 0:
                 pytest.skip(f"npm install {spec} failed (no registry?): "
@@ -98,5 +100,40 @@ def npm_package(spec: str) -> Path:
     return folder
 
 
-__all__ = ["DONE", "NPM_CACHE", "PYTHON", "TEST_SERVER", "call", "free_port", "history_of",
-           "npm_package", "tool_results", "tools_of", "until", "wait_tools"]
+#: Where the PyPI servers the tests install get a virtualenv each (kept between runs).
+VENV_CACHE = NPM_CACHE.parent / "venvs"
+
+
+def venv_server(package: str, *pins: str, setup: str = "") -> Path:
+    """The program `package` installs, in a virtualenv of its own with `pins` (e.g.
+    "mcp<2": its pins apart, as docs/mcp.md says to install a Python server), then
+    `setup` (Python run by the virtualenv's interpreter: what the package would fetch
+    at its first use, which the sandbox cannot): once, then kept; the test is skipped,
+    saying why, when PyPI (or what `setup` fetches) is not there."""
+    folder = VENV_CACHE / package
+    program = folder / "bin" / package
+    done_mark = folder / ".installed"
+    VENV_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(VENV_CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (one install at a time, whoever runs tests)
+        if not done_mark.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+            for argv in ([python, "-m", "venv", str(folder)],
+                         [str(folder / "bin" / "pip"), "install", "-q", package, *pins],
+                         [str(folder / "bin" / "python"), "-c", setup or "pass"]):
+                made = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                                      check=False)
+                if made.returncode != 0:
+                    pytest.skip(f"{' '.join(argv[:3])} ... failed (no PyPI?): "
+                                f"{made.stderr.strip()[-300:]}")
+            done_mark.touch()
+    for path in (VENV_CACHE.parent, VENV_CACHE):
+        path.chmod(0o755)
+    subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+    return program
+
+
+__all__ = ["DONE", "NPM_CACHE", "PYTHON", "TEST_SERVER", "VENV_CACHE", "call", "free_port",
+           "history_of", "npm_package", "tool_results", "tools_of", "until", "venv_server",
+           "wait_tools"]

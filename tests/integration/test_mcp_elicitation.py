@@ -3,12 +3,16 @@ mid-call becomes `ELICITATION_REQUESTED` in the session, answered by `oploop ans
 `Client.answer` or the gateway's API, said as `ELICITATION_ANSWERED`; the server gets
 the answer. The tests' own server (its `book` tool asks a form) and the reference
 `server-everything` (`trigger-elicitation-request`, a form of every field type), both
-over stdio in the sandbox; a short `timeout_s` server whose question times out."""
+over stdio in the sandbox; a short `timeout_s` server whose question times out; a
+question open while the supervisor is killed (SIGKILL) and restarted by the host."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ import aiohttp
 import pytest
 from everything import everything, serving
 from homes import make_home
-from hostkit import assert_one_run, of_type, oploop, running_host
+from hostkit import actor, assert_one_run, of_type, oploop, running_host, until
 from mcpkit import PYTHON, TEST_SERVER, call, free_port, wait_tools
 
 from actors.sandbox.workspaces import remove_home
@@ -47,12 +51,19 @@ def _host(program: Path, url: str) -> Iterator[str]:
     tests = str(Path(TEST_SERVER).parent)
     server = (f"command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, \"stdio\"]\n"
               "start_timeout_s = 90  # (importing the SDK on busy cores: a minute)")
+    # What the test server did (its uid writes there; outside the home, which the
+    # sandbox hides).
+    marks = Path(tempfile.mkdtemp(prefix="opme-m-", dir="/tmp"))
+    marks.chmod(0o777)
+    Path(home, "marks.path").write_text(str(marks))
     Path(home, "oploop.toml").write_text(f"""
 [mcp.test]
 {server}
 timeout_s = 60
+env = {{ OPLOOP_TEST_MARKS = "{marks}" }}
 [mcp.test.sandbox]
 read_paths = ["{tests}"]
+write_paths = ["{marks}"]
 
 [mcp.short]                     # 2 s left for an answer (timeout_s less the margin)
 {server}
@@ -79,6 +90,7 @@ timeout_s = 60
             yield h
     finally:
         remove_home(Path(home))
+        shutil.rmtree(marks, ignore_errors=True)
         scenario.unlink()
         scenario.parent.rmdir()
 
@@ -200,4 +212,112 @@ def test_watch_shows_the_question_its_fields_and_the_answer(host):
     shown = oploop(host, "watch", sessions[0], "--no-follow").stdout
     assert "? MCP server test asks: Who is travelling?" in shown, shown
     assert "seats (integer, required) — how many seats" in shown, shown
-    assert "accept by local (name, seats)" in shown, shown
+    assert "accept by local (name, seats, window)" in shown, shown  # (window: its default)
+
+
+async def until_event(events: Any, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
+    """Read `events` into `seen` until one of type `kind`; that one."""
+    async for event in events:
+        seen.append(event)
+        if event["type"] == kind:
+            return event
+    raise AssertionError(f"no {kind}: {[e['type'] for e in seen]}")
+
+
+def test_a_supervisor_restart_closes_the_open_question_and_tells_the_server(host):
+    """The supervisor killed (SIGKILL) while a question waits, and restarted by the host:
+    the question is closed, "cancel" by "restart", saying why (the call that asked was in
+    flight: the resumed run ends it as interrupted, never run twice); `oploop answer`
+    then says no question waits; the server was told (its call cancelled, the question
+    answered "cancel"); the run goes on to its end."""
+    marks = Path(Path(host, "marks.path").read_text())
+    for mark in marks.iterdir():
+        mark.unlink()
+
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+        async with Client.connect(Path(host)) as client:
+            started = await client.start("#book")
+            seen: list[dict[str, Any]] = []
+            events = client.events(started.session, started.from_seq, stop_at="first")
+            asked = await until_event(events, "ELICITATION_REQUESTED", seen)
+            os.kill(actor(host, "supervisor")["pid"], signal.SIGKILL)
+            seen += [e async for e in events]
+            await until(lambda: actor(host, "supervisor")["state"] == "running",
+                        what="the supervisor back")
+            return seen, asked["data"], started.session
+
+    seen, asked, session = asyncio.run(main())
+    kinds = [e["type"] for e in seen]
+    assert kinds.count("ELICITATION_REQUESTED") == 1, kinds
+    (closed,) = of_type(seen, "ELICITATION_ANSWERED")
+    assert closed["data"]["id"] == asked["id"]
+    assert (closed["data"]["action"], closed["data"]["by"]) == ("cancel", "restart")
+    assert "supervisor restarted" in closed["data"]["reason"]
+    assert kinds.index("ELICITATION_ANSWERED") < kinds.index("RESUMED"), kinds
+    assert output(seen).startswith("interrupted: the supervisor restarted"), output(seen)
+    assert seen[-1]["type"] == "DONE", kinds
+    # Closed for every viewer: an answer now is refused, saying why.
+    late = oploop(host, "answer", session, asked["id"], "name=Ada", "seats=1")
+    assert late.returncode != 0 and "supervisor restarted" in late.stderr, late.stderr
+    shown = oploop(host, "watch", session, "--no-follow").stdout
+    assert f"cancel by restart [{asked['id']}]: the supervisor restarted" in shown, shown
+    # The server's call ended (cancelled, its question answered "cancel"): it is not
+    # left waiting for an answer that cannot come.
+    asyncio.run(until(lambda: {"book-cancelled", "book-cancel"} & {
+        m.name for m in marks.iterdir()}, what="the server told", timeout=30))
+    assert not (marks / "book-accept").exists()
+
+
+def test_a_question_is_answered_from_the_web_page(host):
+    """The web view shows the question as a form from its schema (a default filled in);
+    a value the form refuses is said on the page, nothing sent; the answer sent closes
+    the form for every viewer and reaches the server."""
+    from test_web_page import (
+        CHROMIUM,
+        TIMEOUT_MS,
+        async_playwright,
+        page_base,
+        start_in_page,
+        token_of,
+    )
+
+    if CHROMIUM is None or async_playwright is None:
+        pytest.skip("no chromium or playwright (see test_web_page.py)")
+    url = page_base(host)
+
+    async def main() -> tuple[str, list[str], list[str]]:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                               args=["--no-sandbox", "--disable-gpu"])
+            try:
+                page = await browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.set_default_timeout(TIMEOUT_MS)
+                await page.goto(f"{url}?token={token_of(host)}")
+                sid = await start_in_page(page, {"prompt": "#book"})
+                await page.goto(f"{url}s/{sid}")
+                form = page.locator("form.elicit")
+                await form.locator("button.accept").wait_for()
+                assert not await form.locator("input[name=window]").is_checked()
+                await form.locator("input[name=name]").fill("Di")
+                await form.locator("button.accept").click()  # seats, required, missing
+                await page.wait_for_function(
+                    "document.querySelector('form.elicit .why').textContent.includes("
+                    "'seats: required')")
+                await form.locator("input[name=seats]").fill("4")
+                await form.locator("input[name=window]").check()
+                await form.locator("button.accept").click()
+                await page.wait_for_selector("form.elicit.answered")
+                await page.wait_for_selector(".terminal.DONE")
+                outputs = await page.evaluate(
+                    "[...document.querySelectorAll('#log .tool .output')].map(e => e.textContent)")
+                return await form.inner_text(), outputs, errors
+            finally:
+                await browser.close()
+
+    shown, outputs, errors = asyncio.run(main())
+    assert "? MCP server test asks: Who is travelling?" in shown, shown
+    assert "accept by local (name, seats, window)" in shown, shown
+    assert any("booked 4 seat(s) for Di, window True" in o for o in outputs), outputs
+    assert not errors, errors

@@ -47,3 +47,23 @@ def test_strings_become_what_the_form_wants():
 def test_a_bad_answer_is_refused_naming_the_field(content, said):
     with pytest.raises(FormError, match=said):
         checked(FORM, content)
+
+
+def test_a_field_left_out_gets_its_default_and_a_bad_default_is_not_sent():
+    """SEP-1034: a form is shown filled with its defaults; accepted as it is, they are
+    what the server gets (the conformance suite's `elicitation-sep1034-client-defaults`)."""
+    form = {"type": "object", "properties": {
+        "name": {"type": "string", "default": "John Doe"},
+        "age": {"type": "integer", "default": 30},
+        "score": {"type": "number", "default": 95.5},
+        "status": {"type": "string", "enum": ["active", "inactive"], "default": "active"},
+        "verified": {"type": "boolean", "default": True},
+        "seats": {"type": "integer", "maximum": 9, "default": 12},  # its own field refuses it
+        "note": {"type": "string"},
+    }, "required": ["name", "age"]}
+    assert checked(form, {}) == {"name": "John Doe", "age": 30, "score": 95.5,
+                                 "status": "active", "verified": True}
+    assert checked(form, {"age": "41", "verified": "no"})["age"] == 41
+    assert checked(form, {"age": "41", "verified": "no"})["verified"] is False
+    with pytest.raises(FormError, match="seats: required"):
+        checked({**form, "required": ["seats"]}, {})

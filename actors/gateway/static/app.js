@@ -394,6 +394,82 @@ const RENDERERS = {
     v.asks.set(d.call_id, box);
     v.add(box, ev);
   },
+  ELICITATION_REQUESTED(v, ev, d) { // an MCP server asks the operators: a form from its schema
+    const box = el("form", "ask elicit");
+    box.dataset.elicit = String(d.id);
+    box.append(el("div", "head", `? MCP server ${d.server} asks: ${d.message ?? ""} [${d.id}]`));
+    if (d.url) box.append(el("div", "url", `open ${d.url}`));
+    const schema = d.schema && typeof d.schema === "object" ? d.schema : {};
+    const required = new Set(Array.isArray(schema.required) ? schema.required : []);
+    const fields = [];
+    for (const [name, raw] of Object.entries(schema.properties || {})) {
+      const f = raw && typeof raw === "object" ? raw : {};
+      const choices = Array.isArray(f.enum) ? f.enum
+        : (f.oneOf || f.anyOf || f.items?.enum || f.items?.anyOf || []).map((o) => o?.const ?? o);
+      let input;
+      if (f.type === "boolean") {
+        input = el("input");
+        input.type = "checkbox";
+        input.checked = f.default === true;
+      } else if (choices.length && f.type !== "array") {
+        input = el("select");
+        for (const c of choices) input.append(Object.assign(el("option", "", String(c)), { value: String(c) }));
+        if (f.default !== undefined) input.value = String(f.default);
+      } else {
+        input = el("input");
+        input.type = f.type === "number" || f.type === "integer" ? "number" : "text";
+        if (f.type === "number") input.step = "any";
+        if (f.type === "array") input.placeholder = `comma-separated: ${choices.join(", ")}`;
+        if (f.default !== undefined) input.value = [].concat(f.default).join(",");
+      }
+      input.name = name;
+      const label = el("label", "field", `${f.title || name}${required.has(name) ? " *" : ""} `);
+      if (f.description) label.title = f.description;
+      label.append(input);
+      box.append(label);
+      fields.push([name, f, input]);
+    }
+    const buttons = el("div", "buttons");
+    const notice = el("div", "why");
+    const send = async (action) => { // checked by the host against the form (400 names the field)
+      const content = {};
+      for (const [name, f, input] of action === "accept" ? fields : []) {
+        if (f.type === "boolean") content[name] = input.checked;
+        else if (input.value !== "") content[name] = f.type === "array"
+          ? input.value.split(",").map((x) => x.trim()).filter(Boolean) : input.value;
+      }
+      for (const b of buttons.children) b.disabled = true;
+      try {
+        await api("POST", `/api/sessions/${encodeURIComponent(v.sid)}/answer`, { id: d.id, action, content });
+        notice.textContent = ""; // ELICITATION_ANSWERED, on the stream, closes the form
+      } catch (err) {
+        for (const b of buttons.children) b.disabled = false;
+        notice.textContent = err.message;
+      }
+    };
+    for (const [label, action] of [["Send", "accept"], ["Decline", "decline"], ["Cancel", "cancel"]]) {
+      const b = el("button", action, label);
+      b.type = "button";
+      b.onclick = () => send(action);
+      buttons.append(b);
+    }
+    box.onsubmit = (e) => { e.preventDefault(); send("accept"); };
+    box.append(buttons, notice);
+    v.add(box, ev);
+  },
+  ELICITATION_ANSWERED(v, ev, d) {
+    const line = `${d.action} by ${d.by}` + (d.fields?.length ? ` (${d.fields.join(", ")})` : "") +
+      (d.reason ? `: ${d.reason}` : "");
+    const box = document.querySelector(`form.elicit[data-elicit="${CSS.escape(String(d.id))}"]`);
+    if (!box) {
+      v.add(el("div", "ask answered", `? ${line} [${d.id}]`), ev);
+      return;
+    }
+    box.querySelector(".buttons")?.remove();
+    for (const input of box.querySelectorAll("input, select")) input.disabled = true;
+    box.querySelector(".head").textContent += ` — ${line}`;
+    box.classList.add("answered");
+  },
   APPROVAL_DECIDED(v, ev, d) {
     const box = v.asks.get(d.call_id);
     v.asks.delete(d.call_id);
