@@ -59,7 +59,7 @@ def _summary(samples: list[dict[str, float]]) -> dict[str, Any]:
 
 async def _oploop(host: BenchHost, runs: dict[int, int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         await driver.run(WARM_TURNS)
         for turns, count in runs.items():
             samples = []
