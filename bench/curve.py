@@ -55,8 +55,9 @@ async def _measure(drivers: dict[str, tuple[Driver, BenchHost]], sessions: int
 
 async def _drive(plain: BenchHost, curve: BenchHost, listen: str, keys: Path,
                  sessions: int) -> dict[str, Any]:
-    async with Driver(plain.home) as local_plain, Driver(curve.home) as local_curve, \
-            Driver(curve.home, Endpoints.elsewhere(listen, keys)) as remote:
+    async with Driver(plain.home, cwd=plain.dir) as local_plain, \
+            Driver(curve.home, cwd=curve.dir) as local_curve, \
+            Driver(curve.home, Endpoints.elsewhere(listen, keys), cwd=curve.dir) as remote:
         return await _measure({"ipc": (local_plain, plain),
                                "ipc, CURVE on": (local_curve, curve),
                                "tcp + CURVE": (remote, curve)}, sessions)

@@ -91,7 +91,7 @@ async def _measure(host: BenchHost, repeats: int) -> dict[str, Any]:
     state = host.state() or {}
     pids = {a["name"]: a["pid"] for a in state.get("actors", []) if a["name"] in WRITERS}
     out: dict[str, Any] = {}
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         for turn in AT_TURNS:
             samples = [await _streamed_turn(driver, pids, turn) for _ in range(repeats)]
             out[str(turn)] = {k: median(s[k] for s in samples) for k in samples[0]}

@@ -42,12 +42,19 @@ class Run:
 
 class Driver:
     """Starts runs on the host in `home` (or at `endpoints`: over TCP) and follows all of
-    them on one subscription."""
+    them on one subscription. `cwd`: the runs' working directory (None: this process's);
+    a `BenchHost`'s is `host.dir`, where the file every turn reads lies: elsewhere the
+    sandbox shows no /tmp of the host, and every read would fail."""
 
-    def __init__(self, home: Path, endpoints: Endpoints | None = None) -> None:
+    def __init__(self, home: Path, endpoints: Endpoints | None = None,
+                 cwd: Path | None = None) -> None:
         self.endpoints = endpoints or Endpoints.for_home(home)
+        self.cwd = str(cwd) if cwd is not None else None
         self.runs: dict[str, Run] = {}
         self.turns_ended = 0
+        #: A failed tool call's output, by session (the workload's reads must succeed:
+        #: a benchmark of error results measures something else).
+        self.tool_errors: dict[str, str] = {}
         #: Called with (session, event) for every event, before the driver's own handling.
         self.observers: list[Callable[[str, Event], None]] = []
         self._reactor = Reactor(zmq.Context.instance())
@@ -67,6 +74,8 @@ class Driver:
             run = self.runs[env.sid] = Run()
         if ev.type == "TURN_START":
             run.starts.append(ev.ts)
+        elif ev.type == "TOOL_END" and ev.data.get("is_error"):
+            self.tool_errors[env.sid] = str(ev.data.get("output", ""))[:300]
         elif ev.type == "TURN_END":
             run.last_end = ev.ts
             self.turns_ended += 1
@@ -92,7 +101,7 @@ class Driver:
     async def _wait_subscribed(self) -> None:
         """Run one-turn sessions until one is seen end: the subscription has landed."""
         for _ in range(50):
-            started = await self.client.start("warm up", max_turns=1)
+            started = await self.client.start("warm up", max_turns=1, cwd=self.cwd)
             try:
                 await asyncio.wait_for(self._run(started.session).done.wait(), 1.0)
                 return
@@ -108,12 +117,14 @@ class Driver:
 
     async def run(self, turns: int, timeout: float = 120.0) -> Run:
         """One new session of `turns` tool turns, to its terminal event."""
-        started = await self.client.start("read the file, again and again", max_turns=turns)
+        started = await self.client.start("read the file, again and again", max_turns=turns,
+                                          cwd=self.cwd)
         run = self._run(started.session)
         await asyncio.wait_for(run.done.wait(), timeout)
         if run.terminal != "DONE" or len(run.starts) != turns:
             raise RuntimeError(f"run ended {run.terminal} {run.stop!r} after "
                                f"{len(run.starts)} turns")
+        self._no_tool_errors([started.session])
         return run
 
     async def many(self, sessions: int, turns: int, timeout: float = 300.0) -> float:
@@ -121,7 +132,8 @@ class Driver:
         before = self.turns_ended
         t0 = time.perf_counter()
         starts = await asyncio.gather(*(
-            self.client.start("read the file, again and again", max_turns=turns, timeout=60)
+            self.client.start("read the file, again and again", max_turns=turns, timeout=60,
+                              cwd=self.cwd)
             for _ in range(sessions)
         ))
         runs = [self._run(s.session) for s in starts]
@@ -131,4 +143,11 @@ class Driver:
         if bad:
             raise RuntimeError(f"{len(bad)} of {sessions} runs ended {bad[0].terminal} "
                                f"{bad[0].stop!r}")
+        self._no_tool_errors([s.session for s in starts])
         return (self.turns_ended - before) / elapsed
+
+    def _no_tool_errors(self, sessions: list[str]) -> None:
+        failed = [self.tool_errors[s] for s in sessions if s in self.tool_errors]
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {len(sessions)} runs had a tool call "
+                               f"fail: {failed[0]}")

@@ -57,7 +57,7 @@ def disk_bytes(host: BenchHost) -> int:
 
 
 async def _sessions(host: BenchHost, count: int) -> float:
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         started = time.perf_counter()
         for done in range(0, count, BATCH):
             await driver.many(min(BATCH, count - done), 1)

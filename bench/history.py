@@ -57,9 +57,9 @@ def _summary(samples: list[dict[str, float]]) -> dict[str, Any]:
             "p50s_s": [s["p50_s"] for s in samples]}
 
 
-async def _oploop(host: BenchHost, runs: dict[int, int]) -> dict[str, Any]:
+async def _oploop(host: BenchHost, runs: dict[int, int], cwd: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=cwd) as driver:  # (where the file read lies)
         await driver.run(WARM_TURNS)
         for turns, count in runs.items():
             samples = []
@@ -95,7 +95,7 @@ async def _http_peer(name: str, url: str, target: Path, runs: dict[int, int]) ->
 def _in_process(target: Path, runs: dict[int, int]) -> dict[str, Any]:
     systems: dict[str, Any] = {}
     with BenchHost(target_bytes=FILE_BYTES) as host:
-        systems["oploop"] = uvloop.run(_oploop(host, runs))
+        systems["oploop"] = uvloop.run(_oploop(host, runs, host.dir))
     for name in peers.PEERS:
         try:
             # the peers on the default asyncio loop, as their users run them
@@ -110,7 +110,7 @@ def _over_http(workdir: Path, target: Path, runs: dict[int, int]) -> dict[str, A
     scenario = history_scenario(str(target), (WARM_TURNS, *LENGTHS))
     with OfflineModel(workdir, scenario) as model:
         with BenchHost(backend="http", base_url=model.url) as host:
-            systems["oploop"] = uvloop.run(_oploop(host, runs))
+            systems["oploop"] = uvloop.run(_oploop(host, runs, target.parent))
         for name in peers.PEERS:
             if name not in peers.HTTP_PEERS:
                 systems[name] = {"error": "no over-HTTP runner (see bench.peers)"}

@@ -33,7 +33,7 @@ GOAL_MB = 150.0
 
 
 async def _one_session(host: BenchHost) -> None:
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         await driver.run(1)
 
 

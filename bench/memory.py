@@ -43,7 +43,7 @@ def _usage(host: BenchHost) -> dict[str, Any]:
 
 
 async def _open_sessions(host: BenchHost, count: int) -> None:
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         await driver.many(count, 1)
 
 

@@ -202,7 +202,10 @@ def explained_tool_error(run: SessionRun, output: str, kills: Sequence[Kill],
 
     if output == INTERRUPTED and killed("supervisor"):
         return "the supervisor was killed while the call ran"
-    lost = output == WORKER_LOST or output.endswith("failed: executor died")
+    # (A killed executor is "died" once its socket says so, "unreachable" when a
+    # heartbeat to it finds it gone first: `dispatch._worker_died`.)
+    lost = output == WORKER_LOST or output.endswith(("failed: executor died",
+                                                     "failed: executor unreachable"))
     if lost and killed("executor"):
         return "its executor was killed while the call ran"
     return ""

@@ -33,7 +33,7 @@ def _turns_for(sessions: int, quick: bool) -> int:
 
 async def _oploop(host: BenchHost, quick: bool, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         await driver.many(10, 5)  # warm
         for n in CONCURRENCY:
             rates = [await driver.many(n, _turns_for(n, quick)) for _ in range(repeats)]

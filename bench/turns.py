@@ -49,7 +49,7 @@ def _summary(samples: list[dict[str, float]]) -> dict[str, Any]:
 async def _oploop(host: BenchHost, runs: dict[int, int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     loop = asyncio.get_running_loop()
-    async with Driver(host.home) as driver:
+    async with Driver(host.home, cwd=host.dir) as driver:
         await driver.run(20)  # warm: first sessions pay for imports and caches
         for turns, count in runs.items():
             samples = []

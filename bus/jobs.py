@@ -106,6 +106,11 @@ class LlmJob(Body):
     that does not hold that revision answers `JobFailed(error="history_miss",
     retryable=True)` and the supervisor sends the job again in full (`keep` 0).
     Without a `history_key` the request is complete and nothing is kept.
+
+    `same_rest` (with `keep` > 0): the request's other fields (system prompt, tools,
+    model, ...) are those of revision `base_rev`, so `request` carries `messages`
+    only; the caller fills in the rest it holds. Every turn re-sent ~2 KB of tool
+    list and system prompt otherwise.
     """
 
     KIND: ClassVar[str] = "llm_job"
@@ -115,6 +120,7 @@ class LlmJob(Body):
     base_rev: int = 0
     keep: int = 0
     rev: int = 0
+    same_rest: bool = False
     #: Attempts at most (0: the caller's policy), and the whole call's time limit in
     #: seconds, retries included (0: none but the deadline): the intent router's.
     attempts: int = 0

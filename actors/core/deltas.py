@@ -11,7 +11,8 @@ Two costs grow with history length when done from scratch each turn:
   again. `TurnCache.llm_job` builds a job that each caller receives as a delta
   against the message list it already holds (see `bus.messages.LlmJob`),
   falling back to a full send for a caller that holds nothing, or after a
-  `history_miss` (`forget_callers`).
+  `history_miss` (`forget_callers`). The rest of the request (system prompt,
+  tools: ~2 KB a turn) goes only when it changed since that caller's revision.
 
 Both rely on how the loop treats a history: messages are never changed in
 place (every edit builds a new dict), so an unchanged message is the same
@@ -40,6 +41,7 @@ class _Held:
 
     rev: int
     messages: list[Message]
+    rest: dict[str, Any]  # the request but its messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +97,12 @@ class TurnCache:
         self._rev += 1
         rev = self._rev
         messages: list[Message] = request.get("messages") or []
+        rest = {k: v for k, v in request.items() if k != "messages"}
         full = LlmJob(request, stream, history_key=key, rev=rev)
 
         def for_caller(worker: bytes) -> LlmJob:
             held = self._held.pop(worker, None)
-            self._held[worker] = _Held(rev, messages)  # newest last: the oldest goes first
+            self._held[worker] = _Held(rev, messages, rest)  # newest last: the oldest goes first
             while len(self._held) > MAX_CALLERS:
                 del self._held[next(iter(self._held))]
             if held is None:
@@ -107,6 +110,10 @@ class TurnCache:
             keep = _common_prefix(held.messages, messages)
             if keep == 0:
                 return full
+            # (Equal values are mostly the same objects: `build_request` memoises them.)
+            if held.rest == rest:
+                return LlmJob({"messages": messages[keep:]}, stream, history_key=key,
+                              base_rev=held.rev, keep=keep, rev=rev, same_rest=True)
             tail = {**request, "messages": messages[keep:]}
             return LlmJob(tail, stream, history_key=key, base_rev=held.rev, keep=keep, rev=rev)
 

@@ -2,8 +2,9 @@
 
 The supervisor sends a session's whole history once, then per turn only the
 messages after a prefix the caller already holds (`LlmJob.keep` messages of
-revision `base_rev`). This cache turns such a delta back into the complete
-request. It is bounded (least recently used sessions go first); a session it
+revision `base_rev`), and the rest of the request (system prompt, tools) only
+when it changed (`LlmJob.same_rest`). This cache turns such a delta back into
+the complete request. It is bounded (least recently used sessions go first); a session it
 no longer holds, or holds at another revision, is a `HistoryMiss`, which the
 supervisor answers by sending the job in full.
 """
@@ -46,8 +47,10 @@ class HistoryCache:
     def __init__(self, max_sessions: int = MAX_SESSIONS, max_bytes: int = MAX_BYTES) -> None:
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
-        #: key -> (revision, messages, cumulative approximate size after each message)
-        self._held: OrderedDict[str, tuple[int, list[Any], list[int]]] = OrderedDict()
+        #: key -> (revision, messages, cumulative approximate size after each message,
+        #: the request but its messages)
+        self._held: OrderedDict[str, tuple[int, list[Any], list[int], dict[str, Any]]] = (
+            OrderedDict())
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -60,6 +63,9 @@ class HistoryCache:
         tail = request.get("messages") or []
         if not isinstance(tail, list):
             raise BadHistory(f"history of {job.history_key}: messages must be a list")
+        if job.same_rest and (job.keep <= 0 or len(request) != 1):
+            raise BadHistory(f"history of {job.history_key}: same_rest is a delta of "
+                             "messages alone")
         if job.keep > 0:
             held = self._held.get(job.history_key)
             if held is None or held[0] != job.base_rev or len(held[1]) < job.keep:
@@ -68,12 +74,14 @@ class HistoryCache:
             self.hits += 1
             messages = held[1][: job.keep] + tail
             sizes = _sizes(held[2][: job.keep], tail)  # only the new messages are measured
-            request = {**request, "messages": messages}
+            rest = held[3] if job.same_rest else _rest(request)
+            request = {**rest, "messages": messages}
         else:
             messages = tail
             sizes = _sizes([], tail)
+            rest = _rest(request)
         self._forget(job.history_key)
-        self._held[job.history_key] = (job.rev, messages, sizes)
+        self._held[job.history_key] = (job.rev, messages, sizes, rest)
         self.bytes += sizes[-1] if sizes else 0
         while len(self._held) > self.max_sessions or (self.bytes > self.max_bytes
                                                       and len(self._held) > 1):
@@ -87,6 +95,11 @@ class HistoryCache:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _rest(request: dict[str, Any]) -> dict[str, Any]:
+    """The request but its messages (what a `same_rest` job leaves out)."""
+    return {k: v for k, v in request.items() if k != "messages"}
 
 
 def _sizes(kept: list[int], tail: list[Any]) -> list[int]:

@@ -1,7 +1,9 @@
 """The executor's side of the launcher fork server (`zygote.py`).
 
 `ForkServer.launch` hands the server a spec and three pipes and gets a pid
-back (one blocking round trip of ~1 ms: a fork); `ServedProcess` then looks
+back (one blocking round trip of ~1 ms: a fork, several on a busy machine; made
+on a thread of its own, so the executor's loop serves other calls meanwhile);
+`ServedProcess` then looks
 like an asyncio subprocess to `run_command`: a stdout stream, `pid`,
 `returncode`, `wait()` (the exit status arrives on the status pipe, written by
 the server when it reaps the launcher), and a kill through a pidfd, so a pid
@@ -11,6 +13,7 @@ reused after the reap can never be hit.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -124,6 +127,10 @@ class ForkServer:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._used = 0.0  # time.monotonic() of the last fork asked for
+        # Requests wait for the server's answer here, one at a time (they would queue on
+        # `_lock` anyway), never in the loop's default pool where other calls' work runs.
+        self._requests = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="fork-server")
 
     @property
     def pid(self) -> int:
@@ -175,16 +182,26 @@ class ForkServer:
         if stderr >= 0:
             kind += b"E"
             fds.append(stderr)
+        request = asyncio.get_running_loop().run_in_executor(
+            self._requests, self._request, fds, kind)
         try:
-            pid = self._request(fds, kind)
+            # To its end even if cancelled: the server reads the fds until it answers.
+            pid = await run_to_end(request)
         except BaseException:
+            for fd in (out_w, err_w, st_w):  # (first: the status pipe's EOF needs ours shut)
+                os.close(fd)
+            if request.done() and not request.cancelled() and request.exception() is None:
+                # Cancelled once the fork was made: kill the launcher, wait until reaped.
+                forked = ServedProcess(request.result(), st_r)
+                st_r = -1  # (closed by its wait)
+                forked.kill()
+                await run_to_end(forked.wait())
             for fd in (out_r, err_r, st_r):
                 if fd >= 0:
                     os.close(fd)
             raise
-        finally:
-            for fd in (out_w, err_w, st_w):
-                os.close(fd)
+        for fd in (out_w, err_w, st_w):
+            os.close(fd)
         served = ServedProcess(pid, st_r)
         if out_r < 0:
             return served, err_r

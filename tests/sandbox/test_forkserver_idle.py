@@ -8,6 +8,8 @@ persistent reader, a running tool: their parent-death signal watches it).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -69,6 +71,35 @@ def test_a_live_reader_keeps_the_fork_server(host: Host) -> None:
         sandbox._retire_fork()  # as its timer would, however long it has been idle
         assert sandbox._fork.running_pid() == pid
         out, is_error = await _read(host, "/etc/hostname")  # the same reader serves it
+        assert not is_error, out
+
+    asyncio.run(scenario())
+
+
+def test_the_loop_serves_other_work_while_the_fork_server_answers(host: Host) -> None:
+    """The request to the fork server waits on a thread of its own: a server slow to
+    answer (here: stopped) holds up that one launch, not everything on the loop."""
+    if host.backend != "launcher":
+        pytest.skip("the bubblewrap backend execs its own launcher: no fork server")
+    sandbox = host.sandbox
+
+    async def scenario() -> None:
+        out, is_error = await _read(host, "/etc/passwd")  # the server is up
+        assert not is_error, out
+        sandbox.readers.close()  # the next read needs a fork
+        pid = sandbox._fork.running_pid() if sandbox._fork is not None else None
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            read = asyncio.create_task(_read(host, "/etc/hostname"))
+            ticks = 0
+            while ticks < 20:  # the loop turns while the launch waits on the stopped server
+                await asyncio.sleep(0.01)
+                ticks += 1
+            assert not read.done()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        out, is_error = await read
         assert not is_error, out
 
     asyncio.run(scenario())

@@ -76,6 +76,42 @@ def test_a_caller_without_the_revision_misses_then_gets_the_full_request():
     assert again.keep == 0 and fresh.resolve(again) == request
 
 
+def test_the_tools_and_system_prompt_go_once_per_caller_until_they_change():
+    memo, caller = TurnCache(), HistoryCache()
+    history = [{"role": "user", "content": [{"type": "text", "text": "go"}]}]
+    tools = TOOLS
+    kinds = []
+    for i in range(6):
+        if i == 4:  # an MCP server came: the tool list changed
+            tools = [*TOOLS, {"name": "mcp__x__y", "description": "y",
+                              "input_schema": {"type": "object"}}]
+        request = build_request(DEFAULT_AGENT, memo.sanitized(history), tools, session="s",
+                                cwd="/")
+        sent = wire(memo.llm_job("s", request, True).for_caller(b"a"))
+        assert caller.resolve(sent) == request
+        kinds.append((sent.keep > 0, sent.same_rest, sorted(sent.request)))
+        one_turn(history, i)
+    full = sorted(build_request(DEFAULT_AGENT, history, TOOLS, session="s", cwd="/"))
+    only = ["messages"]
+    # (The first three requests move the breakpoints off the first messages: no delta yet.)
+    assert kinds == [(False, False, full)] * 3 + [
+        (True, True, only), (True, False, full), (True, True, only)]
+
+
+def test_same_rest_without_a_held_revision_misses_and_without_a_delta_is_refused():
+    with pytest.raises(HistoryMiss):  # e.g. the caller restarted: the supervisor resends
+        HistoryCache().resolve(LlmJob({"messages": []}, history_key="s", base_rev=1, keep=1,
+                                      rev=2, same_rest=True))
+    with pytest.raises(BadHistory, match="same_rest"):
+        HistoryCache().resolve(LlmJob({"messages": []}, history_key="s", rev=1,
+                                      same_rest=True))
+    cache = HistoryCache()
+    cache.resolve(LlmJob({"model": "m", "messages": []}, history_key="s", rev=1))
+    with pytest.raises(BadHistory, match="same_rest"):  # messages alone, or it is no delta
+        cache.resolve(LlmJob({"model": "x", "messages": []}, history_key="s", base_rev=1,
+                             keep=0, rev=2, same_rest=True))
+
+
 def test_a_delta_whose_messages_are_not_a_list_is_refused():
     try:
         HistoryCache().resolve(LlmJob({"messages": "nope"}, history_key="s", rev=1))

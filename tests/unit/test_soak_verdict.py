@@ -49,6 +49,6 @@ def test_a_kill_explains_a_failure_only_of_its_actor_while_the_session_ran():
     assert tool_error_problems([run_with(INTERRUPTED)], [supervisor], T0) == []
     assert tool_error_problems([run_with(INTERRUPTED)], [executor], T0)  # not that actor
     assert tool_error_problems([run_with(INTERRUPTED)], [Kill(30.0, "supervisor", 1)], T0)
-    for lost in (WORKER_LOST, "shell failed: executor died"):
+    for lost in (WORKER_LOST, "shell failed: executor died", "shell failed: executor unreachable"):
         assert tool_error_problems([run_with(lost)], [executor], T0) == []
         assert tool_error_problems([run_with(lost)], [supervisor], T0)
