@@ -140,3 +140,18 @@ def test_the_digests_without_openssl_are_hashlibs():
     assert sha256(b"oploop").hexdigest() == hashlib.sha256(b"oploop").hexdigest()
     assert blake2b(b"oploop", digest_size=8).digest() == \
         hashlib.blake2b(b"oploop", digest_size=8).digest()
+
+
+def test_the_llm_callers_sdk_runs_without_aiohttp():
+    # (`python -m actors.llm_caller` keeps aiohttp out: the SDK's optional transport)
+    loaded = loaded_after(
+        "sys.modules.setdefault('aiohttp', None)\n"
+        "import anthropic\n"
+        "from actors.llm_caller.backend import AnthropicBackend\n"
+        "client = anthropic.AsyncAnthropic(api_key='x', http_client="
+        "anthropic.DefaultAsyncHttpxClient())\n"
+        "assert client.base_url")
+    assert "anthropic" in loaded
+    # ("aiohttp" itself is listed: the None that keeps it out)
+    assert not {m for m in loaded if m.split(".")[0] in ("aiohttp", "yarl", "multidict")
+                and m != "aiohttp"}
