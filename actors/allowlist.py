@@ -18,12 +18,13 @@ nor an address a name).
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from actors.digests import sha256
 
 NONE = "none"
 ALL = "all"
@@ -185,7 +186,7 @@ def socket_name(kind: str, name: str) -> str:
     """The proxy's socket (a file name in `run/net/`) for the allowlist of agent or MCP
     server `name` (`kind` "agent" or "mcp"): plain names as they are, others by a digest."""
     if not _SAFE.match(name):
-        name = "x" + hashlib.sha256(name.encode()).hexdigest()[:24]
+        name = "x" + sha256(name.encode()).hexdigest()[:24]
     return f"{kind}-{name}.sock"
 
 

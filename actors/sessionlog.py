@@ -7,11 +7,17 @@ and a viewer's replay reads its frames (see docs/sessions.md).
 
 Tables:
 
-- `records`: per event one row (sid, seq, frame, delta): the encoded event as
+- `records`: per event one row (key, sid, seq, frame, delta): the encoded event as
   published, and the history changes that came with it (`delta`, msgpack, or
   NULL): a list of `(role, blocks)` operations replayed with the history's one
   merge rule (blocks of a role equal to the last message's join that message).
-  Appending an event writes what it added, whatever the history's length.
+  Appending an event writes what it added, whatever the history's length. The
+  rowid `key` is the session's number (`logs`) and the seq, `num << 32 | seq`:
+  a session's records are one key range, and the newest session's next record
+  goes at the tree's right edge (one leaf a commit, no secondary index to update).
+- `logs`: each session's number in `records`' key, given at its first record
+  (AUTOINCREMENT: a removed session's number is never given again, so a reader's
+  cached number cannot point at another session's records).
 - `sessions`: one small row per session (created, agent and cwd, a summary for
   listings, whether a run is open, a pending operation cancel), written at
   creation, at a run's start and end, and on an operation cancel.
@@ -59,6 +65,10 @@ class SessionOverview:
 #: Space kept free for the log by default: below it new work is refused, and the
 #: reserve file of this size is given up to journal the ends of running sessions.
 DEFAULT_RESERVE_MB = 64
+#: Seqs a session can have in the log: its records' keys are `num << 32 | seq`.
+SEQ_MASK = (1 << 32) - 1
+#: Sessions whose `logs` number a log keeps in memory (cleared past it, read again).
+MAX_NUMS = 4096
 #: How often (seconds) free space is measured at most.
 FREE_SPACE_CHECK_S = 1.0
 
@@ -72,13 +82,17 @@ CREATE TABLE IF NOT EXISTS sessions (
     running INTEGER NOT NULL DEFAULT 0,
     stop    BLOB
 );
+CREATE TABLE IF NOT EXISTS logs (
+    num INTEGER PRIMARY KEY AUTOINCREMENT,
+    sid TEXT NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS records (
+    key   INTEGER PRIMARY KEY,
     sid   TEXT NOT NULL,
     seq   INTEGER NOT NULL,
     frame BLOB NOT NULL,
-    delta BLOB,
-    PRIMARY KEY (sid, seq)
-) WITHOUT ROWID;
+    delta BLOB
+);
 CREATE TABLE IF NOT EXISTS compactions (
     sid   TEXT PRIMARY KEY,
     seq   INTEGER NOT NULL,
@@ -153,8 +167,11 @@ class SessionLog:
         self.readonly = readonly
         try:
             self.db = open_private_db(path, _SCHEMA)
+            _upgrade(self.db)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the session log {path}: {exc}") from exc
+        #: sid -> its number in `records`' key (bounded: cleared past `MAX_NUMS`).
+        self._nums: dict[str, int] = {}
         self.commits = 0
         #: Times the reserve was given up (the supervisor ends the runs under way then).
         self.releases = 0
@@ -267,14 +284,16 @@ class SessionLog:
                 db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
                                [(r.sid, r.created, r.meta, r.summary, r.updated, int(r.running),
                                  r.stop) for r in rows])
-                db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)",
-                               [(r.sid, r.seq, r.frame, r.delta) for r in records])
+                db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)",
+                               [(self._key(r.sid, r.seq), r.sid, r.seq, r.frame, r.delta)
+                                for r in records])
                 db.executemany("INSERT OR REPLACE INTO compactions VALUES (?, ?, ?)",
                                [(c.sid, c.seq, c.state) for c in compactions])
                 db.executemany("INSERT OR REPLACE INTO starts VALUES (?, ?, ?, ?)",
                                [(s.key, s.sid, s.run, s.from_seq) for s in starts])
                 db.execute("COMMIT")
             except BaseException:
+                self._nums.clear()  # (numbers given in the transaction are void)
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
@@ -286,6 +305,7 @@ class SessionLog:
     def remove(self, sids: Iterable[str]) -> int:
         """Delete every trace of `sids` (rows, records, compactions, start keys); how many
         sessions were known. The caller makes sure none of them is running."""
+        sids = list(sids)
         params = [(sid,) for sid in sids]
         db = self.db
         try:
@@ -293,7 +313,13 @@ class SessionLog:
             try:
                 known = sum(db.execute("SELECT count(*) FROM sessions WHERE sid = ?", p)
                             .fetchone()[0] for p in params)
-                for table in ("records", "compactions", "starts", "sessions"):
+                for sid in sids:
+                    num = self._num(sid)
+                    if num is not None:
+                        db.execute("DELETE FROM records WHERE key BETWEEN ? AND ?",
+                                   _key_range(num))
+                    self._nums.pop(sid, None)
+                for table in ("logs", "compactions", "starts", "sessions"):
                     db.executemany(f"DELETE FROM {table} WHERE sid = ?", params)  # noqa: S608
                 db.execute("COMMIT")
             except BaseException:
@@ -330,9 +356,13 @@ class SessionLog:
 
     def records(self, sid: str, after: int = 0) -> list[Record]:
         """The records of `sid` with seq > `after`, in seq order."""
-        rows = self._all("SELECT sid, seq, frame, delta FROM records WHERE sid = ? AND seq > ? "
-                         "ORDER BY seq", (sid, after))
-        return [Record(*r) for r in rows]
+        num = self._num(sid)
+        if num is None:
+            return []
+        first, last = _key_range(num)
+        rows = self._all("SELECT sid, seq, frame, delta FROM records WHERE key BETWEEN ? AND ? "
+                         "ORDER BY key", (first + max(after, 0), last))
+        return [Record(*r) for r in rows if r[1] > after]
 
     def start(self, key: str) -> StartKey | None:
         """The run a `StartRun` key began, or None."""
@@ -341,12 +371,19 @@ class SessionLog:
 
     def last_seq(self, sid: str) -> int | None:
         """The newest seq logged for `sid`, or None when it has none."""
-        got = self._one("SELECT max(seq) FROM records WHERE sid = ?", (sid,))
-        return None if got is None or got[0] is None else int(got[0])
+        num = self._num(sid)
+        if num is None:
+            return None
+        got = self._one("SELECT seq FROM records WHERE key BETWEEN ? AND ? "
+                        "ORDER BY key DESC LIMIT 1", _key_range(num))
+        return None if got is None else int(got[0])
 
     def heads(self) -> dict[str, int]:
         """The newest seq of every session with records."""
-        return dict(self._all("SELECT sid, max(seq) FROM records GROUP BY sid"))
+        return dict(self._all(
+            f"SELECT sid, head FROM (SELECT l.sid, (SELECT r.seq FROM records r WHERE r.key "
+            f"BETWEEN l.num << 32 AND (l.num << 32) | {SEQ_MASK} ORDER BY r.key DESC LIMIT 1) "
+            f"AS head FROM logs l) WHERE head IS NOT NULL"))  # noqa: S608 - a constant
 
     def range(self, sid: str, from_seq: int, to_seq: int,
               max_bytes: int) -> tuple[list[tuple[int, bytes]], bool]:
@@ -354,9 +391,14 @@ class SessionLog:
         The first frame is returned whatever its size, so a reader always advances."""
         out: list[tuple[int, bytes]] = []
         size = 0
+        num = self._num(sid)
+        if num is None or to_seq < from_seq:
+            return out, False
+        first, last = _key_range(num)
+        span = (first + max(from_seq, 0), min(first + max(to_seq, 0), last))
         try:
-            cursor = self.db.execute("SELECT seq, frame FROM records WHERE sid = ? AND seq "
-                                     "BETWEEN ? AND ? ORDER BY seq", (sid, from_seq, to_seq))
+            cursor = self.db.execute("SELECT seq, frame FROM records WHERE key BETWEEN ? AND ? "
+                                     "ORDER BY key", span)
             try:
                 for seq, frame in cursor:
                     if out and size + len(frame) > max_bytes:
@@ -381,7 +423,8 @@ class SessionLog:
                 rows = list(bounded_cache(db).execute(
             "SELECT s.sid, s.created, s.updated, s.running, "
             "coalesce((SELECT sum(length(frame) + coalesce(length(delta), 0)) "
-            "          FROM records r WHERE r.sid = s.sid), 0) + "
+            "          FROM logs l JOIN records r ON r.key BETWEEN l.num << 32 AND "
+            f"         (l.num << 32) | {SEQ_MASK} WHERE l.sid = s.sid), 0) + "
             "coalesce((SELECT length(state) FROM compactions c WHERE c.sid = s.sid), 0) "
             "FROM sessions s ORDER BY s.created"))
         except sqlite3.Error as exc:
@@ -392,6 +435,35 @@ class SessionLog:
     def close(self) -> None:
         """Close the database."""
         self.db.close()
+
+    # -- keys -------------------------------------------------------------------------
+
+    def _num(self, sid: str) -> int | None:
+        """The number of `sid` in `records`' key, or None when it has no record."""
+        num = self._nums.get(sid)
+        if num is None:
+            got = self._one("SELECT num FROM logs WHERE sid = ?", (sid,))
+            if got is None:
+                return None
+            num = self._remember(sid, int(got[0]))
+        return num
+
+    def _remember(self, sid: str, num: int) -> int:
+        if len(self._nums) >= MAX_NUMS:
+            self._nums.clear()
+        self._nums[sid] = num
+        return num
+
+    def _key(self, sid: str, seq: int) -> int:
+        """The key of record `seq` of `sid`, numbering a new session (in the caller's
+        transaction: a rollback clears what was numbered)."""
+        if not 0 < seq <= SEQ_MASK:
+            raise JournalError(f"seq {seq} of {sid} is out of the session log's range")
+        num = self._num(sid)
+        if num is None:
+            cursor = self.db.execute("INSERT INTO logs (sid) VALUES (?)", (sid,))
+            num = self._remember(sid, int(cursor.lastrowid or 0))
+        return (num << 32) | seq
 
     def _one(self, sql: str, params: tuple[object, ...] = ()) -> Any:
         try:
@@ -405,6 +477,42 @@ class SessionLog:
             return list(self.db.execute(sql, params))
         except sqlite3.Error as exc:
             raise JournalError(f"cannot read {self.path}: {exc}") from exc
+
+
+def _key_range(num: int) -> tuple[int, int]:
+    """The first and last key a session numbered `num` can have in `records`."""
+    return num << 32, (num << 32) | SEQ_MASK
+
+
+def _upgrade(db: sqlite3.Connection) -> None:
+    """Rewrite a log made before `records` was keyed by rowid (a `WITHOUT ROWID` table
+    keyed by (sid, seq)) into today's tables, in one transaction (a reader that opened
+    it meanwhile waits on the lock, then finds it done)."""
+    def old() -> bool:
+        got = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' "
+                         "AND name = 'records'").fetchone()
+        return got is not None and "WITHOUT ROWID" in got[0].upper()
+
+    if not old():
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if old():
+            db.execute("ALTER TABLE records RENAME TO records_old")
+            db.execute("CREATE TABLE records (key INTEGER PRIMARY KEY, sid TEXT NOT NULL, "
+                       "seq INTEGER NOT NULL, frame BLOB NOT NULL, delta BLOB)")
+            db.execute("INSERT OR IGNORE INTO logs (sid) SELECT DISTINCT sid FROM records_old "
+                       "ORDER BY sid")
+            db.execute("INSERT INTO records SELECT (l.num << 32) | r.seq, r.sid, r.seq, "
+                       "r.frame, r.delta FROM records_old r JOIN logs l USING (sid) "
+                       "ORDER BY l.num, r.seq")
+            db.execute("DROP TABLE records_old")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    log.warning("session log: records rewritten keyed by rowid (one page per commit)")
 
 
 def _is_full(exc: sqlite3.Error) -> bool:

@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import logging
 import os
-import secrets
 import sys
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
@@ -97,7 +96,7 @@ class Worker(ABC):
         #: The worker machine this worker runs on, said in `Ready` (`OPLOOP_MACHINE`;
         #: "" for the host's own workers). Set before `serve`.
         self.machine = ""
-        self.worker_id = f"{self.role}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.worker_id = f"{self.role}-{os.getpid()}-{os.urandom(2).hex()}"
         self.reactor = Reactor()
         ident = self.worker_id.encode()
         self.control = self.reactor.add(

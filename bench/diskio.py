@@ -20,6 +20,12 @@ number of TOKEN events between them, is the figure:
 The supervisor journals an event before it publishes it, so the reading
 taken on seeing a TOKEN already includes that TOKEN's commit. Goal (issue
 13): the figure at turn 200 no larger than at turn 1 (constant per event).
+
+The last TOKENs of a stream are committed with the run's end (group commit: the
+end's events are urgent and take the waiting TOKENs with them), and the run's end
+writes the session's compaction, whose size is the history's (~80 KB at turn 200,
+~680 B spread over the turn's TOKENs). `body.*` is the same figure over the first
+`BODY` of the TOKENs only: the commits that held streamed text alone.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ FILE_BYTES = 20 * 1024
 #: Processes whose writes are read (the actors writing SQLite files).
 WRITERS = ("supervisor", "broadcaster")
 _FIELDS = ("wchar", "write_bytes")
+#: The share of a stream's TOKENs `body.*` covers (the end's commit holds the rest).
+BODY = 0.8
 
 
 def proc_io(pid: int) -> dict[str, int]:
@@ -81,9 +89,12 @@ async def _streamed_turn(driver: Driver, pids: dict[str, int], turn: int) -> dic
     first, last = readings[0], readings[-1]
     events = len(readings) - 1
     out: dict[str, float] = {"tokens": float(len(readings))}
+    body = readings[int(len(readings) * BODY)]
+    body_events = int(len(readings) * BODY)
     for name in pids:
         for key in _FIELDS:
             out[f"{name}.{key}"] = (last[name][key] - first[name][key]) / events
+            out[f"body.{name}.{key}"] = (body[name][key] - first[name][key]) / body_events
     return out
 
 
@@ -125,6 +136,10 @@ def table(result: dict[str, Any]) -> str:
                          f"{figs[f'{name}.write_bytes']:,.0f} B"])
         total = sum(figs[f"{name}.wchar"] for name in WRITERS)
         rows.append([f"turn {turn}: both", f"{total:,.0f} B", f"({figs['tokens']:.0f} TOKENs)"])
+        if "body.supervisor.wchar" in figs:
+            rows.append([f"turn {turn}: supervisor, first {BODY:.0%} of the TOKENs",
+                         f"{figs['body.supervisor.wchar']:,.0f} B",
+                         f"{figs['body.supervisor.write_bytes']:,.0f} B"])
     load = " ".join(f"{x:.2f}" for x in result["loadavg"])
     return (text_table(["bytes per TOKEN event", "wchar", "write_bytes"], rows)
             + f"\n(median of {result['repeats']} streamed turns; load average {load})")

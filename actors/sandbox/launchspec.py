@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,7 +217,7 @@ def build_spec(
         "LANG": "C.UTF-8",
         "TERM": "dumb", "USER": user, "LOGNAME": user,
         "OPLOOP_SANDBOX": view.mode if view is not None else modes.SCRATCH,
-        "OPLOOP_SANDBOX_ID": secrets.token_hex(4),
+        "OPLOOP_SANDBOX_ID": os.urandom(4).hex(),
     }
     spec["argv"] = argv or ["/bin/true"]
     spec["env"] = env

@@ -15,8 +15,9 @@ reader. A reader is retired (killed) when
 
 - a call on it fails in any way (timeout, cancel, a bad or missing reply): the
   next call gets a fresh one;
-- it has been idle `idle_s`, served `max_calls` calls, or lived `max_age_s`
-  (its RLIMIT_CPU counts all its calls together);
+- it has been idle `idle_s` (`crowded_idle_s` when `WARM` readers idle more recently
+  than it), served `max_calls` calls, or lived `max_age_s` (its RLIMIT_CPU counts all
+  its calls together);
 - its session's workspace is removed (`drop`) or changes under it (the sweep,
   every `sweep_s` while readers idle);
 - the sandbox closes.
@@ -62,6 +63,12 @@ host serving 100 sessions (their calls sent back to the same executor, `dispatch
 started a launcher for nearly every read. Each holds ~2 MB of its own (PSS; ~9 MB RSS,
 most shared with the fork server): under ~70 MB per busy executor, none once idle
 (`IDLE_S`)."""
+WARM = 4
+"""Idle readers (the most recently used) kept the whole `IDLE_S`; the others retire after
+`CROWDED_IDLE_S`. A burst of sessions left up to `MAX_IDLE` readers idle for 2 s, ~9 MB
+RSS each (issue 28: 286 KB per idle session at 1,000 sessions); a session that goes on
+reads again within a turn, well inside `CROWDED_IDLE_S`."""
+CROWDED_IDLE_S = 0.5
 SWEEP_S = 0.5
 _GONE_S = 2.0  # bound on waiting for retired readers to exit, when the sandbox closes
 
@@ -153,6 +160,7 @@ class ReaderPool:
 
     def __init__(self) -> None:
         self.idle_s = IDLE_S
+        self.crowded_idle_s = CROWDED_IDLE_S
         self.max_calls = MAX_CALLS
         self.max_age_s = MAX_AGE_S
         self.sweep_s = SWEEP_S
@@ -249,8 +257,9 @@ class ReaderPool:
         self._busy.add(reader)
         return reader
 
-    def _expired(self, reader: Reader, now: float) -> bool:
-        return now - reader.used >= self.idle_s or now - reader.born >= self.max_age_s
+    def _expired(self, reader: Reader, now: float, idle_s: float | None = None) -> bool:
+        idle_s = self.idle_s if idle_s is None else idle_s
+        return now - reader.used >= idle_s or now - reader.born >= self.max_age_s
 
     def _give(self, reader: Reader) -> None:
         self._busy.discard(reader)
@@ -304,8 +313,11 @@ class ReaderPool:
     def sweep(self) -> int:
         """Retire idle readers past their time, or whose paths changed; how many."""
         now = time.monotonic()
-        gone = [r for rs in self._idle.values() for r in rs
-                if self._expired(r, now) or identity(r.paths) != r.key[-1]]
+        idle = sorted((r for rs in self._idle.values() for r in rs), key=lambda r: r.used,
+                      reverse=True)
+        gone = [r for i, r in enumerate(idle)
+                if self._expired(r, now, self.idle_s if i < WARM else self.crowded_idle_s)
+                or identity(r.paths) != r.key[-1]]
         for reader in gone:
             self._remove_idle(reader)
             self._retire(reader)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from actors.digests import blake2b
 
 
 class UidsExhausted(Exception):
@@ -47,7 +48,7 @@ def preferred(workspaces: Path, name: str, first: int, last: int) -> int:
     probe starts. The path, not the bare session id, so two homes sharing a range
     do not map their "default" sessions to one uid."""
     key = os.fsencode(str(workspaces.absolute() / name))
-    digest = hashlib.blake2b(key, digest_size=8).digest()
+    digest = blake2b(key, digest_size=8).digest()
     return first + int.from_bytes(digest, "big") % (last - first + 1)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.digests import sha256
 from actors.tools.process import ToolRefused
 
 log = logging.getLogger("oploop.sandbox")
@@ -118,7 +118,7 @@ def safe_name(session: str) -> str:
     kept = "".join(c for c in session if c.isascii() and (c.isalnum() or c in "-_"))
     if kept == session and 0 < len(session) <= NAME_MAX:
         return session
-    digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
+    digest = sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{kept[:NAME_MAX] or 'session'}.{digest[:_DIGEST_HEX]}"
 
 

@@ -20,7 +20,7 @@ from sbhelp import BOUND_S, Host, need
 from test_escape_read import READ_POLICY, call, still_reads, tools
 
 from actors.sandbox import Sandbox
-from actors.sandbox.readers import Reader
+from actors.sandbox.readers import WARM, Reader
 from actors.sandbox.workspaces import Workspaces
 from actors.tools import ToolContext, invoke
 
@@ -32,7 +32,8 @@ def rhost(host: Host) -> Host:
         pytest.skip("reads always run in the launcher: one backend is enough")
     # Reuse is what these cases check: no reader may expire between calls on a slow
     # machine (the idle case sets its own).
-    host.sandbox.readers.idle_s = host.sandbox.readers.max_age_s = 3600.0
+    readers = host.sandbox.readers
+    readers.idle_s = readers.crowded_idle_s = readers.max_age_s = 3600.0
     return host
 
 
@@ -173,6 +174,31 @@ def test_an_idle_reader_is_retired(rhost: Host) -> None:
         assert not sandbox.readers.readers()
 
     asyncio.run(idle())
+    still_reads(rhost)
+
+
+def test_idle_readers_past_the_warm_few_retire_sooner(rhost: Host) -> None:
+    """A burst leaves many readers idle: the `WARM` most recently used keep `idle_s`, the
+    others retire after `crowded_idle_s` (issue 28: ~9 MB RSS each, for 2 s)."""
+    sandbox = rhost.sandbox
+    sandbox.readers.crowded_idle_s = sandbox.readers.sweep_s = 0.05
+    ctx: ToolContext[None] = ToolContext(cwd=rhost.workspace, workspace=rhost.workspace)
+    box = tools(sandbox, READ_POLICY)
+
+    async def burst() -> None:
+        outs = await asyncio.gather(*(invoke(box, "read_file", {"path": "/etc/hostname"}, ctx)
+                                      for _ in range(WARM + 3)))
+        assert not any(out.is_error for out in outs), outs
+        started = readers_of(sandbox, rhost.workspace)
+        assert len(started) > WARM, started  # (parallel reads each took a reader)
+        warm = sorted(started, key=lambda r: r.used)[-WARM:]
+        deadline = time.monotonic() + BOUND_S
+        while len(readers_of(sandbox, rhost.workspace)) > WARM:
+            assert time.monotonic() < deadline, "the crowd of idle readers stayed"
+            await asyncio.sleep(0.05)
+        assert {r.pid for r in readers_of(sandbox, rhost.workspace)} == {r.pid for r in warm}
+
+    asyncio.run(burst())
     still_reads(rhost)
 
 

@@ -117,3 +117,41 @@ def test_the_run_core_loads_no_io_and_nothing_of_the_supervisor():
     io = {m for m in loaded if m.split(".")[0] in ("zmq", "sqlite3", "_sqlite3", "aiohttp")}
     assert not io, sorted(io)
     assert not {m for m in loaded if m.startswith("actors.supervisor")}
+
+
+#: Actors that speak no TLS: their `__main__` keeps `ssl` out before asyncio loads it.
+NO_TLS = ("actors.host.actor", "actors.executor.actor", "actors.broadcaster.actor")
+
+
+@pytest.mark.parametrize("entry", NO_TLS)
+def test_an_actor_without_tls_loads_no_openssl(entry):
+    # `hashlib` and `ssl` each load OpenSSL's libcrypto (~3.7 MB resident): what these
+    # actors hash is short (actors/digests.py), and their loop is asyncio's own
+    loaded = loaded_after(f"sys.modules.setdefault('ssl', None)\nimport {entry}")
+    assert entry in loaded
+    assert not loaded & {"_hashlib", "_ssl", "uvloop"}, sorted(loaded & {"_hashlib", "_ssl"})
+
+
+def test_the_digests_without_openssl_are_hashlibs():
+    import hashlib
+
+    from actors.digests import blake2b, sha256
+
+    assert sha256(b"oploop").hexdigest() == hashlib.sha256(b"oploop").hexdigest()
+    assert blake2b(b"oploop", digest_size=8).digest() == \
+        hashlib.blake2b(b"oploop", digest_size=8).digest()
+
+
+def test_the_llm_callers_sdk_runs_without_aiohttp():
+    # (`python -m actors.llm_caller` keeps aiohttp out: the SDK's optional transport)
+    loaded = loaded_after(
+        "sys.modules.setdefault('aiohttp', None)\n"
+        "import anthropic\n"
+        "from actors.llm_caller.backend import AnthropicBackend\n"
+        "client = anthropic.AsyncAnthropic(api_key='x', http_client="
+        "anthropic.DefaultAsyncHttpxClient())\n"
+        "assert client.base_url")
+    assert "anthropic" in loaded
+    # ("aiohttp" itself is listed: the None that keeps it out)
+    assert not {m for m in loaded if m.split(".")[0] in ("aiohttp", "yarl", "multidict")
+                and m != "aiohttp"}

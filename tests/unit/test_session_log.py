@@ -47,7 +47,7 @@ from actors.core.session import Session
 from actors.core.state import Phase
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.logstore import open_store
-from actors.sessionlog import JournalFull, Record, SessionLog, SessionRow
+from actors.sessionlog import JournalError, JournalFull, Record, SessionLog, SessionRow
 from actors.supervisor.fold import load_session
 from actors.supervisor.journal import Journal
 from bench import pgcluster
@@ -517,3 +517,82 @@ def test_messages_waiting_fold_from_the_row_once_and_old_rows_still_load(journal
     journal.log.commit([], [old], [], [])
     loaded = load_session(journal.log, "s1", {})
     assert loaded is not None and loaded.stop_request == "operation" and loaded.said == []
+
+
+# -- the SQLite file's layout ------------------------------------------------------------
+
+
+def _wal_pages(path: Path) -> int:
+    """Frames (pages) in the WAL of the database at `path`."""
+    wal = Path(f"{path}-wal")
+    return max(0, wal.stat().st_size - 32) // (storage.PAGE_SIZE + 24) if wal.exists() else 0
+
+
+def test_a_group_commit_of_streamed_text_writes_a_few_pages_whatever_the_history(tmp_path):
+    # Records keyed by rowid (the session's number, then the seq): the newest session's
+    # next records go at the tree's right edge, with no index beside them to update.
+    log = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    for other in ("a", "f", "z"):  # sessions before it, with large records (tool results)
+        log.commit([Record(other, seq, b"f" * 200, b"d" * 20_000) for seq in range(1, 41)])
+    log.commit([Record("m", seq, b"f" * 200, b"d" * 20_000) for seq in range(1, 201)])
+    log.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    log.db.execute("PRAGMA wal_autocheckpoint=0")
+    before, commits, seq = _wal_pages(log.path), 20, 200
+    for _ in range(commits):  # 7 TOKENs of ~150 bytes each, as a 0.2 s group commit holds
+        log.commit([Record("m", seq + i, b"t" * 120, b"x" * 30) for i in range(1, 8)])
+        seq += 7
+    per_commit = (_wal_pages(log.path) - before) / commits
+    # ~4: the last leaf written again, the new one it filled, their parent, the file's
+    # header page (the file grew); the WITHOUT ROWID table keyed (sid, seq) wrote ~8 here
+    # (the leaf mid-tree and the neighbours rebalanced with it)
+    assert per_commit <= 5, per_commit
+    assert [r.seq for r in log.records("m", after=200)] == list(range(201, seq + 1))
+    log.close()
+
+
+def test_a_log_keyed_by_sid_and_seq_is_rewritten_keyed_by_rowid(tmp_path):
+    path = tmp_path / "sessions.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:  # the layout before issue 28
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE records (sid TEXT NOT NULL, seq INTEGER NOT NULL, "
+                   "frame BLOB NOT NULL, delta BLOB, PRIMARY KEY (sid, seq)) WITHOUT ROWID")
+        db.executemany("INSERT INTO records VALUES (?, ?, ?, ?)",
+                       [(sid, seq, f"{sid}{seq}".encode(), None if seq % 2 else b"d")
+                        for sid in ("b", "a") for seq in range(1, 4)])
+        db.commit()
+    log = SessionLog(path, reserve_mb=0)
+    reader = SessionLog(path, reserve_mb=0, readonly=True)  # (finds it done)
+    for store in (log, reader):
+        assert [(r.seq, r.frame, r.delta) for r in store.records("a")] == \
+            [(1, b"a1", None), (2, b"a2", b"d"), (3, b"a3", None)]
+        assert store.heads() == {"a": 3, "b": 3}
+    log.commit([Record("c", 1, b"c1"), Record("b", 4, b"b4")])
+    assert reader.range("b", 2, 10, 1 << 20) == ([(2, b"b2"), (3, b"b3"), (4, b"b4")], False)
+    assert reader.last_seq("c") == 1 and reader.last_seq("nobody") is None
+    log.close()
+    reader.close()
+
+
+def test_a_removed_sessions_number_is_never_given_again(tmp_path):
+    log = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    reader = SessionLog(tmp_path / "sessions.db", reserve_mb=0, readonly=True)
+    log.commit([Record("old", 1, b"old")])
+    assert [r.frame for r in reader.records("old")] == [b"old"]  # (its number now cached)
+    log.remove(["old"])
+    log.close()
+    log = SessionLog(tmp_path / "sessions.db", reserve_mb=0)  # a restarted supervisor
+    log.commit([Record("new", 1, b"new")])
+    assert reader.records("old") == [] and reader.range("old", 1, 9, 100) == ([], False)
+    assert [r.frame for r in reader.records("new")] == [b"new"]
+    log.close()
+    reader.close()
+
+
+def test_a_seq_out_of_the_keys_range_is_refused_and_nothing_is_written(tmp_path):
+    log = SessionLog(tmp_path / "sessions.db", reserve_mb=0)
+    with pytest.raises(JournalError, match="out of the session log's range"):
+        log.commit([Record("s", 1, b"one"), Record("s", 1 << 32, b"two")])
+    assert log.records("s") == [] and log.heads() == {}
+    log.commit([Record("s", 1, b"one")])
+    assert log.heads() == {"s": 1}
+    log.close()
