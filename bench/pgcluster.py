@@ -88,18 +88,32 @@ class PgCluster:
         try:
             _as_postgres([str(bin_ / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
                           "-E", "UTF8", "--no-sync"])
-            options = " ".join(f"-c {o}" for o in FAST)
-            # pg_ctl detaches the server (its parent is not this process): the tests'
-            # check for leaked children does not see its backends come and go.
-            _as_postgres([str(bin_ / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
-                          "-w", "-t", str(int(STARTUP_S)), "-o",
-                          f"-k {root} -c listen_addresses= {options}", "start"])
             cluster = cls(root)
+            cluster.resume()
             cluster.create_database(DATABASE)
         except BaseException:
             cls(root).stop()
             raise
         return cluster
+
+    def resume(self) -> None:
+        """Start the server on the cluster's data (at `start`, or after `halt`)."""
+        bin_ = bindir()
+        assert bin_ is not None
+        options = " ".join(f"-c {o}" for o in FAST)
+        # pg_ctl detaches the server (its parent is not this process): the tests'
+        # check for leaked children does not see its backends come and go.
+        _as_postgres([str(bin_ / "pg_ctl"), "-D", str(self.root / "data"),
+                      "-l", str(self.root / "server.log"), "-w", "-t", str(int(STARTUP_S)),
+                      "-o", f"-k {self.root} -c listen_addresses= {options}", "start"])
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (fast: every client's connection is cut;
+        `resume` starts it again)."""
+        bin_ = bindir()
+        assert bin_ is not None
+        _as_postgres([str(bin_ / "pg_ctl"), "-D", str(self.root / "data"), "-m", "fast", "-w",
+                      "stop"])
 
     def schema_url(self, schema: str) -> str:
         """The URL of the oploop database with `schema` as its search path (tables

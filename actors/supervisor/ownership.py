@@ -64,7 +64,8 @@ class Ownership:
 
     def __init__(self, store: PgSessionLog, owner: str, name: str, lease_s: float, *,
                  claims: bool, lost: Callable[[set[str]], None],
-                 claimed: Callable[[dict[str, Claimed]], None]) -> None:
+                 claimed: Callable[[dict[str, Claimed]], None],
+                 unreachable: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.name = name
         self.claims = claims
@@ -72,6 +73,7 @@ class Ownership:
         store.fence = self.fence
         self._lost = lost
         self._claimed = claimed
+        self._unreachable = unreachable
         self._conn: psycopg.Connection[Any] | None = None
         #: Monotonic time each held lease was taken (a renewal that began before it
         #: cannot have renewed it).
@@ -121,11 +123,14 @@ class Ownership:
                     "store takes it over within seconds; try again then")
         return f"session {sid} is running on host {other}: send this to that host"
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, *, read: bool = True) -> dict[str, Any]:
         """The store, this host's id, the hosts on the store and their leases (for
-        `oploop status`; an "error" when the store cannot be read)."""
+        `oploop status`; an "error" when the store cannot be read; without `read`,
+        only what this host knows)."""
         out: dict[str, Any] = {"url": self.store.where, "host": self.owner,
                                "lease_s": self.fence.lease_s, "renewing": not self.failing}
+        if not read:
+            return out
         try:
             out.update(pgleases.overview(self.store.connection()))
         except (psycopg.Error, JournalError) as exc:
@@ -161,6 +166,8 @@ class Ownership:
             if not self.failing:
                 log.error("cannot renew the leases on %s: %s", self.store.where, exc)
             self.failing = True
+            if self._unreachable is not None:  # (the sessions wait: supervisor/outage.py)
+                self._unreachable(str(exc))
             if time.monotonic() - self.renewed_at > self.fence.lease_s and self.fence.epochs:
                 lost = set(self.fence.epochs)
                 log.error("no renewal for %.1f s: %d session(s) stop here (another host "
