@@ -262,13 +262,32 @@ class PgSessionLog:
         except JournalError:
             raise  # (LeaseLost: nothing written)
         except pgerrors.UniqueViolation as exc:
-            raise JournalError(f"cannot write to {self.where}: a record's seq is already "
-                               f"logged (another writer): {_first_line(exc)}") from exc
+            if not self._written(records):
+                raise JournalError(f"cannot write to {self.where}: a record's seq is already "
+                                   f"logged (another writer): {_first_line(exc)}") from exc
+            # A try before this one was committed, but its answer was lost with the
+            # connection (the server stopped at its COMMIT): that is this commit.
+            ended = [r.sid for r in rows if not r.running]
         except psycopg.Error as exc:
             raise JournalError(f"cannot write to {self.where}: {_first_line(exc)}") from exc
         if fence is not None and ended:
             fence.released(ended)
         self.commits += 1
+
+    def _written(self, records: Sequence[Record]) -> bool:
+        """Whether every one of `records` is logged already, frame for frame."""
+        if not records:
+            return False
+        try:
+            got = self.connection().execute(
+                "SELECT count(*) FROM records r JOIN unnest(%s::text[], %s::bigint[], "
+                "%s::bytea[]) AS w(sid, seq, frame) ON r.sid = w.sid AND r.seq = w.seq "
+                "AND r.frame = w.frame",
+                ([r.sid for r in records], [r.seq for r in records],
+                 [r.frame for r in records])).fetchone()
+        except psycopg.Error:
+            return False
+        return got is not None and int(got[0]) == len(records)
 
     def remove(self, sids: Iterable[str]) -> int:
         """Delete every trace of `sids` (rows, records, compactions, start keys, leases);
