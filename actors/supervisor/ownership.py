@@ -10,8 +10,8 @@ The supervisor of a host on a shared store:
 - stops the work of every session whose lease it did not get back (`lost(sids)`),
   and of all of them once it has not renewed for a whole lease (the store
   unreachable: it cannot tell whether another host took them);
-- at a graceful stop, expires its leases at once (`hand_over`): the other hosts
-  take its running sessions at their next claim, within a second.
+- at a graceful stop, expires its leases at once and NOTIFYs the others
+  (`hand_over`), which claim its running sessions at once (`supervisor/handovers.py`).
 
 The renewals run on a connection of their own in a worker thread, so a slow
 commit on the loop never delays them.
@@ -20,6 +20,7 @@ commit on the loop never delays them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -35,6 +36,7 @@ from actors import pgleases
 from actors.pgleases import Claimed, Fence
 from actors.pglog import PgSessionLog
 from actors.sessionlog import JournalError
+from actors.supervisor.handovers import HandoverListener
 
 log = logging.getLogger("oploop.ownership")
 
@@ -150,13 +152,27 @@ class Ownership:
             self._taken.pop(sid, None)
 
     async def run(self) -> None:
-        """Renew and claim every `RENEW_EVERY_S` until cancelled."""
-        first = True
-        while True:
-            began = time.monotonic()
-            await self.tick(began, mine=first)
-            first = False
-            await asyncio.sleep(max(0.0, RENEW_EVERY_S - (time.monotonic() - began)))
+        """Renew and claim every `RENEW_EVERY_S` until cancelled, and at once when
+        another host hands its sessions over (`supervisor/handovers.py`)."""
+        wake = asyncio.Event()
+        listener = None
+        if self.claims:
+            listener = HandoverListener(self.store.connect, asyncio.get_running_loop(),
+                                        wake.set)
+            listener.start()
+        try:
+            first = True
+            while True:
+                began = time.monotonic()
+                wake.clear()  # (a hand-over heard during the tick: another tick at once)
+                await self.tick(began, mine=first)
+                first = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        wake.wait(), max(0.0, RENEW_EVERY_S - (time.monotonic() - began)))
+        finally:
+            if listener is not None:
+                listener.stop()
 
     async def tick(self, began: float, *, mine: bool = False) -> None:
         """One renewal (and claim): what lapsed stops, what was claimed resumes."""
