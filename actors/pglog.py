@@ -46,6 +46,13 @@ log = logging.getLogger("oploop.pglog")
 SCHEMA_VERSION = 1
 #: How long a connection attempt may take (seconds).
 CONNECT_TIMEOUT_S = 5
+#: Over TCP, a link gone silent (cut, its far end dead: no RST) fails a call within
+#: about this long instead of the kernel's minutes of retransmissions: what was sent
+#: and not acknowledged (`tcp_user_timeout`), or an answer awaited on an idle link
+#: (keepalives every second, 3 missed). libpq ignores both on a unix socket.
+SILENT_LINK_MS = 3_000
+_TCP = {"tcp_user_timeout": SILENT_LINK_MS, "keepalives": 1, "keepalives_idle": 1,
+        "keepalives_interval": 1, "keepalives_count": 3}
 #: A transaction left idle this long (its process frozen) is ended by the server.
 IDLE_TX_TIMEOUT_MS = 2_000
 #: Records from which a commit streams them with COPY rather than INSERTs (COPY has a
@@ -146,7 +153,7 @@ class PgSessionLog:
         """A new autocommit connection to the store (the caller closes it)."""
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   prepare_threshold=0)
+                                   prepare_threshold=0, **_TCP)
             # A process frozen inside a commit (stopped, swapped out) must not keep its
             # lease rows locked: the server ends such a transaction, and other hosts'
             # claims (which skip locked rows) then take its sessions.

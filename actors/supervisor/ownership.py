@@ -42,6 +42,8 @@ log = logging.getLogger("oploop.ownership")
 
 #: How often leases are renewed and lapsed ones claimed (seconds).
 RENEW_EVERY_S = 1.0
+#: How long a tick waits for its renewal before counting it failed (seconds).
+RENEW_WAIT_S = 1.5
 #: The file in $OPLOOP_HOME naming this host on shared stores (made at first start).
 HOST_ID_FILE = "host-id"
 
@@ -83,6 +85,9 @@ class Ownership:
         #: When the last successful renewal was sent (monotonic).
         self.renewed_at = time.monotonic()
         self.failing = False
+        #: The renewal under way in the worker thread (one at a time), and when it was sent.
+        self._sent = 0.0
+        self._renewal: asyncio.Future[tuple[dict[str, int], dict[str, Claimed]]] | None = None
 
     @property
     def owner(self) -> str:
@@ -175,16 +180,30 @@ class Ownership:
                 listener.stop()
 
     async def tick(self, began: float, *, mine: bool = False) -> None:
-        """One renewal (and claim): what lapsed stops, what was claimed resumes."""
+        """One renewal (and claim): what lapsed stops, what was claimed resumes. A
+        renewal not answered within `RENEW_WAIT_S` counts as failed, and none other is
+        sent while it hangs (a cut link: its connection fails it in seconds)."""
         try:
-            renewed, claimed = await asyncio.to_thread(self._renew_and_claim, mine)
-        except (psycopg.Error, JournalError) as exc:
+            if self._renewal is None or self._renewal.done():
+                self._sent = began
+                self._renewal = asyncio.ensure_future(
+                    asyncio.to_thread(self._renew_and_claim, mine))
+            done, _ = await asyncio.wait({self._renewal}, timeout=RENEW_WAIT_S)
+            if not done:  # (slow, maybe only a busy machine: no outage said for it)
+                raise TimeoutError(f"no answer from the store {self.store.where} for "
+                                   f"{time.monotonic() - self._sent:.1f} s")
+            renewed, claimed = self._renewal.result()
+            began = self._sent
+        except (psycopg.Error, JournalError, TimeoutError) as exc:
             if not self.failing:
                 log.error("cannot renew the leases on %s: %s", self.store.where, exc)
             self.failing = True
-            if self._unreachable is not None:  # (the sessions wait: supervisor/outage.py)
-                self._unreachable(str(exc))
-            if time.monotonic() - self.renewed_at > self.fence.lease_s and self.fence.epochs:
+            if self._unreachable is not None and not isinstance(exc, TimeoutError):
+                self._unreachable(str(exc))  # (the sessions wait: supervisor/outage.py)
+            # Stopped before the store's lease can lapse (it runs from when the last
+            # renewal reached it, after it was sent), within a tick's wait.
+            if time.monotonic() - self.renewed_at > self.fence.lease_s - RENEW_WAIT_S and \
+                    self.fence.epochs:
                 lost = set(self.fence.epochs)
                 log.error("no renewal for %.1f s: %d session(s) stop here (another host "
                           "may have them now)", time.monotonic() - self.renewed_at, len(lost))
