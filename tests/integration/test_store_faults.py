@@ -98,6 +98,11 @@ def test_postgresql_stopped_mid_run_the_session_waits_and_goes_on(home, own_clus
     (down,) = of_type(events, "STORE_UNAVAILABLE")
     (back,) = of_type(events, "STORE_AVAILABLE")
     assert down["seq"] < back["seq"] and back["data"]["down_s"] > 0
+    # The sessions waited: no model call went out while the store was away (the next
+    # reply's text comes after STORE_AVAILABLE).
+    waited = [e["type"] for e in events[down["seq"]:back["seq"] - 1]]
+    assert "TOKEN" not in waited and "DONE" not in waited, waited
+    assert of_type(events, "TOKEN")[0]["seq"] > back["seq"]
     assert down["data"]["error"]
     assert not of_type(events, "RESUMED")  # waited on its host, not taken over
     (end,) = of_type(events, "TOOL_END")
