@@ -8,8 +8,11 @@ The supervisor of a host on a shared store:
   an embedded host, claims running sessions whose lease lapsed (another host died,
   froze or was cut off): `claimed(sids, reason)` resumes them as after a restart;
 - stops the work of every session whose lease it did not get back (`lost(sids)`),
-  and of all of them once it has not renewed for a whole lease (the store
-  unreachable: it cannot tell whether another host took them);
+  and of all of them once it has not renewed for its lease less `RENEW_WAIT_S` (the
+  store unreachable: it cannot tell whether another host took them, and must stop
+  before the store's lease can lapse);
+- tells the supervisor when a renewal fails (`unreachable`: its sessions wait,
+  `supervisor/outage.py`);
 - at a graceful stop, expires its leases at once and NOTIFYs the others
   (`hand_over`), which claim its running sessions at once (`supervisor/handovers.py`).
 
@@ -85,7 +88,8 @@ class Ownership:
         #: When the last successful renewal was sent (monotonic).
         self.renewed_at = time.monotonic()
         self.failing = False
-        #: The renewal under way in the worker thread (one at a time), and when it was sent.
+        #: The renewal under way in the worker thread (one at a time; None once its answer
+        #: is taken), and when it was sent.
         self._sent = 0.0
         self._renewal: asyncio.Future[tuple[dict[str, int], dict[str, Claimed]]] | None = None
 
@@ -184,7 +188,7 @@ class Ownership:
         renewal not answered within `RENEW_WAIT_S` counts as failed, and none other is
         sent while it hangs (a cut link: its connection fails it in seconds)."""
         try:
-            if self._renewal is None or self._renewal.done():
+            if self._renewal is None:  # (else the last one, late: its answer is used)
                 self._sent = began
                 self._renewal = asyncio.ensure_future(
                     asyncio.to_thread(self._renew_and_claim, mine))
@@ -192,7 +196,8 @@ class Ownership:
             if not done:  # (slow, maybe only a busy machine: no outage said for it)
                 raise TimeoutError(f"no answer from the store {self.store.where} for "
                                    f"{time.monotonic() - self._sent:.1f} s")
-            renewed, claimed = self._renewal.result()
+            renewal, self._renewal = self._renewal, None
+            renewed, claimed = renewal.result()  # (what it claimed is never dropped)
             began = self._sent
         except (psycopg.Error, JournalError, TimeoutError) as exc:
             if not self.failing:
