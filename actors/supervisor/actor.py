@@ -301,14 +301,23 @@ class Supervisor:
             log.error("journal commit failed (%s): %d event(s) wait; runs under way end",
                       exc, len(self._unjournaled))
             self._end_runs("disk_full" if isinstance(exc, JournalFull) else "journal", str(exc))
-        asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._flush)
+        asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._retry_flush)
+
+    def _retry_flush(self) -> None:
+        """Try a failed commit again, unless the shared store is known out of reach (its
+        lease renewals failing): a try would only block the loop, up to a connection's
+        timeout over a cut link, and delay stopping the sessions in time. Then later."""
+        if self.ownership is not None and self.ownership.failing:
+            asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._retry_flush)
+            return
+        self._flush()
 
     def store_unreachable(self, error: str) -> None:
         """A lease renewal failed: the store is out of reach (`supervisor/outage.py`).
         An outage begins now, even with nothing to commit (a session waiting on a long
         model call); its `STORE_UNAVAILABLE` events are tried like any failed commit."""
-        if self._journal_failing or self.journal is None:
-            return  # (a failed commit began it, and tries again on its timer)
+        if self._journal_failing or self.journal is None or not self._waiting_sessions():
+            return  # (a failed commit began it and tries again on its timer; or none waits)
         self._commit_failed(JournalError(error))
 
     def _waiting_sessions(self) -> list[Session]:
