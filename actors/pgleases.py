@@ -168,11 +168,50 @@ def claim(conn: Any, owner: str, lease_s: float, *, mine: bool = False,
             for sid, epoch, prev, lapsed, at in rows}
 
 
-def heartbeat(conn: Any, owner: str, name: str, *, down: bool = False) -> None:
-    """Say in `hosts` that `owner` (called `name`) is alive now (or, `down`, stopped)."""
-    conn.execute("INSERT INTO hosts (id, name, seen, down) VALUES (%s, %s, now(), %s) "
+def heartbeat(conn: Any, owner: str, name: str, *, down: bool = False, control: str = "",
+              placeable: bool = False) -> None:
+    """Say in `hosts` that `owner` (called `name`) is alive now (or, `down`, stopped);
+    `control`: where its supervisor's control socket is reached (`actors.hostdir`);
+    `placeable`: whether it takes new sessions the others place (not an embedded host)."""
+    conn.execute("INSERT INTO hosts (id, name, seen, down, control, placeable) "
+                 "VALUES (%s, %s, now(), %s, %s, %s) "
                  "ON CONFLICT (id) DO UPDATE SET name = excluded.name, seen = excluded.seen, "
-                 "down = excluded.down", (owner, name, down))
+                 "down = excluded.down, control = excluded.control, "
+                 "placeable = excluded.placeable", (owner, name, down, control, placeable))
+
+
+@dataclass(frozen=True, slots=True)
+class HostRow:
+    """A host on the store as its row says: id, name, control address, whether it takes
+    placed sessions, and how many sessions it holds leases of now."""
+
+    id: str
+    name: str
+    control: str
+    placeable: bool
+    running: int = 0
+
+
+def live_hosts(conn: Any, within_s: float) -> list[HostRow]:
+    """The hosts heard within `within_s` seconds and not stopped, with the count of
+    unexpired leases each holds (its running sessions), by id."""
+    rows = conn.execute(
+        "SELECT h.id, h.name, h.control, h.placeable, "
+        "(SELECT count(*) FROM leases l WHERE l.owner = h.id AND l.expires > now()) "
+        "FROM hosts h WHERE NOT h.down AND h.seen > now() - make_interval(secs => %s) "
+        "ORDER BY h.id", (within_s,)).fetchall()
+    return [HostRow(str(i), str(n), str(c), bool(p), int(r)) for i, n, c, p, r in rows]
+
+
+def holder_row(conn: Any, sid: str) -> HostRow | None:
+    """The host holding `sid`'s lease unexpired, with its row (control "" when it has
+    none: it never said where it is), or None."""
+    got = conn.execute(
+        "SELECT l.owner, coalesce(h.name, ''), coalesce(h.control, ''), "
+        "coalesce(h.placeable, false) FROM leases l LEFT JOIN hosts h ON h.id = l.owner "
+        "WHERE l.sid = %s AND l.owner IS NOT NULL AND l.expires > now()", (sid,)).fetchone()
+    return None if got is None else HostRow(str(got[0]), str(got[1]), str(got[2]),
+                                            bool(got[3]))
 
 
 def give_up(conn: Any, owner: str) -> int:

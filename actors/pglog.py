@@ -101,6 +101,9 @@ _SCHEMA = (
         control text NOT NULL DEFAULT '',
         seen    timestamptz NOT NULL,
         down    boolean NOT NULL DEFAULT false)""",
+    # (Added after version 1, idempotently: whether the host takes new sessions placed
+    # by others; an embedded host does not, its runs ending with its CLI.)
+    "ALTER TABLE hosts ADD COLUMN IF NOT EXISTS placeable boolean NOT NULL DEFAULT false",
 )
 #: Serialises schema creation between hosts starting at once (CREATE TABLE IF NOT
 #: EXISTS races in PostgreSQL): a transaction-scoped advisory lock, for DDL only.

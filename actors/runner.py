@@ -36,8 +36,9 @@ from typing import Any, Generic, TypeVar
 import pydantic
 
 from actors.config import DEFAULT_AGENT, Agent, Config
-from actors.core.driver import ModelError, Progress, run_session
+from actors.core.driver import run_session
 from actors.core.history import Message
+from actors.core.loopio import ModelError, Progress
 from actors.core.machine import Delta, Retry
 from actors.core.session import Session
 from actors.core.turn import ToolCall, ToolOutcome

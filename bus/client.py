@@ -169,6 +169,7 @@ class Client:
         lease_s: float = 0.0,
         machine: str = "",
         traceparent: str = "",
+        host: str = "",
     ) -> RunStarted:
         """Start a run (a new session, or a follow-up in `session`); `machine`: the
         session's tools run on that worker machine only.
@@ -180,10 +181,13 @@ class Client:
         session's working directory (None: this process's; "": none of the client's
         choosing, the agent's `cwd` or the session's scratch workspace). `traceparent`:
         a W3C trace context; a host exporting traces makes the run's span its child.
+        `host`: on a store several hosts share, the host (id or name, `oploop status`)
+        to run a new session on ("": the least-loaded); an unknown one is refused.
         """
         body = StartRun(prompt, session, agent, max_turns, deadline_s,
                         os.getcwd() if cwd is None else cwd,
-                        key=secrets.token_hex(8), lease_s=lease_s, machine=machine)
+                        key=secrets.token_hex(8), lease_s=lease_s, machine=machine,
+                        host=host)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while True:

@@ -89,6 +89,11 @@ class AnswerElicitation(Body):
     id: str
     action: str
     content: dict[str, Any] = field(default_factory=dict)
+    #: Set by a host of the same store forwarding this to the session's owner
+    #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
+    #: Honoured from the owner's own user only; a forwarded request is never forwarded
+    #: again.
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

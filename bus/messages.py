@@ -89,6 +89,7 @@ class StartRun(Body):
     `RunStarted` again, never started twice.
     `machine`: run the session's tools on that worker machine only (the agent's
     `target_machine` for this session); empty keeps the agent's own.
+    `host`: see below.
     Reply: `RunStarted` or `ErrorReply`, sent once the run is journaled.
     """
 
@@ -102,6 +103,9 @@ class StartRun(Body):
     key: str = ""
     lease_s: float = 0.0
     machine: str = ""
+    #: On a shared store: the host (id or name, `oploop status`) to run a new session
+    #: on; "" the least-loaded (`actors.supervisor.forwarding`).
+    host: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +250,11 @@ class Cancel(Body):
     session: str
     mode: str = CancelMode.UI
     reason: str = ""
+    #: Set by a host of the same store forwarding this to the session's owner
+    #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
+    #: Honoured from the owner's own user only; a forwarded request is never forwarded
+    #: again.
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +303,11 @@ class Say(Body):
     KIND: ClassVar[str] = "say"
     session: str
     text: str
+    #: Set by a host of the same store forwarding this to the session's owner
+    #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
+    #: Honoured from the owner's own user only; a forwarded request is never forwarded
+    #: again.
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +367,11 @@ class DecideCalls(Body):
     reason: str = ""
     #: With "approve": approve the tools of these calls for the rest of the session.
     always: bool = False
+    #: Set by a host of the same store forwarding this to the session's owner
+    #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
+    #: Honoured from the owner's own user only; a forwarded request is never forwarded
+    #: again.
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -14,8 +14,9 @@ from actors.broadcaster.log import Appended, EventLog, SessionGone
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
+from bus.codec import decode
 from bus.endpoints import Endpoints
-from bus.errors import BusError
+from bus.errors import BadFrame, BusError
 from bus.messages import (
     Envelope,
     Event,
@@ -28,6 +29,9 @@ from bus.messages import (
 from bus.rpc import Requester
 from bus.sockets import Reactor
 
+if TYPE_CHECKING:
+    from actors.broadcaster.follow import Follower
+
 log = logging.getLogger("oploop.broadcaster")
 
 #: Replay answers in batches of at most this many bytes of events.
@@ -36,6 +40,10 @@ REPLAY_BATCH_BYTES = 1 << 20
 #: Kept small on purpose: what waits beyond it stays in the supervisor's PUSH
 #: queue, which survives a broadcaster restart, where this queue dies with it.
 INGEST_RCVHWM = 2_000
+
+#: Ends the topic of an event of this host's own supervisor on a shared store: another
+#: host's follower subscribes to `sid + OWN` (a viewer's `sid` matches it too, a prefix).
+OWN = b"\x00"
 
 #: Live events queued per viewer (the XPUB's SNDHWM; `OPLOOP_VIEWER_QUEUE`).
 DEFAULT_VIEWER_QUEUE = 100_000
@@ -74,6 +82,16 @@ class Broadcaster:
         self.supervisor = Requester(self.reactor, "supervisor", endpoints.address("api"),
                                     endpoints.client_side("api"))
         self.backfill = Backfill(self.supervisor, self.log, self.accept)
+        #: On a shared store: the live events of sessions other hosts run (`follow.py`).
+        self.follower: Follower | None = None
+        shared = store.shared
+        if shared is not None:
+            from actors.broadcaster.follow import Follower
+            from actors.pglog import PgSessionLog
+
+            assert isinstance(shared, PgSessionLog)
+            self.follower = Follower(self.reactor, shared, endpoints.run_dir.parent,
+                                     self.followed, OWN)
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -90,25 +108,48 @@ class Broadcaster:
             self._refuse("no_session")
             return
         seq = env.body.seq
-        appended = self.accept(env.sid, seq, frame)
+        appended = self.accept(env.sid, seq, frame, own=True)
         if appended.stored:
             if env.sid in self.backfill.held:
                 self.backfill.release(env.sid)
         elif appended.gap:
             self.backfill.hold(env.sid, seq, frame)
-        else:
+        elif self.follower is None or appended.reason != "duplicate":
+            # (On a shared store a duplicate is expected: a replay caught this log up
+            # from the store, or a followed host sent the event first.)
             self._refuse(appended.reason)
 
-    def accept(self, sid: str, seq: int, frame: bytes) -> Appended:
-        """Append event `seq` of `sid` to the log and, if it was next, publish it."""
+    def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False) -> Appended:
+        """Append event `seq` of `sid` to the log and, if it was next, publish it.
+        `own`: it came from this host's supervisor (on a shared store its topic then
+        carries `OWN`, which the other hosts' followers subscribe to: they never get
+        back what they relayed here)."""
         appended = self.log.append(sid, seq, frame)
         if not appended.stored:
             return appended
+        topic = sid.encode() + (OWN if own and self.follower is not None else b"")
         try:
-            self.events.send_frame(frame, sid.encode())
+            self.events.send_frame(frame, topic)
         except BusError as exc:  # a PUB does not block; only a closed socket lands here
             log.warning("could not publish %s#%d: %s", sid, seq, exc)
         return appended
+
+    def followed(self, frames: list[bytes]) -> None:
+        """An event another host's broadcaster published (`follow.py`): logged and
+        published here like one of this host's, a duplicate dropped quietly."""
+        try:
+            env = decode(frames[-1])
+        except BadFrame:
+            self._refuse("followed:malformed")
+            return
+        if not isinstance(env.body, Event) or not env.sid:
+            return  # (another host's notices concern its own viewers)
+        appended = self.accept(env.sid, env.body.seq, frames[-1])
+        if appended.stored:
+            if env.sid in self.backfill.held:
+                self.backfill.release(env.sid)
+        elif appended.gap:
+            self.backfill.hold(env.sid, env.body.seq, frames[-1])
 
     # -- viewers -----------------------------------------------------------------------
 
@@ -118,9 +159,13 @@ class Broadcaster:
         if len(frames) != 1 or frames[0][:1] not in (b"\x00", b"\x01"):
             return
         topic = frames[0][1:]
+        if topic.endswith(OWN):
+            return  # another host's follower (`follow.py`), not a viewer
         if frames[0][:1] == b"\x01":
             self._subscribed[topic] += 1
             self.viewers += 1
+            if self.follower is not None:
+                self.follower.want(topic)
         elif self._subscribed[topic] > 0:
             # XPUB passes on an unsubscription of a topic nobody subscribed (a raw
             # client can send one): counted, it would make `viewers` lie, even negative.
@@ -128,6 +173,8 @@ class Broadcaster:
             self.viewers -= 1
             if not self._subscribed[topic]:
                 del self._subscribed[topic]
+                if self.follower is not None:
+                    self.follower.unwant(topic)
 
     def handle_replay(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         """Answer `ReplayRequest` (events of a session from a seq) and `Stats`."""
@@ -139,6 +186,10 @@ class Broadcaster:
             self.replay.reply_error(peer, env.id, "bad_request",
                                     f"replay does not serve {env.kind}")
             return
+        if self.follower is not None:  # another host may have written more of it
+            self.follower.catch_up(env.sid, self.log.last_seq(env.sid) or 0, self.accept)
+            if env.sid in self.backfill.held:
+                self.backfill.release(env.sid)
         last = self.log.last_seq(env.sid)
         if last is None:
             self.replay.reply_error(peer, env.id, "unknown_session", f"no events for {env.sid!r}")
@@ -201,8 +252,12 @@ class Broadcaster:
                 notify_ready()
                 # A restart may have lost what was in flight: ask the supervisor.
                 group.create_task(self.backfill.reconcile())
+                if self.follower is not None:
+                    group.create_task(self.follower.run(), name="follow")
         finally:
             await self.backfill.aclose()
+            if self.follower is not None:
+                self.follower.close()
             self.reactor.close()
             if self.gate is not None:
                 self.gate.stop()

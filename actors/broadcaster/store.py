@@ -32,6 +32,7 @@ class EventStore:
     def __init__(self, path: Path, url: str = "") -> None:
         """The log at `url` (PostgreSQL), or ("") the SQLite file at `path`."""
         self.path = path
+        self.url = url
         try:
             self._log: SessionStore = open_store(path.parent, url, readonly=True) if url \
                 else SessionLog(path, readonly=True)
@@ -54,6 +55,18 @@ class EventStore:
             return self._log.range(sid, from_seq, to_seq, max_bytes)
         except JournalError as exc:
             raise StoreError(str(exc)) from exc
+
+    def last_seq(self, sid: str) -> int | None:
+        """The newest logged seq of `sid`, or None."""
+        try:
+            return self._log.last_seq(sid)
+        except JournalError as exc:
+            raise StoreError(str(exc)) from exc
+
+    @property
+    def shared(self) -> SessionStore | None:
+        """The store when other hosts may write it too (PostgreSQL), else None."""
+        return self._log if self.url else None
 
     def close(self) -> None:
         """Close the connection."""

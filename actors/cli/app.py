@@ -213,6 +213,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--machine", metavar="NAME",
                      help="run the session's tools on worker machine NAME only "
                           "(see `oploop worker`)")
+    run.add_argument("--host", metavar="NAME",
+                     help="on a store several hosts share: run on host "
+                          "NAME (its id or name in `oploop status`; default: the "
+                          "least-loaded)")
     run.add_argument("--cwd", metavar="DIR",
                      help="the session's working directory, where its tools act "
                           "(default: the agent's cwd, else this directory)")

@@ -214,7 +214,7 @@ async def _run(args: argparse.Namespace, settings: Settings, prompt: str | McpPr
         started = await host.client.start(
             prompt, session=args.session or "", agent=args.agent or "",
             max_turns=args.max_turns, deadline_s=args.deadline or 0.0,
-            machine=args.machine or "", cwd=cwd or None)
+            machine=args.machine or "", cwd=cwd or None, host=args.host or "")
         stop.session = started.session
         if stop.signal is not None:  # a signal came while the start was in flight
             stop.cancel_session()

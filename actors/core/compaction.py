@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.core.catalogue import resolve_tools
 from actors.core.context import (
@@ -29,13 +29,11 @@ from actors.core.context import (
     view_messages,
 )
 from actors.core.inputs import Compacted, Delta, Retry
+from actors.core.loopio import LoopIO, ModelError
 from actors.core.machine import Emit, step
 from actors.core.request import build_request
 from actors.core.session import Session
 from actors.usage import ZERO, of_reply
-
-if TYPE_CHECKING:
-    from actors.core.driver import LoopIO
 
 __all__ = ["Budget", "Outcome", "budget", "compact", "compact_between_runs", "request_builder"]
 
@@ -96,8 +94,6 @@ async def compact(session: Session, io: LoopIO, build: Build, before: int, *, by
     `goal` is given (a recovery: the size the API allows) and still not met, clear the
     latest results too. A summary call that fails leaves the results cleared and says so
     in the note. `scale`: how much the API's count exceeded the estimate, applied."""
-    from actors.core.driver import ModelError  # (the driver imports this module)
-
     history = session.history
     limits = budget(session, io.config.aliases)
     prior = session.run.context

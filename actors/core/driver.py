@@ -22,22 +22,20 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from actors.bounds import cut_result
-from actors.config import Config
 from actors.core.catalogue import resolve_tools
 from actors.core.compaction import Build, budget, compact, request_builder
 from actors.core.context import NEAR, result_cap, too_long
-from actors.core.history import Message, append_blocks
+from actors.core.history import append_blocks
+from actors.core.loopio import LoopIO, ModelError
 from actors.core.machine import (
     AbortJobs,
     Begin,
     CallModel,
     Cancel,
     Decide,
-    Delta,
     Emit,
     End,
     Failed,
@@ -45,7 +43,6 @@ from actors.core.machine import (
     ModelFailed,
     ModelReplied,
     Resume,
-    Retry,
     Routed,
     RunState,
     RunToolCalls,
@@ -59,64 +56,10 @@ from actors.core.machine import (
 from actors.core.router import route_of, router_request
 from actors.core.session import Session
 from actors.core.state import Phase
-from actors.core.turn import ToolCall, ToolOutcome
 from actors.usage import of_reply
 from bus.vocab import CancelMode
 
 log = logging.getLogger("oploop.session")
-
-#: What a model call reports while it runs: `Delta` (a streamed batch) or `Retry`.
-Progress = Callable[[Delta | Retry], None]
-
-
-class ModelError(Exception):
-    """The model call failed for good (retries spent, or a final API error)."""
-
-    def __init__(self, error: str, message: str, status: int = 0) -> None:
-        super().__init__(f"{error}: {message}")
-        self.error = error
-        self.message = message
-        self.status = status
-
-
-class LoopIO(Protocol):
-    """What a run needs from the world."""
-
-    #: Model aliases, hidden tool sets and the router's settings.
-    config: Config
-
-    def emit(self, session: Session, type_: str, turn: int, data: dict[str, Any]) -> None:
-        """Publish one event of `session` (the implementation stamps `seq`)."""
-        ...
-
-    async def call_model(self, session: Session, request: dict[str, Any], *, stream: bool,
-                         turn: int, progress: Progress, route: bool = False,
-                         compact: bool = False) -> Message:
-        """The model's reply to `request`, reporting streamed text and retries to
-        `progress` as they happen; raises `ModelError`. `route`: the intent router's
-        call, tried at most `[router] attempts` times within `timeout_s`. `compact`: a
-        compaction's summary call (not the session's history: sent whole, no events)."""
-        ...
-
-    async def count_tokens(self, session: Session, request: dict[str, Any]) -> int | None:
-        """The request's input tokens as the model's server counts them (the Messages
-        API's `count_tokens`), or None where that cannot be had."""
-        ...
-
-    async def run_tool(self, session: Session, call: ToolCall, *, timeout_s: float) -> ToolOutcome:
-        """Run one tool call; failures are outcomes with `is_error`."""
-        ...
-
-    def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
-        """The tool specs (wire dicts) offered now to a session whose calls run on
-        `machine` (`tool_machine`)."""
-        ...
-
-    def tool_machine(self, session: Session, tool: str = "") -> str:
-        """The machine `session`'s call of `tool` runs on, as `TOOL_START` names it ("":
-        not said)."""
-        ...
-
 
 class RunDriver:
     """Drives one run of `session` through the machine (`start` or `resume`, then `run`).

@@ -95,10 +95,10 @@ GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
 #: HTTP status of each error code a supervisor answers with.
 ERROR_STATUS = {
     "unknown_session": 404, "gone": 404,
-    "bad_request": 400, "too_large": 400, "unknown_agent": 400,
+    "bad_request": 400, "too_large": 400, "unknown_agent": 400, "unknown_host": 400,
     "busy": 409, "not_running": 409, "not_pending": 409, "nothing_to_compact": 409,
     "bad_answer": 400,
-    "forbidden": 403, "disk_full": 503, "unavailable": 503,
+    "forbidden": 403, "disk_full": 503, "unavailable": 503, "elsewhere": 409,
 }
 #: An SSE client whose socket takes no more for this long is dropped (it may come
 #: back with `Last-Event-ID`): it holds one bounded buffer, never the others back.
@@ -291,7 +291,8 @@ async def start_session(request: web.Request) -> web.Response:
     # the agent's `cwd`, else the session's scratch workspace.
     reply = await gw.client.start(prompt, agent=field(body, "agent", str, ""),
                                   max_turns=max_turns, deadline_s=float(deadline_s),
-                                  cwd=field(body, "cwd", str, ""))
+                                  cwd=field(body, "cwd", str, ""),
+                                  host=field(body, "host", str, ""))
     return started(reply.session, reply.run, reply.from_seq)
 
 

@@ -65,6 +65,7 @@ from bus.sockets import Port, Reactor
 from bus.vocab import CancelMode, EventType
 
 if TYPE_CHECKING:
+    from actors.supervisor.forwarding import Forwarder
     from actors.supervisor.ownership import Ownership
 
 #: What a peer host's key may send to the api (anything else is refused, "forbidden").
@@ -167,6 +168,8 @@ class Supervisor:
         self.pruner: Pruner | None = None
         #: This host's leases on a store other hosts share (None: the store is its own).
         self.ownership: Ownership | None = None  # (psycopg is imported only then)
+        #: With `ownership`: requests for sessions other hosts run go there (`forwarding`).
+        self.forwarder: Forwarder | None = None
         self._group: asyncio.TaskGroup | None = None
         self.io = WorkerIO(self.config, self.dispatcher, self.asker, self.emit)
         #: OpenTelemetry traces of the runs (`actors/tracing.py`); None: off.
@@ -381,7 +384,8 @@ class Supervisor:
 
     def elsewhere(self, session: Session) -> str:
         """Why `session`'s open run cannot be acted on here: another host of the shared
-        store holds it (control reaches its owner's host only, for now), or ""."""
+        store holds it (a request `forwarding` could not send on: the store out of
+        reach, a request forwarded here already), or ""."""
         if self.ownership is None or session.run_over or \
                 session.id in self.ownership.fence.epochs:
             return ""
@@ -666,6 +670,7 @@ class Supervisor:
             "auth": self.gate.statistics() if self.gate else {},
             "ask": self.asker.statistics(),
             "store": self._store_overview(),
+            "forwarding": self.forwarder.statistics() if self.forwarder is not None else {},
         }
 
     def _store_overview(self) -> dict[str, Any]:
@@ -706,6 +711,8 @@ class Supervisor:
                 if self.ownership is not None:
                     self.ownership.hand_over()
                     self.ownership.close()
+                if self.forwarder is not None:
+                    self.forwarder.close()
                 self.journal.close()
             if self.pruner is not None:
                 self.pruner.close()
@@ -734,6 +741,7 @@ async def _main(settings: Settings) -> None:
         supervisor.trace_with(RunTracer(capture=settings.traces.capture_content))
     if is_pg_url(settings.config.store.url):  # a store other hosts may share: leases
         from actors.pglog import PgSessionLog
+        from actors.supervisor.forwarding import Forwarder, control_address
         from actors.supervisor.ownership import Ownership, host_id, host_name
 
         assert isinstance(store, PgSessionLog)
@@ -742,6 +750,12 @@ async def _main(settings: Settings) -> None:
             settings.config.store.lease_s, claims=supervisor.resume_at_start,
             lost=supervisor.leases_lost, unreachable=supervisor.store_unreachable,
             claimed=supervisor.runs.resume_claimed)
+        # The others reach it there, and place new sessions on it unless it is embedded
+        # (whose runs end with the CLI that started it).
+        supervisor.ownership.control = control_address(settings.home)
+        supervisor.ownership.placeable = not settings.embedded
+        supervisor.forwarder = Forwarder(supervisor.ownership, supervisor.reactor,
+                                         supervisor.spawn)
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,

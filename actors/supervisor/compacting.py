@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from actors.core.compaction import apply_between_runs, compact_between_runs
 from actors.core.session import Session
+from actors.supervisor.runhost import RunHost
 from bus.messages import Compact, CompactAck, Envelope
-
-if TYPE_CHECKING:
-    from actors.supervisor.runs import RunHost
 
 log = logging.getLogger("oploop.supervisor")
 

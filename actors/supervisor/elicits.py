@@ -28,8 +28,8 @@ from bus.messages import Envelope
 from bus.vocab import EventType
 
 if TYPE_CHECKING:
+    from actors.core.loopio import EventSink
     from actors.core.session import Session
-    from actors.supervisor.workerio import Emit
     from bus.sockets import Port
 
 #: Longest message and schema (JSON characters) an event carries.
@@ -55,7 +55,7 @@ class Pending:
 class Elicits:
     """The questions of running sessions' MCP calls, by id."""
 
-    def __init__(self, dispatcher: Dispatcher, emit: Emit) -> None:
+    def __init__(self, dispatcher: Dispatcher, emit: EventSink) -> None:
         self.dispatcher = dispatcher
         self.emit = emit
         self.pending: dict[str, Pending] = {}

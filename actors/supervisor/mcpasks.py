@@ -5,28 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import NoCapacity
+from actors.supervisor.runhost import RunHost
 from bus.mcpwire import GetPrompt
 from bus.messages import Envelope, JobFailed, PromptJob, PromptResult
-
-if TYPE_CHECKING:
-    from actors.supervisor.actor import Supervisor
 
 #: How long a prompt's fetch may take in all (the server's own `timeout_s` bounds it
 #: in the executor; this covers an executor that never answers).
 PROMPT_WAIT_S = 70.0
 
 
-def serve_get_prompt(supervisor: Supervisor, peer: bytes | None, env: Envelope,
+def serve_get_prompt(supervisor: RunHost, peer: bytes | None, env: Envelope,
                      body: GetPrompt) -> None:
     """`GetPrompt`: answered `PromptResult` or `ErrorReply`, from a task of its own."""
     supervisor.spawn(_get_prompt(supervisor, peer, env, body), "get-prompt")
 
 
-async def _get_prompt(supervisor: Supervisor, peer: bytes | None, env: Envelope,
+async def _get_prompt(supervisor: RunHost, peer: bytes | None, env: Envelope,
                       body: GetPrompt) -> None:
     port = supervisor.api
     agent = supervisor.config.agent(body.agent)

@@ -92,6 +92,10 @@ class Ownership:
         #: is taken), and when it was sent.
         self._sent = 0.0
         self._renewal: asyncio.Future[tuple[dict[str, int], dict[str, Claimed]]] | None = None
+        #: What the heartbeat publishes for the other hosts (`actors.supervisor.forwarding`):
+        #: where this host's control socket is, and whether it takes placed sessions.
+        self.control = ""
+        self.placeable = False
 
     @property
     def owner(self) -> str:
@@ -236,7 +240,8 @@ class Ownership:
         """(In a worker thread, one call at a time.) Renew, heartbeat, claim."""
         conn = self._connection()
         renewed = pgleases.renew(conn, self.owner, self.fence.lease_s)
-        pgleases.heartbeat(conn, self.owner, self.name)
+        pgleases.heartbeat(conn, self.owner, self.name, control=self.control,
+                           placeable=self.placeable)
         claimed = pgleases.claim(conn, self.owner, self.fence.lease_s, mine=mine) \
             if self.claims else {}
         return renewed, claimed
@@ -253,7 +258,7 @@ class Ownership:
         try:
             conn = self._connection()
             given = pgleases.give_up(conn, self.owner)
-            pgleases.heartbeat(conn, self.owner, self.name, down=True)
+            pgleases.heartbeat(conn, self.owner, self.name, down=True, control=self.control)
         except (psycopg.Error, JournalError) as exc:
             log.error("cannot hand the sessions over (%s): they are taken when their "
                       "leases lapse", exc)

@@ -9,19 +9,18 @@ import functools
 import logging
 import os
 import secrets
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from actors.bounds import cut_reason
-from actors.config import Config
-from actors.core.driver import LoopIO, RunDriver, decision_error
+from actors.core.driver import RunDriver, decision_error
 from actors.core.inputs import Say as Said
 from actors.core.inputs import StopLater
 from actors.core.session import Session, feed_undriven
 from actors.machines import LOCAL, machine_name_error
 from actors.supervisor.compacting import serve_compact
-from actors.supervisor.dispatch import Dispatcher
-from actors.supervisor.leases import PEER_DEFAULT_LEASE_S, Leases
+from actors.supervisor.leases import PEER_DEFAULT_LEASE_S
+from actors.supervisor.runhost import RunHost
 from bus.mcpwire import AnswerElicitation
 from bus.messages import (
     Body,
@@ -39,89 +38,8 @@ from bus.messages import (
     SayAck,
     StartRun,
 )
-from bus.security import Gate
 from bus.sockets import Port
 from bus.vocab import CANCEL_MODES, CancelMode
-
-
-class RunHost(Protocol):
-    """What `Runs` needs of the supervisor, and nothing more of it (no private name)."""
-
-    config: Config
-    sessions: dict[str, Session]
-    dispatcher: Dispatcher
-    leases: Leases
-    io: LoopIO
-    api: Port
-    control: Port
-    #: The CURVE gate (its keyring binds each peer key to one agent); None over ipc.
-    gate: Gate | None
-
-    def session(self, sid: str) -> Session | None:
-        """The session `sid` (in memory, else folded from the log), or None."""
-        ...
-
-    def known(self, sid: str) -> bool:
-        """Whether `sid` is a session in memory or in the log."""
-        ...
-
-    def no_session(self, sid: str) -> str:
-        """What a request naming an unknown session is told."""
-        ...
-
-    def trace_parent(self, sid: str, traceparent: str) -> None:
-        """The next run of `sid` continues the caller's trace (nothing when not tracing)."""
-        ...
-
-    def no_agent(self, name: str) -> str:
-        """What a request naming an unknown agent is told."""
-        ...
-
-    def unwritable(self) -> str:
-        """Why the session log cannot take more now (disk low, commits failing), or ""."""
-        ...
-
-    def started_by(self, key: str) -> RunStarted | None:
-        """The run a `StartRun` with `key` already began (memory, else the log), or None."""
-        ...
-
-    def own(self, sid: str) -> tuple[str, str] | None:
-        """Take `sid`'s lease on a shared store; None, or why not as (error, message)."""
-        ...
-
-    def open_in_log(self) -> list[str]:
-        """The sessions whose run the session log has open (none without a log)."""
-        ...
-
-    def elsewhere(self, session: Session) -> str:
-        """Why `session`'s open run cannot be acted on here (another host of a shared
-        store runs it), or ""."""
-        ...
-
-    def not_resumed(self, sid: str) -> None:
-        """`sid`, open in the log, was not resumed (ended, or unreadable)."""
-        ...
-
-    def remember_start(self, key: str, started: RunStarted) -> None:
-        """Remember the run a `StartRun` with `key` began (a resend gets it)."""
-        ...
-
-    def reply_committed(self, env: Envelope, peer: bytes | None,
-                        port: Port | None = None) -> None:
-        """Send `env` once what this iteration emitted is journaled."""
-        ...
-
-    def journal_later(self, session: Session) -> None:
-        """Journal `session`'s row with this iteration's commit."""
-        ...
-
-    def forget_when_committed(self, session: Session) -> None:
-        """`session`'s run has ended: it leaves memory once that end is committed."""
-        ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """A task of the supervisor's task group (cancelled with it)."""
-        ...
 
 log = logging.getLogger("oploop.supervisor")
 
@@ -156,6 +74,15 @@ def _by(user_id: str | None) -> str:
     if not user_id or user_id == "local":
         return "local"
     return user_id.split(":", 1)[1] if ":" in user_id else user_id
+
+
+def _asker(user_id: str | None, body: Any) -> str:
+    """Who asked for `body`: as `_by` says, or, for a request another host of the store
+    forwarded (`body.by`, honoured from this host's own user only), who asked there."""
+    forwarded = getattr(body, "by", "")
+    if forwarded and _role(user_id) in (None, "local"):
+        return str(forwarded)
+    return _by(user_id)
 
 
 class Runs:
@@ -226,6 +153,10 @@ class Runs:
                                          f"this peer key may start runs on agent {bound!r} "
                                          f"only, not {req.agent or 'default'!r}")
                 return
+            if req.host:
+                self.sup.api.reply_error(peer, env.id, "forbidden",
+                                         "a peer key cannot choose the host its run goes to")
+                return
             if req.machine:
                 # Which machine's files, network and processes the tools act on is this
                 # host's agent's to say (its `target_machine`), as the directory is.
@@ -249,6 +180,8 @@ class Runs:
         if known is not None:  # a resend: the first one started the run
             self.sup.reply_committed(Envelope(known, id=env.id, sid=known.session), peer)
             return
+        if self._placed_elsewhere(peer, env, req):
+            return
         refusal = self._refusal(req)
         sid = req.session or secrets.token_hex(6)
         if refusal is None:
@@ -265,6 +198,35 @@ class Runs:
         # run is accepted and goes on (`oploop sessions` finds it), never left half-begun.
         self.sup.remember_start(req.key, started)
         self.sup.reply_committed(Envelope(started, id=env.id, sid=started.session), peer)
+
+    def _placed_elsewhere(self, peer: bytes | None, env: Envelope, req: StartRun) -> bool:
+        """Whether `req` is answered without starting here: a new session placed on
+        another host of the store (sent there), or a host name that cannot be used."""
+        forwarder = self.sup.forwarder
+        if forwarder is None:
+            if req.host:
+                self.sup.api.reply_error(peer, env.id, "unknown_host",
+                                         f"no host {req.host!r}: this host's store is its "
+                                         "own ([store] url shared by no other host)")
+                return True
+            return False
+        if _role(self.sup.api.user_id) == PEER:
+            return False  # (a peer's run stays here: it renews its lease with this host)
+        placed = forwarder.place(req)
+        if isinstance(placed, str):
+            forwarder.refuse(self.sup.api, peer, env, placed)
+            return True
+        if placed is None:
+            return False
+        forwarder.start_elsewhere(self.sup.api, peer, env, req, placed)
+        return True
+
+    def _forwarded(self, port: Port, peer: bytes | None, env: Envelope, body: Any) -> bool:
+        """Whether another host of the store holds `body.session`: `body` (its caller's
+        rights checked here) was sent on to that host, which answers."""
+        forwarder = self.sup.forwarder
+        return forwarder is not None and \
+            forwarder.forwards(port, peer, env, body, _asker(port.user_id, body))
 
     def _begin(self, req: StartRun, sid: str, traceparent: str = "") -> RunStarted:
         """Begin the run `req` asks for (refusals already checked) in session `sid` (new
@@ -386,7 +348,9 @@ class Runs:
             self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can send messages to sessions")
             return
-        self.say(peer, env, body, _by(self.sup.control.user_id))
+        if self._forwarded(self.sup.control, peer, env, body):
+            return
+        self.say(peer, env, body, _asker(self.sup.control.user_id, body))
 
     def _control_compact(self, peer: bytes | None, env: Envelope, body: Compact) -> None:
         if _role(self.sup.control.user_id) not in CONTROLLERS:
@@ -436,6 +400,8 @@ class Runs:
             port.reply_error(peer, env.id, "bad_request",
                              f"decision must be 'approve' or 'deny', not {req.decision!r}")
             return
+        if self._forwarded(port, peer, env, req):
+            return
         session = self.sup.session(req.session)
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))
@@ -452,7 +418,7 @@ class Runs:
             if error is not None:
                 port.reply_error(peer, env.id, "not_pending", error)
                 return
-        by = _by(user)
+        by = _asker(user, req)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
                 driver.decide(call_id, req.decision, by, cut_reason(req.reason), req.always)
@@ -470,16 +436,20 @@ class Runs:
                              f"a {_role(user)} key may not answer a server's question "
                              "(the local user and control keys may)")
             return
+        if self._forwarded(port, peer, env, req):
+            return
         elicits = getattr(self.sup.io, "elicits", None)
         if elicits is None:
             port.reply_error(peer, env.id, "not_pending", "no question waits here")
             return
-        elicits.answer(port, _by(user), peer, env, req)
+        elicits.answer(port, _asker(user, req), peer, env, req)
 
     def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
                 port: Port | None = None) -> None:
         """`ui`: end the run now, then stop its workers; `operation`: at the next boundary."""
         port = port or self.sup.control
+        if self._forwarded(port, peer, env, req):
+            return
         session = self.sup.session(req.session)
         if session is None:
             port.reply_error(peer, env.id, "unknown_session", self.sup.no_session(req.session))

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.bounds import cut_line
 from actors.core import inputs
-from actors.core.driver import ModelError
+from actors.core.loopio import ModelError
 from actors.permissions import named_rule
 from actors.usage import of_reply
 from bus.errors import BusError
@@ -29,8 +29,10 @@ from bus.mcpwire import Sample, SampleAnswer
 from bus.messages import Envelope, JobFailed, LlmJob, LlmResult
 
 if TYPE_CHECKING:
+    from actors.config import Config
     from actors.core.session import Session
-    from actors.supervisor.workerio import WorkerIO
+    from actors.supervisor.dispatch import Dispatcher
+    from actors.supervisor.elicits import Elicits
 
 #: Shown of the request's last message when asking for approval.
 SHOWN_CHARS = 500
@@ -41,10 +43,24 @@ def pseudo_tool(server: str) -> str:
     return f"mcp__{server}__sampling"
 
 
+class SampleIO(Protocol):
+    """What serving a sample needs of the supervisor's worker I/O (`WorkerIO`)."""
+
+    config: Config
+    dispatcher: Dispatcher
+    #: Where a sample's approval is asked (as an elicitation's confirmation).
+    elicits: Elicits
+
+    async def sample(self, session: Session, request: dict[str, Any],
+                     wait_s: float) -> dict[str, Any]:
+        """A model call an MCP server asked for, priced; raises `ModelError`."""
+        ...
+
+
 class Samples:
     """The model calls MCP servers ask for, each served by a task of its own."""
 
-    def __init__(self, io: WorkerIO) -> None:
+    def __init__(self, io: SampleIO) -> None:
         self.io = io
         self._tasks: set[asyncio.Task[None]] = set()
 

@@ -12,8 +12,8 @@ from actors.ask.tool import NAME as ASK_TOOL
 from actors.bounds import cut_result
 from actors.config import Config
 from actors.core import inputs
-from actors.core.driver import ModelError, Progress
 from actors.core.history import Message
+from actors.core.loopio import EventSink, ModelError, Progress
 from actors.core.session import Session
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
@@ -38,9 +38,6 @@ from bus.messages import (
     ToolResult,
 )
 from bus.vocab import EventType
-
-#: Publishes one event of a session (the supervisor's `emit`: stamps its seq).
-Emit = Callable[[Session, str, int, dict[str, Any]], None]
 
 #: `JobFailed` tags whose message says all: the call's machine is gone or absent.
 MACHINE_ERRORS = ("machine_lost", "no_worker")
@@ -67,11 +64,11 @@ class WorkerIO:
     more of the supervisor."""
 
     def __init__(self, config: Config, dispatcher: Dispatcher, asker: Asker,
-                 emit: Emit) -> None:
+                 emit: EventSink) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.asker = asker
-        self.emit: Emit = emit
+        self.emit: EventSink = emit
         #: The trace context of a session's open run, or of one of its tool calls
         #: (`RunTracer.traceparent`), that its model calls and asks carry; None: not tracing.
         self.trace_context: Callable[[str, str], str] | None = None

@@ -30,10 +30,11 @@ from actors.core.context import (
     transcript,
     view_messages,
 )
-from actors.core.driver import ModelError, RunDriver
+from actors.core.driver import RunDriver
 from actors.core.fold import fold_event
 from actors.core.history import Message, is_valid
 from actors.core.inputs import Compacted, Start
+from actors.core.loopio import ModelError
 from actors.core.machine import Emit, step
 from actors.core.session import Session
 from actors.core.state import RunState

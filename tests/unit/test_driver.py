@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 from actors.config import Agent, Config, RouterConfig
 from actors.core.compaction import apply_between_runs, compact_between_runs
-from actors.core.driver import ModelError, Progress, RunDriver
+from actors.core.driver import RunDriver
 from actors.core.history import Message, is_valid, tool_use_ids
+from actors.core.loopio import ModelError, Progress
 from actors.core.machine import (
     TERMINAL,
     Delta,

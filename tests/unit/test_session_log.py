@@ -28,8 +28,9 @@ from test_machine import World
 from actors import storage
 from actors.config import Agent, Config
 from actors.core.compaction import apply_between_runs, compact_between_runs
-from actors.core.driver import ModelError, RunDriver
+from actors.core.driver import RunDriver
 from actors.core.history import add_reply, add_user_text, is_valid, tool_use_ids
+from actors.core.loopio import ModelError
 from actors.core.machine import (
     TERMINAL,
     CallModel,

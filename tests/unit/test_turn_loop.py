@@ -8,8 +8,9 @@ import contextlib
 import pytest
 
 from actors.config import MODEL_ALIASES, Agent, Config, RouterConfig
-from actors.core.driver import ModelError, run_session
+from actors.core.driver import run_session
 from actors.core.history import is_valid
+from actors.core.loopio import ModelError
 from actors.core.machine import Delta
 from actors.core.request import MAX_CACHE_BREAKPOINTS, count_breakpoints
 from actors.core.session import Session
