@@ -228,6 +228,7 @@ class Ownership:
             log.error("lease lapsed for %d session(s): their work stops here", len(lost))
             self.forget(lost)
             self._lost(lost)
+        claimed = self._held_meanwhile(claimed)
         if claimed:
             self._hold({sid: c.epoch for sid, c in claimed.items()})
             for sid, c in claimed.items():
@@ -235,6 +236,25 @@ class Ownership:
                             "%.3f, claimed at %.3f (the store's clock)", sid, c.epoch,
                             c.previous or "(none)", c.lapsed_at, c.claimed_at)
             self._claimed(claimed)
+
+    def _held_meanwhile(self, claimed: dict[str, Claimed]) -> dict[str, Claimed]:
+        """What `claimed` leaves to resume. A session this host holds already (a run
+        started here while the claim was under way: the first claim takes back this
+        host's own leases) is not resumed again: it is kept at the new epoch when the
+        claim took it from this host at the very next epoch (nobody wrote in between);
+        otherwise its run here is stale: stopped, and resumed from the store."""
+        stale: set[str] = set()
+        for sid in [s for s in claimed if s in self.fence.epochs]:
+            c = claimed[sid]
+            if c.previous == self.owner and c.epoch == self.fence.epochs[sid] + 1:
+                self.fence.epochs[sid] = c.epoch
+                del claimed[sid]
+            else:
+                stale.add(sid)
+        if stale:
+            self.forget(stale)
+            self._lost(stale)
+        return claimed
 
     def _renew_and_claim(self, mine: bool) -> tuple[dict[str, int], dict[str, Claimed]]:
         """(In a worker thread, one call at a time.) Renew, heartbeat, claim."""

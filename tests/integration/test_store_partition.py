@@ -79,7 +79,8 @@ def test_a_host_cut_off_from_the_store_stops_and_writes_nothing_after(lab, tmp_p
     with running_host(b, env_b), host_in(ns, a, env_a):
         async def tool_started() -> str:
             async with Client.connect(Path(a)) as client:
-                run = await client.start("#tool go", cwd=str(tmp_path))
+                run = await client.start("#tool go", cwd=str(tmp_path),
+                                         host=(Path(a) / "host-id").read_text().strip())
                 async for event in client.events(run.session, 1, stop_at="first"):
                     if event["type"] == "TOOL_START":
                         return run.session

@@ -6,8 +6,8 @@ while its tools run; B and C claim its sessions (`FOR UPDATE SKIP LOCKED`: each
 taken by one of them) and resume them. Then every session has exactly one run, one
 terminal event (`DONE`), at most one `RESUMED`, no tool run twice; and what a viewer
 sees of it on its owner (a viewer subscribed once the claims are made: replay, then
-live) is the store's log event for event. (A viewer on a host that does not own the
-session is not served yet: the comparison across hosts waits for it.)
+live) is the store's log event for event, as is what a viewer of every surviving host
+sees of every session once they ended.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def homes(pg_url, tmp_path):
 
 
 async def start(home: str, prompt: str, n: int, cwd: Path) -> list[str]:
+    """`n` sessions on `home`'s host (named: else new sessions go to the least loaded)."""
+    here = (Path(home) / "host-id").read_text().strip()
     async with Client.connect(Path(home)) as client:
-        runs = await asyncio.gather(*(client.start(prompt, cwd=str(cwd), timeout=120)
-                                      for _ in range(n)))
+        runs = await asyncio.gather(*(client.start(prompt, cwd=str(cwd), timeout=120,
+                                                   host=here) for _ in range(n)))
     return [r.session for r in runs]
 
 
@@ -111,10 +113,12 @@ def test_three_hosts_300_sessions_one_host_killed(homes, pg_url, tmp_path):
         live = {**asyncio.run(streams(b, on_b)), **asyncio.run(streams(c, on_c))}
         took = time.time() - killed_at
         log = logged(pg_url)
+        everywhere = [asyncio.run(streams(h, of_a + of_b + of_c)) for h in (b, c)]
     assert len(live) == 3 * PER_HOST
     resumed = 0
     for sid, events in live.items():
         assert events == log[sid], sid  # the owner's stream is the log
+        assert all(seen[sid] == events for seen in everywhere), sid  # and every host's
         assert_one_run(events)
         assert [e["type"] for e in events].count("DONE") == 1
         assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "carried on"
