@@ -20,6 +20,9 @@ clock skew between hosts changes nothing:
 - A run's end (its row written with `running` false) releases the lease in the same
   transaction (owner NULL; the epoch stays, so epochs only grow).
 
+- `give_up`: a host stopping gracefully expires its leases and NOTIFYs
+  `HANDOVER_CHANNEL`; the others LISTEN there and claim at once.
+
 `hosts` lists the hosts on the store (`heartbeat`: id, name, when last heard).
 """
 
@@ -37,6 +40,8 @@ log = logging.getLogger("oploop.leases")
 #: Sessions one claim takes at most (the rest at the next claim, or by other hosts:
 #: a host coming up does not take every lapsed session of a large store at once).
 CLAIM_BATCH = 64
+#: The channel a host stopping gracefully NOTIFYs once its leases are expired.
+HANDOVER_CHANNEL = "oploop_handover"
 
 
 class LeaseLost(JournalError):
@@ -210,11 +215,15 @@ def holder_row(conn: Any, sid: str) -> HostRow | None:
 
 
 def give_up(conn: Any, owner: str) -> int:
-    """Expire every lease of `owner` now (a graceful stop: other hosts claim its running
-    sessions at their next claim, without waiting for the leases to lapse)."""
+    """Expire every lease of `owner` now (a graceful stop) and say so on
+    `HANDOVER_CHANNEL`: the other hosts listening claim its running sessions at once,
+    the others at their next claim."""
     got = conn.execute("UPDATE leases SET expires = now() WHERE owner = %s AND expires > now()",
                        (owner,))
-    return int(got.rowcount or 0)
+    given = int(got.rowcount or 0)
+    if given:  # (autocommit: the expiry is committed, the listeners claim at once)
+        conn.execute(f"NOTIFY {HANDOVER_CHANNEL}")
+    return given
 
 
 def overview(conn: Any) -> dict[str, Any]:

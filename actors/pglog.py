@@ -46,6 +46,13 @@ log = logging.getLogger("oploop.pglog")
 SCHEMA_VERSION = 1
 #: How long a connection attempt may take (seconds).
 CONNECT_TIMEOUT_S = 5
+#: Over TCP, a link gone silent (cut, its far end dead: no RST) fails a call within
+#: about this long instead of the kernel's minutes of retransmissions: what was sent
+#: and not acknowledged (`tcp_user_timeout`), or an answer awaited on an idle link
+#: (keepalives every second, 3 missed). libpq ignores both on a unix socket.
+SILENT_LINK_MS = 3_000
+_TCP = {"tcp_user_timeout": SILENT_LINK_MS, "keepalives": 1, "keepalives_idle": 1,
+        "keepalives_interval": 1, "keepalives_count": 3}
 #: A transaction left idle this long (its process frozen) is ended by the server.
 IDLE_TX_TIMEOUT_MS = 2_000
 #: Records from which a commit streams them with COPY rather than INSERTs (COPY has a
@@ -149,7 +156,7 @@ class PgSessionLog:
         """A new autocommit connection to the store (the caller closes it)."""
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   prepare_threshold=0)
+                                   prepare_threshold=0, **_TCP)
             # A process frozen inside a commit (stopped, swapped out) must not keep its
             # lease rows locked: the server ends such a transaction, and other hosts'
             # claims (which skip locked rows) then take its sessions.
@@ -265,13 +272,32 @@ class PgSessionLog:
         except JournalError:
             raise  # (LeaseLost: nothing written)
         except pgerrors.UniqueViolation as exc:
-            raise JournalError(f"cannot write to {self.where}: a record's seq is already "
-                               f"logged (another writer): {_first_line(exc)}") from exc
+            if not self._written(records):
+                raise JournalError(f"cannot write to {self.where}: a record's seq is already "
+                                   f"logged (another writer): {_first_line(exc)}") from exc
+            # A try before this one was committed, but its answer was lost with the
+            # connection (the server stopped at its COMMIT): that is this commit.
+            ended = [r.sid for r in rows if not r.running]
         except psycopg.Error as exc:
             raise JournalError(f"cannot write to {self.where}: {_first_line(exc)}") from exc
         if fence is not None and ended:
             fence.released(ended)
         self.commits += 1
+
+    def _written(self, records: Sequence[Record]) -> bool:
+        """Whether every one of `records` is logged already, frame for frame."""
+        if not records:
+            return False
+        try:
+            got = self.connection().execute(
+                "SELECT count(*) FROM records r JOIN unnest(%s::text[], %s::bigint[], "
+                "%s::bytea[]) AS w(sid, seq, frame) ON r.sid = w.sid AND r.seq = w.seq "
+                "AND r.frame = w.frame",
+                ([r.sid for r in records], [r.seq for r in records],
+                 [r.frame for r in records])).fetchone()
+        except psycopg.Error:
+            return False
+        return got is not None and int(got[0]) == len(records)
 
     def remove(self, sids: Iterable[str]) -> int:
         """Delete every trace of `sids` (rows, records, compactions, start keys, leases);

@@ -119,6 +119,15 @@ class Renderer:
     def _on_RESUMED(self, data: dict[str, Any]) -> None:  # noqa: N802
         self._line(f"↺ resumed ({data.get('reason', '')})")
 
+    def _on_STORE_UNAVAILABLE(self, data: dict[str, Any]) -> None:  # noqa: N802
+        self._line(self._dim(f"⏸ the store was unavailable: the session waited "
+                             f"({data.get('error', '')})"))
+
+    def _on_STORE_AVAILABLE(self, data: dict[str, Any]) -> None:  # noqa: N802
+        down = data.get("down_s")
+        took = f" after {down:.1f} s" if isinstance(down, (int, float)) else ""
+        self._line(self._dim(f"▶ the store is back{took}: the session goes on"))
+
     def _on_TOOL_START(self, data: dict[str, Any]) -> None:  # noqa: N802
         self._running[str(data.get("tool_use_id", ""))] = (data["name"], time.monotonic())
         machine = data.get("machine")

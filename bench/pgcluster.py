@@ -3,7 +3,9 @@
 `PgCluster.start()` runs Debian's `initdb` as the `postgres` user in a fresh
 temporary directory and starts `postgres` on a unix socket in that directory
 (no TCP port: nothing else on the machine can reach it, and parallel runs do not
-collide). It is tuned for throwaway data: `fsync=off` and
+collide); `start(listen=ADDR, port=N)` also listens on TCP there (the partition test:
+hosts in network namespaces reach it over a veth pair). `halt()`/`resume()` stop and
+start the server keeping its data (the outage test). It is tuned for throwaway data: `fsync=off` and
 `synchronous_commit=off` are set here ONLY because the cluster is deleted at
 `stop()`; never run a real store like that. The server is detached (`pg_ctl`),
 so `stop()` ends it; a crashed test run leaves a directory `/tmp/oppg-*` behind.
@@ -58,6 +60,10 @@ class PgCluster:
     """A running throwaway cluster: its directory, server process and URL."""
 
     root: Path
+    #: An address the server also listens on over TCP ("": the unix socket only), and
+    #: the port (of the TCP listener and of the socket's name).
+    listen: str = ""
+    port: int = 5432
 
     @property
     def socket_dir(self) -> Path:
@@ -67,15 +73,22 @@ class PgCluster:
     @property
     def url(self) -> str:
         """A libpq URL of the oploop database, over the unix socket."""
-        return f"postgresql://postgres@/{DATABASE}?host={self.socket_dir}"
+        return f"postgresql://postgres@/{DATABASE}?host={self.socket_dir}&port={self.port}"
+
+    @property
+    def tcp_url(self) -> str:
+        """A libpq URL of the oploop database over TCP (`listen` given at `start`)."""
+        return f"postgresql://postgres@{self.listen}:{self.port}/{DATABASE}"
 
     def database_url(self, name: str) -> str:
         """The URL of another database of this cluster (see `create_database`)."""
-        return f"postgresql://postgres@/{name}?host={self.socket_dir}"
+        return f"postgresql://postgres@/{name}?host={self.socket_dir}&port={self.port}"
 
     @classmethod
-    def start(cls) -> PgCluster:
-        """initdb, start and create the oploop database; raises RuntimeError saying why not."""
+    def start(cls, listen: str = "", port: int = 5432) -> PgCluster:
+        """initdb, start and create the oploop database; raises RuntimeError saying why not.
+        `listen`: also on TCP at that address and `port` (any client trusted: the
+        cluster is a test's), e.g. a veth's address for hosts in network namespaces."""
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -88,18 +101,36 @@ class PgCluster:
         try:
             _as_postgres([str(bin_ / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
                           "-E", "UTF8", "--no-sync"])
-            options = " ".join(f"-c {o}" for o in FAST)
-            # pg_ctl detaches the server (its parent is not this process): the tests'
-            # check for leaked children does not see its backends come and go.
-            _as_postgres([str(bin_ / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
-                          "-w", "-t", str(int(STARTUP_S)), "-o",
-                          f"-k {root} -c listen_addresses= {options}", "start"])
-            cluster = cls(root)
+            if listen:
+                with (data / "pg_hba.conf").open("a") as hba:
+                    hba.write("host all all 0.0.0.0/0 trust\n")
+            cluster = cls(root, listen, port)
+            cluster.resume()
             cluster.create_database(DATABASE)
         except BaseException:
-            cls(root).stop()
+            cls(root, listen, port).stop()
             raise
         return cluster
+
+    def resume(self) -> None:
+        """Start the server on the cluster's data (at `start`, or after `halt`)."""
+        bin_ = bindir()
+        assert bin_ is not None
+        options = " ".join(f"-c {o}" for o in FAST)
+        # pg_ctl detaches the server (its parent is not this process): the tests'
+        # check for leaked children does not see its backends come and go.
+        _as_postgres([str(bin_ / "pg_ctl"), "-D", str(self.root / "data"),
+                      "-l", str(self.root / "server.log"), "-w", "-t", str(int(STARTUP_S)),
+                      "-o", f"-k {self.root} -p {self.port} -c listen_addresses={self.listen} "
+                      f"{options}", "start"])
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (fast: every client's connection is cut;
+        `resume` starts it again)."""
+        bin_ = bindir()
+        assert bin_ is not None
+        _as_postgres([str(bin_ / "pg_ctl"), "-D", str(self.root / "data"), "-m", "fast", "-w",
+                      "stop"])
 
     def schema_url(self, schema: str) -> str:
         """The URL of the oploop database with `schema` as its search path (tables
@@ -110,7 +141,8 @@ class PgCluster:
         """CREATE DATABASE `name` (a fresh store for one test)."""
         bin_ = bindir()
         assert bin_ is not None
-        _as_postgres([str(bin_ / "createdb"), "-h", str(self.socket_dir), "-U", "postgres", name])
+        _as_postgres([str(bin_ / "createdb"), "-h", str(self.socket_dir), "-p", str(self.port),
+                      "-U", "postgres", name])
 
     def restart(self) -> None:
         """Restart the server (fast: every client's connection is cut)."""

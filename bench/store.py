@@ -11,7 +11,10 @@ as every test cluster here: figures of the client and server path, not of a disk
   1 MB batches (`PgSessionLog.range`);
 - failover: two real hosts on one store (separate homes), N sessions each in a tool
   call on the first, which is frozen and killed (-9, every process at once); the
-  time from the kill to each session's `RESUMED` on the other host, p50/p99.
+  time from the kill to each session's `RESUMED` on the other host, p50/p99, and the
+  first kill's timeline (kill, lease lapsed, claimed, `RESUMED`);
+- hand-over: the same with `oploop down` instead of the kill, from its start;
+- turns/s with 1, 2, 3 hosts on one store beside SQLite (`bench.storehosts`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from bench import pgcluster
+from bench import pgcluster, storehosts
 from bench.stats import percentile
 from bench.stats import table as text_table
 
@@ -141,44 +144,67 @@ async def _resumed_at(home: str, sids: list[str]) -> list[float]:
         return list(await asyncio.gather(*(one(s) for s in sids)))
 
 
-def failover(url: str, sessions: int, rounds: int) -> list[float]:
-    """Kill -> RESUMED seconds of every session over `rounds` kills of the owner."""
+def _kill(home: str) -> float:
+    """Freeze, then kill -9, every process of the host in `home`; when (time.time())."""
+    procs = _host_tree(home)
+    killed_at = time.time()
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+    psutil.wait_procs(procs, timeout=10)
+    return killed_at
+
+
+def _terminate(home: str) -> float:
+    """SIGTERM to the host in `home` (what `oploop down` sends), waited for; when."""
+    host = _host_tree(home)[0]
+    at = time.time()
+    host.terminate()
+    host.wait(timeout=30)
+    return at
+
+
+def failover(url: str, sessions: int, rounds: int, *,
+             graceful: str = "") -> tuple[list[float], dict[str, float]]:
+    """Kill -> RESUMED seconds of every session over `rounds` kills of the owner (with
+    `graceful` "down": start of `oploop down` -> RESUMED; "sigterm": the host's SIGTERM
+    -> RESUMED), and the first kill's timeline."""
     from actors.sandbox.workspaces import remove_home
 
-    work = Path(tempfile.mkdtemp(prefix="oploop-bench-store-"))
-    envs = []
-    for name, script in (("a", [TOOL, OK]), ("b", [OK])):
-        scenario = work / f"{name}.json"
-        scenario.write_text(json.dumps({"scripts": {"tool": script}}))
-        envs.append({"OPLOOP_STORE": url, "OPLOOP_OFFLINE_SCENARIO": str(scenario)})
-    b = tempfile.mkdtemp(prefix="opsb-", dir="/tmp")
     took: list[float] = []
-    try:
-        up = _oploop(b, "up", "--detach", env=envs[1])
-        if up.returncode:
-            raise RuntimeError(f"host b: {up.stderr}")
-        for _ in range(rounds):
-            a = tempfile.mkdtemp(prefix="opsa-", dir="/tmp")
-            try:
-                up = _oploop(a, "up", "--detach", env=envs[0])
-                if up.returncode:
-                    raise RuntimeError(f"host a: {up.stderr}")
-                sids = asyncio.run(_start_tools(a, sessions))
-                procs = _host_tree(a)
-                killed_at = time.time()
-                for sig in (signal.SIGSTOP, signal.SIGKILL):
-                    for proc in procs:
-                        with contextlib.suppress(psutil.Error):
-                            proc.send_signal(sig)
-                psutil.wait_procs(procs, timeout=10)
-                took += [at - killed_at for at in asyncio.run(_resumed_at(b, sids))]
-            finally:
-                remove_home(Path(a))
-    finally:
-        _oploop(b, "down", env=envs[1])
-        remove_home(Path(b))
-        shutil.rmtree(work, ignore_errors=True)
-    return took
+    steps: dict[str, float] = {}
+    with storehosts.two_homes(url, TOOL, OK) as envs:
+        b = tempfile.mkdtemp(prefix="opsb-", dir="/tmp")
+        try:
+            up = _oploop(b, "up", "--detach", env=envs[1])
+            if up.returncode:
+                raise RuntimeError(f"host b: {up.stderr}")
+            for _ in range(rounds):
+                a = tempfile.mkdtemp(prefix="opsa-", dir="/tmp")
+                try:
+                    up = _oploop(a, "up", "--detach", env=envs[0])
+                    if up.returncode:
+                        raise RuntimeError(f"host a: {up.stderr}")
+                    sids = asyncio.run(_start_tools(a, sessions))
+                    if graceful == "down":
+                        stopped_at = time.time()
+                        _oploop(a, "down", env=envs[0])
+                    elif graceful == "sigterm":
+                        stopped_at = _terminate(a)
+                    else:
+                        stopped_at = _kill(a)
+                    resumed = asyncio.run(_resumed_at(b, sids))
+                    took += [at - stopped_at for at in resumed]
+                    if not steps and not graceful:
+                        steps = storehosts.timeline(Path(b) / "host.log", stopped_at,
+                                                    min(resumed))
+                finally:
+                    remove_home(Path(a))
+        finally:
+            _oploop(b, "down", env=envs[1])
+            remove_home(Path(b))
+    return took, steps
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -205,10 +231,21 @@ def run(quick: bool) -> dict[str, Any]:
         pg.close()
         sqlite.close()
         sessions, rounds = (4, 1) if quick else (10, 2)
-        took = failover(pgcluster.fresh_schema(cluster), sessions, rounds)
+        took, steps = failover(pgcluster.fresh_schema(cluster), sessions, rounds)
         out["failover"] = {"sessions": sessions, "rounds": rounds,
                            "p50": percentile(took, 50), "p99": percentile(took, 99),
-                           "max": max(took)}
+                           "max": max(took), "timeline": steps}
+        rounds = 3 if quick else 6
+        out["handover"] = {"rounds": rounds}
+        for how in ("down", "sigterm"):
+            took, _ = failover(pgcluster.fresh_schema(cluster), 1, rounds, graceful=how)
+            out["handover"][how] = {"p50": percentile(took, 50), "max": max(took)}
+        sessions = 4 if quick else 8
+        out["turns_per_s"] = {"sessions per host": sessions, "turns": storehosts.TURNS,
+                              "sqlite": storehosts.turns_per_s("", 1, sessions)}
+        for hosts in (1, 2, 3):
+            out["turns_per_s"][f"pg {hosts}"] = storehosts.turns_per_s(
+                pgcluster.fresh_schema(cluster), hosts, sessions)
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -233,6 +270,19 @@ def table(result: dict[str, Any]) -> str:
     rows.append([f"kill -9 -> RESUMED ({f['sessions']} sessions x {f['rounds']}): p50",
                  f"{f['p50']:.2f} s", "-"])
     rows.append(["kill -9 -> RESUMED: p99", f"{f['p99']:.2f} s", "-"])
+    h = result.get("handover")
+    if h:
+        for how, what in (("down", "start of `oploop down`"), ("sigterm", "host's SIGTERM")):
+            rows.append([f"{what} -> RESUMED ({h['rounds']} runs): p50 / max",
+                         f"{h[how]['p50']:.2f} / {h[how]['max']:.2f} s", "-"])
+    t = result.get("turns_per_s")
+    if t:
+        for hosts in (1, 2, 3):
+            rows.append([f"turns/s, {hosts} host(s) x {t['sessions per host']} sessions",
+                         f"{t[f'pg {hosts}']:,.0f}", f"{t['sqlite']:,.0f}" if hosts == 1
+                         else "-"])
     load = " ".join(f"{x:.2f}" for x in result["loadavg_start"])
-    return (text_table(["store", "PostgreSQL", "SQLite"], rows)
+    steps = f.get("timeline")
+    line = f"\nfailover timeline: {storehosts.timeline_line(steps)}" if steps else ""
+    return (text_table(["store", "PostgreSQL", "SQLite"], rows) + line
             + f"\n(local cluster on a unix socket, fsync=off; load average at start {load})")

@@ -38,6 +38,11 @@ class EventType(StrEnum):
     #: The requests' view of the history was compacted (`actors/core/context.py`).
     COMPACTED = "COMPACTED"
     RESUMED = "RESUMED"
+    #: The shared store cannot be written: the session waits (`{error, since}`;
+    #: `actors/supervisor/outage.py`). Logged, and published, once the store is back.
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    #: The store is back and the session goes on (`{since, down_s}`).
+    STORE_AVAILABLE = "STORE_AVAILABLE"
     DONE = "DONE"
     ERROR = "ERROR"
     CANCELLED = "CANCELLED"

@@ -227,6 +227,12 @@ def _store_lines(store: dict[str, Any]) -> list[str]:
     lines = [f"store {store['url']}: this host is {store['host']}, leases of "
              f"{store['lease_s']:g} s" + ("" if store.get("renewing", True)
                                           else " (NOT renewing: the store is unreachable)")]
+    down = store.get("unavailable")
+    if down:  # (supervisor/outage.py: the sessions wait for the store)
+        waiting = down.get("sessions", [])
+        return [*lines, f"  the store is UNAVAILABLE for {down['down_s']:.1f} s "
+                        f"({down['error']}): {len(waiting)} session(s) wait for it"
+                        + (f": {', '.join(waiting[:10])}" if waiting else "")]
     if store.get("error"):
         return [*lines, f"  cannot read the hosts and leases: {store['error']}"]
     held: dict[str, list[str]] = {}

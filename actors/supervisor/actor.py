@@ -28,6 +28,7 @@ from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
 from actors.supervisor.mcpasks import serve_get_prompt
+from actors.supervisor.outage import Outage
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.replay import replay_batch
@@ -117,6 +118,9 @@ class Supervisor:
         self._flush_urgent = False
         #: A commit failed (disk full): the next try waits for a timer, not call_soon.
         self._journal_failing = False
+        #: The shared store out of reach: its sessions wait (`supervisor/outage.py`).
+        self.outage = Outage(self.emit, self._waiting_sessions, self.sessions_get,
+                             self._hold_jobs)
         self._reserve_releases = 0
         #: Sessions whose run ended: they leave memory once that end is committed.
         self._ended: list[Session] = []
@@ -249,6 +253,8 @@ class Supervisor:
         events, self._unjournaled = self._unjournaled, []
         for sid, seq, frame in events:
             self._publish(frame, sid, seq)
+        if self.outage.active:  # (its STORE_UNAVAILABLE events just went out)
+            self.outage.end()
         replies, self._after_commit = self._after_commit, []
         for port, env, peer in replies:
             port.reply(env, peer)
@@ -271,6 +277,7 @@ class Supervisor:
         if self.journal is not None:
             self.journal.drop(sids)
         self._unjournaled = [e for e in self._unjournaled if e[0] not in sids]
+        self.outage.forget(sids)
         for sid in sids:
             session = self.sessions.pop(sid, None)
             self.dispatcher.abort_session(sid)
@@ -292,11 +299,41 @@ class Supervisor:
             # stop here, and whichever host claims them resumes them from the store.
             log.error("the store cannot be written (%s): %d event(s) wait for it",
                       exc, len(self._unjournaled))
+            self.outage.begin(str(exc))
         elif first:
             log.error("journal commit failed (%s): %d event(s) wait; runs under way end",
                       exc, len(self._unjournaled))
             self._end_runs("disk_full" if isinstance(exc, JournalFull) else "journal", str(exc))
-        asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._flush)
+        asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._retry_flush)
+
+    def _retry_flush(self) -> None:
+        """Try a failed commit again, unless the shared store is known out of reach (its
+        lease renewals failing): a try would only block the loop, up to a connection's
+        timeout over a cut link, and delay stopping the sessions in time. Then later."""
+        if self.ownership is not None and self.ownership.failing:
+            asyncio.get_running_loop().call_later(JOURNAL_RETRY_S, self._retry_flush)
+            return
+        self._flush()
+
+    def store_unreachable(self, error: str) -> None:
+        """A lease renewal failed: the store is out of reach (`supervisor/outage.py`).
+        An outage begins now, even with nothing to commit (a session waiting on a long
+        model call); its `STORE_UNAVAILABLE` events are tried like any failed commit."""
+        if self._journal_failing or self.journal is None or not self._waiting_sessions():
+            return  # (a failed commit began it and tries again on its timer; or none waits)
+        self._commit_failed(JournalError(error))
+
+    def _waiting_sessions(self) -> list[Session]:
+        """The sessions an outage makes wait: runs under way held here."""
+        held = self.ownership.fence.epochs if self.ownership is not None else {}
+        return [s for s in self.sessions.values() if not s.run_over and s.id in held]
+
+    def sessions_get(self, sid: str) -> Session | None:
+        """The session `sid` in memory (None: not here), without loading it."""
+        return self.sessions.get(sid)
+
+    def _hold_jobs(self, held: bool) -> None:
+        self.dispatcher.hold(held)
 
     def _end_runs(self, error: str, message: str) -> None:
         """End every run under way with `ERROR` (the journal cannot keep them going)."""
@@ -320,6 +357,8 @@ class Supervisor:
         """Why the session log cannot take more now (its disk low, its commits failing),
         or "" (no log: nothing to write)."""
         low = self.journal.log.low_space() if self.journal is not None else ""
+        if self.outage.active:
+            return f"the store is unavailable ({self.outage.error}): try again when it is back"
         if low or self._journal_failing:
             return low or "the session log cannot be written: try again later"
         return ""
@@ -634,9 +673,19 @@ class Supervisor:
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
             "ask": self.asker.statistics(),
-            "store": self.ownership.overview() if self.ownership is not None else {},
+            "store": self._store_overview(),
             "forwarding": self.forwarder.statistics() if self.forwarder is not None else {},
         }
+
+    def _store_overview(self) -> dict[str, Any]:
+        """The shared store for `oploop status`: hosts and leases, or (unavailable) since
+        when and the sessions waiting, without trying to reach it from the loop."""
+        if self.ownership is None:
+            return {}
+        unavailable = self.outage.overview()
+        if not unavailable:
+            return self.ownership.overview()
+        return {**self.ownership.overview(read=False), "unavailable": unavailable}
 
     async def serve(self) -> None:
         """Serve until cancelled; runs in flight then are left to the next supervisor."""
@@ -703,7 +752,7 @@ async def _main(settings: Settings) -> None:
         supervisor.ownership = Ownership(
             store, host_id(settings.home), host_name(settings.home),
             settings.config.store.lease_s, claims=supervisor.resume_at_start,
-            lost=supervisor.leases_lost,
+            lost=supervisor.leases_lost, unreachable=supervisor.store_unreachable,
             claimed=supervisor.runs.resume_claimed)
         # The others reach it there, and place new sessions on it unless it is embedded
         # (whose runs end with the CLI that started it).

@@ -182,6 +182,16 @@ class Dispatcher:
         #: as of its last call (the job is a delta against it, not against what the
         #: caller held two or more calls ago, nor a full send).
         self._sticky: dict[tuple[str, str], bytes] = {}
+        #: New jobs wait in their queues, none sent (the store is out of reach: the
+        #: sessions wait for it, `supervisor/outage.py`).
+        self.held = False
+
+    def hold(self, held: bool) -> None:
+        """Hold every new job in its queue (`held`), or send what waits again."""
+        self.held = held
+        if not held:
+            for key in list(self.queues):
+                self._send_jobs(key)
 
     # -- submitting --------------------------------------------------------------------
 
@@ -252,6 +262,8 @@ class Dispatcher:
         role, machine = key
         queue = self.queues.get(key)
         sends: list[tuple[Job, WorkerState]] = []
+        if self.held:
+            return sends
         sticky = self._sticky
         while queue:
             job = queue[0]

@@ -8,10 +8,13 @@ The supervisor of a host on a shared store:
   an embedded host, claims running sessions whose lease lapsed (another host died,
   froze or was cut off): `claimed(sids, reason)` resumes them as after a restart;
 - stops the work of every session whose lease it did not get back (`lost(sids)`),
-  and of all of them once it has not renewed for a whole lease (the store
-  unreachable: it cannot tell whether another host took them);
-- at a graceful stop, expires its leases at once (`hand_over`): the other hosts
-  take its running sessions at their next claim, within a second.
+  and of all of them once it has not renewed for its lease less `RENEW_WAIT_S` (the
+  store unreachable: it cannot tell whether another host took them, and must stop
+  before the store's lease can lapse);
+- tells the supervisor when a renewal fails (`unreachable`: its sessions wait,
+  `supervisor/outage.py`);
+- at a graceful stop, expires its leases at once and NOTIFYs the others
+  (`hand_over`), which claim its running sessions at once (`supervisor/handovers.py`).
 
 The renewals run on a connection of their own in a worker thread, so a slow
 commit on the loop never delays them.
@@ -20,6 +23,7 @@ commit on the loop never delays them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -35,11 +39,14 @@ from actors import pgleases
 from actors.pgleases import Claimed, Fence
 from actors.pglog import PgSessionLog
 from actors.sessionlog import JournalError
+from actors.supervisor.handovers import HandoverListener
 
 log = logging.getLogger("oploop.ownership")
 
 #: How often leases are renewed and lapsed ones claimed (seconds).
 RENEW_EVERY_S = 1.0
+#: How long a tick waits for its renewal before counting it failed (seconds).
+RENEW_WAIT_S = 1.5
 #: The file in $OPLOOP_HOME naming this host on shared stores (made at first start).
 HOST_ID_FILE = "host-id"
 
@@ -64,7 +71,8 @@ class Ownership:
 
     def __init__(self, store: PgSessionLog, owner: str, name: str, lease_s: float, *,
                  claims: bool, lost: Callable[[set[str]], None],
-                 claimed: Callable[[dict[str, Claimed]], None]) -> None:
+                 claimed: Callable[[dict[str, Claimed]], None],
+                 unreachable: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.name = name
         self.claims = claims
@@ -72,6 +80,7 @@ class Ownership:
         store.fence = self.fence
         self._lost = lost
         self._claimed = claimed
+        self._unreachable = unreachable
         self._conn: psycopg.Connection[Any] | None = None
         #: Monotonic time each held lease was taken (a renewal that began before it
         #: cannot have renewed it).
@@ -79,6 +88,10 @@ class Ownership:
         #: When the last successful renewal was sent (monotonic).
         self.renewed_at = time.monotonic()
         self.failing = False
+        #: The renewal under way in the worker thread (one at a time; None once its answer
+        #: is taken), and when it was sent.
+        self._sent = 0.0
+        self._renewal: asyncio.Future[tuple[dict[str, int], dict[str, Claimed]]] | None = None
         #: What the heartbeat publishes for the other hosts (`actors.supervisor.forwarding`):
         #: where this host's control socket is, and whether it takes placed sessions.
         self.control = ""
@@ -125,11 +138,14 @@ class Ownership:
                     "store takes it over within seconds; try again then")
         return f"session {sid} is running on host {other}: send this to that host"
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, *, read: bool = True) -> dict[str, Any]:
         """The store, this host's id, the hosts on the store and their leases (for
-        `oploop status`; an "error" when the store cannot be read)."""
+        `oploop status`; an "error" when the store cannot be read; without `read`,
+        only what this host knows)."""
         out: dict[str, Any] = {"url": self.store.where, "host": self.owner,
                                "lease_s": self.fence.lease_s, "renewing": not self.failing}
+        if not read:
+            return out
         try:
             out.update(pgleases.overview(self.store.connection()))
         except (psycopg.Error, JournalError) as exc:
@@ -149,23 +165,54 @@ class Ownership:
             self._taken.pop(sid, None)
 
     async def run(self) -> None:
-        """Renew and claim every `RENEW_EVERY_S` until cancelled."""
-        first = True
-        while True:
-            began = time.monotonic()
-            await self.tick(began, mine=first)
-            first = False
-            await asyncio.sleep(max(0.0, RENEW_EVERY_S - (time.monotonic() - began)))
+        """Renew and claim every `RENEW_EVERY_S` until cancelled, and at once when
+        another host hands its sessions over (`supervisor/handovers.py`)."""
+        wake = asyncio.Event()
+        listener = None
+        if self.claims:
+            listener = HandoverListener(self.store.connect, asyncio.get_running_loop(),
+                                        wake.set)
+            listener.start()
+        try:
+            first = True
+            while True:
+                began = time.monotonic()
+                wake.clear()  # (a hand-over heard during the tick: another tick at once)
+                await self.tick(began, mine=first)
+                first = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        wake.wait(), max(0.0, RENEW_EVERY_S - (time.monotonic() - began)))
+        finally:
+            if listener is not None:
+                listener.stop()
 
     async def tick(self, began: float, *, mine: bool = False) -> None:
-        """One renewal (and claim): what lapsed stops, what was claimed resumes."""
+        """One renewal (and claim): what lapsed stops, what was claimed resumes. A
+        renewal not answered within `RENEW_WAIT_S` counts as failed, and none other is
+        sent while it hangs (a cut link: its connection fails it in seconds)."""
         try:
-            renewed, claimed = await asyncio.to_thread(self._renew_and_claim, mine)
-        except (psycopg.Error, JournalError) as exc:
+            if self._renewal is None:  # (else the last one, late: its answer is used)
+                self._sent = began
+                self._renewal = asyncio.ensure_future(
+                    asyncio.to_thread(self._renew_and_claim, mine))
+            done, _ = await asyncio.wait({self._renewal}, timeout=RENEW_WAIT_S)
+            if not done:  # (slow, maybe only a busy machine: no outage said for it)
+                raise TimeoutError(f"no answer from the store {self.store.where} for "
+                                   f"{time.monotonic() - self._sent:.1f} s")
+            renewal, self._renewal = self._renewal, None
+            renewed, claimed = renewal.result()  # (what it claimed is never dropped)
+            began = self._sent
+        except (psycopg.Error, JournalError, TimeoutError) as exc:
             if not self.failing:
                 log.error("cannot renew the leases on %s: %s", self.store.where, exc)
             self.failing = True
-            if time.monotonic() - self.renewed_at > self.fence.lease_s and self.fence.epochs:
+            if self._unreachable is not None and not isinstance(exc, TimeoutError):
+                self._unreachable(str(exc))  # (the sessions wait: supervisor/outage.py)
+            # Stopped before the store's lease can lapse (it runs from when the last
+            # renewal reached it, after it was sent), within a tick's wait.
+            if time.monotonic() - self.renewed_at > self.fence.lease_s - RENEW_WAIT_S and \
+                    self.fence.epochs:
                 lost = set(self.fence.epochs)
                 log.error("no renewal for %.1f s: %d session(s) stop here (another host "
                           "may have them now)", time.monotonic() - self.renewed_at, len(lost))
@@ -181,6 +228,7 @@ class Ownership:
             log.error("lease lapsed for %d session(s): their work stops here", len(lost))
             self.forget(lost)
             self._lost(lost)
+        claimed = self._held_meanwhile(claimed)
         if claimed:
             self._hold({sid: c.epoch for sid, c in claimed.items()})
             for sid, c in claimed.items():
@@ -188,6 +236,25 @@ class Ownership:
                             "%.3f, claimed at %.3f (the store's clock)", sid, c.epoch,
                             c.previous or "(none)", c.lapsed_at, c.claimed_at)
             self._claimed(claimed)
+
+    def _held_meanwhile(self, claimed: dict[str, Claimed]) -> dict[str, Claimed]:
+        """What `claimed` leaves to resume. A session this host holds already (a run
+        started here while the claim was under way: the first claim takes back this
+        host's own leases) is not resumed again: it is kept at the new epoch when the
+        claim took it from this host at the very next epoch (nobody wrote in between);
+        otherwise its run here is stale: stopped, and resumed from the store."""
+        stale: set[str] = set()
+        for sid in [s for s in claimed if s in self.fence.epochs]:
+            c = claimed[sid]
+            if c.previous == self.owner and c.epoch == self.fence.epochs[sid] + 1:
+                self.fence.epochs[sid] = c.epoch
+                del claimed[sid]
+            else:
+                stale.add(sid)
+        if stale:
+            self.forget(stale)
+            self._lost(stale)
+        return claimed
 
     def _renew_and_claim(self, mine: bool) -> tuple[dict[str, int], dict[str, Claimed]]:
         """(In a worker thread, one call at a time.) Renew, heartbeat, claim."""

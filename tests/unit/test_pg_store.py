@@ -44,6 +44,23 @@ def test_a_seq_is_written_once_whoever_writes_it(pg_url, tmp_path):
         two.close()
 
 
+def test_a_commit_tried_again_after_it_went_through_is_that_commit(pg_url, tmp_path):
+    """The server stopped at a commit's COMMIT: it may have committed, its answer lost
+    with the connection. The supervisor tries the batch again: the same records, frame
+    for frame, are that commit (not a second writer), and it goes on."""
+    store = open_store(tmp_path, pg_url)
+    try:
+        batch = [Record("s", 1, b"one"), Record("s", 2, b"two")]
+        store.commit(batch)
+        store.commit(batch)  # (again, as after a lost answer)
+        assert store.range("s", 1, 9, 1 << 20) == ([(1, b"one"), (2, b"two")], False)
+        with pytest.raises(JournalError, match="already logged"):  # another writer's
+            store.commit([Record("s", 2, b"two"), Record("s", 3, b"three"),
+                          Record("s", 1, b"other")])
+    finally:
+        store.close()
+
+
 def test_a_lost_connection_fails_one_call_and_is_remade(pg_url, tmp_path):
     store = open_store(tmp_path, pg_url)
     try:

@@ -522,6 +522,14 @@ const RENDERERS = {
   RESUMED(v, ev, d) {
     v.add(el("div", "retry", `↺ resumed${d.reason ? ` (${d.reason})` : ""}`), ev);
   },
+  STORE_UNAVAILABLE(v, ev, d) {
+    v.add(el("div", "retry", `⏸ the store was unavailable: the session waited` +
+      (d.error ? ` (${d.error})` : "")), ev);
+  },
+  STORE_AVAILABLE(v, ev, d) {
+    const down = typeof d.down_s === "number" ? ` after ${d.down_s.toFixed(1)} s` : "";
+    v.add(el("div", "retry", `▶ the store is back${down}: the session goes on`), ev);
+  },
   TURN_END(v, ev, d) {
     const u = d.usage;
     if (!u || typeof u !== "object") return;
