@@ -20,7 +20,9 @@ from actors.cli.hosting import offline_notice, spawn_host
 from actors.config import ConfigError
 from actors.host.actor import read_state
 from actors.mcp.config import NAME_RE, names_a_server_tool
+from actors.sessionlog import JournalError, SessionLog
 from actors.settings import CONFIG_ENV, Settings, load_settings
+from actors.storage import SESSIONS_FILE
 from actors.usage import describe
 from bus.client import Client
 from bus.endpoints import oploop_home
@@ -127,12 +129,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             return _unmount_workspaces()
         print(f"oploop: no host is running in {oploop_home()}: nothing to stop")
         return EXIT_OK
-    try:
-        running = [s["session"] for s in asyncio.run(_sessions(wait_s=2.0))
-                   if s["state"] == "running"]
-    except BusError:  # a supervisor that does not answer is stopped all the same
-        running = []
-    try:
+    try:  # first thing: on a shared store the other hosts take its runs at once
         proc = psutil.Process(state["pid"])
         proc.terminate()
         proc.wait(timeout=15)
@@ -141,12 +138,34 @@ def cmd_down(args: argparse.Namespace) -> int:
     except psutil.TimeoutExpired:
         return fail(f"host {state['pid']} did not stop within 15 s")
     print("oploop: host stopped")
-    if running:
-        # Runs are journaled, not ended: say so, since they go on at the next `up`.
+    _say_where_runs_go()
+    return _unmount_workspaces() if args.unmount else EXIT_OK
+
+
+def _say_where_runs_go() -> None:
+    """After `down`: the runs the stopped host left open, and where they go on. Read
+    from the session log once the host is gone (asking the host first would delay
+    the stop, and with it a shared store's hand-over)."""
+    try:
+        url = load_settings().config.store.url
+    except ConfigError:
+        return  # `down` stops a host whatever its configuration says now
+    if url:  # runs are journaled, not ended: another host of the store resumes them
+        print("oploop: its running sessions go on on the other hosts of the shared store "
+              "(or at the next `oploop up` if there is none)")
+        return
+    try:
+        log = SessionLog(oploop_home() / SESSIONS_FILE, reserve_mb=0, readonly=True)
+    except JournalError:
+        return
+    try:
+        running = log.running()
+    finally:
+        log.close()
+    if running:  # runs are journaled, not ended: say so, since they go on at `up`
         print(f"oploop: {len(running)} running session(s) will resume at the next "
               f"`oploop up` in this home ({', '.join(running)}); to end a run instead, "
               "`oploop cancel` it before `oploop down`")
-    return _unmount_workspaces() if args.unmount else EXIT_OK
 
 
 def _unmount_workspaces() -> int:
@@ -200,13 +219,6 @@ def _helpers(actor_pids: list[int]) -> list[int]:
                 with contextlib.suppress(psutil.Error):
                     sizes.append(child.memory_info().rss)
     return sizes
-
-
-async def _sessions(wait_s: float = 5.0) -> list[dict[str, Any]]:
-    """The sessions of the host in `$OPLOOP_HOME` (this machine's, whatever
-    OPLOOP_CONNECT says: status and down are about it)."""
-    async with Client.connect(oploop_home()) as client:
-        return await client.sessions(timeout=wait_s)
 
 
 async def _host_view(wait_s: float = 5.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
