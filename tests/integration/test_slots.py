@@ -12,17 +12,19 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import zmq
-from hostkit import until
+from hostkit import WAIT_S, until
 
 from actors.executor.actor import Executor
 from actors.supervisor.dispatch import Dispatcher, Job
 from bus.codec import MAX_FRAME_BYTES, decode, encode
 from bus.endpoints import Endpoints
+from bus.heartbeat import INTERVAL_S
 from bus.messages import (
     Abort,
     Body,
@@ -38,7 +40,10 @@ from bus.sockets import Reactor
 
 HERE = Path(__file__).parent
 SLOTS = Executor.capacity
-WAIT_MS = 30_000  # bound on any one reply; never a pass/fail timing
+WAIT_MS = int(WAIT_S * 1000)  # bound on any one reply; never a pass/fail timing
+#: The jobs' own timeout: no case here tests it, so it must not fire first on a busy
+#: machine (a slot's worth of huge results at once took over 10 s with every core busy).
+JOB_TIMEOUT_S = WAIT_S
 
 
 class FakeSupervisor:
@@ -52,6 +57,7 @@ class FakeSupervisor:
         self.control = self._router(endpoints.address("control"))
         self.worker = b""
         self.hello = False
+        self.beaten = 0.0  # when we last sent the worker a Heartbeat
 
     def _router(self, address: str) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -66,17 +72,19 @@ class FakeSupervisor:
         self.ctx.term()
 
     def recv(self) -> Envelope:
-        """The next message from the worker other than a heartbeat (we beat meanwhile)."""
+        """The next message from the worker other than a heartbeat (we beat meanwhile,
+        every `heartbeat.INTERVAL_S` as the supervisor does, busy or not: a worker that
+        hears nothing for three beats takes its supervisor for dead and says Ready again)."""
         poller = zmq.Poller()
         poller.register(self.work, zmq.POLLIN)
         poller.register(self.control, zmq.POLLIN)
-        waited = 0
-        while waited < WAIT_MS:
+        end = time.monotonic() + WAIT_MS / 1000
+        while time.monotonic() < end:
+            if self.worker and time.monotonic() - self.beaten >= INTERVAL_S:
+                self.send(Heartbeat())
+                self.beaten = time.monotonic()
             ready = dict(poller.poll(250))
             if not ready:
-                waited += 250
-                if self.worker:
-                    self.send(Heartbeat())
                 continue
             sock = self.work if self.work in ready else self.control
             peer, frame = sock.recv_multipart()
@@ -134,12 +142,12 @@ def supervised(short_home: str) -> Iterator[FakeSupervisor]:
 def fill(sup: FakeSupervisor, tool: str, prefix: str, **data: object) -> dict[str, Body]:
     """Send one `tool` job per slot; their replies."""
     for n in range(SLOTS):
-        sup.send(ToolJob(tool, dict(data), "/", 10), job=f"{prefix}{n}")
+        sup.send(ToolJob(tool, dict(data), "/", JOB_TIMEOUT_S), job=f"{prefix}{n}")
     return sup.replies(SLOTS)
 
 
 def assert_normal_call_runs(sup: FakeSupervisor, job: str) -> None:
-    sup.send(ToolJob("echo", {"text": "still here"}, "/", 10), job=job)
+    sup.send(ToolJob("echo", {"text": "still here"}, "/", JOB_TIMEOUT_S), job=job)
     reply = sup.replies(1)[job]
     assert isinstance(reply, ToolResult) and reply.output == "still here", reply
 
@@ -171,13 +179,13 @@ def test_abort_of_a_job_the_worker_does_not_hold_is_acknowledged(supervised) -> 
     assert all(isinstance(b, JobFailed) and b.error == "aborted" for b in acks.values())
     # A job its Abort overtook (two sockets) is not run when it comes: the normal
     # call sent after it is the next reply.
-    supervised.send(ToolJob("echo", {"text": "must not run"}, "/", 10), job="never0")
+    supervised.send(ToolJob("echo", {"text": "must not run"}, "/", JOB_TIMEOUT_S), job="never0")
     assert_normal_call_runs(supervised, "after-aborts")
 
 
 def test_aborted_running_jobs_are_acknowledged(supervised) -> None:
     for n in range(SLOTS):
-        supervised.send(ToolJob("hang", {}, "/", 10), job=f"h{n}")
+        supervised.send(ToolJob("hang", {}, "/", JOB_TIMEOUT_S), job=f"h{n}")
         supervised.abort(f"h{n}")
     acks = supervised.replies(SLOTS)
     assert all(isinstance(b, JobFailed) and b.error == "aborted" for b in acks.values()), acks
@@ -219,7 +227,7 @@ async def with_dispatcher(home: Path, body: Callable[[Dispatcher], Awaitable[Non
 
 
 def submit(dispatcher: Dispatcher, tool: str, **data: object) -> Job:
-    return dispatcher.submit("tool", ToolJob(tool, dict(data), "/", 10), sid="s",
+    return dispatcher.submit("tool", ToolJob(tool, dict(data), "/", JOB_TIMEOUT_S), sid="s",
                              deadline=0.0, on_progress=lambda env: None)
 
 
