@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from actors.executor.actor import Executor
 from actors.supervisor.dispatch import Dispatcher, Job
 from bus.codec import MAX_FRAME_BYTES, decode, encode
 from bus.endpoints import Endpoints
-from bus.heartbeat import INTERVAL_S
+from bus.heartbeat import INTERVAL_S, MISSES
 from bus.messages import (
     Abort,
     Body,
@@ -58,6 +59,7 @@ class FakeSupervisor:
         self.worker = b""
         self.hello = False
         self.beaten = 0.0  # when we last sent the worker a Heartbeat
+        self.worker_pid = 0  # the executor process serving us
 
     def _router(self, address: str) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -98,6 +100,13 @@ class FakeSupervisor:
             return env
         raise AssertionError("no message from the worker in time")
 
+    def beat_for(self, seconds: float) -> None:
+        """Beat the worker for `seconds`, as a live supervisor does, however quiet it is."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.send(Heartbeat())
+            time.sleep(min(INTERVAL_S / 2, max(0.0, end - time.monotonic())))
+
     def send(self, body: Body, job: str = "") -> None:
         self.work.send_multipart([self.worker, encode(Envelope(body, job=job, sid="s"))])
 
@@ -126,6 +135,7 @@ def supervised(short_home: str) -> Iterator[FakeSupervisor]:
     home = Path(short_home)
     sup = FakeSupervisor(home)
     proc = start_executor(home)
+    sup.worker_pid = proc.pid
     try:
         ready = sup.recv()
         assert isinstance(ready.body, Ready) and ready.body.capacity == SLOTS
@@ -190,6 +200,19 @@ def test_aborted_running_jobs_are_acknowledged(supervised) -> None:
     acks = supervised.replies(SLOTS)
     assert all(isinstance(b, JobFailed) and b.error == "aborted" for b in acks.values()), acks
     assert_normal_call_runs(supervised, "after-hang")
+
+
+def test_a_worker_stalled_past_its_supervisors_silence_bound_carries_on(supervised) -> None:
+    """A worker process stalled for longer than three beats (stopped here; starved of
+    CPU on a busy machine) finds its supervisor's beats waiting in its socket when it
+    resumes: it carries on, never taking the supervisor for dead (saying Ready again and
+    abandoning every job in hand, as it did under load)."""
+    os.kill(supervised.worker_pid, signal.SIGSTOP)
+    try:  # (the stall is the subject: longer than the silence a worker tolerates)
+        supervised.beat_for(MISSES * INTERVAL_S + 2)
+    finally:
+        os.kill(supervised.worker_pid, signal.SIGCONT)
+    assert_normal_call_runs(supervised, "after-stall")  # its reply, no Ready before it
 
 
 # --- the supervisor's side: the real Dispatcher, the same executor ---------------------
