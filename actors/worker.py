@@ -355,11 +355,17 @@ class Worker(ABC):
         self.send(reply, job=env.job, sid=env.sid)
 
     async def _beat(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            asleep = loop.time()
             await asyncio.sleep(INTERVAL_S)
+            late = loop.time() - asleep - INTERVAL_S
             self.send(Heartbeat())
             self._retry_unsent()
-            if self._liveness.expired():
+            # After a stall of this process (its loop busy with a job's huge result, or
+            # its cores with others) the supervisor's beats wait unread in the socket:
+            # judge its silence only at a beat on time, once the reactor has read them.
+            if late < INTERVAL_S and self._liveness.expired():
                 log.info("%s: supervisor silent, announcing again", self.worker_id)
                 self._liveness.heard(_SUPERVISOR)
                 self._abandon_jobs()  # it has declared us dead, and our jobs lost

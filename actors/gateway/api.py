@@ -425,12 +425,14 @@ async def session_events(request: web.Request) -> web.StreamResponse:
             stop_at = ""
         case other:
             raise ApiError(400, "bad_request", f"stop_at: expected first or last, got {other!r}")
-    # 404 before the stream starts, not inside it. The broadcaster's answer is cheap;
-    # only a session it does not hold (not yet logged, or pruned) asks the supervisor,
-    # whose answer carries the whole history.
-    if await gw.client.last_seq(sid) is None:
-        await gw.client.inspect(sid)
+    # The slot first: beyond the cap a 503 at once, asking the host nothing (a thousand
+    # clients' checks at once went unanswered on a busy machine: 504s, not 503s).
     with gw.stream_slot():
+        # 404 before the stream starts, not inside it. The broadcaster's answer is cheap;
+        # only a session it does not hold (not yet logged, or pruned) asks the
+        # supervisor, whose answer carries the whole history.
+        if await gw.client.last_seq(sid) is None:
+            await gw.client.inspect(sid)
         return await _session_stream(request, gw, sid, from_seq, stop_at)
 
 

@@ -43,7 +43,8 @@ def test_prune_and_rm_spare_the_running_session_and_pruned_ids_say_so(host):
 
     async def scenario() -> None:
         async with Client.connect(Path(host)) as client:
-            started = await client.start("run `sleep 30`")
+            # (a tool that outlives the checks however slow the machine: cancelled after)
+            started = await client.start("run `sleep 3600`")
             running = started.session
             async for event in client.events(running, started.from_seq):
                 if event["type"] == "TOOL_START":

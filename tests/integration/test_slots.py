@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import zmq
-from hostkit import until
+from hostkit import WAIT_S, until
 
 from actors.executor.actor import Executor
 from actors.supervisor.dispatch import Dispatcher, Job
 from bus.codec import MAX_FRAME_BYTES, decode, encode
 from bus.endpoints import Endpoints
+from bus.heartbeat import INTERVAL_S, MISSES
 from bus.messages import (
     Abort,
     Body,
@@ -38,7 +41,10 @@ from bus.sockets import Reactor
 
 HERE = Path(__file__).parent
 SLOTS = Executor.capacity
-WAIT_MS = 30_000  # bound on any one reply; never a pass/fail timing
+WAIT_MS = int(WAIT_S * 1000)  # bound on any one reply; never a pass/fail timing
+#: The jobs' own timeout: no case here tests it, so it must not fire first on a busy
+#: machine (a slot's worth of huge results at once took over 10 s with every core busy).
+JOB_TIMEOUT_S = WAIT_S
 
 
 class FakeSupervisor:
@@ -52,6 +58,8 @@ class FakeSupervisor:
         self.control = self._router(endpoints.address("control"))
         self.worker = b""
         self.hello = False
+        self.beaten = 0.0  # when we last sent the worker a Heartbeat
+        self.worker_pid = 0  # the executor process serving us
 
     def _router(self, address: str) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -66,17 +74,19 @@ class FakeSupervisor:
         self.ctx.term()
 
     def recv(self) -> Envelope:
-        """The next message from the worker other than a heartbeat (we beat meanwhile)."""
+        """The next message from the worker other than a heartbeat (we beat meanwhile,
+        every `heartbeat.INTERVAL_S` as the supervisor does, busy or not: a worker that
+        hears nothing for three beats takes its supervisor for dead and says Ready again)."""
         poller = zmq.Poller()
         poller.register(self.work, zmq.POLLIN)
         poller.register(self.control, zmq.POLLIN)
-        waited = 0
-        while waited < WAIT_MS:
+        end = time.monotonic() + WAIT_MS / 1000
+        while time.monotonic() < end:
+            if self.worker and time.monotonic() - self.beaten >= INTERVAL_S:
+                self.send(Heartbeat())
+                self.beaten = time.monotonic()
             ready = dict(poller.poll(250))
             if not ready:
-                waited += 250
-                if self.worker:
-                    self.send(Heartbeat())
                 continue
             sock = self.work if self.work in ready else self.control
             peer, frame = sock.recv_multipart()
@@ -89,6 +99,13 @@ class FakeSupervisor:
             self.worker = peer
             return env
         raise AssertionError("no message from the worker in time")
+
+    def beat_for(self, seconds: float) -> None:
+        """Beat the worker for `seconds`, as a live supervisor does, however quiet it is."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.send(Heartbeat())
+            time.sleep(min(INTERVAL_S / 2, max(0.0, end - time.monotonic())))
 
     def send(self, body: Body, job: str = "") -> None:
         self.work.send_multipart([self.worker, encode(Envelope(body, job=job, sid="s"))])
@@ -118,6 +135,7 @@ def supervised(short_home: str) -> Iterator[FakeSupervisor]:
     home = Path(short_home)
     sup = FakeSupervisor(home)
     proc = start_executor(home)
+    sup.worker_pid = proc.pid
     try:
         ready = sup.recv()
         assert isinstance(ready.body, Ready) and ready.body.capacity == SLOTS
@@ -134,12 +152,12 @@ def supervised(short_home: str) -> Iterator[FakeSupervisor]:
 def fill(sup: FakeSupervisor, tool: str, prefix: str, **data: object) -> dict[str, Body]:
     """Send one `tool` job per slot; their replies."""
     for n in range(SLOTS):
-        sup.send(ToolJob(tool, dict(data), "/", 10), job=f"{prefix}{n}")
+        sup.send(ToolJob(tool, dict(data), "/", JOB_TIMEOUT_S), job=f"{prefix}{n}")
     return sup.replies(SLOTS)
 
 
 def assert_normal_call_runs(sup: FakeSupervisor, job: str) -> None:
-    sup.send(ToolJob("echo", {"text": "still here"}, "/", 10), job=job)
+    sup.send(ToolJob("echo", {"text": "still here"}, "/", JOB_TIMEOUT_S), job=job)
     reply = sup.replies(1)[job]
     assert isinstance(reply, ToolResult) and reply.output == "still here", reply
 
@@ -171,17 +189,30 @@ def test_abort_of_a_job_the_worker_does_not_hold_is_acknowledged(supervised) -> 
     assert all(isinstance(b, JobFailed) and b.error == "aborted" for b in acks.values())
     # A job its Abort overtook (two sockets) is not run when it comes: the normal
     # call sent after it is the next reply.
-    supervised.send(ToolJob("echo", {"text": "must not run"}, "/", 10), job="never0")
+    supervised.send(ToolJob("echo", {"text": "must not run"}, "/", JOB_TIMEOUT_S), job="never0")
     assert_normal_call_runs(supervised, "after-aborts")
 
 
 def test_aborted_running_jobs_are_acknowledged(supervised) -> None:
     for n in range(SLOTS):
-        supervised.send(ToolJob("hang", {}, "/", 10), job=f"h{n}")
+        supervised.send(ToolJob("hang", {}, "/", JOB_TIMEOUT_S), job=f"h{n}")
         supervised.abort(f"h{n}")
     acks = supervised.replies(SLOTS)
     assert all(isinstance(b, JobFailed) and b.error == "aborted" for b in acks.values()), acks
     assert_normal_call_runs(supervised, "after-hang")
+
+
+def test_a_worker_stalled_past_its_supervisors_silence_bound_carries_on(supervised) -> None:
+    """A worker process stalled for longer than three beats (stopped here; starved of
+    CPU on a busy machine) finds its supervisor's beats waiting in its socket when it
+    resumes: it carries on, never taking the supervisor for dead (saying Ready again and
+    abandoning every job in hand, as it did under load)."""
+    os.kill(supervised.worker_pid, signal.SIGSTOP)
+    try:  # (the stall is the subject: longer than the silence a worker tolerates)
+        supervised.beat_for(MISSES * INTERVAL_S + 2)
+    finally:
+        os.kill(supervised.worker_pid, signal.SIGCONT)
+    assert_normal_call_runs(supervised, "after-stall")  # its reply, no Ready before it
 
 
 # --- the supervisor's side: the real Dispatcher, the same executor ---------------------
@@ -219,7 +250,7 @@ async def with_dispatcher(home: Path, body: Callable[[Dispatcher], Awaitable[Non
 
 
 def submit(dispatcher: Dispatcher, tool: str, **data: object) -> Job:
-    return dispatcher.submit("tool", ToolJob(tool, dict(data), "/", 10), sid="s",
+    return dispatcher.submit("tool", ToolJob(tool, dict(data), "/", JOB_TIMEOUT_S), sid="s",
                              deadline=0.0, on_progress=lambda env: None)
 
 
