@@ -138,24 +138,23 @@ def cmd_down(args: argparse.Namespace) -> int:
     except psutil.TimeoutExpired:
         return fail(f"host {state['pid']} did not stop within 15 s")
     print("oploop: host stopped")
-    _say_where_runs_go()
+    _say_where_runs_go(shared=bool(state.get("shared_store")))
     return _unmount_workspaces() if args.unmount else EXIT_OK
 
 
-def _say_where_runs_go() -> None:
+def _say_where_runs_go(*, shared: bool) -> None:
     """After `down`: the runs the stopped host left open, and where they go on. Read
     from the session log once the host is gone (asking the host first would delay
     the stop, and with it a shared store's hand-over)."""
-    try:
-        url = load_settings().config.store.url
-    except ConfigError:
-        return  # `down` stops a host whatever its configuration says now
-    if url:  # runs are journaled, not ended: another host of the store resumes them
+    if shared:  # runs are journaled, not ended: another host of the store resumes them
         print("oploop: its running sessions go on on the other hosts of the shared store "
               "(or at the next `oploop up` if there is none)")
         return
+    path = oploop_home() / SESSIONS_FILE
+    if not path.exists():
+        return
     try:
-        log = SessionLog(oploop_home() / SESSIONS_FILE, reserve_mb=0, readonly=True)
+        log = SessionLog(path, reserve_mb=0, readonly=True)
     except JournalError:
         return
     try:

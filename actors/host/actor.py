@@ -72,7 +72,7 @@ class Host:
                  scenario: str = "", network: Network | None = None,
                  llm_backend: str = "anthropic", embedded: bool = False,
                  gateway: bool = False, netproxy: bool = False,
-                 mcp_start_s: float = 0.0) -> None:
+                 mcp_start_s: float = 0.0, shared_store: bool = False) -> None:
         self.home = (home or oploop_home()).absolute()
         #: The longest an executor's MCP server may take to start (`start_timeout_s`): an
         #: executor says it is ready once each has listed its tools or failed once.
@@ -87,6 +87,9 @@ class Host:
         #: Started by `oploop run` for its users (`actors.host.lease`): stops when the
         #: last one is gone, and its runs end with it rather than wait for a resume.
         self.embedded = embedded
+        #: Whether the session log is a store shared with other hosts (said in the state
+        #: file, never its url: `oploop down` tells where the running sessions go on).
+        self.shared_store = shared_store
         #: Whether to run the gateway (web view, HTTP API, metrics): `oploop up` does
         #: unless `[http] enabled = false`; an embedded host does not.
         self.gateway = gateway
@@ -220,6 +223,7 @@ class Host:
             state = "degraded"  # until the host stops: a failed actor stays failed
         data = {"pid": os.getpid(), "state": state, "home": str(self.home),
                 "offline": self.offline, "embedded": self.embedded,
+                "shared_store": self.shared_store,
                 "actors": [c.describe() for c in self.children],
                 "listen": self.network.listen if self.network else None,
                 "curve": bool(self.network and self.network.curve)}
@@ -295,7 +299,8 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
                 gateway=gateway and settings.config.http.enabled and not settings.embedded,
                 netproxy=_wants_netproxy(settings),
                 mcp_start_s=2 * max((s.start_timeout_s for s in settings.config.mcp.values()),
-                                    default=0.0))
+                                    default=0.0),
+                shared_store=bool(settings.config.store.url))
 
 
 def _wants_netproxy(settings: Settings) -> bool:
