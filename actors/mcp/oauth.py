@@ -12,9 +12,8 @@ registration are kept in `$OPLOOP_HOME/mcp-auth/NAME.json` (0600, its folder 070
 An executor reaches an HTTP server with no `Authorization` header of its own through
 the same provider over that file (`auth_for`): the access token is sent, refreshed
 with the refresh token when it expires (the new tokens written back; one process at
-a time, `Provider`), and when the
-server wants a new authorization the call fails saying to run `oploop mcp login NAME`
-(an executor has no browser).
+a time, `Provider`), and when the server wants a new authorization the call fails
+saying to run `oploop mcp login NAME` (an executor has no browser).
 """
 
 from __future__ import annotations
