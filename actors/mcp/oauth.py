@@ -11,19 +11,20 @@ registration are kept in `$OPLOOP_HOME/mcp-auth/NAME.json` (0600, its folder 070
 
 An executor reaches an HTTP server with no `Authorization` header of its own through
 the same provider over that file (`auth_for`): the access token is sent, refreshed
-with the refresh token when it expires (the new tokens written back), and when the
-server wants a new authorization the call fails saying to run `oploop mcp login NAME`
-(an executor has no browser).
+with the refresh token when it expires (the new tokens written back; one process at
+a time, `Provider`), and when the server wants a new authorization the call fails
+saying to run `oploop mcp login NAME` (an executor has no browser).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +46,10 @@ FOLDER = "mcp-auth"
 CALLBACK = "/callback"
 #: How long `login` waits for the browser's redirect.
 LOGIN_WAIT_S = 300.0
+#: An access token is refreshed this share of its life before it expires, at most
+#: `EARLY_S` before (the server's clock, the request's way to it).
+EARLY = 0.1
+EARLY_S = 30.0
 
 
 class LoginNeeded(Exception):
@@ -124,9 +129,17 @@ class TokenFile:
 
 
 class Provider(OAuthClientProvider):
-    """The SDK's provider, knowing when stored tokens expire: it loads them without
+    """The SDK's provider, knowing when stored tokens expire (it loads them without
     their expiry, so a token read from the file would never be refreshed, only
-    refused by the server."""
+    refused by the server), sharing its refreshes with the other processes over the
+    same file, and refreshing a token the server refuses before its time.
+
+    Each executor has a provider over the file: with a server that rotates refresh
+    tokens (OAuth 2.1 asks it of public clients), two refreshing at once with the
+    same one would leave one of them refused, then asking for a login. So a refresh
+    is made under the file's lock (`file_lock`), the file read again first: tokens
+    another process wrote meanwhile are taken instead. Only the refresh is locked,
+    never the MCP request."""
 
     def __init__(self, storage: TokenFile, **kwargs: Any) -> None:
         super().__init__(storage=storage, **kwargs)
@@ -135,6 +148,95 @@ class Provider(OAuthClientProvider):
     async def _initialize(self) -> None:
         await super()._initialize()
         self.context.token_expiry_time = self.file.expires_at()
+
+    def _stale(self) -> bool:
+        """Whether the access token is expired or about to (`EARLY`: a token good
+        when sent should still be good when the server reads it)."""
+        tokens, expiry = self.context.current_tokens, self.context.token_expiry_time
+        if tokens is None or expiry is None:
+            return False
+        return time.time() > expiry - min(EARLY_S, EARLY * (tokens.expires_in or 0))
+
+    def _access(self) -> str | None:
+        tokens = self.context.current_tokens
+        return tokens.access_token if tokens is not None else None
+
+    async def _refresh_shared(self, refused: str | None
+                              ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        """Refresh under the file's lock, unless the file (read again) holds tokens
+        fresher than ours: another process refreshed. `refused`: an access token the
+        server refused (refreshed whatever its expiry)."""
+        async with self.context.lock, file_lock(self.file.path):
+            await self._initialize()
+            if self._access() != refused and not self._stale():
+                return
+            if not self.context.can_refresh_token():
+                return
+            spent = self.context.current_tokens and self.context.current_tokens.refresh_token
+            response = yield await self._refresh_token()
+            if not await self._handle_refresh_response(response):
+                # Refused: tokens written meanwhile by a process not taking the lock
+                # (a login) are used; else the flow goes on to ask for a login.
+                await self._initialize()
+                tokens = self.context.current_tokens
+                if tokens is None or tokens.refresh_token == spent or self._stale():
+                    self.context.clear_tokens()
+
+    async def _auth_flow(self, request: httpx2.Request
+                         ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        """The SDK's flow, a shared refresh before it when the token is stale, and
+        once again when the server refuses the token we hold (rather than the SDK's
+        going straight to a new authorization, which an executor cannot do)."""
+        if not self._initialized:
+            async with self.context.lock:
+                await self._initialize()
+        refused: str | None = None
+        for attempt in range(2):
+            if self._stale() or refused is not None:
+                refresh = self._refresh_shared(refused)
+                try:
+                    outgoing = await refresh.__anext__()
+                    while True:
+                        outgoing = await refresh.asend((yield outgoing))
+                except StopAsyncIteration:
+                    pass
+                finally:
+                    await refresh.aclose()
+            sent = self._access()
+            flow = super()._auth_flow(request)
+            try:
+                outgoing = await flow.__anext__()
+                while True:
+                    response = yield outgoing
+                    if (outgoing is request and response.status_code == 401 and attempt == 0
+                            and sent is not None and self.context.can_refresh_token()):
+                        refused = sent
+                        break
+                    outgoing = await flow.asend(response)
+            except StopAsyncIteration:
+                return
+            finally:
+                await flow.aclose()
+
+
+@contextlib.asynccontextmanager
+async def file_lock(path: Path) -> AsyncIterator[None]:
+    """An exclusive `flock` on `path`'s lock file (beside it, 0600), taken in a thread
+    (the event loop goes on); released at the end, or by the kernel if the process
+    dies holding it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    taking = asyncio.get_running_loop().run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
+    try:
+        await asyncio.shield(taking)
+    except BaseException:
+        # Cancelled while the thread waits: it closes the file (freeing the lock) once taken.
+        taking.add_done_callback(lambda _: os.close(fd))
+        raise
+    try:
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
 
 
 def metadata(redirect_uri: str) -> OAuthClientMetadata:

@@ -8,7 +8,8 @@ page: a test's browser is an HTTP GET). Access tokens live `ACCESS_S` seconds, s
 test sees them refreshed; a refresh token is issued with each.
 
 Tool: `whoami` (the client id and scopes of the token used). Each grant is logged on
-stderr (`grant: authorization_code` / `grant: refresh_token`).
+stderr (`grant: authorization_code` / `grant: refresh_token`), and each refresh token
+refused (`refused: refresh_token`: spent, or never issued).
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class Provider(OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken,
     async def load_refresh_token(self, client: OAuthClientInformationFull,
                                  refresh_token: str) -> RefreshToken | None:
         found = self.refresh.get(refresh_token)
+        if found is None:
+            print("refused: refresh_token", file=sys.stderr, flush=True)
         return found if found is not None and found.client_id == client.client_id else None
 
     async def exchange_refresh_token(self, client: OAuthClientInformationFull,

@@ -123,3 +123,86 @@ def test_login_then_calls_carry_the_token_and_refresh_it(home, server):
 def test_login_refuses_a_server_not_configured(home):
     unknown = oploop(home, "mcp", "login", "nope")
     assert unknown.returncode != 0 and "no MCP server 'nope'" in unknown.stderr
+
+
+def logged_in_home(port: int) -> str:
+    """A home of its own logged in to the server (`secure`)."""
+    home = make_home("opmo-")
+    Path(home, "oploop.toml").write_text(f'[mcp.secure]\nurl = "http://127.0.0.1:{port}/mcp"\n')
+    done = login(home)
+    assert done.returncode == 0, done.stderr
+    return home
+
+
+async def whoami(home: str, port: int) -> str:
+    """`whoami` called as an executor calls it: through `auth_for`'s provider over the
+    home's token file (a provider and a file reader of its own, as each executor has)."""
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from actors.mcp.config import McpServerConfig
+    from actors.mcp.oauth import auth_for
+
+    config = McpServerConfig(name="secure", url=f"http://127.0.0.1:{port}/mcp")
+    async with httpx2.AsyncClient(auth=auth_for(config, Path(home)), timeout=30) as http, \
+            streamable_http_client(config.url, http_client=http) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("whoami", {})
+        return result.content[0].text  # type: ignore[union-attr]
+
+
+def grants(log: Path) -> tuple[int, int]:
+    """The server's refresh grants so far: made, and refused."""
+    text = log.read_text()
+    return text.count("grant: refresh_token"), text.count("refused: refresh_token")
+
+
+def expire(home: str, at: float) -> None:
+    """Make the stored access token expire at `at` (as oploop sees it)."""
+    path = Path(home, "mcp-auth", "secure.json")
+    data = json.loads(path.read_text())
+    data["expires_at"] = at
+    path.write_text(json.dumps(data))
+
+
+def test_two_executors_refreshing_at_once_share_one_refresh(server):
+    """Two executors (providers, file readers of their own) find the access token
+    expired at the same moment: one refreshes (the server rotates the refresh token),
+    the other takes the tokens it wrote, not refreshing with the spent one."""
+    import asyncio
+
+    port, server_log = server
+    home = logged_in_home(port)
+    try:
+        expire(home, time.time() - 1)
+        before = grants(server_log)
+        client = stored(home)["client"]["client_id"]
+
+        async def both() -> list[str]:
+            return list(await asyncio.gather(whoami(home, port), whoami(home, port)))
+
+        assert asyncio.run(both()) == [f"client {client} with scopes mcp"] * 2
+        assert grants(server_log) == (before[0] + 1, before[1])  # one, none refused
+        assert stored(home)["expires_at"] > time.time()
+    finally:
+        remove_home(Path(home))
+
+
+def test_a_token_refused_before_its_time_is_refreshed(server):
+    """The server refuses an access token oploop holds unexpired (its clock, or a
+    revocation): the call refreshes it and goes on, not asking for a login."""
+    import asyncio
+
+    port, server_log = server
+    home = logged_in_home(port)
+    try:
+        expires = stored(home)["expires_at"]
+        wait_until(lambda: time.time() > expires + 0.5, "the access token to expire", 30)
+        expire(home, time.time() + 3600)
+        before = grants(server_log)
+        client = stored(home)["client"]["client_id"]
+        assert asyncio.run(whoami(home, port)) == f"client {client} with scopes mcp"
+        assert grants(server_log) == (before[0] + 1, before[1])
+    finally:
+        remove_home(Path(home))
