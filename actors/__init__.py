@@ -4,8 +4,10 @@ host · supervisor (the turn loop) · llm_caller · executor · broadcaster ·
 offline_model — plus `cli`, the user's side, and `tools`, the tool catalogue.
 """
 
+# `_signal`, the interpreter's built-in C module, not `signal`: that one builds its enums
+# first (tens of ms on a busy machine, a window in which a Ctrl-C printed a traceback).
+import _signal
 import os as _os
-import signal as _signal
 import sys as _sys
 
 
