@@ -28,9 +28,9 @@ import psycopg
 import zmq
 
 from actors import pgleases
+from actors.peerhosts import HOST_FRESH_S, home_of, reach_problem
 from actors.pglog import PgSessionLog
 from actors.sessionlog import JournalError
-from actors.supervisor.forwarding import HOST_FRESH_S, home_of, reach_problem
 from bus.endpoints import EndpointError, Endpoints
 from bus.security import CredentialError
 from bus.sockets import Port, Reactor

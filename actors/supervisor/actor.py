@@ -744,8 +744,9 @@ async def _main(settings: Settings) -> None:
 
         supervisor.trace_with(RunTracer(capture=settings.traces.capture_content))
     if is_pg_url(settings.config.store.url):  # a store other hosts may share: leases
+        from actors.peerhosts import control_address
         from actors.pglog import PgSessionLog
-        from actors.supervisor.forwarding import Forwarder, control_address
+        from actors.supervisor.forwarding import Forwarder
         from actors.supervisor.ownership import Ownership, host_id, host_name
 
         assert isinstance(store, PgSessionLog)

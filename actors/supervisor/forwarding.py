@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import psycopg
 
 from actors import pgleases
+from actors.peerhosts import HOST_FRESH_S, home_of, reach_problem
 from actors.pgleases import HostRow
 from actors.sessionlog import JournalError
 from actors.supervisor.ownership import Ownership
@@ -49,34 +49,8 @@ log = logging.getLogger("oploop.forwarding")
 
 #: How long the owner may take to answer a forwarded request (one attempt).
 FORWARD_TIMEOUT_S = 3.0
-#: A host unheard for this long is not a placement target (several missed renewals).
-HOST_FRESH_S = 3.0
 #: The error code of a request this host cannot serve because another holds the run.
 ELSEWHERE = "elsewhere"
-
-
-def control_address(home: Path) -> str:
-    """What a host publishes as its control address: its runtime dir's control socket."""
-    return f"ipc://{home / 'run' / 'control.sock'}"
-
-
-def home_of(control: str) -> Path | None:
-    """The home whose control socket `control` is, or None (not one `control_address`
-    makes)."""
-    if not control.startswith("ipc://") or not control.endswith("/run/control.sock"):
-        return None
-    return Path(control[len("ipc://"):]).parent.parent
-
-
-def reach_problem(row: HostRow) -> str:
-    """Why this host cannot reach `row`'s host, or "" (it can)."""
-    machine = row.name.split(":", 1)[0]
-    if machine != socket.gethostname():
-        return (f"host {row.id} ({row.name}) is on another machine: send this to that "
-                "host (OPLOOP_CONNECT), hosts reach each other on one machine only")
-    if home_of(row.control) is None:
-        return f"host {row.id} ({row.name}) has not said where it is reached (an older oploop?)"
-    return ""
 
 
 class Forwarder:

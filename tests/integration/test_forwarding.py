@@ -16,7 +16,8 @@ import zmq
 
 from actors import pgleases
 from actors.logstore import open_store
-from actors.supervisor.forwarding import ELSEWHERE, Forwarder, control_address
+from actors.peerhosts import control_address
+from actors.supervisor.forwarding import ELSEWHERE, Forwarder
 from actors.supervisor.ownership import Ownership
 from bus.errors import RemoteError
 from bus.messages import Cancel, CancelAck, Envelope
