@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,6 +266,12 @@ def test_cancel_during_exec_launch(host: Host) -> None:
         )
         await asyncio.sleep(0)  # up to its first await: the launcher's exec is behind it
         assert not task.done()
+        # Its command line shows once the kernel has set up the new program, a moment
+        # after the exec returned to us (a busy machine stretches it). Waited for with the
+        # loop held (time.sleep), so the task cannot go on to connect the launcher.
+        deadline = time.monotonic() + 10
+        while not exec_launchers() and time.monotonic() < deadline:
+            time.sleep(0.005)  # noqa: ASYNC251 - blocking on purpose (above)
         assert len(exec_launchers()) == 1, "expected the launcher started by now"
         task.cancel()
         await cancelled(task)
