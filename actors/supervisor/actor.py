@@ -118,9 +118,6 @@ class Supervisor:
         self._flush_urgent = False
         #: A commit failed (disk full): the next try waits for a timer, not call_soon.
         self._journal_failing = False
-        #: The shared store out of reach: its sessions wait (`supervisor/outage.py`).
-        self.outage = Outage(self.emit, self._waiting_sessions, self.sessions_get,
-                             self._hold_jobs)
         self._reserve_releases = 0
         #: Sessions whose run ended: they leave memory once that end is committed.
         self._ended: list[Session] = []
@@ -159,6 +156,9 @@ class Supervisor:
         self.dispatcher = Dispatcher(work, self.control)
         self.dispatcher.local_worker_keys = self.config.local_worker_keys
         work.handler = self.dispatcher.handle_work
+        #: The shared store out of reach: its sessions wait (`supervisor/outage.py`).
+        self.outage = Outage(self.emit, self._waiting_sessions, self.sessions.get,
+                             self.dispatcher.hold)
         self.events: Port = self.reactor.add(
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
         )
@@ -327,13 +327,6 @@ class Supervisor:
         """The sessions an outage makes wait: runs under way held here."""
         held = self.ownership.fence.epochs if self.ownership is not None else {}
         return [s for s in self.sessions.values() if not s.run_over and s.id in held]
-
-    def sessions_get(self, sid: str) -> Session | None:
-        """The session `sid` in memory (None: not here), without loading it."""
-        return self.sessions.get(sid)
-
-    def _hold_jobs(self, held: bool) -> None:
-        self.dispatcher.hold(held)
 
     def _end_runs(self, error: str, message: str) -> None:
         """End every run under way with `ERROR` (the journal cannot keep them going)."""
