@@ -186,6 +186,11 @@ class Broadcaster:
             self.replay.reply_error(peer, env.id, "bad_request",
                                     f"replay does not serve {env.kind}")
             return
+        # What the supervisor published before it answered the asker (a run started,
+        # a message taken) is in `ingest` by now, but the reactor serves `replay`
+        # first: taken in before answering, a client that was told "started" and asks
+        # for the session's events finds the new run, not the previous run's end.
+        self.ingest.drain(INGEST_RCVHWM)
         if self.follower is not None:  # another host may have written more of it
             self.follower.catch_up(env.sid, self.log.last_seq(env.sid) or 0, self.accept)
             if env.sid in self.backfill.held:
