@@ -42,8 +42,9 @@ from actors.sessionlog import (
 
 log = logging.getLogger("oploop.pglog")
 
-#: The schema this code writes; a store with a larger one is refused.
-SCHEMA_VERSION = 1
+#: The schema this code writes; a store with a larger one is refused. (2: compactions
+#: refer to their messages in `parts`, which version 1 cannot read.)
+SCHEMA_VERSION = 2
 #: How long a connection attempt may take (seconds).
 CONNECT_TIMEOUT_S = 5
 #: Over TCP, a link gone silent (cut, its far end dead: no RST) fails a call within
@@ -83,6 +84,11 @@ _SCHEMA = (
         sid   text PRIMARY KEY,
         seq   bigint NOT NULL,
         state bytea NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS parts (
+        sid  text NOT NULL,
+        hash bytea NOT NULL,
+        data bytea NOT NULL,
+        PRIMARY KEY (sid, hash))""",
     """CREATE TABLE IF NOT EXISTS starts (
         key      text PRIMARY KEY,
         sid      text NOT NULL,
@@ -190,7 +196,8 @@ class PgSessionLog:
                 for sql in _SCHEMA[1:]:
                     conn.execute(sql)
                 conn.execute("INSERT INTO oploop_meta VALUES ('schema', %s) "
-                             "ON CONFLICT (key) DO NOTHING", (str(SCHEMA_VERSION),))
+                             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             (str(SCHEMA_VERSION),))
         except psycopg.Error as exc:
             raise JournalError(f"cannot create the schema in {self.where}: "
                                f"{_first_line(exc)}") from exc
@@ -260,6 +267,10 @@ class PgSessionLog:
                             "INSERT INTO compactions VALUES (%s, %s, %s) ON CONFLICT (sid) "
                             "DO UPDATE SET seq = excluded.seq, state = excluded.state",
                             [(c.sid, c.seq, c.state) for c in compactions])
+                        parts = [(c.sid, h, d) for c in compactions for h, d in c.parts]
+                        if parts:
+                            cur.executemany("INSERT INTO parts VALUES (%s, %s, %s) "
+                                            "ON CONFLICT (sid, hash) DO NOTHING", parts)
                     if starts:
                         cur.executemany(
                             "INSERT INTO starts VALUES (%s, %s, %s, %s) ON CONFLICT (key) "
@@ -308,7 +319,8 @@ class PgSessionLog:
             with conn.transaction():
                 known = conn.execute("SELECT count(*) FROM sessions WHERE sid = ANY(%s)",
                                      (sids,)).fetchone()
-                for table in ("records", "compactions", "starts", "leases", "sessions"):
+                for table in ("records", "compactions", "parts", "starts", "leases",
+                              "sessions"):
                     conn.execute(f"DELETE FROM {table} WHERE sid = ANY(%s)",  # noqa: S608
                                  (sids,))
         except psycopg.Error as exc:
@@ -339,7 +351,10 @@ class PgSessionLog:
     def compaction(self, sid: str) -> Compaction | None:
         """The latest compaction of `sid`, or None."""
         got = self._one("SELECT sid, seq, state FROM compactions WHERE sid = %s", (sid,))
-        return None if got is None else Compaction(*got)
+        if got is None:
+            return None
+        parts = self._all("SELECT hash, data FROM parts WHERE sid = %s", (sid,))
+        return Compaction(*got, parts=tuple((bytes(h), bytes(d)) for h, d in parts))
 
     def records(self, sid: str, after: int = 0) -> list[Record]:
         """The records of `sid` with seq > `after`, in seq order."""
@@ -390,7 +405,8 @@ class PgSessionLog:
             "SELECT s.sid, s.created, s.updated, s.running, "
             "coalesce((SELECT sum(octet_length(frame) + coalesce(octet_length(delta), 0)) "
             "          FROM records r WHERE r.sid = s.sid), 0) + "
-            "coalesce((SELECT octet_length(state) FROM compactions c WHERE c.sid = s.sid), 0) "
+            "coalesce((SELECT octet_length(state) FROM compactions c WHERE c.sid = s.sid), 0) + "
+            "coalesce((SELECT sum(octet_length(data)) FROM parts p WHERE p.sid = s.sid), 0) "
             "FROM sessions s ORDER BY s.created")
         return [SessionOverview(sid, created, updated, int(size), bool(running))
                 for sid, created, updated, running, size in rows]

@@ -21,8 +21,11 @@ Tables:
 - `sessions`: one small row per session (created, agent and cwd, a summary for
   listings, whether a run is open, a pending operation cancel), written at
   creation, at a run's start and end, and on an operation cancel.
-- `compactions`: a session's folded state at a seq, written at a run's end; a
-  load starts there and reads only the records after it.
+- `compactions`: a session's folded state at a seq, written at a run's end (when
+  due); a load starts there and reads only the records after it. Its history is
+  a list of part hashes: each message is in `parts` once (keyed by the session and
+  its digest), so a compaction writes only the messages new since the last one.
+- `parts`: the messages compactions refer to, by (sid, hash).
 - `starts`: `StartRun` keys and the run each began (a resent start after a
   restart is answered with that run).
 
@@ -98,6 +101,12 @@ CREATE TABLE IF NOT EXISTS compactions (
     seq   INTEGER NOT NULL,
     state BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS parts (
+    sid  TEXT NOT NULL,
+    hash BLOB NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (sid, hash)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS starts (
     key      TEXT PRIMARY KEY,
     sid      TEXT NOT NULL,
@@ -140,11 +149,16 @@ class SessionRow:
 
 @dataclass(frozen=True, slots=True)
 class Compaction:
-    """A session's folded state as of `seq` (records up to `seq` need not be read)."""
+    """A session's folded state as of `seq` (records up to `seq` need not be read).
+
+    `parts`: (hash, data) pieces the state refers to. Written: those not stored yet
+    (a store keeps each once per session, whatever later compactions repeat);
+    read: every part the session has."""
 
     sid: str
     seq: int
     state: bytes
+    parts: tuple[tuple[bytes, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +303,8 @@ class SessionLog:
                                 for r in records])
                 db.executemany("INSERT OR REPLACE INTO compactions VALUES (?, ?, ?)",
                                [(c.sid, c.seq, c.state) for c in compactions])
+                db.executemany("INSERT OR IGNORE INTO parts VALUES (?, ?, ?)",
+                               [(c.sid, h, d) for c in compactions for h, d in c.parts])
                 db.executemany("INSERT OR REPLACE INTO starts VALUES (?, ?, ?, ?)",
                                [(s.key, s.sid, s.run, s.from_seq) for s in starts])
                 db.execute("COMMIT")
@@ -319,7 +335,7 @@ class SessionLog:
                         db.execute("DELETE FROM records WHERE key BETWEEN ? AND ?",
                                    _key_range(num))
                     self._nums.pop(sid, None)
-                for table in ("logs", "compactions", "starts", "sessions"):
+                for table in ("logs", "compactions", "parts", "starts", "sessions"):
                     db.executemany(f"DELETE FROM {table} WHERE sid = ?", params)  # noqa: S608
                 db.execute("COMMIT")
             except BaseException:
@@ -352,7 +368,10 @@ class SessionLog:
     def compaction(self, sid: str) -> Compaction | None:
         """The latest compaction of `sid`, or None."""
         got = self._one("SELECT sid, seq, state FROM compactions WHERE sid = ?", (sid,))
-        return None if got is None else Compaction(*got)
+        if got is None:
+            return None
+        parts = self._all("SELECT hash, data FROM parts WHERE sid = ?", (sid,))
+        return Compaction(*got, parts=tuple((bytes(h), bytes(d)) for h, d in parts))
 
     def records(self, sid: str, after: int = 0) -> list[Record]:
         """The records of `sid` with seq > `after`, in seq order."""
@@ -425,7 +444,8 @@ class SessionLog:
             "coalesce((SELECT sum(length(frame) + coalesce(length(delta), 0)) "
             "          FROM logs l JOIN records r ON r.key BETWEEN l.num << 32 AND "
             f"         (l.num << 32) | {SEQ_MASK} WHERE l.sid = s.sid), 0) + "
-            "coalesce((SELECT length(state) FROM compactions c WHERE c.sid = s.sid), 0) "
+            "coalesce((SELECT length(state) FROM compactions c WHERE c.sid = s.sid), 0) + "
+            "coalesce((SELECT sum(length(data)) FROM parts p WHERE p.sid = s.sid), 0) "
             "FROM sessions s ORDER BY s.created"))
         except sqlite3.Error as exc:
             raise JournalError(f"cannot read {self.path}: {exc}") from exc

@@ -71,6 +71,11 @@ class Session:
     #: compaction's size: whether the next one is due (`supervisor/journal.py`).
     log_since: int = field(default=0, repr=False, compare=False)
     log_compacted: int = field(default=0, repr=False, compare=False)
+    #: The digest of each logged message as its compactions refer to it (by position,
+    #: with the message it was taken of), and the digests the store already holds.
+    log_digests: list[tuple[Message, bytes]] = field(default_factory=list, repr=False,
+                                                     compare=False)
+    log_parts: set[bytes] = field(default_factory=set, repr=False, compare=False)
     #: The driver of the session's open run (`driver.RunDriver`; None when no run is
     #: open in this process). Runtime only: never journaled.
     driver: Any = field(default=None, repr=False, compare=False)

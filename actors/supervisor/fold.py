@@ -29,6 +29,7 @@ from actors.core.session import Session
 from actors.core.state import Phase, RunState
 from actors.core.timeline import Timeline
 from actors.core.turn import ToolOutcome
+from actors.digests import blake2b
 from actors.logstore import SessionStore
 from actors.sessionlog import Compaction, Record, SessionRow
 from actors.usage import Meter
@@ -42,6 +43,9 @@ log = logging.getLogger("oploop.journal")
 #: Operation meaning "the history is replaced by these messages" (a rewrite the
 #: loop never does today; kept so that one would still be logged exactly).
 RESET = "*"
+
+#: Bytes of a message's digest in a compaction (BLAKE2b; one session's messages).
+PART_DIGEST_BYTES = 16
 
 #: Session fields a compaction carries (the rest is runtime state: tasks, hooks).
 _FIELDS = ("id", "cwd", "history", "next_seq", "created", "deadline", "run_from_seq",
@@ -159,15 +163,44 @@ def session_row(session: Session) -> SessionRow:
 
 
 def compaction(session: Session) -> Compaction:
-    """The session's state as logged (its last logged event's seq)."""
-    return Compaction(session.id, session.next_seq - 1, snapshot(session, logged_history(session)))
+    """The session's state as logged (its last logged event's seq), its history as
+    the digests of its messages, with the messages the store does not hold yet."""
+    digests, new = _parts(session, logged_history(session))
+    return Compaction(session.id, session.next_seq - 1, snapshot(session, digests), new)
 
 
-def snapshot(session: Session, history: list[Message] | None = None) -> bytes:
-    """A session as bytes: its fields, its agent in full, its finished tool outcomes."""
+def _parts(session: Session, history: list[Message]) -> tuple[list[bytes],
+                                                                tuple[tuple[bytes, bytes], ...]]:
+    """The digest of each message of `history`, and (digest, message) of those not
+    stored yet. A message digested before (the same object at the same place: the
+    loop never edits one in place, `history_delta`) is not packed again."""
+    known, stored = session.log_digests, session.log_parts
+    digests: list[bytes] = []
+    new: list[tuple[bytes, bytes]] = []
+    for i, message in enumerate(history):
+        if i < len(known) and known[i][0] is message:
+            digests.append(known[i][1])
+            continue
+        data: bytes = msgpack.packb(message, use_bin_type=True)
+        digest = blake2b(data, digest_size=PART_DIGEST_BYTES).digest()
+        if i < len(known):
+            known[i] = (message, digest)
+        else:
+            known.append((message, digest))
+        if digest not in stored:
+            stored.add(digest)
+            new.append((digest, data))
+        digests.append(digest)
+    del known[len(history):]
+    return digests, tuple(new)
+
+
+def snapshot(session: Session, history_parts: list[bytes]) -> bytes:
+    """A session as bytes: its fields, its history as part digests, its agent in full,
+    its finished tool outcomes."""
     data: dict[str, Any] = {name: getattr(session, name) for name in _FIELDS + _RUN_FIELDS}
-    if history is not None:
-        data["history"] = history
+    del data["history"]
+    data["history_parts"] = history_parts
     data["agent"] = _agent_dict(session.agent)
     data["outcomes"] = {k: [o.output, o.is_error, o.duration_ms, list(o.images)]
                         for k, o in session.outcomes.items()}
@@ -196,10 +229,23 @@ def _agent(raw: dict[str, Any], agents: dict[str, Agent]) -> Agent:
     return configured
 
 
-def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
-    """The session a `snapshot` describes (an agent no longer configured keeps the
-    settings it had)."""
+class MissingPart(KeyError):
+    """A compaction refers to a message its store does not have."""
+
+
+def restore(blob: bytes, agents: dict[str, Agent],
+            parts: dict[bytes, bytes] | None = None) -> Session:
+    """The session a `snapshot` describes, its messages taken from `parts` (an agent no
+    longer configured keeps the settings it had). Raises `MissingPart`."""
     data = msgpack.unpackb(blob, raw=False)
+    digests = data.pop("history_parts", None)
+    if digests is not None:  # (before December, compactions held the history itself)
+        parts = parts or {}
+        missing = [d.hex() for d in digests if d not in parts]
+        if missing:
+            raise MissingPart(f"{len(missing)} of {len(digests)} messages, "
+                              f"the first {missing[0]}")
+        data["history"] = [msgpack.unpackb(parts[d], raw=False) for d in digests]
     agent = _agent(data.pop("agent"), agents)
     outcomes = {k: ToolOutcome(v[0], v[1], v[2], tuple(v[3]) if len(v) > 3 else ())
                 for k, v in data.pop("outcomes").items()}
@@ -220,6 +266,9 @@ def restore(blob: bytes, agents: dict[str, Agent]) -> Session:
         decided=tuple((d[0], d[1], d[2]) for d in data.get("decided", ())),
         always=tuple(data.get("always", ())),
         context=ContextView(*data.get("context", ())))
+    if digests is not None:
+        session.log_digests = list(zip(history, digests, strict=True))
+        session.log_parts = set(parts or ())
     return session
 
 
@@ -275,7 +324,16 @@ def load_session(journal: SessionStore, sid: str, agents: dict[str, Agent]) -> S
     if row is None:
         return None
     comp = journal.compaction(sid)
-    session = restore(comp.state, agents) if comp is not None else from_row(row, agents)
+    if comp is not None:
+        try:
+            session = restore(comp.state, agents, dict(comp.parts))
+        except MissingPart as exc:
+            # Its records are all there: the session is their fold from the start.
+            log.error("session %s: its compaction at #%d cannot be read (%s): folding "
+                      "every record instead", sid, comp.seq, exc)
+            comp = None
+    if comp is None:
+        session = from_row(row, agents)
     session.log_compacted = len(comp.state) if comp is not None else 0
     for record in journal.records(sid, after=comp.seq if comp is not None else 0):
         session.log_since += len(record.frame) + len(record.delta or b"")

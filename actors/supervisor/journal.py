@@ -19,6 +19,7 @@ never on the history's length (docs/sessions.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,13 @@ class Journal:
     def _compact(self, session: Session) -> None:
         """Write `session`'s state as of now with the batch (it is the fold of its
         records now: the end of a step, `docs/sessions.md`)."""
-        self.batch.compactions[session.id] = comp = compaction(session)
+        comp = compaction(session)
+        pending = self.batch.compactions.get(session.id)
+        if pending is not None and pending.parts:
+            # A compaction still to be committed (its commit failed, or the same
+            # batch): the messages it was to store are taken as stored already.
+            comp = dataclasses.replace(comp, parts=pending.parts + comp.parts)
+        self.batch.compactions[session.id] = comp
         session.log_since, session.log_compacted = 0, len(comp.state)
 
     def touch(self, session: Session) -> None:

@@ -47,7 +47,14 @@ from actors.core.session import Session
 from actors.core.state import Phase
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.logstore import open_store
-from actors.sessionlog import JournalError, JournalFull, Record, SessionLog, SessionRow
+from actors.sessionlog import (
+    Compaction,
+    JournalError,
+    JournalFull,
+    Record,
+    SessionLog,
+    SessionRow,
+)
 from actors.supervisor.fold import load_session
 from actors.supervisor.journal import Journal
 from bench import pgcluster
@@ -222,6 +229,18 @@ class Stores:
         else:
             with journal.log.connect() as conn:
                 conn.execute(sql)
+
+    def count(self, journal: Journal, table: str) -> int:
+        """Rows of `table` in the journal's store."""
+        sql = f"SELECT count(*) FROM {table}"  # noqa: S608 - a test's own table names
+        if self.cluster is None:
+            return int(journal.log.db.execute(sql).fetchone()[0])
+        with journal.log.connect() as conn:
+            return int(conn.execute(sql).fetchone()[0])
+
+    def blob(self, data: bytes) -> str:
+        """`data` as an SQL literal of the store's dialect."""
+        return f"X'{data.hex()}'" if self.cluster is None else f"'\\x{data.hex()}'::bytea"
 
     def close(self) -> None:
         for journal in self.opened:
@@ -456,7 +475,7 @@ def test_the_reserve_is_kept_given_up_when_full_and_refuses_new_work(tmp_path, m
     log.close()
 
 
-def test_overview_and_remove(journal):
+def test_overview_and_remove(stores, journal):
     for sid in ("a", "b"):
         one_run(Session(sid, AGENT, "/tmp"), LoggedIO(journal, ["hi"]))
     over = {o.sid: o for o in journal.log.sessions_overview()}
@@ -465,7 +484,82 @@ def test_overview_and_remove(journal):
     assert journal.log.remove(["a", "nobody"]) == 1
     assert [o.sid for o in journal.log.sessions_overview()] == ["b"]
     assert journal.log.records("a") == [] and journal.log.compaction("a") is None
+    assert journal.log.compaction("b") is not None and journal.log.compaction("b").parts
+    assert journal.log.remove(["b"]) == 1
+    assert journal.log.sessions_overview() == []
+    assert stores.count(journal, "parts") == 0
     assert load_session(journal.log, "a", {}) is None
+
+
+def test_a_compaction_writes_only_the_messages_the_store_does_not_hold(journal):
+    """A compaction's history is the digests of its messages; each message is stored
+    once per session (`parts`): the second run's compaction writes that run's
+    messages, not the first run's again, and the log folds into the session."""
+    session = Session("s1", AGENT, "/tmp")
+    io = LoggedIO(journal, ["tools", "fine"])
+    one_run(session, io, "first")
+    first = journal.log.compaction("s1")
+    assert first is not None and len(first.parts) == len(session.history) == 4
+    written: list[Compaction] = []
+    commit = journal.log.commit
+
+    def keep(records, rows=(), compactions=(), starts=()):  # type: ignore[no-untyped-def]
+        compactions = list(compactions)
+        written.extend(compactions)
+        commit(records, rows, compactions, starts)
+
+    journal.log.commit = keep  # type: ignore[method-assign]
+    io.replies = ["tools", "better"]
+    one_run(session, io, "second")
+    (end,) = written
+    # This run's messages, but those equal to one of the first run's (its tool call
+    # and results, the same here): stored once.
+    new = [m for m in session.history[4:] if m not in session.history[:4]]
+    assert [json_of(d) for _, d in end.parts] == new and len(new) == 2
+    stored = journal.log.compaction("s1")
+    assert stored is not None and len(stored.parts) == 6 and len(session.history) == 8
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None
+    assert {f: getattr(loaded, f) for f in FOLDED} == {f: getattr(session, f) for f in FOLDED}
+
+
+def json_of(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+def test_a_compaction_of_the_old_form_still_loads(stores, journal):
+    """Compactions written before December hold the history itself."""
+    session = Session("s1", AGENT, "/tmp")
+    one_run(session, LoggedIO(journal, ["tools", "fine"]))
+    comp = journal.log.compaction("s1")
+    assert comp is not None
+    state = msgpack.unpackb(comp.state, raw=False)
+    del state["history_parts"]
+    state["history"] = session.history
+    old = Compaction("s1", comp.seq, msgpack.packb(state, use_bin_type=True))
+    replace_compaction(stores, journal, old)
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None
+    assert {f: getattr(loaded, f) for f in FOLDED} == {f: getattr(session, f) for f in FOLDED}
+
+
+def replace_compaction(stores: Stores, journal: Journal, comp: Compaction) -> None:
+    """Put `comp`'s state in place of the session's compaction, its parts gone."""
+    stores.raw(journal, f"DELETE FROM parts WHERE sid = '{comp.sid}'")
+    stores.raw(journal, f"UPDATE compactions SET state = {stores.blob(comp.state)} "
+                        f"WHERE sid = '{comp.sid}'")
+
+
+def test_a_compaction_missing_a_part_folds_every_record_instead(stores, journal, caplog):
+    session = Session("s1", AGENT, "/tmp")
+    one_run(session, LoggedIO(journal, ["tools", "fine"]))
+    comp = journal.log.compaction("s1")
+    assert comp is not None
+    replace_compaction(stores, journal, comp)  # (the same state, its parts gone)
+    loaded = load_session(journal.log, "s1", {})
+    assert loaded is not None
+    assert {f: getattr(loaded, f) for f in FOLDED} == {f: getattr(session, f) for f in FOLDED}
+    assert "compaction at #" in caplog.text and "folding every record instead" in caplog.text
 
 
 def test_a_user_text_merge_is_logged_as_added_blocks(journal):
