@@ -11,6 +11,13 @@ A worker missing three heartbeats (or one we cannot route to) is dead: its
 llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
 "executor died", or "machine NAME lost" for a worker machine's (tools have side
 effects: never run one twice).
+
+Adoption: an executor announcing itself again lists the tool jobs it still holds
+(`Ready.running`). A run a restart resumed waits for its calls in flight (`expect`); a
+reported job of that session, call and machine becomes that call's job again (its
+result and progress go to the run as if nothing happened); the others are aborted (or,
+already over, their results dropped), each with a log line. A job of a worker that
+re-announced itself, reported by it, simply goes on.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from bus.messages import (
     PromptResult,
     Ready,
     Retrying,
+    ToolJob,
     ToolOutput,
     ToolProgress,
     ToolResult,
@@ -75,6 +83,9 @@ ROLES = ("llm", "tool")
 
 #: (role, session) pairs whose last worker is remembered (the least recently used go first).
 MAX_STICKY = 4_096
+
+#: Jobs one `Ready` may report in hand (a bound: they come from a worker).
+MAX_REPORTED = 4_096
 
 #: How often the supervisor looks for silent workers: a few times per heartbeat, so
 #: that a lost machine is told within 3 heartbeats and a quarter, not 4.
@@ -125,6 +136,8 @@ class Job:
     for_worker: Callable[[bytes], Body] | None = None
     #: Only workers of this machine may take it (None: any worker of its role).
     machine: str | None = None
+    #: An adopted job's messages that came before its run took it over (`adopted`).
+    early: list[Envelope] | None = None
 
     @property
     def queue(self) -> tuple[str, str | None]:
@@ -185,6 +198,9 @@ class Dispatcher:
         #: New jobs wait in their queues, none sent (the store is out of reach: the
         #: sessions wait for it, `supervisor/outage.py`).
         self.held = False
+        #: Calls in flight that resumed runs wait to adopt: (session, call id) -> (the
+        #: machine they ran on, the future the adopted job is given to).
+        self.expected: dict[tuple[str, str], tuple[str, asyncio.Future[Job]]] = {}
 
     def hold(self, held: bool) -> None:
         """Hold every new job in its queue (`held`), or send what waits again."""
@@ -222,6 +238,18 @@ class Dispatcher:
         self.queues.setdefault(key, deque()).append(job)
         self._send_jobs(key)
         return job
+
+    def expect(self, sid: str, call_id: str, machine: str) -> asyncio.Future[Job]:
+        """A resumed run waits for its call `call_id`, in flight on `machine` when the
+        supervisor restarted: the future is given the job when an executor of that
+        machine reports it (`Ready.running`). `unexpect` when the wait is over."""
+        future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self.expected[(sid, call_id)] = (machine, future)
+        return future
+
+    def unexpect(self, sid: str, call_id: str) -> None:
+        """No run waits for call `call_id` of `sid` any more (a report of it is aborted)."""
+        self.expected.pop((sid, call_id), None)
 
     def _serves(self, role: str, machine: str) -> bool:
         """Whether machine `machine` has a live worker of `role`."""
@@ -426,12 +454,22 @@ class Dispatcher:
             return
         self._told.discard(peer)
         old = self.workers.get(peer)
+        running = _reported(peer, ready.running) if ready.role == "tool" else []
+        going_on: list[str] = []
         if old is not None:
-            # Re-announced (it lost us for a while): whatever it ran is lost with its state.
+            # Re-announced (it lost us for a while): the jobs it reports in hand go on;
+            # whatever else it ran is lost with its state.
+            for entry in running:
+                job = self.jobs.get(entry["job"])
+                if entry["job"] in old.inflight and job is not None and job.worker == peer:
+                    old.inflight.discard(job.id)
+                    going_on.append(job.id)
             self._worker_died(peer, reason="re-announced")
         worker = self.workers[peer] = WorkerState(
             peer, ready.role, ready.capacity, _valid_specs(peer, ready.tools),
             control_id=peer + b".ctl", machine=machine_of(ready.machine))
+        worker.inflight.update(going_on)
+        self._adopt(worker, [e for e in running if e["job"] not in going_on])
         self.machines.joined(worker.machine, worker.role, peer.decode(errors="replace"),
                              _ip(self.work.peer_address), self.work.user_id or "")
         log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
@@ -440,6 +478,42 @@ class Dispatcher:
         if ready.role == "tool":
             self.catalogue_changed.set()
         self._pump_for(worker)
+
+    def _adopt(self, worker: WorkerState, reported: list[dict[str, Any]]) -> None:
+        """The jobs `worker` reports in hand (or over, their results following): each
+        one a resumed run waits for (its session, call and machine) is that call's
+        job again; any other is aborted, or its result dropped, and logged."""
+        name = worker.id.decode(errors="replace")
+        for entry in reported:
+            jid, sid, call = entry["job"], entry["sid"], entry["call"]
+            if jid in self.jobs:
+                log.warning("job %s reported by %s is already another's: ignored", jid, name)
+                continue
+            machine, future = self.expected.get((sid, call), ("", None))
+            env = Envelope(ToolJob("", {}, call_id=call), id=jid, sid=sid, job=jid)
+            loop = asyncio.get_running_loop()
+            if future is not None and not future.done() and machine == worker.machine:
+                del self.expected[(sid, call)]
+                early: list[Envelope] = []
+                job = Job(jid, "tool", env, loop.create_future(), early.append,
+                          worker=worker.id, dispatches=1, early=early)
+                self.jobs[jid] = job
+                worker.inflight.add(jid)
+                future.set_result(job)
+                log.warning("adopted job %s of session %s (call %s) from %s%s", jid, sid, call,
+                            name, ", over: its result follows" if entry["done"] else "")
+            elif entry["done"]:
+                log.warning("result of job %s (session %s, call %s) from %s dropped: no run "
+                            "waits for that call", jid, sid, call, name)
+            else:
+                log.warning("job %s (session %s, call %s) reported by %s: no run waits for "
+                            "it: aborted", jid, sid, call, name)
+                job = Job(jid, "tool", env, loop.create_future(), lambda env: None,
+                          worker=worker.id, dispatches=1, aborted=True)
+                self.jobs[jid] = job  # (its slot is taken until the abort is acknowledged)
+                worker.inflight.add(jid)
+                with contextlib.suppress(BusError):  # (on `work`: known to be connected)
+                    self.work.send(Envelope(Abort(), job=jid, sid=sid), worker.id)
 
     def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
         """An executor's tools changed (its MCP servers): the next turns offer the new set;
@@ -592,6 +666,20 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     JobFailed: Dispatcher._on_reply,
     PromptResult: Dispatcher._on_reply,
 }
+
+
+def _reported(peer: bytes, running: list[Any]) -> list[dict[str, Any]]:
+    """The well-formed entries of a `Ready.running` (`{job, sid, call, done}`), at most
+    `MAX_REPORTED`; a bad one is dropped and logged."""
+    good = []
+    for entry in running[:MAX_REPORTED]:
+        if (isinstance(entry, dict) and all(isinstance(entry.get(k), str) and entry[k]
+                                            for k in ("job", "sid", "call"))
+                and isinstance(entry.get("done"), bool)):
+            good.append({k: entry[k] for k in ("job", "sid", "call", "done")})
+        else:
+            log.warning("worker %r reported a bad job in hand: %.200r", peer, entry)
+    return good
 
 
 def _unassign(job: Job, worker: WorkerState) -> None:
