@@ -36,6 +36,7 @@ from typing import Any
 
 from actors.bounds import MAX_CATALOGUE_BYTES, fit_catalogue
 from actors.machines import LOCAL, machine_name_error, machine_of
+from actors.supervisor.adoption import adopt, reported
 from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
@@ -55,7 +56,6 @@ from bus.messages import (
     PromptResult,
     Ready,
     Retrying,
-    ToolJob,
     ToolOutput,
     ToolProgress,
     ToolResult,
@@ -83,9 +83,6 @@ ROLES = ("llm", "tool")
 
 #: (role, session) pairs whose last worker is remembered (the least recently used go first).
 MAX_STICKY = 4_096
-
-#: Jobs one `Ready` may report in hand (a bound: they come from a worker).
-MAX_REPORTED = 4_096
 
 #: How often the supervisor looks for silent workers: a few times per heartbeat, so
 #: that a lost machine is told within 3 heartbeats and a quarter, not 4.
@@ -454,7 +451,7 @@ class Dispatcher:
             return
         self._told.discard(peer)
         old = self.workers.get(peer)
-        running = _reported(peer, ready.running) if ready.role == "tool" else []
+        running = reported(peer, ready.running) if ready.role == "tool" else []
         going_on: list[str] = []
         if old is not None:
             # Re-announced (it lost us for a while): the jobs it reports in hand go on;
@@ -480,40 +477,9 @@ class Dispatcher:
         self._pump_for(worker)
 
     def _adopt(self, worker: WorkerState, reported: list[dict[str, Any]]) -> None:
-        """The jobs `worker` reports in hand (or over, their results following): each
-        one a resumed run waits for (its session, call and machine) is that call's
-        job again; any other is aborted, or its result dropped, and logged."""
-        name = worker.id.decode(errors="replace")
-        for entry in reported:
-            jid, sid, call = entry["job"], entry["sid"], entry["call"]
-            if jid in self.jobs:
-                log.warning("job %s reported by %s is already another's: ignored", jid, name)
-                continue
-            machine, future = self.expected.get((sid, call), ("", None))
-            env = Envelope(ToolJob("", {}, call_id=call), id=jid, sid=sid, job=jid)
-            loop = asyncio.get_running_loop()
-            if future is not None and not future.done() and machine == worker.machine:
-                del self.expected[(sid, call)]
-                early: list[Envelope] = []
-                job = Job(jid, "tool", env, loop.create_future(), early.append,
-                          worker=worker.id, dispatches=1, early=early)
-                self.jobs[jid] = job
-                worker.inflight.add(jid)
-                future.set_result(job)
-                log.warning("adopted job %s of session %s (call %s) from %s%s", jid, sid, call,
-                            name, ", over: its result follows" if entry["done"] else "")
-            elif entry["done"]:
-                log.warning("result of job %s (session %s, call %s) from %s dropped: no run "
-                            "waits for that call", jid, sid, call, name)
-            else:
-                log.warning("job %s (session %s, call %s) reported by %s: no run waits for "
-                            "it: aborted", jid, sid, call, name)
-                job = Job(jid, "tool", env, loop.create_future(), lambda env: None,
-                          worker=worker.id, dispatches=1, aborted=True)
-                self.jobs[jid] = job  # (its slot is taken until the abort is acknowledged)
-                worker.inflight.add(jid)
-                with contextlib.suppress(BusError):  # (on `work`: known to be connected)
-                    self.work.send(Envelope(Abort(), job=jid, sid=sid), worker.id)
+        """The jobs `worker` reports in hand: adopted by the runs that wait for them,
+        or aborted (`adoption.adopt`)."""
+        adopt(self, worker, reported)
 
     def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
         """An executor's tools changed (its MCP servers): the next turns offer the new set;
@@ -666,20 +632,6 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     JobFailed: Dispatcher._on_reply,
     PromptResult: Dispatcher._on_reply,
 }
-
-
-def _reported(peer: bytes, running: list[Any]) -> list[dict[str, Any]]:
-    """The well-formed entries of a `Ready.running` (`{job, sid, call, done}`), at most
-    `MAX_REPORTED`; a bad one is dropped and logged."""
-    good = []
-    for entry in running[:MAX_REPORTED]:
-        if (isinstance(entry, dict) and all(isinstance(entry.get(k), str) and entry[k]
-                                            for k in ("job", "sid", "call"))
-                and isinstance(entry.get("done"), bool)):
-            good.append({k: entry[k] for k in ("job", "sid", "call", "done")})
-        else:
-            log.warning("worker %r reported a bad job in hand: %.200r", peer, entry)
-    return good
 
 
 def _unassign(job: Job, worker: WorkerState) -> None:
