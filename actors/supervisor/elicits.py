@@ -80,7 +80,10 @@ class Elicits:
         """An executor's `Elicit` for the job of `call_id`: say it in the session."""
         body = env.body
         assert isinstance(body, Elicit)
-        if body.id in self.pending or session.run_over:
+        known = self.pending.get(body.id)
+        if known is not None and known.job == env.job and known.session is session:
+            return  # asked again by an executor that lost us a while: open here already
+        if known is not None or session.run_over:
             self._send(env.job, body.id, "decline")  # (a run over: nobody to ask)
             return
         again = self.reopened.pop(body.id, None) is not None
