@@ -70,8 +70,9 @@ _DETAIL_CHARS = 300
 #: this long after it went (alive then, it read and journaled it): one that went to a
 #: supervisor dying meanwhile is sent again to the next (`Ready.running`).
 KEEP_S = 3 * INTERVAL_S
-#: Final replies kept so at most (the oldest go first, logged).
+#: Final replies kept so at most, and their frames' bytes (the oldest go first, logged).
 MAX_KEPT = 1024
+MAX_KEPT_BYTES = 64 << 20
 
 _FINAL = (LlmResult, ToolResult, PromptResult, JobFailed)
 #: What the supervisor sends for a job in flight (not a job): `Worker.job_message`.
@@ -139,7 +140,8 @@ class Worker(ABC):
         self._job_envs: dict[str, Envelope] = {}
         #: An adopting worker's final replies not yet known to be read: job id ->
         #: (reply, the call it answers, when it went), oldest first (`KEEP_S`).
-        self._kept: OrderedDict[str, tuple[Envelope, str, float]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[Envelope, str, float, int]] = OrderedDict()
+        self._kept_bytes = 0
         #: When the supervisor was last heard (time.monotonic()).
         self._heard_at = 0.0
         self._liveness: Liveness[str] = Liveness()
@@ -192,7 +194,7 @@ class Worker(ABC):
             if len(frame) > self.max_reply_bytes and isinstance(body, _FINAL):
                 raise BadFrame("oversize", f"{len(frame)} bytes > {self.max_reply_bytes}",
                                body.KIND)
-            self._keep(env)
+            self._keep(env, len(frame))
             self.work.send_frame(frame)
         except BadFrame as exc:
             log.error("%s: %s of job %s cannot be sent: %s", self.worker_id, body.KIND,
@@ -211,7 +213,7 @@ class Worker(ABC):
     def _send_final(self, body: JobFailed, number: int, job: str, sid: str) -> None:
         """Send the `JobFailed` standing in for an unsendable reply (small: it encodes)."""
         env = Envelope(body, id=str(number), job=job, sid=sid)
-        self._keep(env)
+        self._keep(env, 1024)  # (a JobFailed: small)
         try:
             self.work.send(env)
         except Backpressure:
@@ -219,7 +221,7 @@ class Worker(ABC):
         except BusError as exc:
             log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
 
-    def _keep(self, env: Envelope) -> None:
+    def _keep(self, env: Envelope, size: int) -> None:
         """Keep an adopting worker's final reply to a call (`_kept`), in case the
         supervisor it goes to dies before journaling it (an abort's is not kept)."""
         body = env.body
@@ -230,21 +232,25 @@ class Worker(ABC):
         call = getattr(sent.body, "call_id", "") if sent is not None else ""
         if not call:
             return
-        self._kept[env.job] = (env, call, time.monotonic())
-        if len(self._kept) > MAX_KEPT:
-            lost, _ = self._kept.popitem(last=False)
-            log.warning("%s: the reply to job %s is no longer kept (%d newer ones are)",
-                        self.worker_id, lost, MAX_KEPT)
+        old = self._kept.pop(env.job, None)
+        self._kept_bytes += size - (old[3] if old is not None else 0)
+        self._kept[env.job] = (env, call, time.monotonic(), size)
+        while len(self._kept) > MAX_KEPT or self._kept_bytes > MAX_KEPT_BYTES:
+            lost, (_, _, _, lost_size) = self._kept.popitem(last=False)
+            self._kept_bytes -= lost_size
+            log.warning("%s: the reply to job %s is no longer kept (%d newer ones, %d bytes, "
+                        "are)", self.worker_id, lost, len(self._kept), self._kept_bytes)
 
     def _prune_kept(self) -> None:
         """Forget the kept replies the supervisor was alive to read (heard `KEEP_S`
         after they went)."""
         heard = self._heard_at
         while self._kept:
-            jid, (_, _, sent_at) = next(iter(self._kept.items()))
+            jid, (_, _, sent_at, size) = next(iter(self._kept.items()))
             if sent_at + KEEP_S > heard:
                 return
             del self._kept[jid]
+            self._kept_bytes -= size
 
     def _running(self) -> list[dict[str, Any]]:
         """`Ready.running`: the calls in hand, and those whose kept reply follows."""
@@ -252,7 +258,8 @@ class Worker(ABC):
                     "done": False} for jid, env in self._job_envs.items()
                    if getattr(env.body, "call_id", "") and jid not in self._aborted]
         running += [{"job": jid, "sid": env.sid, "call": call, "done": True}
-                    for jid, (env, call, _) in self._kept.items() if jid not in self._job_envs]
+                    for jid, (env, call, _, _) in self._kept.items()
+                    if jid not in self._job_envs]
         return running
 
     def _keep_unsent(self, env: Envelope) -> None:
@@ -279,11 +286,13 @@ class Worker(ABC):
         self.send(body, job=env.job, sid=env.sid)
 
     def _say_ready(self) -> None:
-        if self._unsent:  # the supervisor has written those jobs off already
-            if not self.adopts:  # (an adopting worker's are kept: sent after the Ready)
-                log.warning("%s: %d unsent replies dropped: announcing again",
-                            self.worker_id, len(self._unsent))
-            self._unsent.clear()
+        # The supervisor has written those jobs off already (an adopting worker's replies
+        # to calls are kept: sent again after the Ready).
+        dropped = [e for e in self._unsent if e.job not in self._kept]
+        if dropped:
+            log.warning("%s: %d unsent replies dropped: announcing again",
+                        self.worker_id, len(dropped))
+        self._unsent.clear()
         running = self._running() if self.adopts else []
         self._ready_no = self.send(Ready(self.role, self.capacity, self.tools(), self.machine,
                                          running))
@@ -292,7 +301,7 @@ class Worker(ABC):
         if running:
             log.warning("%s: announced again with %d job(s) in hand", self.worker_id,
                         len(running))
-            for env, _, _ in list(self._kept.values()):
+            for env, _, _, _ in list(self._kept.values()):
                 with contextlib.suppress(BusError):  # (kept: the next Ready sends it again)
                     self.work.send(env)
             self.announced_again()
