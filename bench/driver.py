@@ -124,7 +124,7 @@ class Driver:
         if run.terminal != "DONE" or len(run.starts) != turns:
             raise RuntimeError(f"run ended {run.terminal} {run.stop!r} after "
                                f"{len(run.starts)} turns")
-        self._no_tool_errors([started.session])
+        self.check_no_tool_errors([started.session])
         return run
 
     async def many(self, sessions: int, turns: int, timeout: float = 300.0) -> float:
@@ -143,10 +143,11 @@ class Driver:
         if bad:
             raise RuntimeError(f"{len(bad)} of {sessions} runs ended {bad[0].terminal} "
                                f"{bad[0].stop!r}")
-        self._no_tool_errors([s.session for s in starts])
+        self.check_no_tool_errors([s.session for s in starts])
         return (self.turns_ended - before) / elapsed
 
-    def _no_tool_errors(self, sessions: list[str]) -> None:
+    def check_no_tool_errors(self, sessions: list[str]) -> None:
+        """Raise if a tool call of `sessions` failed (the reads must succeed)."""
         failed = [self.tool_errors[s] for s in sessions if s in self.tool_errors]
         if failed:
             raise RuntimeError(f"{len(failed)} of {len(sessions)} runs had a tool call "

@@ -38,9 +38,10 @@ def _read_call(target: str) -> dict[str, Any]:
     return {"reply": [{"type": "tool_use", "name": "read_file", "input": {"path": target}}]}
 
 
-def history_scenario(target: str, lengths: tuple[int, ...], streams: tuple[int, ...] = ()
-                     ) -> dict[str, Any]:
-    """The scenario document: endless reads, `#tN` scripts and `#streamN` scripts."""
+def history_scenario(target: str, lengths: tuple[int, ...], streams: tuple[int, ...] = (),
+                     chat: int = 0) -> dict[str, Any]:
+    """The scenario document: endless reads, `#tN` scripts, `#streamN` scripts and,
+    with `chat`, a `#chat` script of that many runs (a read, then an answer)."""
     read = _read_call(target)
     scripts: dict[str, list[Any]] = {
         f"t{n}": [*([read] * n), {"reply": "done"}] for n in lengths
@@ -49,6 +50,8 @@ def history_scenario(target: str, lengths: tuple[int, ...], streams: tuple[int, 
     for n in streams:
         scripts[f"stream{n}"] = [*([read] * (n - 1)),
                                  {"reply": words, "delay_s": STREAM_DELAY_S}]
+    if chat:
+        scripts["chat"] = [read, {"reply": "read it"}] * chat
     return {"description": "one read_file per turn (bench)", "turns": [read] * ENDLESS_TURNS,
             "scripts": scripts}
 

@@ -67,6 +67,10 @@ class Session:
     #: (see `fold.history_delta`).
     logged_len: int = field(default=0, repr=False, compare=False)
     logged_last: Message | None = field(default=None, repr=False, compare=False)
+    #: Bytes of records logged since the session's latest log compaction, and that
+    #: compaction's size: whether the next one is due (`supervisor/journal.py`).
+    log_since: int = field(default=0, repr=False, compare=False)
+    log_compacted: int = field(default=0, repr=False, compare=False)
     #: The driver of the session's open run (`driver.RunDriver`; None when no run is
     #: open in this process). Runtime only: never journaled.
     driver: Any = field(default=None, repr=False, compare=False)

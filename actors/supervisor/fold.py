@@ -276,7 +276,9 @@ def load_session(journal: SessionStore, sid: str, agents: dict[str, Agent]) -> S
         return None
     comp = journal.compaction(sid)
     session = restore(comp.state, agents) if comp is not None else from_row(row, agents)
+    session.log_compacted = len(comp.state) if comp is not None else 0
     for record in journal.records(sid, after=comp.seq if comp is not None else 0):
+        session.log_since += len(record.frame) + len(record.delta or b"")
         try:
             event, delta = decode_record(record)
             apply_record(session, record.seq, event, delta)

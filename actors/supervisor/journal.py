@@ -2,10 +2,12 @@
 
 Every event the supervisor emits becomes a `Record` here (its frame and the
 history delta since the session's previous event); a run's start and end also
-rewrite the session's small row, and a run's end writes a compaction, as does a
-long run each time `compact_every_kb` of records were logged since its last one
-and at least as many as the last compaction's own size (so that a huge history
-is not rewritten every few KB: the bytes written stay within twice the log's).
+rewrite the session's small row. A compaction (the session's whole state) is
+written at a run's end once at least as many bytes of records were logged since
+the session's last one as that one took, and in a long run each time
+`compact_every_kb` of records (and as many) were: so a large history is not
+rewritten at every short run of a chat, nor every few KB of a long run, and the
+bytes of compactions stay within those of the records.
 It is written with the commit, when the session is exactly the fold of its
 records (the driver changes a session and emits its events in one synchronous step). The
 supervisor commits the batch at the end of the loop iteration and only then
@@ -79,12 +81,7 @@ class Journal:
         self.path = path
         self.batch = Batch()
         self.compact_every = compact_every_kb * 1024
-        #: Per session: bytes of records logged since its last compaction, and that
-        #: compaction's size (bound: sessions with a run open; an end compacts and
-        #: drops them).
-        self._since: dict[str, int] = {}
-        self._size: dict[str, int] = {}
-        #: Sessions whose compaction the next commit writes.
+        #: Sessions whose compaction the next commit writes (mid-run).
         self._due: dict[str, Session] = {}
 
     @classmethod
@@ -110,19 +107,22 @@ class Journal:
             batch.rows[session.id] = session_row(session)
             if session.start_key:
                 batch.starts.append(StartKey(session.start_key, session.id, session.runs, seq))
+        session.log_since += len(frame) + len(record.delta or b"")
         if type_ in TERMINAL:
             batch.rows[session.id] = session_row(session)
-            batch.compactions[session.id] = compaction(session)
-            self._since.pop(session.id, None)
-            self._size.pop(session.id, None)
             self._due.pop(session.id, None)
-        elif self.compact_every:
-            since = self._since.get(session.id, 0) + len(frame) + len(record.delta or b"")
-            if since >= max(self.compact_every, self._size.get(session.id, 0)):
-                self._due[session.id] = session
-                since = 0
-            self._since[session.id] = since
+            if session.log_since >= session.log_compacted:
+                self._compact(session)
+        elif self.compact_every and \
+                session.log_since >= max(self.compact_every, session.log_compacted):
+            self._due[session.id] = session
         return record
+
+    def _compact(self, session: Session) -> None:
+        """Write `session`'s state as of now with the batch (it is the fold of its
+        records now: the end of a step, `docs/sessions.md`)."""
+        self.batch.compactions[session.id] = comp = compaction(session)
+        session.log_since, session.log_compacted = 0, len(comp.state)
 
     def touch(self, session: Session) -> None:
         """Rewrite the session's row with the next commit (e.g. an operation cancel)."""
@@ -138,16 +138,13 @@ class Journal:
             batch.rows.pop(sid, None)
             batch.compactions.pop(sid, None)
             self._due.pop(sid, None)
-            self._since.pop(sid, None)
-            self._size.pop(sid, None)
 
     def commit(self) -> Batch:
         """Write the batch; returns it. Raises `JournalError` (`JournalFull`), and then
         the batch stays pending: the next commit tries it again."""
         batch = self.batch
-        for sid, session in self._due.items():  # (a long run: its state as of now)
-            batch.compactions[sid] = comp = compaction(session)
-            self._size[sid] = len(comp.state)
+        for session in self._due.values():  # (a long run: its state as of now)
+            self._compact(session)
         self._due.clear()
         if batch:
             self.log.commit(batch.records, batch.rows.values(), batch.compactions.values(),

@@ -525,8 +525,54 @@ def test_a_long_run_is_compacted_every_n_kb_and_folds_from_there(tmp_path):
         # ~2 KB of log per turn, a compaction every 8 KB (or its own size, once larger).
         assert len(io.compactions) >= 3, io.compactions
         assert io.compactions == sorted(io.compactions)
-        comp = journal.log.compaction("s1")
-        assert comp is not None and comp.seq == session.next_seq - 1  # (the run's end)
+        # Ended: the log (its last compaction and the records after it) folds into
+        # the session as it is.
+        loaded = load_session(journal.log, "s1", {})
+        assert loaded is not None
+        assert {f: getattr(loaded, f) for f in FOLDED} == \
+            {f: getattr(session, f) for f in FOLDED}
+    finally:
+        journal.close()
+
+
+def test_a_chat_of_short_runs_does_not_rewrite_its_history_at_every_end(tmp_path):
+    """Each run's end wrote the session's whole state: a chat of N short runs wrote
+    its history N times over (quadratic). A run's end now compacts only once as many
+    bytes of records came since the last compaction as it took: compactions stay
+    within twice the records' bytes, and the log still folds into the session."""
+    journal = Journal(tmp_path / "sessions.db", reserve_mb=0)
+    io = IterationIO(journal, turns=2)
+    session = Session("s1", Agent(max_turns=50), "/tmp")
+    written = {"records": 0, "compactions": 0, "ends_compacted": 0}
+    commit = journal.log.commit
+
+    def counting(records, rows, compactions, starts):  # type: ignore[no-untyped-def]
+        records, compactions = list(records), list(compactions)
+        written["records"] += sum(len(r.frame) + len(r.delta or b"") for r in records)
+        written["compactions"] += sum(len(c.state) for c in compactions)
+        written["ends_compacted"] += len(compactions)
+        commit(records, rows, compactions, starts)
+
+    journal.log.commit = counting  # type: ignore[method-assign]
+
+    async def chat(runs: int) -> None:
+        for n in range(runs):
+            driver = RunDriver(session, io)
+            driver.start(f"message {n}")
+            await driver.run()
+            await asyncio.sleep(0)  # (the run's last commit)
+            loaded = load_session(journal.log, "s1", {})
+            assert loaded is not None
+            assert {f: getattr(loaded, f) for f in FOLDED} == \
+                {f: getattr(session, f) for f in FOLDED}, f"after run {n + 1}"
+
+    try:
+        asyncio.run(chat(40))
+        assert session.runs == 40
+        # (A state is larger than the records it folds from: tool outputs are in its
+        # history and its outcomes. Before: 40 compactions, 8.6x the records' bytes.)
+        assert written["compactions"] <= 2 * written["records"], written
+        assert 2 <= written["ends_compacted"] < 40 / 2, written
     finally:
         journal.close()
 

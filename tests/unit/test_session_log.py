@@ -153,6 +153,7 @@ def one_run(session: Session, io: LoggedIO, prompt: str = "go", *, resume: bool 
         if resume:
             driver.resume("test")
         else:
+            session.run_from_seq = session.next_seq  # (as the supervisor's `runs._begin`)
             driver.start(prompt)
         await driver.run()
 
