@@ -196,7 +196,9 @@ class Renderer:
         """An MCP server's question: its message, the form's fields (or the page to
         open), and how to answer."""
         ask = data.get("id", "?")
-        self._line(f"? MCP server {data.get('server')} asks: {data.get('message', '')} [{ask}]")
+        again = " (again, after a supervisor restart)" if data.get("again") else ""
+        self._line(f"? MCP server {data.get('server')} asks{again}: {data.get('message', '')} "
+                   f"[{ask}]")
         if data.get("url"):
             self._line(f"  open {data['url']}")
         schema = data.get("schema") if isinstance(data.get("schema"), dict) else {}

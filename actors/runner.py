@@ -39,7 +39,7 @@ from actors.config import DEFAULT_AGENT, Agent, Config
 from actors.core.driver import run_session
 from actors.core.history import Message
 from actors.core.loopio import ModelError, Progress
-from actors.core.machine import Delta, Retry
+from actors.core.machine import INTERRUPTED, Delta, Retry
 from actors.core.session import Session
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.llm_caller.backend import AnthropicBackend, ModelBackend
@@ -343,3 +343,9 @@ class _LocalIO(Generic[Deps]):
         outcome = await invoke(self.runner.catalogue, call.name, call.input, ctx)
         elapsed_ms = round((time.perf_counter() - started) * 1000, 3)
         return ToolOutcome(outcome.output, outcome.is_error, elapsed_ms)
+
+    async def adopt_tool(self, session: Session, call: ToolCall, *,
+                         timeout_s: float) -> ToolOutcome:
+        """In one process nothing outlives a restart (a `Runner` never resumes with
+        `adopt`): the call was interrupted."""
+        return ToolOutcome(INTERRUPTED, True)

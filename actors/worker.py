@@ -7,7 +7,11 @@ for a job it does not hold). Every job gets exactly one final reply: one that
 cannot go on the wire is replaced by a `JobFailed` naming why, so no job holds
 its slot in the supervisor for ever. When the
 supervisor goes silent for three beats (or says `Disconnect`) it says `Ready`
-again, which is how workers survive a supervisor restart.
+again, which is how workers survive a supervisor restart. An llm caller then drops
+the jobs it held (the supervisor makes those model calls again); an executor
+(`adopts`) keeps its tool jobs running and lists them in that `Ready`, with the
+results of those that ended meanwhile (kept, and sent again after it): the new
+supervisor adopts what a resumed run still waits for and aborts the rest.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import itertools
 import logging
 import os
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -60,6 +66,13 @@ MAX_UNSENT_REPLIES = 1024
 MAX_ABORTED_UNSEEN = 4096
 #: How much of a failed encoding's explanation a `JobFailed` repeats.
 _DETAIL_CHARS = 300
+#: A final reply of an adopting worker is kept until the supervisor has been heard
+#: this long after it went (alive then, it read and journaled it): one that went to a
+#: supervisor dying meanwhile is sent again to the next (`Ready.running`).
+KEEP_S = 3 * INTERVAL_S
+#: Final replies kept so at most, and their frames' bytes (the oldest go first, logged).
+MAX_KEPT = 1024
+MAX_KEPT_BYTES = 64 << 20
 
 _FINAL = (LlmResult, ToolResult, PromptResult, JobFailed)
 #: What the supervisor sends for a job in flight (not a job): `Worker.job_message`.
@@ -88,6 +101,11 @@ class Worker(ABC):
 
     role: str = ""
     capacity: int = 1
+    #: Whether its jobs outlive a supervisor: on announcing itself again it keeps
+    #: them and reports them (`Ready.running`) instead of abandoning them. Executors
+    #: do (a tool is never run twice: its call waits for this run's result); llm
+    #: callers do not (a model call is simply made again).
+    adopts: bool = False
     #: Largest final reply sent; a larger one is a `JobFailed("oversize")` instead.
     max_reply_bytes: int = MAX_FRAME_BYTES
 
@@ -118,6 +136,14 @@ class Worker(ABC):
         if endpoints.curve and endpoints.remote:
             self.reactor.watch_handshakes(self.work, self._on_handshake)
         self.jobs: dict[str, asyncio.Task[None]] = {}
+        #: The envelope of each job in hand (what `Ready.running` reports of it).
+        self._job_envs: dict[str, Envelope] = {}
+        #: An adopting worker's final replies not yet known to be read: job id ->
+        #: (reply, the call it answers, when it went), oldest first (`KEEP_S`).
+        self._kept: OrderedDict[str, tuple[Envelope, str, float, int]] = OrderedDict()
+        self._kept_bytes = 0
+        #: When the supervisor was last heard (time.monotonic()).
+        self._heard_at = 0.0
         self._liveness: Liveness[str] = Liveness()
         self._aborted: set[str] = set()
         #: Jobs aborted before they arrived (see MAX_ABORTED_UNSEEN), oldest first.
@@ -168,6 +194,7 @@ class Worker(ABC):
             if len(frame) > self.max_reply_bytes and isinstance(body, _FINAL):
                 raise BadFrame("oversize", f"{len(frame)} bytes > {self.max_reply_bytes}",
                                body.KIND)
+            self._keep(env, len(frame))
             self.work.send_frame(frame)
         except BadFrame as exc:
             log.error("%s: %s of job %s cannot be sent: %s", self.worker_id, body.KIND,
@@ -186,12 +213,54 @@ class Worker(ABC):
     def _send_final(self, body: JobFailed, number: int, job: str, sid: str) -> None:
         """Send the `JobFailed` standing in for an unsendable reply (small: it encodes)."""
         env = Envelope(body, id=str(number), job=job, sid=sid)
+        self._keep(env, 1024)  # (a JobFailed: small)
         try:
             self.work.send(env)
         except Backpressure:
             self._keep_unsent(env)
         except BusError as exc:
             log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+
+    def _keep(self, env: Envelope, size: int) -> None:
+        """Keep an adopting worker's final reply to a call (`_kept`), in case the
+        supervisor it goes to dies before journaling it (an abort's is not kept)."""
+        body = env.body
+        if not self.adopts or not isinstance(body, _FINAL) or not env.job or (
+                isinstance(body, JobFailed) and body.error == "aborted"):
+            return
+        sent = self._job_envs.get(env.job)
+        call = getattr(sent.body, "call_id", "") if sent is not None else ""
+        if not call:
+            return
+        old = self._kept.pop(env.job, None)
+        self._kept_bytes += size - (old[3] if old is not None else 0)
+        self._kept[env.job] = (env, call, time.monotonic(), size)
+        while len(self._kept) > MAX_KEPT or self._kept_bytes > MAX_KEPT_BYTES:
+            lost, (_, _, _, lost_size) = self._kept.popitem(last=False)
+            self._kept_bytes -= lost_size
+            log.warning("%s: the reply to job %s is no longer kept (%d newer ones, %d bytes, "
+                        "are)", self.worker_id, lost, len(self._kept), self._kept_bytes)
+
+    def _prune_kept(self) -> None:
+        """Forget the kept replies the supervisor was alive to read (heard `KEEP_S`
+        after they went)."""
+        heard = self._heard_at
+        while self._kept:
+            jid, (_, _, sent_at, size) = next(iter(self._kept.items()))
+            if sent_at + KEEP_S > heard:
+                return
+            del self._kept[jid]
+            self._kept_bytes -= size
+
+    def _running(self) -> list[dict[str, Any]]:
+        """`Ready.running`: the calls in hand, and those whose kept reply follows."""
+        running = [{"job": jid, "sid": env.sid, "call": getattr(env.body, "call_id", ""),
+                    "done": False} for jid, env in self._job_envs.items()
+                   if getattr(env.body, "call_id", "") and jid not in self._aborted]
+        running += [{"job": jid, "sid": env.sid, "call": call, "done": True}
+                    for jid, (env, call, _, _) in self._kept.items()
+                    if jid not in self._job_envs]
+        return running
 
     def _keep_unsent(self, env: Envelope) -> None:
         if len(self._unsent) >= MAX_UNSENT_REPLIES:
@@ -217,13 +286,40 @@ class Worker(ABC):
         self.send(body, job=env.job, sid=env.sid)
 
     def _say_ready(self) -> None:
-        if self._unsent:  # the supervisor has written those jobs off already
+        # The supervisor has written those jobs off already (an adopting worker's replies
+        # to calls are kept: sent again after the Ready).
+        dropped = [e for e in self._unsent if e.job not in self._kept]
+        if dropped:
             log.warning("%s: %d unsent replies dropped: announcing again",
-                        self.worker_id, len(self._unsent))
-            self._unsent.clear()
-        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools(), self.machine))
+                        self.worker_id, len(dropped))
+        self._unsent.clear()
+        running = self._running() if self.adopts else []
+        self._ready_no = self.send(Ready(self.role, self.capacity, self.tools(), self.machine,
+                                         running))
         with contextlib.suppress(BusError):
             self.control.send(Envelope(ControlHello(self.worker_id)))
+        if running:
+            log.warning("%s: announced again with %d job(s) in hand", self.worker_id,
+                        len(running))
+            for env, _, _, _ in list(self._kept.values()):
+                with contextlib.suppress(BusError):  # (kept: the next Ready sends it again)
+                    self.work.send(env)
+            self.announced_again()
+
+    def announced_again(self) -> None:
+        """After a `Ready` listing jobs in hand: what a role sends again for them (an
+        executor's questions still waiting for an answer); nothing by default."""
+        return None
+
+    def _announce_again(self) -> None:
+        """The supervisor does not know us (it restarted, or declared us dead): announce
+        ourselves again. The jobs we hold are abandoned, unless we adopt: then they go
+        on, reported in the `Ready` (the supervisor aborts those nobody waits for)."""
+        if self.adopts:
+            self._abandon_jobs(lambda env: not getattr(env.body, "call_id", ""))
+        else:
+            self._abandon_jobs()
+        self._say_ready()
 
     def _on_handshake(self, refusal: str | None) -> None:
         if refusal is not None:
@@ -250,6 +346,7 @@ class Worker(ABC):
 
     def _on_control(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
+        self._heard_at = time.monotonic()
         if isinstance(env.body, Abort):
             task = self.jobs.get(env.job)
             if task is not None:
@@ -272,7 +369,11 @@ class Worker(ABC):
 
     def _on_work(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         self._liveness.heard(_SUPERVISOR)
+        self._heard_at = time.monotonic()
         body = env.body
+        if isinstance(body, Abort):  # a job we reported that no run waits for
+            self._on_control(peer, env, frame)
+            return
         if isinstance(body, ErrorReply):
             if body.code == "refused":  # dispatch.REFUSED: the machine we name is not ours
                 log.error("%s: the host refused this worker: %s", self.worker_id,
@@ -289,11 +390,8 @@ class Worker(ABC):
                 # noticed its silence and announced ourselves meanwhile): that Ready is
                 # the answer. Another would have it write off jobs it sends us meanwhile.
                 return
-            # The supervisor does not know us (it restarted, or declared us dead): the
-            # jobs we hold are answered by it already, as lost. Stop them, so that no
-            # tool of a forgotten job goes on running, then announce ourselves again.
-            self._abandon_jobs()
-            self._say_ready()
+            # The supervisor does not know us (it restarted, or declared us dead).
+            self._announce_again()
             return
         self.accepted.set()
         if isinstance(body, JOB_MESSAGES):
@@ -308,6 +406,7 @@ class Worker(ABC):
         assert self._group is not None
         task = self._group.create_task(self._run_job(env), name=f"job-{env.job}")
         self.jobs[env.job] = task
+        self._job_envs[env.job] = env
         task.add_done_callback(lambda done: self._job_done(env, done))
 
     def _job_done(self, env: Envelope, task: asyncio.Task[None]) -> None:
@@ -316,6 +415,7 @@ class Worker(ABC):
         if self.jobs.get(env.job) is not task:
             return  # `_run_job` answered (and forgot the job) itself
         del self.jobs[env.job]
+        self._job_envs.pop(env.job, None)
         if env.job in self._aborted:
             self._aborted.discard(env.job)
             self.send(JobFailed("aborted", "job aborted"), job=env.job, sid=env.sid)
@@ -328,12 +428,15 @@ class Worker(ABC):
         except ValueError:
             return False
 
-    def _abandon_jobs(self) -> None:
-        """Cancel every job in hand (each ends as an aborted one)."""
-        if self.jobs:
+    def _abandon_jobs(self, which: Callable[[Envelope], bool] | None = None) -> None:
+        """Cancel every job in hand (`which`: those it accepts), each ending as an
+        aborted one."""
+        jobs = [(jid, task) for jid, task in self.jobs.items()
+                if which is None or which(self._job_envs[jid])]
+        if jobs:
             log.warning("%s: abandoning %d job(s) the supervisor has forgotten",
-                        self.worker_id, len(self.jobs))
-        for jid, task in list(self.jobs.items()):
+                        self.worker_id, len(jobs))
+        for jid, task in jobs:
             self._aborted.add(jid)
             task.cancel()
 
@@ -342,6 +445,7 @@ class Worker(ABC):
             reply = await self.perform(env)
         except asyncio.CancelledError:
             self.jobs.pop(env.job, None)
+            self._job_envs.pop(env.job, None)
             if env.job not in self._aborted:
                 raise  # the worker is shutting down
             # An Abort cancels this job only, not the worker: report and carry on.
@@ -351,8 +455,9 @@ class Worker(ABC):
         except Exception as exc:  # the RPC edge: a failed job is a reply, never a crash
             log.exception("%s: job %s failed", self.worker_id, env.job)
             reply = JobFailed("internal", f"{type(exc).__name__}: {exc}")
+        self.send(reply, job=env.job, sid=env.sid)  # (kept first, while the job is known)
         self.jobs.pop(env.job, None)
-        self.send(reply, job=env.job, sid=env.sid)
+        self._job_envs.pop(env.job, None)
 
     async def _beat(self) -> None:
         loop = asyncio.get_running_loop()
@@ -362,14 +467,14 @@ class Worker(ABC):
             late = loop.time() - asleep - INTERVAL_S
             self.send(Heartbeat())
             self._retry_unsent()
+            self._prune_kept()
             # After a stall of this process (its loop busy with a job's huge result, or
             # its cores with others) the supervisor's beats wait unread in the socket:
             # judge its silence only at a beat on time, once the reactor has read them.
             if late < INTERVAL_S and self._liveness.expired():
                 log.info("%s: supervisor silent, announcing again", self.worker_id)
                 self._liveness.heard(_SUPERVISOR)
-                self._abandon_jobs()  # it has declared us dead, and our jobs lost
-                self._say_ready()
+                self._announce_again()  # it has declared us dead (or it restarted)
 
     async def serve(self) -> None:
         """Serve until cancelled; on the way out tell the supervisor and close."""

@@ -24,6 +24,8 @@ class ControlHello(Body):
 @dataclass(frozen=True, slots=True)
 class Abort(Body):
     """Supervisor `control` -> worker control DEALER: stop job `envelope.job` now.
+    (Also on `work`, for a job an executor reported in its `Ready` that no run waits
+    for: that pipe is known to be connected.)
 
     The worker answers on its work socket with `JobFailed(error="aborted")`, also
     for a job it does not hold (over, or not arrived yet: then it is refused when
@@ -46,6 +48,14 @@ class Ready(Body):
     (a worker key's `Ready` naming another machine, or none unless allowed, is answered
     `ErrorReply("refused", why)`; an accepted one gets a `Heartbeat` at once). Sent on
     connect and whenever the supervisor says `Disconnect`.
+
+    `running`: the tool jobs an executor still holds when it announces itself again
+    (the supervisor restarted, or lost it for a while), each `{job, sid, call, done}`:
+    the job's id and session, the `ToolJob.call_id` it runs, and whether it is over
+    (its final reply, kept for that, follows the `Ready`). The supervisor adopts the
+    ones a resumed run still waits for (same session and call) and answers the others
+    `Abort` on `work` (a kept reply nobody waits for is dropped, logged): a job is never
+    run twice, and a result from before a restart reaches only the call it belongs to.
     """
 
     KIND: ClassVar[str] = "ready"
@@ -53,6 +63,7 @@ class Ready(Body):
     capacity: int
     tools: list[dict[str, Any]] = field(default_factory=list)
     machine: str = ""
+    running: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +183,8 @@ class ToolJob(Body):
     the session's cwd and workspace (the agent's `read_paths`). `agent`: the
     session's agent, whose `deny` permission rules the executor enforces itself
     (from its own `oploop.toml`).
+    `call_id`: the model's `tool_use` id it answers, which the executor reports back
+    when it announces itself again with the job still in hand (`Ready.running`).
     Answered by `ToolResult` (also for a failing tool) or `JobFailed`.
     """
 
@@ -182,6 +195,7 @@ class ToolJob(Body):
     timeout_s: float = 0.0
     read_paths: list[str] = field(default_factory=list)
     agent: str = ""
+    call_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,10 +38,13 @@ class CallModel:
 
 @dataclass(frozen=True, slots=True)
 class ToolJob:
-    """One call to run; `refusal` set: do not run it, its outcome is that."""
+    """One call to run; `refusal` set: do not run it, its outcome is that. `adopted`:
+    a call started before a supervisor restart, perhaps still running on its executor:
+    wait for its outcome (`LoopIO.adopt_tool`), never start it again."""
 
     call: ToolCall
     refusal: ToolOutcome | None = None
+    adopted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ from actors.core.machine import (
 from actors.core.router import route_of, router_request
 from actors.core.session import Session
 from actors.core.state import Phase
+from actors.core.turn import ToolCall
 from actors.usage import of_reply
 from bus.vocab import CancelMode
 
@@ -110,12 +111,22 @@ class RunDriver:
                         rules=agent.permissions, approval_timeout_s=agent.approval_timeout_s,
                         cwd=session.cwd))
 
-    def resume(self, reason: str) -> None:
-        """Go on with the open run a supervisor restart left (the session is its log's fold)."""
+    def resume(self, reason: str, adopt: bool = False) -> None:
+        """Go on with the open run a supervisor restart left (the session is its log's
+        fold); `adopt`: its calls in flight may still run on their executors (waited
+        for, `LoopIO.adopt_tool`, rather than interrupted)."""
         agent = self.session.agent
         self.feed(Resume(reason, router=self.io.config.router.enabled,
                          check=self.session.output_check, rules=agent.permissions,
-                         approval_timeout_s=agent.approval_timeout_s, cwd=self.session.cwd))
+                         approval_timeout_s=agent.approval_timeout_s, cwd=self.session.cwd,
+                         adopt=adopt))
+
+    def adopted_calls(self) -> list[ToolCall]:
+        """The calls the run waits to adopt (after `resume` with `adopt`), not yet begun."""
+        work = self.work
+        if not isinstance(work, RunToolCalls):
+            return []
+        return [job.call for job in work.jobs if job.adopted]
 
     def cancel(self, mode: str, reason: str = "") -> None:
         """A cancel: "ui" and "deadline" end the run now, "operation" at the next boundary."""
@@ -358,12 +369,16 @@ class RunDriver:
 
     async def _tool(self, job: ToolJob) -> None:
         call = job.call
-        self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
+        if not job.adopted:  # (an adopted call started before the restart)
+            self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
         if self.state.phase is not Phase.TOOLS or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
         self._tool_t0[call.id] = time.perf_counter()
         if job.refusal is not None:  # hidden or unknown: never run
             outcome = job.refusal
+        elif job.adopted:
+            outcome = await self.io.adopt_tool(self.session, call,
+                                               timeout_s=self.session.agent.tool_timeout_s)
         else:
             outcome = await self.io.run_tool(self.session, call,
                                              timeout_s=self.session.agent.tool_timeout_s)

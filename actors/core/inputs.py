@@ -160,7 +160,9 @@ class WorkerLost:
 
 @dataclass(frozen=True, slots=True)
 class Resume:
-    """A supervisor restart: go on with the run the folded state describes."""
+    """A supervisor restart: go on with the run the folded state describes. `adopt`:
+    its calls in flight may still run on their executors (the supervisor alone
+    restarted): they are waited for (`ToolJob.adopted`), not interrupted."""
 
     reason: str
     router: bool = False
@@ -169,6 +171,7 @@ class Resume:
     rules: tuple[Rule, ...] = ()
     approval_timeout_s: float = 600.0
     cwd: str = ""
+    adopt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

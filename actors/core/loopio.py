@@ -61,6 +61,13 @@ class LoopIO(Protocol):
         """Run one tool call; failures are outcomes with `is_error`."""
         ...
 
+    async def adopt_tool(self, session: Session, call: ToolCall, *,
+                         timeout_s: float) -> ToolOutcome:
+        """The outcome of a call started before a restart (`Resume.adopt`), if the
+        executor still running it reports it in time; else "interrupted" (never run
+        again). `timeout_s`: the call's own bound."""
+        ...
+
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """The tool specs (wire dicts) offered now to a session whose calls run on
         `machine` (`tool_machine`)."""

@@ -15,7 +15,8 @@ invariants, so that they hold for any order of inputs:
 - the cancel modes: "ui" and "deadline" end the run now, "operation" at the
   next boundary (a turn's start, before a reply's tools run, after the last turn);
 - resume after a supervisor restart: a model call in flight is made again, a
-  tool in flight is never run again (its `TOOL_END` says "interrupted");
+  tool in flight is never run again: its outcome is waited for if it may still
+  run on its executor (`Resume.adopt`), else its `TOOL_END` says "interrupted";
 - messages said into a running run (`Say`) wait in the state and join the
   history at the next boundary, each a `USER_MESSAGE` event, in order, after
   the tool results and before the next model call (so no user text ever
@@ -514,11 +515,12 @@ def _resume(out: _Out, ev: Resume) -> None:
     out.emit(EventType.RESUMED, s.turn, {"reason": ev.reason})
     last = out.last
     calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
-    if calls and s.asks:
-        _resume_asking(out, calls)
+    known = dict(s.outcomes)
+    if calls and (s.asks or ev.adopt and any(c.id in s.started and c.id not in known
+                                             for c in calls)):
+        _resume_tools(out, calls, ev.adopt)
         return
     if calls:
-        known = dict(s.outcomes)
         for call in calls:
             if call.id in s.started and call.id not in known:
                 out.emit(EventType.TOOL_END, s.turn, {
@@ -533,15 +535,21 @@ def _resume(out: _Out, ev: Resume) -> None:
     out.s = replace(out.s, phase=Phase.READY, first=max(1, s.turn), router=ev.router)
 
 
-def _resume_asking(out: _Out, calls: tuple[ToolCall, ...]) -> None:
-    """A restart while calls wait for approval: they still wait; a call in flight is
-    interrupted, one never started is answered as interrupted (never run late)."""
+def _resume_tools(out: _Out, calls: tuple[ToolCall, ...], adopt: bool) -> None:
+    """A restart while calls wait for approval, or run on executors that may still run
+    them (`adopt`): the waiting ones still wait; one in flight is waited for (`adopt`:
+    an adopted job, never started again) or interrupted; one never started is answered
+    as interrupted (never run late)."""
     s = out.s
     known = dict(s.outcomes)
     asked = dict(s.asks)
     outcomes = list(s.outcomes)
+    adopted: list[ToolJob] = []
     for call in calls:
         if call.id in known or call.id in asked:
+            continue
+        if call.id in s.started and adopt:
+            adopted.append(ToolJob(call, adopted=True))
             continue
         if call.id in s.started:
             out.emit(EventType.TOOL_END, s.turn, {
@@ -551,6 +559,8 @@ def _resume_asking(out: _Out, calls: tuple[ToolCall, ...]) -> None:
         outcomes.append((call.id, ToolOutcome(INTERRUPTED, True)))
     out.s = replace(out.s, phase=Phase.TOOLS, calls=tuple(calls), outcomes=tuple(outcomes),
                     started=tuple(c for c in s.started if c not in asked))
+    if adopted:
+        out.actions.append(RunToolCalls(s.turn, tuple(adopted)))
 
 
 def _compacted(out: _Out, ev: Compacted) -> None:

@@ -106,6 +106,9 @@ class Executor(Worker):
 
     role = "tool"
     capacity = SLOTS
+    #: A call in flight outlives a supervisor restart: reported in the next `Ready`,
+    #: adopted by the run that waits for it (`Worker.adopts`).
+    adopts = True
 
     def __init__(
         self,
@@ -200,6 +203,15 @@ class Executor(Worker):
         waiting for it."""
         if isinstance(env.body, ElicitAnswer | SampleAnswer) and self.mcp is not None:
             self.elicitations.answered(env.body)
+
+    def announced_again(self) -> None:
+        """Announced again with calls in hand: their servers' questions still waiting
+        are asked again (the supervisor they went to is gone)."""
+        if self.mcp is not None:
+            again = self.elicitations.ask_again()
+            if again:
+                log.info("%s: %d question(s) of calls in flight asked again", self.worker_id,
+                         again)
 
     def _mcp_changed(self) -> None:
         """An MCP server (re-)listed its tools or changed state: tell the supervisor,

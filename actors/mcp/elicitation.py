@@ -14,14 +14,18 @@ latest call's job carries it); with none, or calls of several sessions at once, 
 request is declined (said in the log): a question must not reach a person who did
 not cause it. An answer that does not come while the call can still wait (its
 `timeout_s`, `WAIT_S` at most) is a decline. A call that ends first (cancelled, past its
-bound, or abandoned when the supervisor restarts) answers its questions "cancel" at
-once: the server is told, and nothing waits on for an answer that cannot come.
+bound, or aborted by a restarted supervisor that no longer waits for it) answers its
+questions "cancel" at once: the server is told, and nothing waits on for an answer that
+cannot come. A question still waiting when the executor announces itself to a restarted
+supervisor is asked again (`ask_again`), with the time it has left: the run that adopts
+its call says it again, and the answer comes back as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -63,6 +67,8 @@ class Elicitations:
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         #: The call each waiting question was asked for (its end cancels them).
         self._asked_by: dict[str, _Call] = {}
+        #: Each waiting elicitation as sent, and when its wait ends (time.monotonic()).
+        self._elicits: dict[str, tuple[Elicit, float]] = {}
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(3)
 
@@ -123,8 +129,11 @@ class Elicitations:
         waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[ask_id] = waiting
         self._asked_by[ask_id] = call
+        body = make(ask_id, wait_s)
+        if isinstance(body, Elicit):
+            self._elicits[ask_id] = (body, time.monotonic() + wait_s)
         try:
-            self._send(call.env, make(ask_id, wait_s))
+            self._send(call.env, body)
             async with asyncio.timeout(wait_s):
                 return await waiting
         except TimeoutError:
@@ -132,6 +141,21 @@ class Elicitations:
         finally:
             self._waiting.pop(ask_id, None)
             self._asked_by.pop(ask_id, None)
+            self._elicits.pop(ask_id, None)
+
+    def ask_again(self) -> int:
+        """Send every elicitation still waiting again, with the time it has left (the
+        supervisor that had it restarted: the next says it again when it adopts the
+        call). Returns how many."""
+        now = time.monotonic()
+        again = 0
+        for ask_id, (body, until) in list(self._elicits.items()):
+            call = self._asked_by.get(ask_id)
+            if call is None or until - now <= 0:
+                continue
+            self._send(call.env, dataclasses.replace(body, wait_s=round(until - now, 3)))
+            again += 1
+        return again
 
     async def _elicit(self, server: str, params: types.ElicitRequestParams
                       ) -> types.ElicitResult:

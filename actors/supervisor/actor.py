@@ -732,6 +732,8 @@ async def _main(settings: Settings) -> None:
     supervisor = Supervisor(endpoints, settings.config, journal)
     supervisor.resume_at_start = settings.restarted or not settings.embedded
     supervisor.runs.end_at_stop = settings.embedded
+    # Restarted by the host, alone: its executors may still run the calls in flight.
+    supervisor.runs.adopt = settings.restarted
     if settings.traces is not None:  # the SDK is imported only then
         from actors.tracing import RunTracer
 

@@ -11,6 +11,13 @@ A worker missing three heartbeats (or one we cannot route to) is dead: its
 llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
 "executor died", or "machine NAME lost" for a worker machine's (tools have side
 effects: never run one twice).
+
+Adoption: an executor announcing itself again lists the tool jobs it still holds
+(`Ready.running`). A run a restart resumed waits for its calls in flight (`expect`); a
+reported job of that session, call and machine becomes that call's job again (its
+result and progress go to the run as if nothing happened); the others are aborted (or,
+already over, their results dropped), each with a log line. A job of a worker that
+re-announced itself, reported by it, simply goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 from actors.bounds import MAX_CATALOGUE_BYTES, fit_catalogue
 from actors.machines import LOCAL, machine_name_error, machine_of
+from actors.supervisor.adoption import adopt, reported
 from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
@@ -125,6 +133,8 @@ class Job:
     for_worker: Callable[[bytes], Body] | None = None
     #: Only workers of this machine may take it (None: any worker of its role).
     machine: str | None = None
+    #: An adopted job's messages that came before its run took it over (`adopted`).
+    early: list[Envelope] | None = None
 
     @property
     def queue(self) -> tuple[str, str | None]:
@@ -185,6 +195,9 @@ class Dispatcher:
         #: New jobs wait in their queues, none sent (the store is out of reach: the
         #: sessions wait for it, `supervisor/outage.py`).
         self.held = False
+        #: Calls in flight that resumed runs wait to adopt: (session, call id) -> (the
+        #: machine they ran on, the future the adopted job is given to).
+        self.expected: dict[tuple[str, str], tuple[str, asyncio.Future[Job]]] = {}
 
     def hold(self, held: bool) -> None:
         """Hold every new job in its queue (`held`), or send what waits again."""
@@ -222,6 +235,18 @@ class Dispatcher:
         self.queues.setdefault(key, deque()).append(job)
         self._send_jobs(key)
         return job
+
+    def expect(self, sid: str, call_id: str, machine: str) -> asyncio.Future[Job]:
+        """A resumed run waits for its call `call_id`, in flight on `machine` when the
+        supervisor restarted: the future is given the job when an executor of that
+        machine reports it (`Ready.running`). `unexpect` when the wait is over."""
+        future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self.expected[(sid, call_id)] = (machine, future)
+        return future
+
+    def unexpect(self, sid: str, call_id: str) -> None:
+        """No run waits for call `call_id` of `sid` any more (a report of it is aborted)."""
+        self.expected.pop((sid, call_id), None)
 
     def _serves(self, role: str, machine: str) -> bool:
         """Whether machine `machine` has a live worker of `role`."""
@@ -426,12 +451,22 @@ class Dispatcher:
             return
         self._told.discard(peer)
         old = self.workers.get(peer)
+        running = reported(peer, ready.running) if ready.role == "tool" else []
+        going_on: list[str] = []
         if old is not None:
-            # Re-announced (it lost us for a while): whatever it ran is lost with its state.
+            # Re-announced (it lost us for a while): the jobs it reports in hand go on;
+            # whatever else it ran is lost with its state.
+            for entry in running:
+                job = self.jobs.get(entry["job"])
+                if entry["job"] in old.inflight and job is not None and job.worker == peer:
+                    old.inflight.discard(job.id)
+                    going_on.append(job.id)
             self._worker_died(peer, reason="re-announced")
         worker = self.workers[peer] = WorkerState(
             peer, ready.role, ready.capacity, _valid_specs(peer, ready.tools),
             control_id=peer + b".ctl", machine=machine_of(ready.machine))
+        worker.inflight.update(going_on)
+        self._adopt(worker, [e for e in running if e["job"] not in going_on])
         self.machines.joined(worker.machine, worker.role, peer.decode(errors="replace"),
                              _ip(self.work.peer_address), self.work.user_id or "")
         log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
@@ -440,6 +475,11 @@ class Dispatcher:
         if ready.role == "tool":
             self.catalogue_changed.set()
         self._pump_for(worker)
+
+    def _adopt(self, worker: WorkerState, reported: list[dict[str, Any]]) -> None:
+        """The jobs `worker` reports in hand: adopted by the runs that wait for them,
+        or aborted (`adoption.adopt`)."""
+        adopt(self, worker, reported)
 
     def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
         """An executor's tools changed (its MCP servers): the next turns offer the new set;

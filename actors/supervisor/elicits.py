@@ -10,10 +10,12 @@ has them, and a form's answers need not reach every viewer of the session). No a
 within `timeout_s` (what the call can still wait) is a decline `by` "timeout"; a call that
 ends first (cancelled, timed out) closes its questions with "cancel" `by` "ended".
 
-A supervisor restart closes the questions its run left open, "cancel" `by` "restart"
-(`restarted`): the call that asked was in flight on an executor, and a resumed run ends
-such a call as interrupted (never run twice); the executor, which abandons the jobs the
-new supervisor does not know, answers the server "cancel" and cancels the call.
+After a supervisor restart the questions its run left open wait with their calls
+(`restarted`): an executor that still runs the call asks each again as it reports the
+call (`ELICITATION_REQUESTED` once more, same id, with the time left), and the answer
+goes to it as before. A call no executor reports in time ends "interrupted", and its
+questions are closed "cancel" `by` "restart" (`abandoned`); so are those of a run
+resumed without adoption (its calls in flight interrupted at once).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ if TYPE_CHECKING:
     from bus.sockets import Port
 
 #: Why a restart closed a question (`ELICITATION_ANSWERED.reason`).
-RESTARTED = ("the supervisor restarted while the call that asked was in flight: the call "
-             "ends as interrupted, and the server was told \"cancel\"")
+RESTARTED = ("the supervisor restarted while the call that asked was in flight, and no "
+             "executor still running that call reported it: the call ends as interrupted")
 
 #: Longest message and schema (JSON characters) an event carries.
 MAX_MESSAGE = 4000
@@ -70,14 +72,21 @@ class Elicits:
         self.dispatcher = dispatcher
         self.emit = emit
         self.pending: dict[str, Pending] = {}
+        #: Questions a restart left open whose call may be adopted: id -> (session,
+        #: call id); asked again by the executor, or closed by `abandoned`.
+        self.reopened: dict[str, tuple[Session, str]] = {}
 
     def requested(self, session: Session, call_id: str, env: Envelope) -> None:
         """An executor's `Elicit` for the job of `call_id`: say it in the session."""
         body = env.body
         assert isinstance(body, Elicit)
-        if body.id in self.pending or session.run_over:
+        known = self.pending.get(body.id)
+        if known is not None and known.job == env.job and known.session is session:
+            return  # asked again by an executor that lost us a while: open here already
+        if known is not None or session.run_over:
             self._send(env.job, body.id, "decline")  # (a run over: nobody to ask)
             return
+        again = self.reopened.pop(body.id, None) is not None
         schema = body.schema if isinstance(body.schema, dict) else {}
         properties = schema.get("properties")
         if isinstance(properties, dict) and len(properties) > MAX_SCHEMA_KEYS:
@@ -93,6 +102,8 @@ class Elicits:
             data["url"] = cut_line(body.url, 2000)
         else:
             data["schema"] = schema
+        if again:
+            data["again"] = True  # asked again after a restart (its call adopted)
         self.emit(session, EventType.ELICITATION_REQUESTED, session.run_turn, data)
         pending.timer = asyncio.get_running_loop().call_later(
             wait_s, self._close, body.id, "decline", "timeout", {})
@@ -117,6 +128,13 @@ class Elicits:
                req: AnswerElicitation) -> None:
         """A client's answer: checked, sent to the server, said; or refused (nothing sent)."""
         pending = self.pending.get(req.id)
+        reopened = self.reopened.get(req.id)
+        if pending is None and reopened is not None and reopened[0].id == req.session:
+            port.reply_error(peer, env.id, "not_pending",
+                             f"session {req.session}: question {req.id!r} waits for its call's "
+                             "executor to report back after the supervisor restarted: it is "
+                             "asked again then (ELICITATION_REQUESTED), or closed")
+            return
         if pending is None or pending.session.id != req.session:
             port.reply_error(peer, env.id, "not_pending",
                              f"session {req.session}: no question {req.id!r} waits for an "
@@ -137,21 +155,47 @@ class Elicits:
         self._close(req.id, req.action, by, content)
         port.reply(Envelope(ElicitationAck(req.session, req.id, by), id=env.id), peer)
 
-    def restarted(self, session: Session, records: Iterable[Record]) -> list[str]:
+    def restarted(self, session: Session, records: Iterable[Record],
+                  adopting: Iterable[str] = ()) -> list[str]:
         """A run resumed after a restart: the questions its `records` (the run's, from
-        the log) left open are closed, "cancel" `by` "restart", saying why; their ids."""
-        closed = open_questions(records)
-        for ask_id in closed:
+        the log) left open wait with their call if it is one the run may adopt (in
+        `adopting`), else are closed, "cancel" `by` "restart", saying why; the ids
+        closed."""
+        kept = set(adopting)
+        closed = []
+        for ask_id, call_id in open_questions(records).items():
+            if call_id in kept:
+                self.reopened[ask_id] = (session, call_id)
+            else:
+                self._restart_closes(session, ask_id)
+                closed.append(ask_id)
+        return closed
+
+    def abandoned(self, session: Session, call_id: str) -> None:
+        """A call in flight at the restart that no executor reported: its questions left
+        open are closed, "cancel" `by` "restart"."""
+        for ask_id, (asker, call) in list(self.reopened.items()):
+            if asker is session and call == call_id:
+                del self.reopened[ask_id]
+                self._restart_closes(session, ask_id)
+
+    def _restart_closes(self, session: Session, ask_id: str) -> None:
+        if not session.run_over:  # nothing of a run after its terminal event
             self.emit(session, EventType.ELICITATION_ANSWERED, session.run_turn,
                       {"id": ask_id, "action": "cancel", "by": "restart", "fields": [],
                        "reason": RESTARTED})
-        return closed
 
     def call_over(self, session: Session, call_id: str) -> None:
         """The call's job ended: its questions are closed (the server has gone on)."""
         for ask_id, pending in list(self.pending.items()):
             if pending.session is session and pending.call_id == call_id:
                 self._close(ask_id, "cancel", "ended", {}, send=False)
+        for ask_id, (asker, call) in list(self.reopened.items()):
+            if asker is session and call == call_id:  # (its executor no longer asked it)
+                del self.reopened[ask_id]
+                if not session.run_over:
+                    self.emit(session, EventType.ELICITATION_ANSWERED, session.run_turn,
+                              {"id": ask_id, "action": "cancel", "by": "ended", "fields": []})
 
     def _close(self, ask_id: str, action: str, by: str, content: dict[str, Any],
                send: bool = True) -> None:
@@ -181,11 +225,11 @@ class Elicits:
             self.dispatcher.work.send(answer, job.worker)
 
 
-def open_questions(records: Iterable[Record]) -> list[str]:
-    """The ids of the questions `records` ask (`ELICITATION_REQUESTED`) and do not close
-    (`ELICITATION_ANSWERED`), in the order asked; a record that does not decode is
-    skipped (its fold has said so)."""
-    asked: dict[str, None] = {}
+def open_questions(records: Iterable[Record]) -> dict[str, str]:
+    """The questions `records` ask (`ELICITATION_REQUESTED`) and do not close
+    (`ELICITATION_ANSWERED`), id -> the call that asked, in the order asked; a record
+    that does not decode is skipped (its fold has said so)."""
+    asked: dict[str, str] = {}
     for record in records:
         if b"ELICITATION_" not in record.frame:  # (no need to decode the others)
             continue
@@ -198,7 +242,7 @@ def open_questions(records: Iterable[Record]) -> list[str]:
                 EventType.ELICITATION_REQUESTED, EventType.ELICITATION_ANSWERED):
             continue
         if event.type == EventType.ELICITATION_REQUESTED:
-            asked[ask_id] = None
+            asked.setdefault(ask_id, str(event.data.get("call_id", "")))
         else:
             asked.pop(ask_id, None)
-    return list(asked)
+    return asked

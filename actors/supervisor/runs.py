@@ -62,6 +62,13 @@ MAX_SAID = 100
 #: How long a run waits for an executor to announce its tools before going without.
 CATALOGUE_WAIT_S = 5.0
 
+#: After a supervisor restart, how long a resumed run waits for an executor to report a
+#: call that was in flight (still running, or over with its result kept) before that
+#: call is answered "interrupted". Executors beat every second and re-announce at the
+#: new supervisor's first answer (a `Disconnect`), so ~1 s is usual; the rest covers a
+#: busy machine.
+ADOPT_GRACE_S = 5.0
+
 
 def _role(user_id: str | None) -> str | None:
     """The role part of a ZAP User-Id (`ROLE:NAME`, "local", or None over plain ipc)."""
@@ -96,6 +103,10 @@ class Runs:
         #: Sessions started by peer keys, running now -> the key's name (who may cancel
         #: and renew them).
         self.peer_runs: dict[str, str] = {}
+        #: The host restarted this supervisor alone (its executors may still run the
+        #: calls in flight): resumed runs wait `ADOPT_GRACE_S` for them to report those
+        #: calls instead of answering them "interrupted" at once.
+        self.adopt = False
 
     def _refusal(self, req: StartRun) -> tuple[str, str] | None:
         """Why a `StartRun` cannot be served, as (error, message), or None."""
@@ -271,7 +282,7 @@ class Runs:
     def resume_journaled(self) -> int:
         """Load the sessions whose run was open; those runs go on. Returns how many.
         (Finished sessions stay in the log until something asks for them.)"""
-        resumed = self._resume(self.sup.open_in_log(), "supervisor restarted")
+        resumed = self._resume(self.sup.open_in_log(), "supervisor restarted", self.adopt)
         if resumed:
             log.warning("resumed %d session(s) from the journal", resumed)
         return resumed
@@ -287,7 +298,7 @@ class Runs:
         log.warning("claimed %d session(s) on the store, resumed %d", len(claimed), resumed)
         return resumed
 
-    def _resume(self, sids: list[str], reason: str) -> int:
+    def _resume(self, sids: list[str], reason: str, adopt: bool = False) -> int:
         resumed = 0
         for sid in sids:
             session = self.sup.session(sid)
@@ -295,10 +306,16 @@ class Runs:
                 self.sup.not_resumed(sid)
                 continue
             elicits = getattr(self.sup.io, "elicits", None)
-            if elicits is not None:  # its questions died with the calls that asked them
-                elicits.restarted(session, self.sup.run_records(session))
+            if elicits is not None:  # the questions of calls that cannot be adopted close
+                run = session.run
+                done = dict(run.outcomes)
+                elicits.restarted(session, self.sup.run_records(session),
+                                  [c for c in run.started if c not in done] if adopt else ())
             driver = RunDriver(session, self.sup.io)
-            driver.resume(reason)
+            driver.resume(reason, adopt=adopt)
+            expect = getattr(self.sup.io, "expect", None)  # (WorkerIO's)
+            for call in driver.adopted_calls() if expect is not None else ():
+                expect(session, call, ADOPT_GRACE_S)  # before any executor is heard
             task = self.sup.spawn(self._run(session, driver, None),
                                   f"session-{session.id}-{session.runs}")
             session.task = driver.task = task

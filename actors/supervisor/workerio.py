@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +15,12 @@ from actors.config import Config
 from actors.core import inputs
 from actors.core.history import Message
 from actors.core.loopio import EventSink, ModelError, Progress
+from actors.core.machine import INTERRUPTED
 from actors.core.session import Session
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
-from actors.supervisor.dispatch import Dispatcher, NoCapacity
+from actors.supervisor.dispatch import Dispatcher, Job, NoCapacity
 from actors.supervisor.elicits import Elicits
 from actors.supervisor.samples import Samples, llm_job, reply_of
 from actors.tools.live import HostBound
@@ -38,6 +40,8 @@ from bus.messages import (
     ToolResult,
 )
 from bus.vocab import EventType
+
+log = logging.getLogger("oploop.supervisor")
 
 #: `JobFailed` tags whose message says all: the call's machine is gone or absent.
 MACHINE_ERRORS = ("machine_lost", "no_worker")
@@ -76,6 +80,10 @@ class WorkerIO:
         self.elicits = Elicits(dispatcher, emit)
         #: MCP servers' model calls (sampling).
         self.samples = Samples(self)
+        #: Calls in flight at a restart that resumed runs wait for (`expect`): the
+        #: future their job is given when an executor reports it, and until when (the
+        #: loop's time) they wait before they are answered "interrupted".
+        self._adopting: dict[tuple[str, str], tuple[asyncio.Future[Job], float]] = {}
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -143,8 +151,74 @@ class WorkerIO:
         if call.name == ASK_TOOL and self.asker.peers:
             return await self._ask(session, call)
         job = ToolJob(call.name, call.input, session.cwd, timeout_s,
-                      list(session.agent.read_paths), session.agent.name)
+                      list(session.agent.read_paths), session.agent.name, call.id)
         machine = self.tool_machine(session)
+        # The executor enforces `timeout_s`; the margin covers a wedged executor.
+        try:
+            reply = await self._job("tool", job, session, timeout_s + 10.0,
+                                    self._tool_messages(session, call), machine=machine)
+        except ModelError as exc:
+            return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
+        finally:
+            self.elicits.call_over(session, call.id)
+        return self._tool_outcome(call, reply, machine)
+
+    def expect(self, session: Session, call: ToolCall, grace_s: float) -> None:
+        """A resumed run waits for its call in flight at the restart: an executor that
+        still runs it reports it within `grace_s` (`adopt_tool` takes it), else the
+        call was interrupted. Called as the run resumes, before any worker is heard."""
+        machine = self.tool_machine(session, call.name)
+        if call.name == ASK_TOOL and self.asker.peers:
+            return  # (run here, in the supervisor: it died with it)
+        until = asyncio.get_running_loop().time() + grace_s
+        self._adopting[(session.id, call.id)] = (
+            self.dispatcher.expect(session.id, call.id, machine), until)
+
+    async def adopt_tool(self, session: Session, call: ToolCall, *,
+                         timeout_s: float) -> ToolOutcome:
+        """The outcome of a call in flight at the restart, from the executor that still
+        runs it (its progress, output and questions as before); "interrupted" if none
+        reported it in time (never run again)."""
+        machine = self.tool_machine(session, call.name)
+        waiting = self._adopting.pop((session.id, call.id), None)
+        if waiting is None:
+            self.elicits.abandoned(session, call.id)
+            return ToolOutcome(INTERRUPTED, True, machine=machine)
+        adopted, until = waiting
+        try:
+            async with asyncio.timeout_at(until):
+                job = await adopted
+        except TimeoutError:
+            log.warning("session %s: no executor reported call %s: interrupted", session.id,
+                        call.id)
+            self.elicits.abandoned(session, call.id)
+            return ToolOutcome(INTERRUPTED, True, machine=machine)
+        except BaseException:
+            self.elicits.abandoned(session, call.id)  # (cancelled: the run has ended)
+            raise
+        finally:
+            self.dispatcher.unexpect(session.id, call.id)
+        on_message = self._tool_messages(session, call)
+        for env in job.early or ():  # (what came with the report, before this ran)
+            on_message(env)
+        job.on_progress, job.early = on_message, None
+        try:
+            async with asyncio.timeout(timeout_s + 10.0):
+                reply = await job.future
+        except TimeoutError:
+            self.dispatcher.abort(job)
+            return ToolOutcome(f"timeout: no tool reply within {timeout_s + 10.0:g} s", True,
+                               machine=machine)
+        except BaseException:
+            self.dispatcher.abort(job)  # cancelled: stop the executor's side too
+            raise
+        finally:
+            self.elicits.call_over(session, call.id)
+        return self._tool_outcome(call, reply, machine)
+
+    def _tool_messages(self, session: Session, call: ToolCall) -> Callable[[Envelope], None]:
+        """What becomes of the messages of a tool job in flight: an MCP server's questions
+        and model calls, what a command prints, its progress."""
         progressed = self._tool_progress(session, call.id)
         output = self._tool_output(session, call)
 
@@ -158,14 +232,10 @@ class WorkerIO:
             else:
                 progressed(env)
 
-        # The executor enforces `timeout_s`; the margin covers a wedged executor.
-        try:
-            reply = await self._job("tool", job, session, timeout_s + 10.0, on_progress,
-                                    machine=machine)
-        except ModelError as exc:
-            return ToolOutcome(f"{exc.error}: {exc.message}", True, machine=machine)
-        finally:
-            self.elicits.call_over(session, call.id)
+        return on_progress
+
+    def _tool_outcome(self, call: ToolCall, reply: Envelope, machine: str) -> ToolOutcome:
+        """A tool job's final reply as the call's outcome."""
         body = reply.body
         if isinstance(body, ToolResult):
             images, dropped = accepted(body.images)  # checked: the history carries them

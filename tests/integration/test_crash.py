@@ -1,5 +1,6 @@
 """kill -9 at awkward moments: the supervisor (journal and resume), an llm caller
-mid-stream, an executor mid-tool, the host itself."""
+mid-stream, an executor mid-tool, the host itself. (The supervisor mid-tool:
+test_adopt.py.)"""
 
 from __future__ import annotations
 
@@ -85,16 +86,8 @@ async def first_token(event):
     return event["type"] == "TOKEN"
 
 
-def test_supervisor_killed_mid_tool_resumes_and_reports_the_tool_interrupted(host, tmp_path):
-    events, info = asyncio.run(run_killing(host, "#tool go", tmp_path, "supervisor",
-                                           tool_started(host)))
-    assert_one_run(events)
-    assert of_type(events, "RESUMED") and events[-1]["type"] == "DONE"
-    assert events[-1]["data"]["text"] == "carried on"
-    result = info.history[2]["content"][0]
-    assert result["is_error"] and result["content"].startswith("interrupted")
-    asyncio.run(until(lambda: not marked(), what="the abandoned tool to die"))
-    assert actor(host, "supervisor")["restarts"] == 1
+# A supervisor killed mid-tool: the call is adopted (its real result), or "interrupted"
+# when its executor died too: tests/integration/test_adopt.py.
 
 
 def test_supervisor_killed_mid_stream_calls_the_model_again(host, tmp_path):

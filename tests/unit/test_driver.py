@@ -82,6 +82,7 @@ class FakeIO:
         self.model: tuple[asyncio.Future[Message], Progress, int] | None = None
         self.tools: dict[str, asyncio.Future[ToolOutcome]] = {}
         self.ran: list[str] = []
+        self.adopted: list[str] = []
         self.summaries = 0
 
     async def count_tokens(self, session: Session, request: dict[str, Any]) -> int | None:
@@ -117,6 +118,18 @@ class FakeIO:
         self.ran.append(call.id)
         if self.auto:
             return ToolOutcome("out", False, 1.0)
+        future: asyncio.Future[ToolOutcome] = asyncio.get_running_loop().create_future()
+        self.tools[call.id] = future
+        try:
+            return await future
+        finally:
+            self.tools.pop(call.id, None)
+
+    async def adopt_tool(self, session: Session, call: ToolCall, *,
+                         timeout_s: float) -> ToolOutcome:
+        """A call in flight at a restart, still running on its executor: waited for as
+        any (never run again: not in `ran`)."""
+        self.adopted.append(call.id)
         future: asyncio.Future[ToolOutcome] = asyncio.get_running_loop().create_future()
         self.tools[call.id] = future
         try:
@@ -213,8 +226,9 @@ class Harness:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
-    async def restart(self) -> None:
-        """A supervisor killed and started again: the run goes on from the log's fold."""
+    async def restart(self, adopt: bool = False) -> None:
+        """A supervisor killed and started again: the run goes on from the log's fold
+        (`adopt`: its calls in flight still run on their executors)."""
         self.session.suspended = True  # (as `Runs.suspend`: left open for the next one)
         await self.stop_task()
         loaded = load_session(self.journal.log, "s1", {})
@@ -225,9 +239,12 @@ class Harness:
         self.io = FakeIO(self.journal, self.events, self.config)
         if not loaded.run_over:
             driver = RunDriver(loaded, self.io)
-            driver.resume("test")
+            driver.resume("test", adopt=adopt)
             self.launch(driver)
         await self.settle()
+        if adopt:  # only calls started before, never started again
+            started = {d["tool_use_id"] for _, t, d in self.events if t == "TOOL_START"}
+            assert set(self.io.adopted) <= started
 
     async def happen(self, what: str, draw: Any) -> None:
         io, driver = self.io, self.driver
@@ -298,7 +315,7 @@ class Harness:
             if outcome.compacted is not None:
                 assert apply_between_runs(self.session, outcome.compacted, io.emit)
         elif what == "restart":
-            await self.restart()
+            await self.restart(draw(st.booleans()))
             return
         elif what == "follow_up" and not running:
             await self.start("more")
@@ -584,3 +601,36 @@ def test_no_compaction_mid_run_when_turned_off(tmp_path):
         assert io.compactions == []
     finally:
         journal.close()
+
+
+def test_a_tool_in_flight_at_a_restart_is_adopted_its_outcome_ends_it():
+    """A restart with `adopt` while a call runs: the resumed driver waits for that call
+    (`adopt_tool`), never starts it again, and its outcome is the call's result; the
+    fold of the log then resumes a finished turn."""
+
+    async def scenario(tmp: Path) -> Harness:
+        harness = Harness(tmp / "sessions.db", Agent(), Config())
+        await harness.start()
+        future, _, turn = harness.io.model  # type: ignore[misc]
+        future.set_result(reply("tools1", turn))
+        await harness.settle()
+        assert harness.io.ran == ["t1-0"]
+        await harness.restart(adopt=True)
+        assert harness.io.adopted == ["t1-0"] and harness.io.ran == []
+        harness.io.tools["t1-0"].set_result(ToolOutcome("real", False, 3.0))
+        await harness.settle()
+        future, _, turn = harness.io.model  # type: ignore[misc]
+        future.set_result(reply("done", turn))
+        await harness.settle()
+        return harness
+
+    with tempfile.TemporaryDirectory() as tmp:
+        harness = asyncio.run(scenario(Path(tmp)))
+        harness.journal.close()
+    kinds = [k for _, k, _ in harness.events]
+    assert kinds.count("TOOL_START") == 1 and kinds.count("TOOL_END") == 1
+    assert kinds.index("RESUMED") < kinds.index("TOOL_END") and kinds[-1] == "DONE"
+    (end,) = [d for _, k, d in harness.events if k == "TOOL_END"]
+    assert (end["output"], end["is_error"]) == ("real", False)
+    check_events(harness.events)
+    check_history(harness.session.history)

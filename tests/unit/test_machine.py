@@ -125,8 +125,9 @@ class World:
             self.calling, self.jobs, self.started = action, [], []
         elif isinstance(action, RunToolCalls) and self.deciding:  # joins the jobs running
             self.jobs.extend(action.jobs)
-        elif isinstance(action, RunToolCalls):
-            self.calling, self.jobs, self.started = None, list(action.jobs), []
+        elif isinstance(action, RunToolCalls):  # (an adopted call started before)
+            self.calling, self.jobs = None, list(action.jobs)
+            self.started = [j.call.id for j in action.jobs if j.adopted]
         elif isinstance(action, AbortJobs):
             self.calling, self.jobs, self.started = None, [], []
         elif isinstance(action, End):
@@ -190,10 +191,11 @@ def plausible(world: World, draw: Any) -> Input:
     if kind == "cancel":
         return Cancel(draw(st.sampled_from(["ui", "operation", "deadline"])))
     if kind == "resume":
-        # A restart: what was in flight is gone; the state is the log's fold.
+        # A restart: what was in flight is gone (or, `adopt`, a tool call in flight may
+        # be adopted); the state is the log's fold.
         world.calling, world.jobs, world.started = None, [], []
         return Resume("test", router=draw(st.booleans()), offered=frozenset({"shell"}),
-                      rules=s.rules)
+                      rules=s.rules, adopt=draw(st.booleans()))
     if kind == "junk":
         return draw(st.sampled_from([ToolFinished("nope", ToolOutcome("x", False)),
                                      Decide("nope", "approve", "t"),
@@ -263,6 +265,41 @@ def test_a_tool_in_flight_at_a_restart_is_never_run_again():
     results = world.history[-1]["content"]
     assert [(r["content"], r["is_error"]) for r in results] == [("ok", False),
                                                                  (INTERRUPTED, True)]
+
+
+def test_a_tool_in_flight_at_a_restart_may_be_adopted_and_is_never_started_again():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(3, 1)))
+    world.feed(ToolStarted("t1-0"))
+    world.feed(ToolFinished("t1-0", ToolOutcome("ok", False)))
+    world.feed(ToolStarted("t1-1"))  # in flight; t1-2 never started
+    actions = world.begin(Resume("restart", offered=frozenset({"shell"}), adopt=True))
+    assert [a.type for a in actions if isinstance(a, Emit)] == ["RESUMED"]
+    (run,) = [a for a in actions if isinstance(a, RunToolCalls)]
+    assert [(j.call.id, j.adopted) for j in run.jobs] == [("t1-1", True)]
+    assert world.state.phase == "tools" and "t1-1" in world.state.started
+    # Its executor reported it: its real outcome ends it; the one never started was
+    # interrupted (never run late).
+    actions = world.feed(ToolFinished("t1-1", ToolOutcome("real", False, 5.0)))
+    kinds = [(a.type, a.data.get("tool_use_id")) for a in actions if isinstance(a, Emit)]
+    assert kinds == [("TOOL_END", "t1-1"), ("TURN_END", None), ("TURN_START", None)]
+    assert [e[0] for e in world.events].count("TOOL_START") == 2
+    results = world.history[-1]["content"]
+    assert [(r["content"], r["is_error"]) for r in results] == [
+        ("ok", False), ("real", False), (INTERRUPTED, True)]
+
+
+def test_a_resume_with_nothing_in_flight_adopts_nothing():
+    world = World()
+    world.begin(Start("go", 4, offered=frozenset({"shell"})))
+    world.feed(ModelReplied(tool_reply(1, 1)))
+    world.feed(ToolStarted("t1-0"))
+    world.feed(ToolFinished("t1-0", ToolOutcome("ok", False)))
+    world.feed(Delta("half"))
+    actions = world.begin(Resume("restart", adopt=True))
+    assert [a.type for a in actions if isinstance(a, Emit)] == ["RESUMED", "TURN_START"]
+    assert not any(isinstance(a, RunToolCalls) for a in actions)
 
 
 def test_a_model_call_in_flight_at_a_restart_is_made_again():
