@@ -126,6 +126,9 @@ class Port:
         self.abandoned = False
         #: How often the reactor connected it again after libzmq gave up.
         self.revived = 0
+        #: The port reading its handshake events (`Reactor.watch_handshakes`), removed
+        #: with it.
+        self.monitor: Port | None = None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -438,8 +441,9 @@ class Reactor:
                 on_change("failed the handshake (CURVE on one side only, or another "
                           "server key)")
 
-        self._serve(Port(self, mon, f"{port.name}.monitor", None, priority=False,
-                         reply_errors=False, raw_handler=handle))
+        port.monitor = Port(self, mon, f"{port.name}.monitor", None, priority=False,
+                            reply_errors=False, raw_handler=handle)
+        self._serve(port.monitor)
 
     def revive(self, port: Port) -> None:
         """Connect `port` again if libzmq has given it up and still has not (see
@@ -471,12 +475,15 @@ class Reactor:
             self._wake.set()
 
     def remove(self, port: Port) -> None:
-        """Stop serving `port` and close it."""
+        """Stop serving `port` and close it (and its monitor, if it has one)."""
+        monitor, port.monitor = port.monitor, None
         if port in self.ports:
             self.ports.remove(port)
             if self._wake is not None and not port.closed:
                 asyncio.get_running_loop().remove_reader(port.sock.getsockopt(zmq.FD))
         port.close()
+        if monitor is not None:
+            self.remove(monitor)
 
     def kick(self) -> None:
         """Make the serve loop re-check every socket (after a send, or a new port)."""

@@ -66,6 +66,9 @@ class Follower:
         #: (another host's id, where its events are, its server key) -> the SUB
         #: connected there.
         self.subs: dict[tuple[str, str, str], Port] = {}
+        #: Those whose host refused this host's key (it had not read the store yet): a
+        #: refused connection is never tried again, so they are connected anew.
+        self.refused: set[tuple[str, str, str]] = set()
         #: Topics this host's viewers subscribe to (b"": every session).
         self.topics: set[bytes] = set()
 
@@ -113,10 +116,18 @@ class Follower:
                 continue
             key = (row.id, address, row.reach.server_key)
             wanted.add(key)
+            if key in self.refused:
+                self._drop(key)
             if key not in self.subs:
                 self._follow(key, address, secure)
         for key in set(self.subs) - wanted:
-            self.reactor.remove(self.subs.pop(key))
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, str, str]) -> None:
+        self.refused.discard(key)
+        port = self.subs.pop(key, None)
+        if port is not None:
+            self.reactor.remove(port)
 
     def _is_me(self, row: HostRow) -> bool:
         if self._own_key and row.reach.client_key == self._own_key:
@@ -131,9 +142,18 @@ class Follower:
         except OSError as exc:
             log.warning("cannot follow host %s at %s: %s", key[0], address, exc)
             return
+        if secure is not None:
+            self.reactor.watch_handshakes(port, lambda refusal: self._on_handshake(key, refusal))
         for topic in self.topics:
             port.sock.setsockopt(zmq.SUBSCRIBE, topic + self._mark)
         self.subs[key] = port
+
+    def _on_handshake(self, key: tuple[str, str, str], refusal: str | None) -> None:
+        if refusal is None:
+            self.refused.discard(key)
+        elif key in self.subs:
+            log.warning("host %s %s: following it again at the next read", key[0], refusal)
+            self.refused.add(key)
 
     def catch_up(self, sid: str, head: int, accept: Callable[[str, int, bytes], Any]) -> None:
         """Log (and publish) the events of `sid` after `head` that the store has and this

@@ -208,6 +208,11 @@ class Forwarder:
         address, secure = link(row, name, self.home)  # (BusError: cannot be used)
         key = (row.id, name, address, row.reach.server_key)
         requester = self._requesters.get(key)
+        if requester is not None and requester.refusal is not None:
+            # Refused (a host's key is admitted once the other has read the store; a
+            # refused connection is never tried again): connect anew.
+            self.reactor.remove(self._requesters.pop(key).port)
+            requester = None
         if requester is None:
             try:
                 requester = Requester(self.reactor, f"forward.{row.id}.{name}", address,
