@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ import pytest
 import zmq
 import zmq.asyncio
 from homes import make_home, remove_home
-from hostkit import host_pids, oploop, print_log_tail, running_host, until
+from hostkit import actor, host_pids, oploop, print_log_tail, running_host, until
 from peerkit import Namespace, namespaces_usable, network_config
 from ports import free_ports
 from test_anyhost import CONFIG as OPS
@@ -132,8 +133,25 @@ def test_each_host_publishes_how_other_machines_reach_it(machines):
         assert rows[host]["events_tcp"].startswith("tcp://10.213.")
 
 
+def connected(home: str, name: str, address: str) -> bool:
+    """Whether actor `name` of the host in `home` holds an established TCP connection to
+    `address`, read in its own network namespace (/proc/PID/net/tcp; psutil reads the
+    caller's)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    want = f"{socket.inet_aton(host)[::-1].hex().upper()}:{int(port):04X}"
+    pid = actor(home, name)["pid"]
+    fds = Path(f"/proc/{pid}/fd")
+    inodes = {os.readlink(fd).removeprefix("socket:[").rstrip("]")
+              for fd in fds.iterdir() if os.readlink(fd).startswith("socket:[")}
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()  # sl local remote state ... inode
+        if fields[2] == want and fields[3] == "01" and fields[9] in inodes:  # ESTABLISHED
+            return True
+    return False
+
+
 def test_cancel_and_watch_live_from_the_other_machine(machines, tmp_path):
-    a, b, id_a, _, _ = machines
+    a, b, id_a, _, url = machines
 
     async def scenario() -> list[dict[str, Any]]:
         async with clients(a, b) as (on_a, on_b):
@@ -152,6 +170,11 @@ def test_cancel_and_watch_live_from_the_other_machine(machines, tmp_path):
     assert seen[-1]["type"] == "CANCELLED", [e["type"] for e in seen]
     assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
     asyncio.run(until(lambda: not marked(), what="the cancelled tool to be gone"))
+    # Over TCP (A's home is not even there on B's machine): B's supervisor to A's
+    # control socket, B's broadcaster to A's events.
+    row_a = hosts_rows(url)[id_a]
+    assert connected(b, "supervisor", row_a["control_tcp"])
+    assert connected(b, "broadcaster", row_a["events_tcp"])
 
 
 def test_say_and_approve_from_the_other_machine(machines, tmp_path):
