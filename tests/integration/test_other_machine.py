@@ -38,6 +38,7 @@ from test_anyhost import CONFIG as OPS
 from test_anyhost import SCRIPTS, clients, marked, until_type
 
 from bench import pgcluster
+from bench.netlink import other_machine_prefix
 from bus.client import Client
 from bus.codec import encode
 from bus.errors import AccessDenied, RemoteError
@@ -56,10 +57,7 @@ OTHER = "other-machine"
 def other_machine(ns: Namespace, hidden: str) -> tuple[str, ...]:
     """The prefix that starts a command on "another machine": its own host name, its own
     mounts (`hidden`, the first machine's home, covered), inside `ns`'s network."""
-    script = (f"hostname {OTHER} && mount -t tmpfs -o size=1m none {hidden} && "
-              f'exec nsenter --net=/run/netns/{ns.name} "$@"')
-    return ("unshare", "--uts", "--mount", "--propagation", "private",
-            "sh", "-c", script, "sh")
+    return tuple(other_machine_prefix(ns.name, OTHER, [hidden]))
 
 
 @contextlib.contextmanager
