@@ -335,6 +335,11 @@ class Compact(Body):
 
     KIND: ClassVar[str] = "compact"
     session: str
+    #: Set by a host of the same store forwarding this to the session's owner
+    #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
+    #: Honoured from the owner's own user and the store's other hosts (their keys) only;
+    #: a forwarded request is never forwarded again.
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -316,6 +316,13 @@ class Port:
         return out
 
 
+def _monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+    """A monitor of `sock`'s handshake and connection events (`watch_handshakes`)."""
+    mon: zmq.Socket[bytes] = sock.get_monitor_socket(_HANDSHAKE_EVENTS | _CONNECTION_EVENTS)
+    mon.setsockopt(zmq.LINGER, 0)
+    return mon
+
+
 class Reactor:
     """The sockets of one actor, served on the running asyncio loop.
 
@@ -345,9 +352,12 @@ class Reactor:
         hwm: int = 10_000,
         subscribe: bytes | None = None,
         raw_handler: RawHandler | None = None,
+        on_handshake: Callable[[str | None], None] | None = None,
     ) -> Port:
         """Create a socket, bind it (to one address or several) or connect it, and serve
-        it with `handler`. `secure` sets security options (CURVE) before either."""
+        it with `handler`. `secure` sets security options (CURVE) before either;
+        `on_handshake`: `watch_handshakes` from before the connect (a handshake refused
+        at once is not missed)."""
         sock: zmq.Socket[bytes] = self.ctx.socket(socket_type)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, hwm)
@@ -375,6 +385,7 @@ class Reactor:
                 sock.bind(where)
                 if where.startswith("ipc://"):
                     os.chmod(where[len("ipc://"):], 0o600)  # only this user may connect
+            monitor = _monitor(sock) if on_handshake is not None and connect else None
             if connect:
                 where = connect
                 sock.connect(connect)
@@ -388,6 +399,8 @@ class Reactor:
         )
         port.connect_to = connect
         self._serve(port)
+        if monitor is not None and on_handshake is not None:
+            self.watch_handshakes(port, on_handshake, monitor)
         return port
 
     def _serve(self, port: Port) -> None:
@@ -396,7 +409,8 @@ class Reactor:
             asyncio.get_running_loop().add_reader(port.sock.getsockopt(zmq.FD), self._signal, port)
             self.kick()
 
-    def watch_handshakes(self, port: Port, on_change: Callable[[str | None], None]) -> None:
+    def watch_handshakes(self, port: Port, on_change: Callable[[str | None], None],
+                         monitor: zmq.Socket[bytes] | None = None) -> None:
         """Tell `on_change` why the peer of a connecting `port` refuses its handshake
         (a CURVE key it does not admit, no CURVE on one side, another server key),
         and None once a handshake succeeds. A refused connection never delivers:
@@ -410,10 +424,12 @@ class Reactor:
         endpoint for good, with no handshake event and no reconnect: every later send
         fails with EAGAIN, even once the host answers there again. So a disconnect
         that no reconnect follows within `REVIVE_AFTER_S` (and that no refusal above
-        explains: a refused key is not retried) connects the endpoint again."""
-        mon: zmq.Socket[bytes] = port.sock.get_monitor_socket(
-            _HANDSHAKE_EVENTS | _CONNECTION_EVENTS)
-        mon.setsockopt(zmq.LINGER, 0)
+        explains: a refused key is not retried) connects the endpoint again.
+
+        Watched once connected, a handshake refused at once (before the monitor is
+        attached: a thread descheduled on a busy machine) goes unseen: give
+        `Reactor.add` `on_handshake` instead, or `monitor` made before the connect."""
+        mon = monitor if monitor is not None else _monitor(port.sock)
         refused = [False]  # this connection's handshake was refused (no revival)
 
         def handle(frames: list[bytes]) -> None:

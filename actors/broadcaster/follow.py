@@ -23,6 +23,7 @@ in its memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -136,14 +137,13 @@ class Follower:
 
     def _follow(self, key: tuple[str, str, str], address: str, secure: Any) -> None:
         try:
+            watch = functools.partial(self._on_handshake, key) if secure is not None else None
             port = self.reactor.add(zmq.SUB, f"follow.{key[0]}", connect=address,
                                     secure=secure, hwm=FOLLOW_HWM,
-                                    raw_handler=self._received)
+                                    raw_handler=self._received, on_handshake=watch)
         except OSError as exc:
             log.warning("cannot follow host %s at %s: %s", key[0], address, exc)
             return
-        if secure is not None:
-            self.reactor.watch_handshakes(port, lambda refusal: self._on_handshake(key, refusal))
         for topic in self.topics:
             port.sock.setsockopt(zmq.SUBSCRIBE, topic + self._mark)
         self.subs[key] = port

@@ -2,8 +2,8 @@
 to that host, and new sessions go to the least-loaded host (or the one named).
 
 Each host publishes in its `hosts` row where its control socket is (`Ownership.control`:
-`ipc://HOME/run/control.sock`). A host receiving a `cancel`, `say`, `approve`/`deny` or
-an elicitation's answer for a session whose lease another host holds checks the
+`ipc://HOME/run/control.sock`). A host receiving a `cancel`, `say`, `approve`/`deny`,
+`compact` or an elicitation's answer for a session whose lease another host holds checks the
 caller's rights as it always does (who may is unchanged), then sends the request on,
 marked with who asked (`by`), to the owner's priority control socket, and relays the
 answer. If the owner changed meanwhile (the lease moved: the owner answers

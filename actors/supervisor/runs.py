@@ -51,7 +51,7 @@ HOST = "host"
 CONTROLLERS = frozenset({None, "local", "control", HOST})
 
 #: What another host may send on (anything else from its key is refused).
-FORWARDED = (Cancel, Say, DecideCalls, AnswerElicitation)
+FORWARDED = (Cancel, Say, DecideCalls, AnswerElicitation, Compact)
 
 #: The role of a remote user's key: all a local user may do, but in no directory of its
 #: choosing (its path names a directory of another machine).
@@ -344,7 +344,7 @@ class Runs:
                 not (isinstance(env.body, FORWARDED) and env.body.by):
             self.sup.control.reply_error(
                 peer, env.id, "forbidden", "another host of the store may only send on "
-                "a cancel, a message or a decision, naming who asked (by)")
+                "a cancel, a message, a decision or a compaction, naming who asked (by)")
             return
         handler(self, peer, env, env.body)
 
@@ -374,8 +374,10 @@ class Runs:
             self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can compact sessions")
             return
+        if self._forwarded(self.sup.control, peer, env, body):
+            return
         serve_compact(self.sup, self._run_ended, peer, env, body,
-                      _by(self.sup.control.user_id))
+                      _asker(self.sup.control.user_id, body))
 
     def may_end(self, user_id: str | None, session: str) -> bool:
         """Whether the key `user_id` may cancel (or renew) `session`: a control key any,

@@ -150,6 +150,10 @@ def connected(home: str, name: str, address: str) -> bool:
 
 def test_cancel_and_watch_live_from_the_other_machine(machines, tmp_path):
     a, b, id_a, _, url = machines
+    # B follows A once A admits B's key (B's first try may come before A has read it
+    # on the store: refused, then made anew at B's next read of the hosts).
+    events_a = hosts_rows(url)[id_a]["events_tcp"]
+    asyncio.run(until(lambda: connected(b, "broadcaster", events_a), what="B to follow A"))
 
     async def scenario() -> list[dict[str, Any]]:
         async with clients(a, b) as (on_a, on_b):
@@ -173,6 +177,24 @@ def test_cancel_and_watch_live_from_the_other_machine(machines, tmp_path):
     row_a = hosts_rows(url)[id_a]
     assert connected(b, "supervisor", row_a["control_tcp"])
     assert connected(b, "broadcaster", row_a["events_tcp"])
+
+
+def test_compact_from_the_other_machine_reaches_the_running_session(machines, tmp_path):
+    a, b, id_a, _, _ = machines
+
+    async def scenario() -> str:
+        async with clients(a, b) as (on_a, on_b):
+            started = await on_a.start("#sleep go", cwd=str(tmp_path), host=id_a)
+            events = on_b.events(started.session, 1, stop_at="first")
+            await until_type(events, "TOOL_START", [])
+            try:
+                return (await on_b.compact(started.session)).state
+            finally:
+                await on_b.cancel(started.session)
+                _ = [e async for e in events]
+
+    assert asyncio.run(scenario()) == "queued"  # (the owner's answer: its run compacts)
+    asyncio.run(until(lambda: not marked(), what="the cancelled tool to be gone"))
 
 
 def test_say_and_approve_from_the_other_machine(machines, tmp_path):
