@@ -376,6 +376,7 @@ class Reactor:
         where = connect or ""
         if any(a.startswith("tcp://[") for a in [*binds, where]):
             sock.setsockopt(zmq.IPV6, 1)  # off by default: an IPv6 address would not bind
+        monitor: zmq.Socket[bytes] | None = None
         try:
             if secure is not None:
                 secure(sock)
@@ -390,6 +391,8 @@ class Reactor:
                 where = connect
                 sock.connect(connect)
         except zmq.ZMQError as exc:
+            if monitor is not None:
+                monitor.close(linger=0)
             sock.close(linger=0)
             verb = "connect" if connect else "bind"
             raise OSError(f"{name}: cannot {verb} {where}: {exc}") from exc
