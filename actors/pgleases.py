@@ -260,11 +260,12 @@ def give_up(conn: Any, owner: str) -> int:
 
 
 def overview(conn: Any) -> dict[str, Any]:
-    """The hosts on the store and their leases (for `oploop status`)."""
-    hosts = [{"id": h, "name": n, "seen_s_ago": float(ago), "down": bool(d)}
-             for h, n, ago, d in conn.execute(
-                 "SELECT id, name, extract(epoch FROM now() - seen), down FROM hosts "
-                 "ORDER BY name")]
+    """The hosts on the store (with the TCP control address other machines reach each at,
+    "" for none) and their leases (for `oploop status`)."""
+    hosts = [{"id": h, "name": n, "seen_s_ago": float(ago), "down": bool(d), "tcp": tcp}
+             for h, n, ago, d, tcp in conn.execute(
+                 "SELECT id, name, extract(epoch FROM now() - seen), down, control_tcp "
+                 "FROM hosts ORDER BY name")]
     leases = [{"session": s, "owner": o, "epoch": int(e), "expires_in_s": float(left)}
               for s, o, e, left in conn.execute(
                   "SELECT sid, owner, epoch, extract(epoch FROM expires - now()) FROM leases "

@@ -129,6 +129,10 @@ def test_each_host_publishes_how_other_machines_reach_it(machines):
         assert rows[host]["client_key"] == keys.public.decode()
         assert rows[host]["control_tcp"].startswith("tcp://10.213.")
         assert rows[host]["events_tcp"].startswith("tcp://10.213.")
+    # `oploop status` on either says where other machines reach each host.
+    status = oploop(a, "status").stdout
+    assert f"(other machines: {rows[id_b]['control_tcp']})" in status, status
+    assert f"(other machines: {rows[id_a]['control_tcp']})" in status, status
 
 
 def connected(home: str, name: str, address: str) -> bool:
