@@ -23,7 +23,8 @@ clock skew between hosts changes nothing:
 - `give_up`: a host stopping gracefully expires its leases and NOTIFYs
   `HANDOVER_CHANNEL`; the others LISTEN there and claim at once.
 
-`hosts` lists the hosts on the store (`heartbeat`: id, name, when last heard).
+`hosts` lists the hosts on the store (`heartbeat`: id, name, when last heard, and
+where the others reach it: `control` on its machine, `Reach` from other machines).
 """
 
 from __future__ import annotations
@@ -168,28 +169,53 @@ def claim(conn: Any, owner: str, lease_s: float, *, mine: bool = False,
             for sid, epoch, prev, lapsed, at in rows}
 
 
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How a host on another machine is reached, as its `hosts` row publishes it: its
+    control and events sockets on TCP ("" when it does not listen on TCP), its CURVE
+    server key, and the public key it connects to the other hosts with (z85; the store
+    is the trust root: a host admits the keys of the hosts on its store)."""
+
+    control_tcp: str = ""
+    events_tcp: str = ""
+    server_key: str = ""
+    client_key: str = ""
+
+
 def heartbeat(conn: Any, owner: str, name: str, *, down: bool = False, control: str = "",
-              placeable: bool = False) -> None:
+              placeable: bool = False, reach: Reach | None = None) -> None:
     """Say in `hosts` that `owner` (called `name`) is alive now (or, `down`, stopped);
-    `control`: where its supervisor's control socket is reached (`actors.hostdir`);
-    `placeable`: whether it takes new sessions the others place (not an embedded host)."""
-    conn.execute("INSERT INTO hosts (id, name, seen, down, control, placeable) "
-                 "VALUES (%s, %s, now(), %s, %s, %s) "
+    `control`: where its supervisor's control socket is reached on its machine
+    (`actors.peerhosts`); `placeable`: whether it takes new sessions the others place
+    (not an embedded host); `reach`: how hosts on other machines reach it."""
+    r = reach or Reach()
+    conn.execute("INSERT INTO hosts (id, name, seen, down, control, placeable, control_tcp, "
+                 "events_tcp, server_key, client_key) "
+                 "VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s) "
                  "ON CONFLICT (id) DO UPDATE SET name = excluded.name, seen = excluded.seen, "
                  "down = excluded.down, control = excluded.control, "
-                 "placeable = excluded.placeable", (owner, name, down, control, placeable))
+                 "placeable = excluded.placeable, control_tcp = excluded.control_tcp, "
+                 "events_tcp = excluded.events_tcp, server_key = excluded.server_key, "
+                 "client_key = excluded.client_key",
+                 (owner, name, down, control, placeable, r.control_tcp, r.events_tcp,
+                  r.server_key, r.client_key))
 
 
 @dataclass(frozen=True, slots=True)
 class HostRow:
-    """A host on the store as its row says: id, name, control address, whether it takes
-    placed sessions, and how many sessions it holds leases of now."""
+    """A host on the store as its row says: id, name, control address on its machine,
+    whether it takes placed sessions, how many sessions it holds leases of now, and how
+    it is reached from other machines."""
 
     id: str
     name: str
     control: str
     placeable: bool
     running: int = 0
+    reach: Reach = Reach()
+
+
+_REACH = "h.control_tcp, h.events_tcp, h.server_key, h.client_key"
 
 
 def live_hosts(conn: Any, within_s: float) -> list[HostRow]:
@@ -197,10 +223,12 @@ def live_hosts(conn: Any, within_s: float) -> list[HostRow]:
     unexpired leases each holds (its running sessions), by id."""
     rows = conn.execute(
         "SELECT h.id, h.name, h.control, h.placeable, "
-        "(SELECT count(*) FROM leases l WHERE l.owner = h.id AND l.expires > now()) "
-        "FROM hosts h WHERE NOT h.down AND h.seen > now() - make_interval(secs => %s) "
+        "(SELECT count(*) FROM leases l WHERE l.owner = h.id AND l.expires > now()), "
+        f"{_REACH} FROM hosts h "
+        "WHERE NOT h.down AND h.seen > now() - make_interval(secs => %s) "
         "ORDER BY h.id", (within_s,)).fetchall()
-    return [HostRow(str(i), str(n), str(c), bool(p), int(r)) for i, n, c, p, r in rows]
+    return [HostRow(str(i), str(n), str(c), bool(p), int(r), Reach(*map(str, reach)))
+            for i, n, c, p, r, *reach in rows]
 
 
 def holder_row(conn: Any, sid: str) -> HostRow | None:
@@ -208,10 +236,15 @@ def holder_row(conn: Any, sid: str) -> HostRow | None:
     none: it never said where it is), or None."""
     got = conn.execute(
         "SELECT l.owner, coalesce(h.name, ''), coalesce(h.control, ''), "
-        "coalesce(h.placeable, false) FROM leases l LEFT JOIN hosts h ON h.id = l.owner "
+        "coalesce(h.placeable, false), coalesce(h.control_tcp, ''), "
+        "coalesce(h.events_tcp, ''), coalesce(h.server_key, ''), coalesce(h.client_key, '') "
+        "FROM leases l LEFT JOIN hosts h ON h.id = l.owner "
         "WHERE l.sid = %s AND l.owner IS NOT NULL AND l.expires > now()", (sid,)).fetchone()
-    return None if got is None else HostRow(str(got[0]), str(got[1]), str(got[2]),
-                                            bool(got[3]))
+    if got is None:
+        return None
+    owner, name, control, placeable, *reach = got
+    return HostRow(str(owner), str(name), str(control), bool(placeable),
+                   reach=Reach(*map(str, reach)))
 
 
 def give_up(conn: Any, owner: str) -> int:
@@ -227,11 +260,12 @@ def give_up(conn: Any, owner: str) -> int:
 
 
 def overview(conn: Any) -> dict[str, Any]:
-    """The hosts on the store and their leases (for `oploop status`)."""
-    hosts = [{"id": h, "name": n, "seen_s_ago": float(ago), "down": bool(d)}
-             for h, n, ago, d in conn.execute(
-                 "SELECT id, name, extract(epoch FROM now() - seen), down FROM hosts "
-                 "ORDER BY name")]
+    """The hosts on the store (with the TCP control address other machines reach each at,
+    "" for none) and their leases (for `oploop status`)."""
+    hosts = [{"id": h, "name": n, "seen_s_ago": float(ago), "down": bool(d), "tcp": tcp}
+             for h, n, ago, d, tcp in conn.execute(
+                 "SELECT id, name, extract(epoch FROM now() - seen), down, control_tcp "
+                 "FROM hosts ORDER BY name")]
     leases = [{"session": s, "owner": o, "epoch": int(e), "expires_in_s": float(left)}
               for s, o, e, left in conn.execute(
                   "SELECT sid, owner, epoch, extract(epoch FROM expires - now()) FROM leases "

@@ -110,6 +110,12 @@ _SCHEMA = (
     # (Added after version 1, idempotently: whether the host takes new sessions placed
     # by others; an embedded host does not, its runs ending with its CLI.)
     "ALTER TABLE hosts ADD COLUMN IF NOT EXISTS placeable boolean NOT NULL DEFAULT false",
+    # (Likewise: how hosts on other machines reach it, `actors.peerhosts.Reach`: its TCP
+    # control and events addresses, its CURVE server key, the key it connects with.)
+    "ALTER TABLE hosts ADD COLUMN IF NOT EXISTS control_tcp text NOT NULL DEFAULT '', "
+    "ADD COLUMN IF NOT EXISTS events_tcp text NOT NULL DEFAULT '', "
+    "ADD COLUMN IF NOT EXISTS server_key text NOT NULL DEFAULT '', "
+    "ADD COLUMN IF NOT EXISTS client_key text NOT NULL DEFAULT ''",
 )
 #: Serialises schema creation between hosts starting at once (CREATE TABLE IF NOT
 #: EXISTS races in PostgreSQL): a transaction-scoped advisory lock, for DDL only.

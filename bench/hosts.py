@@ -1,6 +1,9 @@
 """The `hosts` section: any host, any session, on one PostgreSQL store.
 
-Two real hosts (separate homes, one machine, a throwaway local cluster: `bench.pgcluster`):
+Two real hosts (separate homes, a throwaway local cluster: `bench.pgcluster`), first
+on one machine, then with host b on "another machine" (`bench.netlink.OtherMachine`:
+its own host name, mounts and network namespace; it reaches the store and host a over
+TCP only, a's control socket and events with CURVE):
 
 - cancel across hosts: a session runs a tool on host a; a client of host b cancels it
   (b sends it on to a's priority control socket, a cancels and answers once the cancel
@@ -16,18 +19,21 @@ Two real hosts (separate homes, one machine, a throwaway local cluster: `bench.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import pgcluster
+from bench import netlink, pgcluster
 from bench.stats import percentile
 from bench.stats import table as text_table
-from bench.store import _oploop
 
 MARK = "4646"
 SCRIPTS = {
@@ -97,23 +103,52 @@ def _figures(values: list[float]) -> dict[str, float]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    """Cancel across hosts and live events on the other host (two hosts, one store)."""
-    from actors.sandbox.workspaces import remove_home
-
+    """Cancel across hosts and live events on the other host (two hosts, one store): both
+    hosts on one machine, then the other host on "another machine" (when namespaces can
+    be made here: `bench.netlink.OtherMachine`)."""
     why = pgcluster.unavailable()
     if why:
         raise RuntimeError(f"no PostgreSQL here: {why}")
-    cluster = pgcluster.PgCluster.start()
+    out: dict[str, Any] = {"loadavg_start": list(os.getloadavg())}
+    out["one machine"] = _measure(quick, other=False)
+    why = netlink.unavailable()
+    out["two machines"] = {"skipped": why} if why else _measure(quick, other=True)
+    out["loadavg_end"] = list(os.getloadavg())
+    return out
+
+
+def _measure(quick: bool, *, other: bool) -> dict[str, Any]:
+    """The figures with host b on this machine, or (`other`) on another, where only TCP
+    reaches: both then listen on TCP with CURVE, b reaches the store over TCP."""
+    from actors.sandbox.workspaces import remove_home
+
     work = Path(tempfile.mkdtemp(prefix="oploop-bench-hosts-"))
     homes = [tempfile.mkdtemp(prefix=f"oph{n}-", dir="/tmp") for n in "ab"]
     out: dict[str, Any] = {"loadavg_start": list(os.getloadavg())}
-    try:
+    with contextlib.ExitStack() as stack:
+        machine = stack.enter_context(netlink.OtherMachine()) if other else None
+        cluster = pgcluster.PgCluster.start() if machine is None else \
+            pgcluster.PgCluster.start(listen=machine.outer, port=_free_port(machine.outer))
+        stack.callback(cluster.stop)
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        for home in homes:
+            stack.callback(remove_home, Path(home))
         scenario = work / "scenario.json"
         scenario.write_text(json.dumps({"scripts": SCRIPTS}))
-        env = {"OPLOOP_STORE": pgcluster.fresh_schema(cluster),
-               "OPLOOP_OFFLINE_SCENARIO": str(scenario)}
-        for home in homes:
-            up = _oploop(home, "up", "--detach", env=env)
+        base = {"OPLOOP_OFFLINE_SCENARIO": str(scenario)}
+        envs = [{**base, "OPLOOP_STORE": pgcluster.fresh_schema(cluster)}] * 2
+        prefixes: list[list[str]] = [[], []]
+        if machine is not None:
+            for home, address in zip(homes, (machine.outer, machine.inner), strict=True):
+                port = _free_port(address) if address == machine.outer else 7400
+                Path(home, "oploop.toml").write_text(
+                    f'[network]\nlisten = "tcp://{address}:{port}"\n')
+            envs = [{**base, "OPLOOP_STORE": cluster.url},
+                    {**base, "OPLOOP_STORE": cluster.tcp_url}]
+            prefixes[1] = machine.prefix([homes[0]])
+        for home, env, prefix in zip(homes, envs, prefixes, strict=True):
+            up = _cli(home, "up", "--detach", env=env, prefix=prefix)
+            stack.callback(_cli, home, "down", env={})
             if up.returncode:
                 raise RuntimeError(f"host {home}: {up.stderr}")
         a, b = homes
@@ -125,18 +160,44 @@ def run(quick: bool) -> dict[str, Any]:
         live = asyncio.run(_live(a, b, id_a, sessions))
         out["live"] = {k: _figures(v) for k, v in live.items()}
         out["live_sessions"] = sessions
-    finally:
-        for home in homes:
-            _oploop(home, "down", env={})
-            remove_home(Path(home))
-        cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
     out["loadavg_end"] = list(os.getloadavg())
     return out
 
 
+def _cli(home: str, *args: str, env: dict[str, str],
+         prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`oploop ARGS` for `home` (after `prefix`: on the other machine)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    full.update(env, OPLOOP_HOME=home, OPLOOP_HTTP_LISTEN="off", OPLOOP_SANDBOX="scratch")
+    return subprocess.run([*(prefix or ()), sys.executable, "-m", "actors.cli", *args],
+                          env=full, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _free_port(address: str) -> int:
+    """A port free on `address`, with four free after it (good enough for a bench)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((address, 0))
+            port: int = probe.getsockname()[1]
+        if port + 5 < 65535:
+            return port
+    raise RuntimeError("no free port")
+
+
 def table(result: dict[str, Any]) -> str:
-    """Cancel round trips and live-event delays, the other host beside the owner."""
+    """Cancel round trips and live-event delays, the other host beside the owner, with
+    the other host on this machine and on another."""
+    parts = []
+    for where in ("one machine", "two machines"):
+        part = result[where]
+        if "skipped" in part:
+            parts.append(f"{where}: skipped ({part['skipped']})")
+            continue
+        parts.append(_table(where, part))
+    return "\n\n".join(parts)
+
+
+def _table(where: str, result: dict[str, Any]) -> str:
     c, live, o = result["cancel"], result["live"], result["at_once"]
     ms = lambda v: f"{v * 1e3:.1f} ms"  # noqa: E731
     rows = [
@@ -156,6 +217,8 @@ def table(result: dict[str, Any]) -> str:
     ]
     load = " ".join(f"{x:.2f}" for x in result["loadavg_start"])
     end = " ".join(f"{x:.2f}" for x in result["loadavg_end"])
-    return (text_table(["two hosts, one store", "other host", "owner host"], rows)
-            + f"\n(one machine, local cluster on a unix socket; load average {load} at "
-            f"start, {end} at end)")
+    how = ("local cluster on a unix socket" if where == "one machine" else
+           "the other host in its own UTS, mount and network namespaces: TCP + CURVE to "
+           "the owner, TCP to the cluster")
+    return (text_table([f"two hosts, one store, {where}", "other host", "owner host"], rows)
+            + f"\n({how}; load average {load} at start, {end} at end)")

@@ -139,3 +139,57 @@ def _kill_all_in(ns: str) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)  # (the kernel reaps asynchronously: look again)
+
+
+class OtherMachine:
+    """"Another machine" as far as one box allows, for hosts of one store: a network
+    namespace joined to this one by a veth pair (this side `outer`, that side `inner`),
+    and `prefix`, which starts a command in it with a host name of its own (UTS
+    namespace) and its own mounts, in which the homes of this machine's hosts are
+    covered by an empty tmpfs: only TCP reaches from one side to the other."""
+
+    def __init__(self, hostname: str = "other-machine") -> None:
+        tag = secrets.token_hex(3)
+        self.hostname = hostname
+        self.ns, self.outer_if, self.inner_if = f"opx{tag}", f"oxo{tag}", f"oxi{tag}"
+        subnet = int(tag[:2], 16) % 250 + 1
+        self.outer, self.inner = f"10.78.{subnet}.1", f"10.78.{subnet}.2"
+        _ip("netns", "add", self.ns)
+        try:
+            _ip("link", "add", self.outer_if, "type", "veth", "peer", "name", self.inner_if)
+            _ip("link", "set", self.inner_if, "netns", self.ns)
+            _ip("addr", "add", f"{self.outer}/30", "dev", self.outer_if)
+            _ip("link", "set", self.outer_if, "up")
+            _ip("-n", self.ns, "addr", "add", f"{self.inner}/30", "dev", self.inner_if)
+            _ip("-n", self.ns, "link", "set", self.inner_if, "up")
+            _ip("-n", self.ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> OtherMachine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def prefix(self, hidden: list[str]) -> list[str]:
+        """The command prefix that runs a program on the other machine, `hidden` (this
+        machine's homes) covered there."""
+        return other_machine_prefix(self.ns, self.hostname, hidden)
+
+    def close(self) -> None:
+        """Kill what still runs there, delete the namespace (and the pair with it)."""
+        _kill_all_in(self.ns)
+        subprocess.run(["ip", "link", "del", self.outer_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+def other_machine_prefix(ns: str, hostname: str, hidden: list[str]) -> list[str]:
+    """A command prefix: the program runs with host name `hostname` (a UTS namespace of
+    its own), its own mounts with each of `hidden` covered by an empty tmpfs, and the
+    network of namespace `ns` (`nsenter --net` alone, as `Lab.in_ns` says why)."""
+    covers = "".join(f" && mount -t tmpfs -o size=1m none {path}" for path in hidden)
+    script = f"hostname {hostname}{covers} && exec nsenter --net=/run/netns/{ns} \"$@\""
+    return ["unshare", "--uts", "--mount", "--propagation", "private",
+            "sh", "-c", script, "sh"]

@@ -91,8 +91,8 @@ class AnswerElicitation(Body):
     content: dict[str, Any] = field(default_factory=dict)
     #: Set by a host of the same store forwarding this to the session's owner
     #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
-    #: Honoured from the owner's own user only; a forwarded request is never forwarded
-    #: again.
+    #: Honoured from the owner's own user and the store's other hosts (their keys) only;
+    #: a forwarded request is never forwarded again.
     by: str = ""
 
 

@@ -252,8 +252,8 @@ class Cancel(Body):
     reason: str = ""
     #: Set by a host of the same store forwarding this to the session's owner
     #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
-    #: Honoured from the owner's own user only; a forwarded request is never forwarded
-    #: again.
+    #: Honoured from the owner's own user and the store's other hosts (their keys) only;
+    #: a forwarded request is never forwarded again.
     by: str = ""
 
 
@@ -305,8 +305,8 @@ class Say(Body):
     text: str
     #: Set by a host of the same store forwarding this to the session's owner
     #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
-    #: Honoured from the owner's own user only; a forwarded request is never forwarded
-    #: again.
+    #: Honoured from the owner's own user and the store's other hosts (their keys) only;
+    #: a forwarded request is never forwarded again.
     by: str = ""
 
 
@@ -335,6 +335,11 @@ class Compact(Body):
 
     KIND: ClassVar[str] = "compact"
     session: str
+    #: Set by a host of the same store forwarding this to the session's owner
+    #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
+    #: Honoured from the owner's own user and the store's other hosts (their keys) only;
+    #: a forwarded request is never forwarded again.
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,8 +374,8 @@ class DecideCalls(Body):
     always: bool = False
     #: Set by a host of the same store forwarding this to the session's owner
     #: (`actors.supervisor.forwarding`): who asked there ("local" or a key's name).
-    #: Honoured from the owner's own user only; a forwarded request is never forwarded
-    #: again.
+    #: Honoured from the owner's own user and the store's other hosts (their keys) only;
+    #: a forwarded request is never forwarded again.
     by: str = ""
 
 

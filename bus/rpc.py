@@ -31,13 +31,13 @@ class Requester:
     def __init__(self, reactor: Reactor, name: str, address: str,
                  secure: Secure | None = None, *, watch: bool = False) -> None:
         self._pending: dict[str, asyncio.Future[Envelope]] = {}
-        self.port: Port = reactor.add(zmq.DEALER, name, self._on_reply, connect=address,
-                                      secure=secure)
         self.address = address
         #: Why the peer refuses our handshake, while it does (CURVE only).
         self.refusal: str | None = None
-        if secure is not None or watch:  # (`watch`: a peer that may want CURVE from us)
-            reactor.watch_handshakes(self.port, self._on_handshake)
+        # (`watch`: a peer that may want CURVE from us; watched from before the connect)
+        watched = self._on_handshake if secure is not None or watch else None
+        self.port: Port = reactor.add(zmq.DEALER, name, self._on_reply, connect=address,
+                                      secure=secure, on_handshake=watched)
 
     def _on_handshake(self, refusal: str | None) -> None:
         self.refusal = refusal

@@ -12,12 +12,14 @@ for that socket's *domain*:
     view     events, replay  control, viewer, peer
 
 So a viewer's key can watch and replay, never start or cancel; a worker's key
-cannot start runs. A peer's key (another host asking this one's agent, `ask_machine`)
-is admitted like a control key, and the supervisor narrows what it may ask: new runs
-only, on the one agent this host bound the key to when it issued it (`peer_agent`),
-in no directory of its choosing, under this host's rules. The host's
-own actors and the local CLI use the local key, admitted everywhere (reading it
-needs this user's file permissions).
+cannot start runs. The other hosts of a shared store (`Keyring.hosts`: their keys as
+the store publishes them, set by the actor that reads it) are admitted to `control`
+(forwarded requests) and `view` (following live events) only, as role `host`.
+A peer's key (another host asking this one's agent, `ask_machine`) is admitted like
+a control key, and the supervisor narrows what it may ask: new runs only, on the one
+agent this host bound the key to when it issued it (`peer_agent`), in no directory of
+its choosing, under this host's rules. The host's own actors and the local CLI use
+the local key, admitted everywhere (reading it needs this user's file permissions).
 
 The keys live in `$OPLOOP_HOME/keys` (0700), made at the first `oploop up` with
 CURVE on (or the first `oploop keys`):
@@ -59,6 +61,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("oploop.security")
 
 ROLES = ("control", "worker", "viewer", "peer")
+
+#: The role of another host of this host's shared store (its key read from the store,
+#: never a file here), and the domains it is admitted to: what a host of the store
+#: needs of another (sending on a request for a session the other runs; following
+#: its live events), nothing more.
+HOST = "host"
+HOST_DOMAINS = frozenset({"control", "view"})
 
 #: The ZAP domain of each public endpoint.
 DOMAIN_OF = {"api": "api", "control": "control", "work": "work",
@@ -126,6 +135,10 @@ class Keyring:
         #: The file name (without .key) of each authorised public key (z85): its name.
         self._names: dict[bytes, str] = {}
         self._local: bytes | None = None
+        #: The other hosts of the shared store: public key (z85) -> host id. Replaced
+        #: whole (never changed in place) by the actor reading the store; the ZAP thread
+        #: reads it.
+        self.hosts: dict[bytes, str] = {}
 
     @classmethod
     def for_home(cls, home: Path) -> Keyring:
@@ -237,18 +250,24 @@ class Keyring:
         """Whether public key `key` (z85) may connect to sockets of `domain`."""
         if key == self._local_key():
             return True
+        if domain in HOST_DOMAINS and key in self.hosts:
+            return True
         return any(key in self._authorised(role) for role in ADMITS.get(domain, ()))
 
     def role_of_key(self, key: bytes) -> str:
         """The role of an admitted public key (raw or z85) and its name, as `ROLE:NAME`
-        ("control:alice": who decided an approval names the key); "local" for the local
-        key, "unknown" when it cannot be told (it runs on the ZAP thread: never raises)."""
+        ("control:alice": who decided an approval names the key); `host:ID` for another
+        host of the shared store; "local" for the local key, "unknown" when it cannot be
+        told (it runs on the ZAP thread: never raises)."""
         from zmq.utils import z85 as codec
 
         try:
             z85 = key if len(key) == 40 else codec.encode(key)
             if z85 == self._local_key():
                 return "local"
+            host = self.hosts.get(z85)
+            if host is not None:
+                return f"{HOST}:{host}"
             role = next((r for r in ROLES if z85 in self._authorised(r)), "unknown")
             name = self._names.get(z85, "")
             return f"{role}:{name}" if name and role != "unknown" else role

@@ -126,6 +126,9 @@ class Port:
         self.abandoned = False
         #: How often the reactor connected it again after libzmq gave up.
         self.revived = 0
+        #: The port reading its handshake events (`Reactor.watch_handshakes`), removed
+        #: with it.
+        self.monitor: Port | None = None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -313,6 +316,13 @@ class Port:
         return out
 
 
+def _monitor(sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
+    """A monitor of `sock`'s handshake and connection events (`watch_handshakes`)."""
+    mon: zmq.Socket[bytes] = sock.get_monitor_socket(_HANDSHAKE_EVENTS | _CONNECTION_EVENTS)
+    mon.setsockopt(zmq.LINGER, 0)
+    return mon
+
+
 class Reactor:
     """The sockets of one actor, served on the running asyncio loop.
 
@@ -342,9 +352,12 @@ class Reactor:
         hwm: int = 10_000,
         subscribe: bytes | None = None,
         raw_handler: RawHandler | None = None,
+        on_handshake: Callable[[str | None], None] | None = None,
     ) -> Port:
         """Create a socket, bind it (to one address or several) or connect it, and serve
-        it with `handler`. `secure` sets security options (CURVE) before either."""
+        it with `handler`. `secure` sets security options (CURVE) before either;
+        `on_handshake`: `watch_handshakes` from before the connect (a handshake refused
+        at once is not missed)."""
         sock: zmq.Socket[bytes] = self.ctx.socket(socket_type)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, hwm)
@@ -363,6 +376,7 @@ class Reactor:
         where = connect or ""
         if any(a.startswith("tcp://[") for a in [*binds, where]):
             sock.setsockopt(zmq.IPV6, 1)  # off by default: an IPv6 address would not bind
+        monitor: zmq.Socket[bytes] | None = None
         try:
             if secure is not None:
                 secure(sock)
@@ -372,10 +386,13 @@ class Reactor:
                 sock.bind(where)
                 if where.startswith("ipc://"):
                     os.chmod(where[len("ipc://"):], 0o600)  # only this user may connect
+            monitor = _monitor(sock) if on_handshake is not None and connect else None
             if connect:
                 where = connect
                 sock.connect(connect)
         except zmq.ZMQError as exc:
+            if monitor is not None:
+                monitor.close(linger=0)
             sock.close(linger=0)
             verb = "connect" if connect else "bind"
             raise OSError(f"{name}: cannot {verb} {where}: {exc}") from exc
@@ -385,6 +402,8 @@ class Reactor:
         )
         port.connect_to = connect
         self._serve(port)
+        if monitor is not None and on_handshake is not None:
+            self.watch_handshakes(port, on_handshake, monitor)
         return port
 
     def _serve(self, port: Port) -> None:
@@ -393,7 +412,8 @@ class Reactor:
             asyncio.get_running_loop().add_reader(port.sock.getsockopt(zmq.FD), self._signal, port)
             self.kick()
 
-    def watch_handshakes(self, port: Port, on_change: Callable[[str | None], None]) -> None:
+    def watch_handshakes(self, port: Port, on_change: Callable[[str | None], None],
+                         monitor: zmq.Socket[bytes] | None = None) -> None:
         """Tell `on_change` why the peer of a connecting `port` refuses its handshake
         (a CURVE key it does not admit, no CURVE on one side, another server key),
         and None once a handshake succeeds. A refused connection never delivers:
@@ -407,10 +427,12 @@ class Reactor:
         endpoint for good, with no handshake event and no reconnect: every later send
         fails with EAGAIN, even once the host answers there again. So a disconnect
         that no reconnect follows within `REVIVE_AFTER_S` (and that no refusal above
-        explains: a refused key is not retried) connects the endpoint again."""
-        mon: zmq.Socket[bytes] = port.sock.get_monitor_socket(
-            _HANDSHAKE_EVENTS | _CONNECTION_EVENTS)
-        mon.setsockopt(zmq.LINGER, 0)
+        explains: a refused key is not retried) connects the endpoint again.
+
+        Watched once connected, a handshake refused at once (before the monitor is
+        attached: a thread descheduled on a busy machine) goes unseen: give
+        `Reactor.add` `on_handshake` instead, or `monitor` made before the connect."""
+        mon = monitor if monitor is not None else _monitor(port.sock)
         refused = [False]  # this connection's handshake was refused (no revival)
 
         def handle(frames: list[bytes]) -> None:
@@ -438,8 +460,9 @@ class Reactor:
                 on_change("failed the handshake (CURVE on one side only, or another "
                           "server key)")
 
-        self._serve(Port(self, mon, f"{port.name}.monitor", None, priority=False,
-                         reply_errors=False, raw_handler=handle))
+        port.monitor = Port(self, mon, f"{port.name}.monitor", None, priority=False,
+                            reply_errors=False, raw_handler=handle)
+        self._serve(port.monitor)
 
     def revive(self, port: Port) -> None:
         """Connect `port` again if libzmq has given it up and still has not (see
@@ -471,12 +494,15 @@ class Reactor:
             self._wake.set()
 
     def remove(self, port: Port) -> None:
-        """Stop serving `port` and close it."""
+        """Stop serving `port` and close it (and its monitor, if it has one)."""
+        monitor, port.monitor = port.monitor, None
         if port in self.ports:
             self.ports.remove(port)
             if self._wake is not None and not port.closed:
                 asyncio.get_running_loop().remove_reader(port.sock.getsockopt(zmq.FD))
         port.close()
+        if monitor is not None:
+            self.remove(monitor)
 
     def kick(self) -> None:
         """Make the serve loop re-check every socket (after a send, or a new port)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -90,8 +91,14 @@ class Broadcaster:
             from actors.pglog import PgSessionLog
 
             assert isinstance(shared, PgSessionLog)
-            self.follower = Follower(self.reactor, shared, endpoints.run_dir.parent,
-                                     self.followed, OWN)
+            from actors.peerhosts import reach_of
+
+            home = endpoints.run_dir.parent
+            # The other hosts may follow this one's events: its gate admits their keys.
+            keyring = self.gate.keyring if self.gate is not None else None
+            admit = functools.partial(setattr, keyring, "hosts") if keyring else None
+            self.follower = Follower(self.reactor, shared, home, self.followed, OWN,
+                                     admit, reach_of(home).client_key)
 
     # -- ingest ------------------------------------------------------------------------
 

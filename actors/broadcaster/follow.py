@@ -2,7 +2,8 @@
 
 On a PostgreSQL store a session's events are published by the broadcaster of the host
 running it. This host's broadcaster follows the others: one SUB socket per other host
-on this machine (their rows in `hosts`, read again every `REFRESH_S`), subscribed to
+(their rows in `hosts`, read again every `REFRESH_S`; on this machine over its ipc
+events socket, on another over TCP with CURVE, `actors.peerhosts`), subscribed to
 exactly the sessions this host's viewers subscribe to, and to their own events only
 (the topic `sid + OWN`: what a host relays is not sent back to it). What comes in is logged and
 published here like an event of this host's own supervisor (`Broadcaster.followed`):
@@ -10,6 +11,9 @@ in seq order, a hole filled from the store, a duplicate (one a replay already to
 from the store) dropped. Which host runs the
 session does not matter: every other host is followed, so a session moving to another
 host (failover) keeps its live viewers without a lookup.
+
+The same read of `hosts` tells this broadcaster's ZAP gate which keys are the other
+hosts' (`admit`): they may follow its events (and replay), nothing else here.
 
 A replay (`catch_up`) first brings this host's log of the session up to the store:
 events written by another host since this broadcaster started are in the store, not
@@ -19,6 +23,7 @@ in its memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +33,11 @@ import psycopg
 import zmq
 
 from actors import pgleases
-from actors.peerhosts import HOST_FRESH_S, home_of, reach_problem
+from actors.peerhosts import HOST_FRESH_S, admitted, link, local_home, reach_problem
+from actors.pgleases import HostRow
 from actors.pglog import PgSessionLog
 from actors.sessionlog import JournalError
-from bus.endpoints import EndpointError, Endpoints
-from bus.security import CredentialError
+from bus.errors import BusError
 from bus.sockets import Port, Reactor
 
 log = logging.getLogger("oploop.broadcaster")
@@ -47,14 +52,24 @@ class Follower:
     """SUB sockets to the other hosts' broadcasters, subscribed to what viewers here want."""
 
     def __init__(self, reactor: Reactor, store: PgSessionLog, own_home: Path,
-                 received: Callable[[list[bytes]], None], mark: bytes) -> None:
+                 received: Callable[[list[bytes]], None], mark: bytes,
+                 admit: Callable[[dict[bytes, str]], None] | None = None,
+                 own_key: str = "") -> None:
         self.reactor = reactor
         self.store = store
         self.own_home = own_home
         self._received = received
         self._mark = mark
-        #: The other hosts' homes -> the SUB connected to their broadcaster.
-        self.subs: dict[Path, Port] = {}
+        #: Told the keys of the other hosts at each read (this broadcaster's gate), and
+        #: this host's own key (never another's).
+        self._admit = admit
+        self._own_key = own_key
+        #: (another host's id, where its events are, its server key) -> the SUB
+        #: connected there.
+        self.subs: dict[tuple[str, str, str], Port] = {}
+        #: Those whose host refused this host's key (it had not read the store yet): a
+        #: refused connection is never tried again, so they are connected anew.
+        self.refused: set[tuple[str, str, str]] = set()
         #: Topics this host's viewers subscribe to (b"": every session).
         self.topics: set[bytes] = set()
 
@@ -88,30 +103,57 @@ class Follower:
             rows = pgleases.live_hosts(self.store.connection(), HOST_FRESH_S)
         except (psycopg.Error, JournalError) as exc:
             log.debug("cannot read the hosts to follow: %s", exc)
-            return  # keep following whom we follow
-        homes = set()
+            return  # keep following whom we follow (and admitting whom we admit)
+        if self._admit is not None:
+            self._admit(admitted(rows, self._own_key))
+        wanted = set()
         for row in rows:
-            home = home_of(row.control)
-            if home is None or home == self.own_home or reach_problem(row):
+            if self._is_me(row) or reach_problem(row):
                 continue
-            homes.add(home)
-            if home not in self.subs:
-                self._follow(home)
-        for home in set(self.subs) - homes:
-            self.reactor.remove(self.subs.pop(home))
+            try:
+                address, secure = link(row, "events", self.own_home)
+            except BusError as exc:
+                log.warning("cannot follow host %s: %s", row.id, exc)
+                continue
+            key = (row.id, address, row.reach.server_key)
+            wanted.add(key)
+            if key in self.refused:
+                self._drop(key)
+            if key not in self.subs:
+                self._follow(key, address, secure)
+        for key in set(self.subs) - wanted:
+            self._drop(key)
 
-    def _follow(self, home: Path) -> None:
-        endpoints = Endpoints.for_home(home)
-        try:  # that home's own key when it listens with CURVE (this user may read it)
-            secure = endpoints.client_side("events")
-            port = self.reactor.add(zmq.SUB, f"follow.{home.name}", connect=endpoints.address(
-                "events"), secure=secure, hwm=FOLLOW_HWM, raw_handler=self._received)
-        except (CredentialError, EndpointError, OSError) as exc:
-            log.warning("cannot follow the host of %s: %s", home, exc)
+    def _drop(self, key: tuple[str, str, str]) -> None:
+        self.refused.discard(key)
+        port = self.subs.pop(key, None)
+        if port is not None:
+            self.reactor.remove(port)
+
+    def _is_me(self, row: HostRow) -> bool:
+        if self._own_key and row.reach.client_key == self._own_key:
+            return True
+        return local_home(row) == self.own_home
+
+    def _follow(self, key: tuple[str, str, str], address: str, secure: Any) -> None:
+        try:
+            watch = functools.partial(self._on_handshake, key) if secure is not None else None
+            port = self.reactor.add(zmq.SUB, f"follow.{key[0]}", connect=address,
+                                    secure=secure, hwm=FOLLOW_HWM,
+                                    raw_handler=self._received, on_handshake=watch)
+        except OSError as exc:
+            log.warning("cannot follow host %s at %s: %s", key[0], address, exc)
             return
         for topic in self.topics:
             port.sock.setsockopt(zmq.SUBSCRIBE, topic + self._mark)
-        self.subs[home] = port
+        self.subs[key] = port
+
+    def _on_handshake(self, key: tuple[str, str, str], refusal: str | None) -> None:
+        if refusal is None:
+            self.refused.discard(key)
+        elif key in self.subs:
+            log.warning("host %s %s: following it again at the next read", key[0], refusal)
+            self.refused.add(key)
 
     def catch_up(self, sid: str, head: int, accept: Callable[[str, int, bytes], Any]) -> None:
         """Log (and publish) the events of `sid` after `head` that the store has and this

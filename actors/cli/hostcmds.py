@@ -252,7 +252,9 @@ def _store_lines(store: dict[str, Any]) -> list[str]:
     lines.append(f"{'host':<14}{'last heard':>12}  {'sessions held':<14}name")
     for h in store.get("hosts", []):
         heard = "down" if h["down"] else f"{h['seen_s_ago']:.1f} s ago"
-        lines.append(f"{h['id']:<14}{heard:>12}  {len(held.get(h['id'], [])):<14}{h['name']}")
+        reached = f" (other machines: {h['tcp']})" if h.get("tcp") else ""
+        lines.append(f"{h['id']:<14}{heard:>12}  {len(held.get(h['id'], [])):<14}{h['name']}"
+                     + reached)
     for lease in store.get("leases", []):
         left = lease["expires_in_s"]
         lines.append(f"  {lease['session']} held by {lease['owner']} (epoch {lease['epoch']}), "

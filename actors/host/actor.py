@@ -116,8 +116,9 @@ class Host:
             log.info("removed stale socket %s", stale)
         try:
             # Keys are made at the first start that serves CURVE (or by the first
-            # `oploop keys add`); a host on ipc alone never loads pyzmq's key code.
-            if self.network is not None and self.network.curve:
+            # `oploop keys add`); a host on ipc alone never loads pyzmq's key code. On a
+            # shared store too: the other hosts admit its local key (`actors.peerhosts`).
+            if (self.network is not None and self.network.curve) or self.shared_store:
                 Keyring.for_home(self.home).ensure()
             write_network(self.run_dir, self.network)
             base = {"OPLOOP_HOME": str(self.home), PARENT_PID_ENV: str(os.getpid())}

@@ -739,7 +739,7 @@ async def _main(settings: Settings) -> None:
 
         supervisor.trace_with(RunTracer(capture=settings.traces.capture_content))
     if is_pg_url(settings.config.store.url):  # a store other hosts may share: leases
-        from actors.peerhosts import control_address
+        from actors.peerhosts import control_address, reach_of
         from actors.pglog import PgSessionLog
         from actors.supervisor.forwarding import Forwarder
         from actors.supervisor.ownership import Ownership, host_id, host_name
@@ -753,9 +753,13 @@ async def _main(settings: Settings) -> None:
         # The others reach it there, and place new sessions on it unless it is embedded
         # (whose runs end with the CLI that started it).
         supervisor.ownership.control = control_address(settings.home)
+        supervisor.ownership.reach = reach_of(settings.home)
         supervisor.ownership.placeable = not settings.embedded
+        if supervisor.gate is not None:  # the other hosts' forwarded requests come in
+            keyring = supervisor.gate.keyring
+            supervisor.ownership.admit = functools.partial(setattr, keyring, "hosts")
         supervisor.forwarder = Forwarder(supervisor.ownership, supervisor.reactor,
-                                         supervisor.spawn)
+                                         supervisor.spawn, settings.home)
     # Retention works on the session log itself (`sessions_overview`, `remove`).
     supervisor.pruner = Pruner(settings.config.retention, journal.log,
                                Tombstones(journal.path), supervisor.running_sessions,

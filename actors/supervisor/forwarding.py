@@ -2,8 +2,8 @@
 to that host, and new sessions go to the least-loaded host (or the one named).
 
 Each host publishes in its `hosts` row where its control socket is (`Ownership.control`:
-`ipc://HOME/run/control.sock`). A host receiving a `cancel`, `say`, `approve`/`deny` or
-an elicitation's answer for a session whose lease another host holds checks the
+`ipc://HOME/run/control.sock`). A host receiving a `cancel`, `say`, `approve`/`deny`,
+`compact` or an elicitation's answer for a session whose lease another host holds checks the
 caller's rights as it always does (who may is unchanged), then sends the request on,
 marked with who asked (`by`), to the owner's priority control socket, and relays the
 answer. If the owner changed meanwhile (the lease moved: the owner answers
@@ -17,10 +17,13 @@ unexpired leases among this host and the others that take placed sessions (`oplo
 up` hosts; not an embedded one), this host on a tie. It is sent to that host's api
 socket with the target's id as `host`, so that host starts it without placing it again.
 
-Trust: hosts on one store reach each other on one machine, through the other home's
+Trust (`actors.peerhosts`): a host on this machine is reached through its home's
 runtime directory (0700, this user's: the local user's own access, the same as the CLI
-there). A host on another machine (its row's name is another machine's) is not reached:
-the caller is told to send the request to that host.
+there). A host on another machine is reached over TCP with CURVE at the control address
+its row publishes, this host connecting with its local key, which the store publishes
+and the other host admits (as `host:ID`, to its control socket only). A host that does
+not listen on TCP cannot be reached from another machine: the caller is told so, with
+the setting that fixes it. New sessions are placed on hosts of this machine only.
 """
 
 from __future__ import annotations
@@ -34,15 +37,13 @@ from typing import Any
 import psycopg
 
 from actors import pgleases
-from actors.peerhosts import HOST_FRESH_S, home_of, reach_problem
+from actors.peerhosts import HOST_FRESH_S, link, place_problem, reach_problem
 from actors.pgleases import HostRow
 from actors.sessionlog import JournalError
 from actors.supervisor.ownership import Ownership
-from bus.endpoints import EndpointError, Endpoints
 from bus.errors import BusError, RemoteError, RequestTimeout
 from bus.messages import Body, Cancel, Envelope, StartRun
 from bus.rpc import Requester
-from bus.security import CredentialError
 from bus.sockets import Port, Reactor
 
 log = logging.getLogger("oploop.forwarding")
@@ -58,12 +59,16 @@ class Forwarder:
     that should run them."""
 
     def __init__(self, ownership: Ownership, reactor: Reactor,
-                 spawn: Callable[[Coroutine[Any, Any, None], str], object]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None], str], object],
+                 home: Path) -> None:
         self.ownership = ownership
         self.reactor = reactor
         self._spawn = spawn
-        #: (home, socket name) -> a requester kept for the next requests.
-        self._requesters: dict[tuple[Path, str], Requester] = {}
+        #: This host's home (its local key is what it connects to other machines with).
+        self.home = home
+        #: (host id, socket name, address, server key) -> a requester kept for the next
+        #: requests.
+        self._requesters: dict[tuple[str, str, str, str], Requester] = {}
         self.counts = {"forwarded": 0, "retried": 0, "failed": 0, "placed": 0}
 
     # -- control verbs -------------------------------------------------------------------
@@ -152,11 +157,11 @@ class Forwarder:
             if not named:
                 known = ", ".join(f"{h.id} ({h.name})" for h in hosts) or "none"
                 return f"no host {req.host!r} is up on the store (hosts: {known})"
-            return reach_problem(named[0]) or named[0]
+            return place_problem(named[0]) or named[0]
         mine = len(self.ownership.fence.epochs)
         best: HostRow | None = None
         for h in hosts:
-            if h.id != me and h.placeable and not reach_problem(h) and h.running < mine and \
+            if h.id != me and h.placeable and not place_problem(h) and h.running < mine and \
                     (best is None or (h.running, h.id) < (best.running, best.id)):
                 best = h
         return best
@@ -200,18 +205,21 @@ class Forwarder:
 
     async def _request(self, row: HostRow, name: str, body: Body, sid: str,
                        traceparent: str = "") -> Envelope:
-        home = home_of(row.control)
-        assert home is not None  # (`reach_problem` said it is reachable)
-        requester = self._requesters.get((home, name))
+        address, secure = link(row, name, self.home)  # (BusError: cannot be used)
+        key = (row.id, name, address, row.reach.server_key)
+        requester = self._requesters.get(key)
+        if requester is not None and requester.refusal is not None:
+            # Refused (a host's key is admitted once the other has read the store; a
+            # refused connection is never tried again): connect anew.
+            self.reactor.remove(self._requesters.pop(key).port)
+            requester = None
         if requester is None:
-            endpoints = Endpoints.for_home(home)
-            try:  # that home's own key, when it listens with CURVE (this user may read it)
-                secure = endpoints.client_side(name)
-            except (CredentialError, EndpointError, OSError) as exc:
-                raise BusError(f"cannot use the keys of {home}: {exc}") from exc
-            requester = Requester(self.reactor, f"forward.{row.id}.{name}",
-                                  endpoints.address(name), secure)
-            self._requesters[(home, name)] = requester
+            try:
+                requester = Requester(self.reactor, f"forward.{row.id}.{name}", address,
+                                      secure)
+            except OSError as exc:  # (an address or key the store holds that zmq refuses)
+                raise BusError(f"cannot reach host {row.id} ({row.name}): {exc}") from exc
+            self._requesters[key] = requester
         return await requester.request(body, sid=sid, timeout=FORWARD_TIMEOUT_S,
                                        traceparent=traceparent)
 

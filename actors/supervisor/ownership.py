@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 
 from actors import pgleases
+from actors.peerhosts import HOST_FRESH_S, admitted
 from actors.pgleases import Claimed, Fence
 from actors.pglog import PgSessionLog
 from actors.sessionlog import JournalError
@@ -93,9 +94,15 @@ class Ownership:
         self._sent = 0.0
         self._renewal: asyncio.Future[tuple[dict[str, int], dict[str, Claimed]]] | None = None
         #: What the heartbeat publishes for the other hosts (`actors.supervisor.forwarding`):
-        #: where this host's control socket is, and whether it takes placed sessions.
+        #: where this host's control socket is, whether it takes placed sessions, and how
+        #: hosts on other machines reach it (`actors.peerhosts`).
         self.control = ""
         self.placeable = False
+        self.reach = pgleases.Reach()
+        #: Given, after each heartbeat, the keys of the other hosts heard on the store
+        #: (this host's ZAP gate admits them; `actors.peerhosts.admitted`). From the
+        #: renewal's worker thread: it only replaces a dict.
+        self.admit: Callable[[dict[bytes, str]], None] | None = None
 
     @property
     def owner(self) -> str:
@@ -261,7 +268,10 @@ class Ownership:
         conn = self._connection()
         renewed = pgleases.renew(conn, self.owner, self.fence.lease_s)
         pgleases.heartbeat(conn, self.owner, self.name, control=self.control,
-                           placeable=self.placeable)
+                           placeable=self.placeable, reach=self.reach)
+        if self.admit is not None:
+            self.admit(admitted(pgleases.live_hosts(conn, HOST_FRESH_S),
+                                self.reach.client_key))
         claimed = pgleases.claim(conn, self.owner, self.fence.lease_s, mine=mine) \
             if self.claims else {}
         return renewed, claimed
@@ -278,7 +288,8 @@ class Ownership:
         try:
             conn = self._connection()
             given = pgleases.give_up(conn, self.owner)
-            pgleases.heartbeat(conn, self.owner, self.name, down=True, control=self.control)
+            pgleases.heartbeat(conn, self.owner, self.name, down=True, control=self.control,
+                               reach=self.reach)
         except (psycopg.Error, JournalError) as exc:
             log.error("cannot hand the sessions over (%s): they are taken when their "
                       "leases lapse", exc)

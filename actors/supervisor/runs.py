@@ -43,8 +43,15 @@ from bus.vocab import CANCEL_MODES, CancelMode
 
 log = logging.getLogger("oploop.supervisor")
 
+#: The role of another host of the shared store (`bus.security.HOST`): it sends on the
+#: requests its callers may make (their rights checked there), naming who asked (`by`).
+HOST = "host"
+
 #: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
-CONTROLLERS = frozenset({None, "local", "control"})
+CONTROLLERS = frozenset({None, "local", "control", HOST})
+
+#: What another host may send on (anything else from its key is refused).
+FORWARDED = (Cancel, Say, DecideCalls, AnswerElicitation, Compact)
 
 #: The role of a remote user's key: all a local user may do, but in no directory of its
 #: choosing (its path names a directory of another machine).
@@ -85,9 +92,10 @@ def _by(user_id: str | None) -> str:
 
 def _asker(user_id: str | None, body: Any) -> str:
     """Who asked for `body`: as `_by` says, or, for a request another host of the store
-    forwarded (`body.by`, honoured from this host's own user only), who asked there."""
+    forwarded (`body.by`, honoured from this host's own user and the store's other
+    hosts only), who asked there."""
     forwarded = getattr(body, "by", "")
-    if forwarded and _role(user_id) in (None, "local"):
+    if forwarded and _role(user_id) in (None, "local", HOST):
         return str(forwarded)
     return _by(user_id)
 
@@ -349,6 +357,12 @@ class Runs:
             self.sup.control.reply_error(peer, env.id, "bad_request",
                                          f"control does not serve {env.kind}")
             return
+        if _role(self.sup.control.user_id) == HOST and \
+                not (isinstance(env.body, FORWARDED) and env.body.by):
+            self.sup.control.reply_error(
+                peer, env.id, "forbidden", "another host of the store may only send on "
+                "a cancel, a message, a decision or a compaction, naming who asked (by)")
+            return
         handler(self, peer, env, env.body)
 
     def _control_hello(self, peer: bytes | None, env: Envelope, body: ControlHello) -> None:
@@ -377,8 +391,10 @@ class Runs:
             self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can compact sessions")
             return
+        if self._forwarded(self.sup.control, peer, env, body):
+            return
         serve_compact(self.sup, self._run_ended, peer, env, body,
-                      _by(self.sup.control.user_id))
+                      _asker(self.sup.control.user_id, body))
 
     def may_end(self, user_id: str | None, session: str) -> bool:
         """Whether the key `user_id` may cancel (or renew) `session`: a control key any,

@@ -49,7 +49,7 @@ def test_a_cancel_follows_the_lease_to_its_new_owner_once(pg_url, tmp_path):
             task = asyncio.create_task(coro, name=name)
             tasks.add(task)
 
-        forwarder = Forwarder(ownership, reactor, spawn)
+        forwarder = Forwarder(ownership, reactor, spawn, tmp_path)
 
         def old_owner(peer: bytes | None, env: Envelope, frame: bytes) -> None:
             asked.append(("h0", env.body.by))
