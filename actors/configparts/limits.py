@@ -37,10 +37,12 @@ class Limits:
     #: it, and a reserve file of this size is given up to journal the ends of the
     #: runs under way when the disk fills (0: no reserve).
     journal_reserve_mb: int = 64
-    #: A session's state is written whole (a compaction) at each run's end and, in a
-    #: long run, once this many KB of records were logged since the last one: a
-    #: restart folds at most this much (0: only at a run's end).
-    compact_every_kb: int = 4096
+    #: A session's state is written (a compaction: its small fields, and the messages
+    #: new since the last one) at a run's end and, in a long run, once this many KB of
+    #: records were logged since the last one: a restart folds at most about this much
+    #: (0: only at a run's end). Each message is written once whatever this is; a
+    #: smaller value rewrites the state's digest list more often.
+    compact_every_kb: int = 256
     #: What enters a history from outside the built-ins is cut to these, with a note
     #: saying how much was cut (`actors.bounds`): an MCP result's text and an
     #: `ask_machine` answer (characters; the host also cuts every tool result it takes

@@ -67,7 +67,7 @@ class Batch:
 
 
 #: Default of `[limits] compact_every_kb`.
-DEFAULT_COMPACT_EVERY_KB = 4096
+DEFAULT_COMPACT_EVERY_KB = 256
 
 
 class Journal:
