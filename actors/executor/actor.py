@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from actors import memorytool
 from actors.batching import FLUSH_INTERVAL_S
 from actors.config import Agent, Config
+from actors.executor.views import Views
 from actors.permissions import refusal_here
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes
@@ -130,6 +131,8 @@ class Executor(Worker):
         #: Serving a host on another machine (`OPLOOP_CONNECT`): its paths are not ours.
         self.remote = endpoints.remote
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
+        #: Each call's view, decided in a thread (`views.py`).
+        self.views = Views(self.sandbox.view)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
         #: would reach every viewer), the runtime dir, the journal and event store, the
@@ -300,10 +303,10 @@ class Executor(Worker):
             # cancelling a tool kills the processes it started.
             async with asyncio.timeout(timeout_s):
                 # In a thread, inside the timeout: the user's directory may be on a file
-                # system that hangs; the executor's loop keeps serving meanwhile.
+                # system that hangs; the executor's loop keeps serving meanwhile. The
+                # views of the calls started in one turn of the loop share a hop.
                 try:
-                    view = await asyncio.to_thread(
-                        self.sandbox.view,
+                    view = await self.views.view(
                         agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE,
                         start, sid,
                         write_paths=agent.write_paths if agent is not None else (),

@@ -248,7 +248,11 @@ class ReaderPool:
         idle = self._idle.get(key)
         if not idle:
             return None
-        reader = idle.pop()
+        # The least recently used: under steady load every idle reader is then used
+        # again within a sweep, so none retires only to be started again at the next
+        # peak (taking the most recent one left the rest idle past `crowded_idle_s`:
+        # ~5% of a busy host's reads started a reader, ~0.3 ms of CPU per turn).
+        reader = idle.pop(0)
         if not idle:
             del self._idle[key]
         if self._expired(reader, time.monotonic()):  # no timer ran (another event loop)

@@ -110,10 +110,32 @@ class WorkerState:
     #: The worker machine it runs on (`LOCAL` for the host's own).
     machine: str = LOCAL
 
+    #: How many of `inflight` are of each session (`Dispatcher._busy_with`, asked at every
+    #: dispatch: looking each job up cost O(slots) a dispatch).
+    sessions: dict[str, int] = field(default_factory=dict)
+
     @property
     def free(self) -> int:
         """Job slots not in use."""
         return self.capacity - len(self.inflight)
+
+    def take(self, job: Job) -> None:
+        """`job` runs here now."""
+        if job.id not in self.inflight:
+            self.inflight.add(job.id)
+            sid = job.env.sid
+            self.sessions[sid] = self.sessions.get(sid, 0) + 1
+
+    def give(self, job: Job) -> None:
+        """`job` no longer holds a slot here."""
+        if job.id in self.inflight:
+            self.inflight.discard(job.id)
+            sid = job.env.sid
+            left = self.sessions.get(sid, 0) - 1
+            if left > 0:
+                self.sessions[sid] = left
+            else:
+                self.sessions.pop(sid, None)
 
 
 @dataclass
@@ -309,7 +331,7 @@ class Dispatcher:
             queue.popleft()
             job.worker = worker.id
             job.dispatches += 1
-            worker.inflight.add(job.id)
+            worker.take(job)
             sends.append((job, worker))
             sticky.pop(at, None)  # (re-inserted last: the least recently used go first)
             sticky[at] = worker.id
@@ -320,8 +342,7 @@ class Dispatcher:
     def _busy_with(self, worker: WorkerState, sid: str) -> bool:
         """Whether `worker` runs a job of session `sid` now (then the session's next job,
         a parallel call of the same reply, goes to the idlest worker instead)."""
-        jobs = self.jobs
-        return any((j := jobs.get(i)) is not None and j.env.sid == sid for i in worker.inflight)
+        return sid in worker.sessions
 
     def _send_jobs(self, key: tuple[str, str | None]) -> None:
         """Send what `_pump` matches in queue `key`. A job no worker can take fails; a
@@ -414,7 +435,7 @@ class Dispatcher:
             self._acknowledged(job, worker)
             return
         self._finish(job, env)
-        worker.inflight.discard(job.id)
+        worker.give(job)
         self._pump_for(worker)
 
     def abort_session(self, sid: str) -> int:
@@ -427,7 +448,7 @@ class Dispatcher:
     def _acknowledged(self, job: Job, worker: WorkerState) -> None:
         """An aborted job is over on its worker: free the slot."""
         self.jobs.pop(job.id, None)
-        worker.inflight.discard(job.id)
+        worker.give(job)
         self.aborts_acked += 1
         self._pump_for(worker)
 
@@ -638,7 +659,7 @@ def _unassign(job: Job, worker: WorkerState) -> None:
     """Undo `_pump`'s match of `job` to `worker` (it was not sent)."""
     job.worker = None
     job.dispatches -= 1
-    worker.inflight.discard(job.id)
+    worker.give(job)
 
 
 def _machine_problem(machine: str, user_id: str | None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -69,8 +70,19 @@ def resolve_path(ctx: ToolContext[Any], path: str) -> Path:
     return p if p.is_absolute() else ctx.cwd / p
 
 
+@functools.lru_cache(maxsize=64)
+def _prefixes(roots: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """`roots` as a set, and as the prefixes of what lies beneath them (kept: a call's
+    hidden paths are the same long tuple call after call)."""
+    return frozenset(roots), tuple(r.rstrip("/") + "/" for r in roots)
+
+
 def _under(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+    """Whether `path` is one of `roots` or lies beneath one (by name: no I/O)."""
+    if not roots:
+        return False
+    same, beneath = _prefixes(roots)
+    return path in same or path.startswith(beneath)
 
 
 def hidden_error(tool_name: str, ctx: ToolContext[Any], target: Path,
@@ -237,8 +249,9 @@ def _is_private(real: str, private: tuple[Path, ...]) -> bool:
     the `private` directories: a second layer behind the sandbox, which hides them."""
     if not private:
         return False
-    path = Path(real)
-    return any(path == p or p in path.parents for p in private)
+    # By name, as `Path` compares them: `real` normalized as a Path would be, each
+    # private directory's own name, and whether one is `real` or a parent of it.
+    return _under(str(Path(real)), tuple(map(str, private)))
 
 
 # --- write_file ------------------------------------------------------------------

@@ -177,6 +177,31 @@ def test_an_idle_reader_is_retired(rhost: Host) -> None:
     still_reads(rhost)
 
 
+def test_an_idle_reader_is_taken_least_recently_used_first(rhost: Host) -> None:
+    """Under steady load every idle reader of a key serves again before the crowd's
+    `crowded_idle_s`: taking the most recent one each time left the others idle until
+    they retired, and the next peak started them again (~5% of a busy host's reads)."""
+    sandbox = rhost.sandbox
+    ctx: ToolContext[None] = ToolContext(cwd=rhost.workspace, workspace=rhost.workspace)
+    box = tools(sandbox, READ_POLICY)
+
+    async def reads(parallel: int) -> None:
+        outs = await asyncio.gather(*(invoke(box, "read_file", {"path": "/etc/hostname"}, ctx)
+                                      for _ in range(parallel)))
+        assert not any(out.is_error for out in outs), outs
+
+    async def main() -> None:
+        await reads(3)
+        idle = sorted(readers_of(sandbox, rhost.workspace), key=lambda r: r.used)
+        assert len(idle) == 3, idle
+        for expected in idle:  # one read at a time: each takes the one idle longest
+            calls = expected.calls
+            await reads(1)
+            assert expected.calls == calls + 1, (expected, idle)
+
+    asyncio.run(main())
+
+
 def test_idle_readers_past_the_warm_few_retire_sooner(rhost: Host) -> None:
     """A burst leaves many readers idle: the `WARM` most recently used keep `idle_s`, the
     others retire after `crowded_idle_s` (issue 28: ~9 MB RSS each, for 2 s)."""

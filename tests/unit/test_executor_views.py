@@ -1,0 +1,75 @@
+"""The executor's views: decided off the loop, the calls of one turn in one hop, each
+caller with its own answer, and a hung directory never blocking the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from actors.executor.views import Views
+from actors.sandbox import modes
+
+
+def _view(cwd: str) -> modes.WorkView:
+    return modes.WorkView(modes.READ_ONLY, cwd)
+
+
+def test_views_asked_in_one_turn_are_decided_in_one_thread_each_with_its_answer() -> None:
+    seen: list[tuple[str, int]] = []
+
+    def decide(mode: str, cwd: str, session: str) -> modes.WorkView:
+        seen.append((cwd, threading.get_ident()))
+        if cwd == "/a":  # busy a while: a hop per call would take the next in another thread
+            time.sleep(0.05)
+        if cwd == "/refused":
+            raise modes.WorkdirRefused("working directory /refused is hidden from tools")
+        return _view(cwd)
+
+    async def main() -> list[modes.WorkView | BaseException]:
+        views = Views(decide)
+        asked = [views.view(modes.READ_ONLY, cwd, f"s{i}")
+                 for i, cwd in enumerate(["/a", "/refused", "/b", "/c"])]
+        return await asyncio.gather(*asked, return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert answers[0] == _view("/a") and answers[2] == _view("/b") and answers[3] == _view("/c")
+    assert isinstance(answers[1], modes.WorkdirRefused)
+    assert [cwd for cwd, _ in seen] == ["/a", "/refused", "/b", "/c"]  # in the order asked
+    threads = {ident for _, ident in seen}
+    assert len(threads) == 1 and threading.get_ident() not in threads  # one hop, off the loop
+
+
+def test_a_hung_directory_holds_up_its_callers_only_never_the_loop() -> None:
+    release = threading.Event()
+
+    def decide(mode: str, cwd: str, session: str) -> modes.WorkView:
+        if cwd == "/hung":
+            release.wait(10)
+        return _view(cwd)
+
+    async def main() -> None:
+        views = Views(decide)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        beat = asyncio.create_task(ticker())
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await views.view(modes.READ_ONLY, "/hung", "s1")
+            assert ticks > 5  # the loop went on meanwhile
+            # A later call, in a turn of its own, is decided in another hop.
+            assert await views.view(modes.READ_ONLY, "/ok", "s2") == _view("/ok")
+        finally:
+            release.set()
+            beat.cancel()
+
+    asyncio.run(main())
