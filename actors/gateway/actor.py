@@ -9,14 +9,15 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from aiohttp import web
 
 from actors.config import HttpConfig
 from actors.gateway import access, api
-from actors.gateway.feed import Feed
+from actors.gateway.feed import Feed, Notice
 from actors.gateway.limits import (
     HEADER_S,
     MAX_CONNECTIONS,
@@ -35,6 +36,8 @@ from actors.gateway.urls import WEB_URL_FILE, page_host
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
 from bus.client import Client
+from bus.errors import BusError
+from bus.vocab import TERMINAL, EventType
 
 log = logging.getLogger("oploop.gateway")
 
@@ -42,6 +45,13 @@ log = logging.getLogger("oploop.gateway")
 STATIC = Path(__file__).parent / "static"
 #: How long a stopping gateway lets open requests (SSE streams) finish.
 SHUTDOWN_S = 0.5
+#: How long the first `/api/events` stream waits for its subscription to be in effect.
+SUBSCRIBE_WAIT_S = 2.0
+#: Cancelled sessions followed to their CANCELLED at once (more are not timed), how
+#: long at most, and how long the seq a cancel starts from is asked for.
+MAX_CANCEL_WATCHES = 64
+CANCEL_WATCH_S = 300.0
+CANCEL_SEQ_TIMEOUT_S = 1.0
 
 
 class GatewayError(Exception):
@@ -72,6 +82,10 @@ class Gateway:
         self.limiter = Limiter(MAX_CONNECTIONS, MAX_PER_ADDRESS)
         self.limiter.quiet = self.quiet
         self.streams = 0
+        #: The subscription to every session's events and its "in effect" (`notices`).
+        self._following: tuple[asyncio.Task[None], asyncio.Event] | None = None
+        #: The sessions followed until the CANCELLED of a cancel sent (`timing_cancel`).
+        self._cancel_watches: set[asyncio.Task[None]] = set()
 
     @contextlib.contextmanager
     def stream_slot(self) -> Iterator[None]:
@@ -136,21 +150,73 @@ class Gateway:
                 os.replace(tmp, url_file)
                 log.info("gateway serving %s", self.url)
                 notify_ready()
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._follow(client), name="follow")
+                await asyncio.Event().wait()  # requests are served by the runner's tasks
             finally:
+                for task in {*self._cancel_watches,
+                             *([self._following[0]] if self._following else [])}:
+                    task.cancel()
                 url_file.unlink(missing_ok=True)
                 await runner.cleanup()
                 self._client = None
 
-    async def _follow(self, client: Client) -> None:
-        """Every event published, to the metrics and the sessions list's streams."""
-        async for ev in client.live():
+    @contextlib.asynccontextmanager
+    async def notices(self) -> AsyncIterator[asyncio.Queue[Notice | None]]:
+        """One `/api/events` stream's queue of notices (`feed.py`), while the block
+        runs. The gateway follows every session's live events only while a stream is
+        open: the first one subscribes (and waits, `SUBSCRIBE_WAIT_S` at most, until
+        the broadcaster has the subscription: from then on no notice is missed), the
+        last one gone unsubscribes. With no web client, a turn costs the gateway nothing."""
+        try:
+            with self.feed.watch() as queue:
+                if self._following is None:
+                    subscribed = asyncio.Event()
+                    self._following = (asyncio.create_task(self._follow(subscribed),
+                                                           name="follow"), subscribed)
+                with contextlib.suppress(TimeoutError):  # (a broadcaster restarting)
+                    async with asyncio.timeout(SUBSCRIBE_WAIT_S):
+                        await self._following[1].wait()
+                yield queue
+        finally:
+            if not self.feed.streams and self._following is not None:
+                self._following[0].cancel()
+                self._following = None
+
+    async def _follow(self, subscribed: asyncio.Event) -> None:
+        """Every event published, to the open `/api/events` streams."""
+        async for ev in self.client.live(on_subscribed=subscribed.set):
             try:
-                self.metrics.observe(ev)
                 self.feed.publish(ev)
-            except (KeyError, TypeError, ValueError) as exc:  # a bad event costs a count
-                log.warning("event not counted: %s", exc)
+            except (KeyError, TypeError, ValueError) as exc:  # a bad event: no notice
+                log.warning("event not published to the list's streams: %s", exc)
+
+    @contextlib.asynccontextmanager
+    async def timing_cancel(self, sid: str) -> AsyncIterator[None]:
+        """Wrap the forwarding of a cancel of `sid`: once it is accepted, `sid` is
+        followed from the seq it was at to its CANCELLED, whose `ts` ends the timing
+        (`oploop_gateway_cancel_seconds`; `MAX_CANCEL_WATCHES` sessions at once)."""
+        last = None
+        if len(self._cancel_watches) < MAX_CANCEL_WATCHES:
+            with contextlib.suppress(BusError):  # (then the cancel is not timed)
+                last = await self.client.last_seq(sid, timeout=CANCEL_SEQ_TIMEOUT_S)
+        sent = time.time()  # the events' `ts` clock (the supervisor's, on this machine)
+        yield  # the cancel forwarded: raises when refused, and nothing is timed
+        if last is not None:
+            task = asyncio.create_task(self._until_cancelled(sid, last + 1, sent),
+                                       name=f"cancel {sid}")
+            self._cancel_watches.add(task)
+            task.add_done_callback(self._cancel_watches.discard)
+
+    async def _until_cancelled(self, sid: str, from_seq: int, sent: float) -> None:
+        """Follow `sid` from `from_seq` to its run's end; a CANCELLED is timed."""
+        try:
+            async with asyncio.timeout(CANCEL_WATCH_S):
+                async for ev in self.client.events(sid, from_seq, stop_at="first"):
+                    if ev["type"] == EventType.CANCELLED:
+                        self.metrics.cancel_seconds.observe(max(0.0, ev["ts"] - sent))
+                    if ev["type"] in TERMINAL:
+                        return
+        except (TimeoutError, BusError) as exc:  # ended otherwise (removed, ...): untimed
+            log.debug("cancel of %s not timed: %s", sid, exc)
 
     async def _listen(self, runner: web.AppRunner) -> str:
         """Bind `[http] listen`; the default port, when taken (another host), gives
