@@ -274,6 +274,8 @@ class Broadcaster:
         return {
             "sessions": len(self.log),
             "viewers": self.viewers,
+            # of which of every session (`Client.live`: the gateway's `/api/events`)
+            "viewers_of_all": self._subscribed.get(b"", 0),
             "refused": dict(self.refused),
             "recovered": self.backfill.recovered,
             "lost": self.backfill.lost,

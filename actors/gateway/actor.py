@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
-import errno
 import logging
-import os
-import ssl
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from actors.config import HttpConfig
-from actors.gateway import access, api
+from actors.gateway import access, api, listen
 from actors.gateway.feed import Feed, Notice
 from actors.gateway.limits import (
     HEADER_S,
@@ -32,7 +31,7 @@ from actors.gateway.limits import (
     on_loop_exception,
 )
 from actors.gateway.metrics import Metrics
-from actors.gateway.urls import WEB_URL_FILE, page_host
+from actors.gateway.urls import WEB_URL_FILE, load_token, page_host
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
 from bus.client import Client
@@ -61,8 +60,10 @@ class GatewayError(Exception):
 class Gateway:
     """The HTTP face of one host: the page, the API, the metrics."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, sock: socket.socket | None = None) -> None:
+        """`sock`: the listening socket to serve (the host's), else `[http] listen`."""
         self.settings = settings
+        self.sock = sock
         self.http: HttpConfig = settings.config.http
         self.endpoints = settings.endpoints()
         self.run_dir = self.endpoints.run_dir
@@ -74,7 +75,7 @@ class Gateway:
         self._client: Client | None = None
         self.url = ""
         #: What every request must carry (`access.py`).
-        self.token = access.load_token(settings.home)
+        self.token = load_token(settings.home)
         #: The page's own host name on loopback (where the token's cookie lives).
         self.page_host = page_host(self.token)
         #: Overloads (connections, descriptors, slow clients) in one log line an interval.
@@ -141,13 +142,12 @@ class Gateway:
                                    shutdown_timeout=SHUTDOWN_S, keepalive_timeout=HEADER_S)
             asyncio.get_running_loop().set_exception_handler(on_loop_exception(self.quiet))
             await runner.setup()
-            url_file = self.run_dir / WEB_URL_FILE
+            # Its own socket's address is published here; the host's, by the host.
+            url_file = self.run_dir / WEB_URL_FILE if self.sock is None else None
             try:
                 self.url = await self._listen(runner)
-                tmp = url_file.with_suffix(".tmp")
-                tmp.write_text(self.url + "\n")
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, url_file)
+                if url_file is not None:
+                    listen.write_url(self.run_dir, self.url)
                 log.info("gateway serving %s", self.url)
                 notify_ready()
                 await asyncio.Event().wait()  # requests are served by the runner's tasks
@@ -155,7 +155,8 @@ class Gateway:
                 for task in {*self._cancel_watches,
                              *([self._following[0]] if self._following else [])}:
                     task.cancel()
-                url_file.unlink(missing_ok=True)
+                if url_file is not None:
+                    url_file.unlink(missing_ok=True)
                 await runner.cleanup()
                 self._client = None
 
@@ -219,42 +220,29 @@ class Gateway:
             log.debug("cancel of %s not timed: %s", sid, exc)
 
     async def _listen(self, runner: web.AppRunner) -> str:
-        """Bind `[http] listen`; the default port, when taken (another host), gives
-        way to a free one. Returns the URL served."""
-        host, port = self.http.host, self.http.port
-        ssl_context = self._ssl_context()
+        """Serve the socket the host bound (`listen.py`), or bind `[http] listen` here
+        (run alone). Returns the URL served."""
         try:
-            await LimitedSite(runner, host, port, ssl_context=ssl_context,
-                              limiter=self.limiter).start()
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or self.http.explicit:
-                raise GatewayError(f"cannot listen on {self.http.listen} ([http] listen, "
-                                   f"OPLOOP_HTTP_LISTEN): {exc.strerror or exc}") from exc
-            log.warning("port %d is taken: the gateway listens on a free one", port)
-            await LimitedSite(runner, host, 0, ssl_context=ssl_context,
-                              limiter=self.limiter).start()
-        bound = runner.addresses[0]
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        return f"{'https' if ssl_context else 'http'}://{shown}:{bound[1]}/"
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        """HTTPS with `[http] cert` and `key`, else None."""
-        if not self.http.tls:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            context.load_cert_chain(self.http.cert, self.http.key)
-        except (OSError, ssl.SSLError) as exc:
-            raise GatewayError(f"cannot load [http] cert/key: {exc}") from exc
-        return context
+            ssl_context = listen.ssl_context(self.http)
+            sock = self.sock if self.sock is not None else listen.bind(self.http)
+        except listen.ListenError as exc:
+            raise GatewayError(str(exc)) from exc
+        await LimitedSite(runner, sock, ssl_context=ssl_context, limiter=self.limiter,
+                          backlog=listen.BACKLOG).start()
+        return listen.url_of(sock, ssl_context is not None)
 
 
 def main() -> None:
-    """Entry point of `python -m actors.gateway`."""
+    """Entry point of `python -m actors.gateway [--fd N]`: serve the listening socket
+    inherited as descriptor N (the host's), or bind `[http] listen` itself."""
+    parser = argparse.ArgumentParser(prog="python -m actors.gateway")
+    parser.add_argument("--fd", type=int, help="a listening socket to serve")
+    args = parser.parse_args()
 
     async def _main(settings: Settings) -> None:
+        sock = None if args.fd is None else socket.socket(fileno=args.fd)
         try:
-            await Gateway(settings).serve()
+            await Gateway(settings, sock).serve()
         except GatewayError as exc:
             print(f"oploop gateway: {exc}", file=sys.stderr)
             sys.exit(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -41,6 +42,24 @@ def hostname(host: str) -> str:
     if host.startswith("["):
         return host[: host.find("]") + 1]
     return host.rpartition(":")[0] if ":" in host else host
+
+
+def load_token(home: Path) -> str:
+    """The home's web token, made (0600) if there is none yet (`access.py` checks it)."""
+    path = home / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if len(token) >= 16:
+        return token
+    token = secrets.token_urlsafe(24)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
+    return token
 
 
 def page_url(home: Path, session: str = "") -> str | None:
