@@ -8,9 +8,8 @@ instead (`page_host`), where the token's cookie lives (`access.py` says why).
 
 from __future__ import annotations
 
-import hashlib
+import base64
 import os
-import secrets
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -24,6 +23,8 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 def gateway_id(token: str) -> str:
     """A short name of the gateway that holds `token`: what its page's host name and
     its cookie's name are made of (a hash: it tells nothing of the token)."""
+    import hashlib  # here: the host, which imports this module, keeps OpenSSL out
+
     return hashlib.sha256(b"oploop-web:" + token.encode()).hexdigest()[:12]
 
 
@@ -53,7 +54,9 @@ def load_token(home: Path) -> str:
         token = ""
     if len(token) >= 16:
         return token
-    token = secrets.token_urlsafe(24)
+    # (`secrets.token_urlsafe(24)` itself, without `secrets`: it loads OpenSSL's libcrypto
+    # through `hmac`, ~4 MB resident in the host, which makes the token)
+    token = base64.urlsafe_b64encode(os.urandom(24)).rstrip(b"=").decode()
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
