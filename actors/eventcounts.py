@@ -11,6 +11,8 @@ broadcaster restart resets them (Prometheus' `rate()` and `increase()` handle th
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from typing import Any
 
 from bus.vocab import TERMINAL, CancelMode, EventType
@@ -23,9 +25,11 @@ TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 #: The kinds of a `usage` that are counted as tokens.
 TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
                "cache_read_input_tokens")
-#: Event types that add to more than `events` (the rest cost one dict update).
-_DETAILED = frozenset({EventType.TURN_START, EventType.TOOL_END, EventType.RETRY,
-                       EventType.TURN_END, *TERMINAL})
+# Plain values, looked up once: an enum's attribute costs a lookup at every event.
+_ERROR, _CANCELLED = EventType.ERROR.value, EventType.CANCELLED.value
+_MODES = frozenset(m.value for m in CancelMode)
+_NUMBERS = (int, float)  # (exact types: a bool is no duration, count or cost)
+_TOKEN_LABELS = tuple((k, k.removesuffix("_tokens")) for k in TOKEN_KINDS)
 
 
 class _Labels:
@@ -54,7 +58,7 @@ class EventCounts:
         self.events: dict[str, int] = {}
         # Known label values from the start, at 0: a rate over a series that appears
         # only with its first event misses that event (and a dashboard shows no line).
-        self.runs: dict[str, int] = dict.fromkeys(sorted(TERMINAL), 0)
+        self.runs: dict[str, int] = dict.fromkeys(sorted(str(t) for t in TERMINAL), 0)
         self.cancels: dict[str, int] = dict.fromkeys((m.value for m in CancelMode), 0)
         self.tokens: dict[str, int] = dict.fromkeys(
             (k.removesuffix("_tokens") for k in TOKEN_KINDS), 0)
@@ -71,56 +75,59 @@ class EventCounts:
         self._cause = _Labels()
         self._stop = _Labels()
         self._error = _Labels()
+        #: The event types that add to more than `events` (the rest cost a dict update).
+        self._detail: dict[str, Callable[[str, dict[str, Any]], None]] = {
+            EventType.TURN_START.value: self._turn_start,
+            EventType.TOOL_END.value: self._tool_end, EventType.RETRY.value: self._retry,
+            EventType.TURN_END.value: self._turn_end,
+            **{str(t): self._terminal for t in TERMINAL}}
 
     def observe(self, kind: str, data: dict[str, Any]) -> None:
         """Count one published event of type `kind` with its `data`."""
         events = self.events
         events[kind] = events.get(kind, 0) + 1
-        if kind not in _DETAILED:  # TOKEN and the like: nothing more to count
-            return
-        if kind == EventType.TURN_START:
-            self.turns += 1
-        elif kind == EventType.TOOL_END:
-            self._tool_end(data)
-        elif kind == EventType.RETRY:
-            cause = str(data.get("error", "")).partition(":")[0].strip() or "unknown"
-            _bump(self.retries, self._cause(cause[:64]))
-        elif kind == EventType.TURN_END:
-            self._turn_end(data)
-        else:  # a terminal event
-            _bump(self.runs, kind)
-            if kind == EventType.ERROR:
-                _bump(self.errors, self._error(str(data.get("error", ""))[:64] or "none"))
-            elif kind == EventType.CANCELLED:
-                mode = str(data.get("mode", ""))
-                _bump(self.cancels, mode if mode in CancelMode._value2member_map_ else "other")
+        detail = self._detail.get(kind)
+        if detail is not None:  # (TOKEN and the like: nothing more to count)
+            detail(kind, data)
 
-    def _tool_end(self, data: dict[str, Any]) -> None:
+    def _turn_start(self, kind: str, data: dict[str, Any]) -> None:
+        self.turns += 1
+
+    def _retry(self, kind: str, data: dict[str, Any]) -> None:
+        cause = str(data.get("error", "")).partition(":")[0].strip() or "unknown"
+        _bump(self.retries, self._cause(cause[:64]))
+
+    def _terminal(self, kind: str, data: dict[str, Any]) -> None:
+        _bump(self.runs, kind)
+        if kind == _ERROR:
+            _bump(self.errors, self._error(str(data.get("error", ""))[:64] or "none"))
+        elif kind == _CANCELLED:
+            mode = str(data.get("mode", ""))
+            _bump(self.cancels, mode if mode in _MODES else "other")
+
+    def _tool_end(self, kind: str, data: dict[str, Any]) -> None:
         tool = self._tool(str(data.get("name", "")))
         _bump(self.tool_calls, f"{tool}\0{'error' if data.get('is_error') else 'ok'}")
         duration = data.get("duration_ms")
-        if isinstance(duration, int | float) and not isinstance(duration, bool) \
-                and duration >= 0:
+        if type(duration) in _NUMBERS and duration >= 0:
             seconds = duration / 1000
             row = self.tool_seconds.get(tool)
             if row is None:
                 row = self.tool_seconds[tool] = [0] * (len(TOOL_BUCKETS) + 2)
-            i = next((i for i, bound in enumerate(TOOL_BUCKETS) if seconds <= bound),
-                     len(TOOL_BUCKETS))
-            row[i] += 1
+            row[bisect.bisect_left(TOOL_BUCKETS, seconds)] += 1  # (the last: +Inf)
             row[-1] += seconds
 
-    def _turn_end(self, data: dict[str, Any]) -> None:
+    def _turn_end(self, kind: str, data: dict[str, Any]) -> None:
         _bump(self.turn_ends, self._stop(str(data.get("stop", ""))[:64] or "none"))
         usage = data.get("usage")
-        if not isinstance(usage, dict):
+        if type(usage) is not dict:
             return
-        for name in TOKEN_KINDS:
+        for name, label in _TOKEN_LABELS:
             n = usage.get(name)
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                _bump(self.tokens, name.removesuffix("_tokens"), n)
+            if type(n) is int and n > 0:
+                _bump(self.tokens, label, n)
         cost = usage.get("cost_usd")
-        if isinstance(cost, int | float) and not isinstance(cost, bool) and cost > 0:
+        if type(cost) in _NUMBERS and cost > 0:
             self.cost += cost
 
     def snapshot(self) -> dict[str, Any]:
