@@ -56,7 +56,7 @@ async def samples(http: aiohttp.ClientSession, url: str) -> dict[tuple, float]:
 
 
 def test_no_gateway_runs_until_a_first_connection_which_it_answers(home):
-    with running_host(home, LISTEN):
+    with running_host(home, {**LISTEN, "OPLOOP_LOG_LEVEL": "INFO"}):
         # The address and the token are there for `oploop web`; no gateway process yet.
         assert url_of(home).startswith("http://127.0.0.1:")
         assert (Path(home) / "web.token").exists()
@@ -81,6 +81,9 @@ def test_no_gateway_runs_until_a_first_connection_which_it_answers(home):
         asyncio.run(first_request())
         assert actor(home, "gateway")["state"] == "running"
         assert [p.pid for p in gateway_processes(home)] == [actor(home, "gateway")["pid"]]
+        logs = oploop(home, "logs", "gateway")
+        assert logs.returncode == 0 and f"gateway serving {url_of(home)}" in logs.stdout
+        assert "starting the gateway" in oploop(home, "logs", "host").stdout
 
 
 def test_a_configured_port_taken_fails_up_clearly(home):
@@ -94,6 +97,16 @@ def test_a_configured_port_taken_fails_up_clearly(home):
         assert not (Path(home) / "run" / "host.json").exists()
     finally:
         taken.close()
+
+
+def test_a_cert_that_cannot_be_loaded_fails_up_not_a_first_request(home, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+    key.write_text("not a key\n")
+    Path(home, "oploop.toml").write_text(f'[http]\ncert = "{cert}"\nkey = "{key}"\n')
+    up = oploop(home, "up", "--detach", env=LISTEN, timeout=180)
+    assert up.returncode != 0
+    assert "cannot load [http] cert/key" in up.stderr, up.stderr
 
 
 def test_counters_survive_a_gateway_restart_and_the_feed_subscribes_only_while_open(home):
