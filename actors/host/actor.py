@@ -230,10 +230,15 @@ class Host:
                 child.proc.kill()
         if child.proc is None:
             child.state = "failed"
+        else:
             self._write_state("ready")
-            return
+            await self._watch(child)
+        if child.state == "failed" and self._http_sock is not None:
+            # Given up on: refused at once, rather than left waiting in the backlog.
+            self._http_sock.close()
+            self._http_sock = None
+            (self.run_dir / WEB_URL_FILE).unlink(missing_ok=True)
         self._write_state("ready")
-        await self._watch(child)
 
     @staticmethod
     def _env(child: Child) -> dict[str, str]:
