@@ -63,6 +63,10 @@ def test_no_gateway_runs_until_a_first_connection_which_it_answers(home):
         assert actor(home, "gateway")["state"] == "waiting"
         assert actor(home, "gateway")["pid"] is None
         assert gateway_processes(home) == []
+        # Binding and the token cost the host no OpenSSL (~4 MB resident, `urls.py`).
+        host = psutil.Process(int((Path(home) / "run" / "host.lock").read_text()))
+        assert not [m.path for m in host.memory_maps() if "libcrypto" in m.path
+                    or "libssl" in m.path]
         status = oploop(home, "status")
         assert status.returncode == 0, status.stderr
         assert "gateway starts at the first connection" in status.stdout
