@@ -56,6 +56,7 @@ from bus.messages import (
     StartRun,
     Stats,
     StatsReply,
+    Subscribed,
     ToolList,
 )
 from bus.rpc import Requester
@@ -410,17 +411,25 @@ class Client:
                 sub.close()
                 self._subs.discard(sub)
 
-    async def live(self, hwm: int = LIVE_HWM) -> AsyncIterator[dict[str, Any]]:
+    async def live(self, hwm: int = LIVE_HWM, *,
+                   on_subscribed: Callable[[], None] | None = None,
+                   ) -> AsyncIterator[dict[str, Any]]:
         """Yield every session's events as they are published, with no replay: what
         PUB drops under load is not recovered (a gap shows in each session's seq).
-        For counters and dashboards; a viewer of one session uses `events()`."""
+        For counters and dashboards; a viewer of one session uses `events()`.
+        `on_subscribed` is called once the broadcaster has the subscription (every
+        event published after that call comes here), and again after each reconnect."""
         sub = Subscription(self._ctx, self.endpoints, "", hwm)
         self._subs.add(sub)
         try:
             while True:
                 env = await sub.get(RESYNC_IDLE_S)
-                if env is not None and isinstance(env.body, Event):
+                if env is None:
+                    continue
+                if isinstance(env.body, Event):
                     yield event_dict(env)
+                elif isinstance(env.body, Subscribed) and on_subscribed is not None:
+                    on_subscribed()
         finally:
             sub.close()
             self._subs.discard(sub)

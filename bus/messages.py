@@ -422,6 +422,15 @@ class ForgetSessions(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class Subscribed(Body):
+    """Broadcaster PUB `events` -> a viewer of every session (topic b""): its
+    subscription is in effect, whatever is published from now on reaches it
+    (`Client.live`'s `on_subscribed`). Viewers of one session never get it."""
+
+    KIND: ClassVar[str] = "subscribed"
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayRequest(Body):
     """Viewer -> broadcaster `replay`: events of `envelope.sid` with seq >= `from_seq`.
 
@@ -462,6 +471,7 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ToolList,
     Stats,
     StatsReply,
+    Subscribed,
     Cancel,
     CancelAck,
     Renew,
@@ -513,7 +523,7 @@ __all__ = [
     "ListSessions", "ListTools", "LlmJob", "LlmResult", "MESSAGE_TYPES", "PROTOCOL_VERSION",
     "PruneSessions", "Ready", "RemoveSessions", "Renew", "RenewAck", "ReplayBatch",
     "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",
-    "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "ToolJob",
+    "SessionList", "SessionsRemoved", "StartRun", "Stats", "StatsReply", "Subscribed", "ToolJob",
     "ToolList", "ToolOutput", "ToolProgress", "ToolResult", "ToolsChanged", "GetPrompt",
     "PromptJob", "PromptResult", "Elicit", "ElicitAnswer", "AnswerElicitation",
     "ElicitationAck", "Sample", "SampleAnswer",

@@ -13,6 +13,7 @@ import zmq
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog, SessionGone
 from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
+from actors.eventcounts import EventCounts
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
 from bus.codec import decode
@@ -26,6 +27,7 @@ from bus.messages import (
     ReplayRequest,
     Stats,
     StatsReply,
+    Subscribed,
 )
 from bus.rpc import Requester
 from bus.sockets import Reactor
@@ -61,6 +63,8 @@ class Broadcaster:
         self.viewers = 0
         self._subscribed: Counter[bytes] = Counter()  # viewers per topic
         self.refused: dict[str, int] = {}
+        #: What the events published add up to (the gateway's `/metrics` asks, `Stats`).
+        self.counts = EventCounts()
         self.gate = endpoints.gate(self.reactor.ctx)  # admits CURVE clients; before any bind
         self.replay = self.reactor.add(
             zmq.ROUTER, "replay", self.handle_replay, bind=endpoints.binds("replay"),
@@ -115,7 +119,7 @@ class Broadcaster:
             self._refuse("no_session")
             return
         seq = env.body.seq
-        appended = self.accept(env.sid, seq, frame, own=True)
+        appended = self.accept(env.sid, seq, frame, own=True, event=env.body)
         if appended.stored:
             if env.sid in self.backfill.held:
                 self.backfill.release(env.sid)
@@ -126,20 +130,37 @@ class Broadcaster:
             # from the store, or a followed host sent the event first.)
             self._refuse(appended.reason)
 
-    def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False) -> Appended:
-        """Append event `seq` of `sid` to the log and, if it was next, publish it.
-        `own`: it came from this host's supervisor (on a shared store its topic then
+    def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False,
+               event: Event | None = None) -> Appended:
+        """Append event `seq` of `sid` to the log and, if it was next, publish and count
+        it. `own`: it came from this host's supervisor (on a shared store its topic then
         carries `OWN`, which the other hosts' followers subscribe to: they never get
-        back what they relayed here)."""
+        back what they relayed here). `event`: the frame decoded, when the caller has
+        it (else it is decoded here, for the counts: recovered events only)."""
         appended = self.log.append(sid, seq, frame)
         if not appended.stored:
             return appended
+        self._count(frame, event)
         topic = sid.encode() + (OWN if own and self.follower is not None else b"")
         try:
             self.events.send_frame(frame, topic)
         except BusError as exc:  # a PUB does not block; only a closed socket lands here
             log.warning("could not publish %s#%d: %s", sid, seq, exc)
         return appended
+
+    def _count(self, frame: bytes, event: Event | None) -> None:
+        if event is None:
+            try:
+                body = decode(frame).body
+            except BadFrame:
+                return  # (logged already: the supervisor journaled it)
+            if not isinstance(body, Event):
+                return
+            event = body
+        try:
+            self.counts.observe(event.type, event.data)
+        except (TypeError, ValueError) as exc:  # a strange event costs its count only
+            log.warning("event not counted: %s", exc)
 
     def followed(self, frames: list[bytes]) -> None:
         """An event another host's broadcaster published (`follow.py`): logged and
@@ -151,7 +172,7 @@ class Broadcaster:
             return
         if not isinstance(env.body, Event) or not env.sid:
             return  # (another host's notices concern its own viewers)
-        appended = self.accept(env.sid, env.body.seq, frames[-1])
+        appended = self.accept(env.sid, env.body.seq, frames[-1], event=env.body)
         if appended.stored:
             if env.sid in self.backfill.held:
                 self.backfill.release(env.sid)
@@ -169,6 +190,8 @@ class Broadcaster:
         if topic.endswith(OWN):
             return  # another host's follower (`follow.py`), not a viewer
         if frames[0][:1] == b"\x01":
+            if not topic:
+                self._confirm_all()
             self._subscribed[topic] += 1
             self.viewers += 1
             if self.follower is not None:
@@ -182,6 +205,16 @@ class Broadcaster:
                 del self._subscribed[topic]
                 if self.follower is not None:
                     self.follower.unwant(topic)
+
+    def _confirm_all(self) -> None:
+        """A viewer subscribed to every session (`Client.live`): tell it the subscription
+        is in effect. Topic b"" reaches only such viewers (a topic matches the
+        subscriptions that are its prefixes), and XPUB tells of a subscription once it
+        is in its table, so what is published after this reaches the new viewer."""
+        try:
+            self.events.send(Envelope(Subscribed()), b"")
+        except BusError as exc:
+            log.warning("could not confirm a subscription to every session: %s", exc)
 
     def handle_replay(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         """Answer `ReplayRequest` (events of a session from a seq) and `Stats`."""
@@ -243,10 +276,13 @@ class Broadcaster:
 
     def statistics(self) -> dict[str, Any]:
         """Counters: sessions logged, viewers subscribed, refused/recovered/lost events,
-        memory use of the log, per-port stats."""
+        memory use of the log, per-port stats, and what the events published add up
+        to (`counts`, `actors.eventcounts`)."""
         return {
             "sessions": len(self.log),
             "viewers": self.viewers,
+            # of which of every session (`Client.live`: the gateway's `/api/events`)
+            "viewers_of_all": self._subscribed.get(b"", 0),
             "refused": dict(self.refused),
             "recovered": self.backfill.recovered,
             "lost": self.backfill.lost,
@@ -254,6 +290,7 @@ class Broadcaster:
             "log": self.log.statistics(),
             "ports": self.reactor.statistics(),
             "auth": self.gate.statistics() if self.gate else {},
+            "counts": self.counts.snapshot(),
         }
 
     async def serve(self) -> None:

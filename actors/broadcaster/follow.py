@@ -75,8 +75,8 @@ class Follower:
 
     def want(self, topic: bytes) -> None:
         """A viewer here subscribed to `topic`: follow it on every other host. Not the
-        subscription to every session (`Client.live()`, the gateway's metrics): those
-        count what this host publishes of its own sessions."""
+        subscription to every session (`Client.live()`, the web list's feed): that one
+        sees what this host publishes of its own sessions."""
         if not topic or topic in self.topics:
             return
         self.topics.add(topic)

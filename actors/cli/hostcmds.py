@@ -312,6 +312,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     total = sum(r["rss_mb"] or 0 for r in rows)
     print(f"{'total':<15}{'':>44}{total:>8.1f}")
     for r in rows:
+        if r["state"] == "waiting":  # (the gateway, `actors.host.actor._gateway_on_demand`)
+            print(f"{r['name']} starts at the first connection to the web view "
+                  "(`oploop web`)")
         if r["state"] == "failed":
             print(f"{r['name']} FAILED: it kept dying, so the host stopped restarting it "
                   f"(the others go on; see {state['home']}/host.log, then `oploop down` "

@@ -1,7 +1,8 @@
 """Who may use the gateway: the holder of the host's web token.
 
-The token is made at the gateway's first start (`$OPLOOP_HOME/web.token`, 0600) and
-kept, so a page's address stays valid across restarts. Every request must carry it:
+The token is made by the first host started with a gateway (`urls.load_token`:
+`$OPLOOP_HOME/web.token`, 0600) and kept, so a page's address stays valid across
+restarts. Every request must carry it:
 `Authorization: Bearer TOKEN` (programs, Prometheus), or the cookie that a first
 visit with `?token=TOKEN` sets (the page, its scripts and its streams). Anything
 else is answered 401 and told nothing more.
@@ -25,39 +26,18 @@ Off loopback (HTTPS with a certificate for the host's name) it is also
 from __future__ import annotations
 
 import hmac
-import os
-import secrets
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from actors.gateway.urls import TOKEN_FILE, cookie_name, hostname, page_host
+from actors.gateway.urls import cookie_name, hostname, page_host
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: The cookie older gateways set on 127.0.0.1 (every local service received it):
 #: deleted when a browser that still holds it comes by.
 LEGACY_COOKIE = "oploop_token"
-
-
-def load_token(home: Path) -> str:
-    """The home's web token, made (0600) if there is none yet."""
-    path = home / TOKEN_FILE
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        token = ""
-    if len(token) >= 16:
-        return token
-    token = secrets.token_urlsafe(24)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
-    return token
 
 
 def local_path(path: str) -> str:

@@ -336,13 +336,9 @@ async def cancel_session(request: web.Request) -> web.Response:
     if mode not in CANCEL_MODES:
         raise ApiError(400, "bad_request", f"mode: expected ui or operation, got {mode!r}")
     gw, sid = request.app[GATEWAY], request.match_info["sid"]
-    gw.metrics.cancel_sent(sid)  # before: the CANCELLED event may come before the ack
-    try:
+    async with gw.timing_cancel(sid):
         ack = await gw.client.cancel(sid, mode, field(body, "reason", str,
                                                       "cancelled from the web"))
-    except BusError:
-        gw.metrics.cancel_refused(sid)
-        raise
     return web.json_response({"session": ack.session, "state": ack.state})
 
 
@@ -490,7 +486,7 @@ async def list_events(request: web.Request) -> web.StreamResponse:
 
 
 async def _notices(request: web.Request, gw: Gateway, resp: web.StreamResponse) -> None:
-    with gw.feed.watch() as queue:
+    async with gw.notices() as queue:
         await resp.write(b": listening\n\n")
         while (notice := await queue.get()) is not None:
             try:

@@ -1,6 +1,7 @@
 """`GET /api/events`: what changes in the sessions list, as it happens.
 
-Every event the gateway's live subscription sees (`Client.live`) but the streamed
+While a stream is open, every event the gateway's live subscription sees (`Client.live`,
+`Gateway.notices`) but the streamed
 deltas (`TOKEN`, `THINKING`, `TOOL_OUTPUT`) becomes a notice `{session, seq, type, turn, ts}` for
 each open stream; the page updates the row, or lists again for a new session.
 Each stream has a bounded queue: one that falls `NOTICE_QUEUE` notices behind is

@@ -29,6 +29,7 @@ import errno
 import logging
 import os
 import resource
+import socket
 import time
 from collections import OrderedDict
 from typing import Any, cast
@@ -245,23 +246,20 @@ def on_loop_exception(quiet: Quiet) -> Any:
     return handle
 
 
-class LimitedSite(web.TCPSite):
-    """A TCP site whose connections go through a `Limiter`."""
+class LimitedSite(web.SockSite):
+    """A site on a listening socket whose connections go through a `Limiter`."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, *,
                  limiter: Limiter, **kwargs: Any) -> None:
-        super().__init__(runner, host, port, **kwargs)
+        super().__init__(runner, sock, **kwargs)
         self.limiter = limiter
 
     async def start(self) -> None:
-        """Listen (as `TCPSite.start`, with the limiter's protocol factory)."""
+        """Serve the socket (as `SockSite.start`, with the limiter's protocol factory)."""
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         server = self._runner.server
         assert server is not None
         self._server = await loop.create_server(
-            self.limiter.protocol_factory(server), self._host, self._port,
-            ssl=self._ssl_context, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port)
-        if self._server.sockets:
-            self._bound_port = self._server.sockets[0].getsockname()[1]
+            self.limiter.protocol_factory(server), sock=self._sock,
+            ssl=self._ssl_context, backlog=self._backlog)

@@ -8,7 +8,7 @@ instead (`page_host`), where the token's cookie lives (`access.py` says why).
 
 from __future__ import annotations
 
-import hashlib
+import base64
 import os
 import sys
 from pathlib import Path
@@ -23,6 +23,8 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 def gateway_id(token: str) -> str:
     """A short name of the gateway that holds `token`: what its page's host name and
     its cookie's name are made of (a hash: it tells nothing of the token)."""
+    import hashlib  # here: the host, which imports this module, keeps OpenSSL out
+
     return hashlib.sha256(b"oploop-web:" + token.encode()).hexdigest()[:12]
 
 
@@ -41,6 +43,26 @@ def hostname(host: str) -> str:
     if host.startswith("["):
         return host[: host.find("]") + 1]
     return host.rpartition(":")[0] if ":" in host else host
+
+
+def load_token(home: Path) -> str:
+    """The home's web token, made (0600) if there is none yet (`access.py` checks it)."""
+    path = home / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if len(token) >= 16:
+        return token
+    # (`secrets.token_urlsafe(24)` itself, without `secrets`: it loads OpenSSL's libcrypto
+    # through `hmac`, ~4 MB resident in the host, which makes the token)
+    token = base64.urlsafe_b64encode(os.urandom(24)).rstrip(b"=").decode()
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
+    return token
 
 
 def page_url(home: Path, session: str = "") -> str | None:

@@ -14,7 +14,10 @@ from typing import Any
 
 import psutil
 
-from actors.config import ConfigError
+from actors.config import ConfigError, HttpConfig
+from actors.gateway import listen
+from actors.gateway.listen import ListenError
+from actors.gateway.urls import load_token
 from actors.host import lease
 from actors.host.children import (
     READY_TIMEOUT_S,
@@ -43,7 +46,7 @@ log = logging.getLogger("oploop.host")
 STATE_FILE = "host.json"
 LOCK_FILE = "host.lock"
 OFFLINE_PORT_FILE = "offline.port"
-#: The gateway's URL (`http://HOST:PORT/`), written by the gateway once it listens.
+#: The gateway's URL (`http://HOST:PORT/`), written by the host once it listens.
 WEB_URL_FILE = "web.url"
 
 
@@ -71,7 +74,8 @@ class Host:
     def __init__(self, home: Path | None = None, *, llm_callers: int = 1, executors: int = 1,
                  scenario: str = "", network: Network | None = None,
                  llm_backend: str = "anthropic", embedded: bool = False,
-                 gateway: bool = False, netproxy: bool = False,
+                 gateway: bool = False, http: HttpConfig | None = None,
+                 netproxy: bool = False,
                  mcp_start_s: float = 0.0, shared_store: bool = False) -> None:
         self.home = (home or oploop_home()).absolute()
         #: The longest an executor's MCP server may take to start (`start_timeout_s`): an
@@ -91,8 +95,10 @@ class Host:
         #: file, never its url: `oploop down` tells where the running sessions go on).
         self.shared_store = shared_store
         #: Whether to run the gateway (web view, HTTP API, metrics): `oploop up` does
-        #: unless `[http] enabled = false`; an embedded host does not.
+        #: unless `[http] enabled = false`; an embedded host does not. It starts at the
+        #: first connection to `http` (`[http]`), which the host binds at start.
         self.gateway = gateway
+        self.http = http or HttpConfig()
         #: Whether to run the filtering network proxy (`actors.netproxy`): some agent
         #: or MCP server has a `network` allowlist.
         self.netproxy = netproxy
@@ -100,6 +106,8 @@ class Host:
         self.offline = False
         self._lock_fd: int | None = None
         self._offline_sock: socket.socket | None = None
+        #: The gateway's listening socket (`actors.gateway.listen`), bound at start.
+        self._http_sock: socket.socket | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
         self._stopped = False
@@ -133,8 +141,7 @@ class Host:
             others += [Child(f"executor-{i + 1}", "actors.executor", env=base,
                              ready_timeout_s=READY_TIMEOUT_S + self.mcp_start_s)
                        for i in range(self.executors)]
-            if self.gateway:
-                others.append(Child("gateway", "actors.gateway", env=base))
+            gateway = self._bind_gateway(base) if self.gateway else None
             if self.netproxy:
                 # Kept alive like every actor: while it restarts, a sandboxed call's
                 # forwarder answers 503 (no socket to reach), never anything else.
@@ -145,8 +152,11 @@ class Host:
             )
             for child in self.children:
                 self._watchers.append(asyncio.create_task(self._watch(child)))
+            if gateway is not None:  # after the others: it has no process to watch yet
+                self.children.append(gateway)
+                self._watchers.append(asyncio.create_task(self._gateway_on_demand(gateway)))
             self._write_state("ready")
-        except CredentialError as exc:
+        except (CredentialError, ListenError) as exc:
             await self.stop()
             raise HostError(str(exc)) from exc
         except BaseException:
@@ -184,6 +194,52 @@ class Host:
         # The offline model's address is given as the SDK's own variables, so the llm
         # caller takes exactly the code path it takes for the real API.
         return {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "offline"}
+
+    def _bind_gateway(self, base: dict[str, str]) -> Child:
+        """Bind `[http] listen` and publish its URL (`run/web.url`); the gateway that
+        will serve it (`_gateway_on_demand`). Raises `ListenError`."""
+        assert self.http is not None
+        listen.check_tls(self.http)  # a bad cert/key fails `oploop up`, not a request
+        sock = listen.bind(self.http)
+        self._http_sock = sock
+        load_token(self.home)  # `oploop web` prints the page's address with it
+        listen.write_url(self.run_dir, listen.url_of(sock, self.http.tls))
+        child = Child("gateway", "actors.gateway", args=["--fd", str(sock.fileno())],
+                      env=base, fds=(sock.fileno(),))
+        child.state = "waiting"
+        return child
+
+    async def _gateway_on_demand(self, child: Child) -> None:
+        """Start the gateway at the first connection to its socket (it waits in the
+        backlog meanwhile), then keep it alive like every actor. Until then no
+        gateway process runs: an idle host without a web client saves its memory."""
+        assert self._http_sock is not None
+        loop = asyncio.get_running_loop()
+        connected = loop.create_future()
+        fd = self._http_sock.fileno()
+        loop.add_reader(fd, lambda: connected.done() or connected.set_result(None))
+        try:
+            await connected
+        finally:
+            loop.remove_reader(fd)
+        log.info("a first connection to the web view: starting the gateway")
+        try:
+            await spawn(child, self._env(child))
+        except StartFailed as exc:  # restarted as if it had died
+            log.error("the gateway did not start: %s", exc)
+            if child.proc is not None and child.proc.returncode is None:
+                child.proc.kill()
+        if child.proc is None:
+            child.state = "failed"
+        else:
+            self._write_state("ready")
+            await self._watch(child)
+        if child.state == "failed" and self._http_sock is not None:
+            # Given up on: refused at once, rather than left waiting in the backlog.
+            self._http_sock.close()
+            self._http_sock = None
+            (self.run_dir / WEB_URL_FILE).unlink(missing_ok=True)
+        self._write_state("ready")
 
     @staticmethod
     def _env(child: Child) -> dict[str, str]:
@@ -249,9 +305,10 @@ class Host:
         self.endpoints.remove_stale()
         for name in (STATE_FILE, OFFLINE_PORT_FILE, WEB_URL_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
-        if self._offline_sock is not None:
-            self._offline_sock.close()
-            self._offline_sock = None
+        for sock in (self._offline_sock, self._http_sock):
+            if sock is not None:
+                sock.close()
+        self._offline_sock = self._http_sock = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -298,6 +355,7 @@ def host_for(settings: Settings, *, gateway: bool = False) -> Host:
                 scenario=settings.offline_scenario, network=settings.config.network,
                 llm_backend=settings.llm_backend, embedded=settings.embedded,
                 gateway=gateway and settings.config.http.enabled and not settings.embedded,
+                http=settings.config.http,
                 netproxy=_wants_netproxy(settings),
                 mcp_start_s=2 * max((s.start_timeout_s for s in settings.config.mcp.values()),
                                     default=0.0),

@@ -12,10 +12,13 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.config import ConfigError, HttpConfig, parse_config
+from actors.eventcounts import MAX_LABELS, EventCounts
 from actors.gateway.actor import Gateway, GatewayError
 from actors.gateway.feed import NOTICE_QUEUE, Feed
-from actors.gateway.metrics import MAX_LABELS, Metrics
+from actors.gateway.metrics import Metrics
 from actors.settings import load_settings
+from bus.codec import decode, encode
+from bus.messages import Envelope, StatsReply
 
 
 def test_http_defaults_to_loopback_7480_and_on():
@@ -55,18 +58,33 @@ def ev(seq, kind, data=None, session="s1"):
             "data": data or {}}
 
 
-def samples(metrics: Metrics) -> dict:
-    from prometheus_client import generate_latest
+class Counted:
+    """The broadcaster's counts (`EventCounts`), through the wire, rendered by the
+    gateway's `/metrics` (`Metrics`) as a scrape does."""
 
-    out = {}
-    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+    def __init__(self) -> None:
+        self.counts = EventCounts()
+        self.lost = 0
+
+    def observe(self, e: dict) -> None:
+        self.counts.observe(e["type"], e["data"])
+
+    def samples(self) -> dict:
+        from prometheus_client import generate_latest
+
+        # Through the codec, as the broadcaster's `StatsReply` carries them.
+        wire = decode(encode(Envelope(StatsReply({"counts": self.counts.snapshot()}))))
+        m = Metrics()
+        m.counted.counts = {**wire.body.counters["counts"], "missed": self.lost}
+        out = {}
+        for family in text_string_to_metric_families(generate_latest(m.registry).decode()):
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
 
 
 def test_metrics_count_a_run_from_its_events():
-    m = Metrics()
+    m = Counted()
     for e in [ev(1, "SESSION_START"), ev(2, "TURN_START"),
               ev(3, "TOOL_END", {"name": "shell", "is_error": True, "duration_ms": 250}),
               ev(4, "RETRY", {"attempt": 1, "error": "overloaded: try later", "wait_s": 0.5}),
@@ -74,10 +92,17 @@ def test_metrics_count_a_run_from_its_events():
                                  "usage": {"input_tokens": 10, "output_tokens": 3}}),
               ev(6, "CANCELLED", {"mode": "ui", "reason": ""})]:
         m.observe(e)
-    s = samples(m)
+    s = m.samples()
     assert s[("oploop_turns_total", ())] == 1
+    assert s[("oploop_events_total", (("type", "TURN_START"),))] == 1
     assert s[("oploop_tool_calls_total", (("outcome", "error"), ("tool", "shell")))] == 1
     assert s[("oploop_tool_call_duration_seconds_sum", (("tool", "shell"),))] == 0.25
+    assert s[("oploop_tool_call_duration_seconds_count", (("tool", "shell"),))] == 1
+    assert s[("oploop_tool_call_duration_seconds_bucket", (("le", "0.1"), ("tool", "shell")))] == 0
+    assert s[("oploop_tool_call_duration_seconds_bucket", (("le", "0.25"), ("tool", "shell")))] \
+        == 1
+    assert s[("oploop_tool_call_duration_seconds_bucket", (("le", "+Inf"), ("tool", "shell")))] \
+        == 1
     assert s[("oploop_model_retries_total", (("cause", "overloaded"),))] == 1
     assert s[("oploop_tokens_total", (("kind", "input"),))] == 10
     assert s[("oploop_tokens_total", (("kind", "output"),))] == 3
@@ -86,12 +111,12 @@ def test_metrics_count_a_run_from_its_events():
     assert s[("oploop_cancels_total", (("mode", "ui"),))] == 1
     assert s[("oploop_gateway_events_missed_total", ())] == 0
     m.observe(ev(7, "ERROR", {"error": "model_error", "message": "overloaded"}, session="s2"))
-    assert samples(m)[("oploop_run_errors_total", (("error", "model_error"),))] == 1
+    assert m.samples()[("oploop_run_errors_total", (("error", "model_error"),))] == 1
 
 
 def test_metrics_show_every_state_terminal_and_mode_at_zero_and_count_the_cost():
-    m = Metrics()
-    s = samples(m)
+    m = Counted()
+    s = m.samples()
     for terminal in ("DONE", "ERROR", "CANCELLED"):
         assert s[("oploop_runs_total", (("terminal", terminal),))] == 0
     for mode in ("ui", "operation", "deadline"):
@@ -100,19 +125,26 @@ def test_metrics_show_every_state_terminal_and_mode_at_zero_and_count_the_cost()
     for i, cost in enumerate([0.25, None, 0.5]):  # (None: a model with no price)
         m.observe(ev(i + 1, "TURN_END", {"stop": "end_turn", "usage": {
             "input_tokens": 10, "output_tokens": 3, "cost_usd": cost}}))
-    assert samples(m)[("oploop_model_cost_usd_total", ())] == 0.75
+    assert m.samples()[("oploop_model_cost_usd_total", ())] == 0.75
 
 
-def test_metrics_count_gaps_and_bound_model_chosen_labels():
-    m = Metrics()
-    m.observe(ev(1, "TURN_START"))
-    m.observe(ev(5, "TURN_START"))  # 2..4 dropped by the live stream
+def test_metrics_show_what_was_lost_and_bound_model_chosen_labels():
+    m = Counted()
+    m.lost = 3  # the broadcaster's: events it could not recover, never published
     for i in range(MAX_LABELS + 10):
         m.observe(ev(6 + i, "TOOL_END", {"name": f"made_up_{i}", "duration_ms": 1}))
-    s = samples(m)
+    s = m.samples()
     assert s[("oploop_gateway_events_missed_total", ())] == 3
     tools = {dict(labels)["tool"] for (name, labels) in s if name == "oploop_tool_calls_total"}
     assert len(tools) == MAX_LABELS + 1 and "other" in tools
+
+
+def test_without_the_broadcasters_counts_a_scrape_renders_the_rest():
+    from prometheus_client import generate_latest
+
+    m = Metrics()  # (a scrape the broadcaster did not answer: counts None)
+    text = generate_latest(m.registry).decode()
+    assert "oploop_gateway_sse_clients" in text and "oploop_runs_total" not in text
 
 
 def test_a_taken_default_port_gives_way_but_a_configured_one_fails(tmp_path):
