@@ -41,7 +41,7 @@ from actors.core.state import RunState
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.offline_model import rules
 from actors.offline_model.server import start_server
-from actors.supervisor.fold import restore, snapshot
+from actors.supervisor.fold import compaction, mark_logged, restore
 from actors.usage import Usage
 from bus.vocab import EventType
 
@@ -201,7 +201,11 @@ def test_compacted_between_runs_reports_its_own_usage_and_folds():
 def test_a_snapshot_carries_the_view():
     session = Session("s1", Agent(), "/tmp", history=history(3))
     session.run = session.run._replace(context=ContextView("sum", 3, 5))
-    assert restore(snapshot(session, session.history), {}).context == ContextView("sum", 3, 5)
+    mark_logged(session)
+    comp = compaction(session)
+    restored = restore(comp.state, {}, dict(comp.parts))
+    assert restored.context == ContextView("sum", 3, 5)
+    assert restored.history == session.history
 
 
 # -- the driver ----------------------------------------------------------------------------
