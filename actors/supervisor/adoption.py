@@ -16,11 +16,12 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from actors.supervisor.jobstate import Job, WorkerState
 from bus.errors import BusError
 from bus.messages import Abort, Envelope, ToolJob
 
 if TYPE_CHECKING:
-    from actors.supervisor.dispatch import Dispatcher, WorkerState
+    from actors.supervisor.dispatch import Dispatcher
 
 log = logging.getLogger("oploop.dispatch")
 
@@ -46,8 +47,6 @@ def adopt(dispatcher: Dispatcher, worker: WorkerState, entries: list[dict[str, A
     """The jobs `worker` reports in hand (or over, their results following): each
     one a resumed run waits for (its session, call and machine) is that call's
     job again; any other is aborted, or its result dropped, and logged."""
-    from actors.supervisor.dispatch import Job  # (it imports this module)
-
     name = worker.id.decode(errors="replace")
     for entry in entries:
         jid, sid, call = entry["job"], entry["sid"], entry["call"]
@@ -63,7 +62,7 @@ def adopt(dispatcher: Dispatcher, worker: WorkerState, entries: list[dict[str, A
             job = Job(jid, "tool", env, loop.create_future(), early.append,
                       worker=worker.id, dispatches=1, early=early)
             dispatcher.jobs[jid] = job
-            worker.inflight.add(jid)
+            worker.take(job)
             future.set_result(job)
             log.warning("adopted job %s of session %s (call %s) from %s%s", jid, sid, call,
                         name, ", over: its result follows" if entry["done"] else "")
@@ -76,6 +75,6 @@ def adopt(dispatcher: Dispatcher, worker: WorkerState, entries: list[dict[str, A
             job = Job(jid, "tool", env, loop.create_future(), lambda env: None,
                       worker=worker.id, dispatches=1, aborted=True)
             dispatcher.jobs[jid] = job  # (its slot is taken until the abort is acknowledged)
-            worker.inflight.add(jid)
+            worker.take(job)
             with contextlib.suppress(BusError):  # (on `work`: known to be connected)
                 dispatcher.work.send(Envelope(Abort(), job=jid, sid=sid), worker.id)

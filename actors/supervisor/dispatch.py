@@ -31,12 +31,12 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from actors.bounds import MAX_CATALOGUE_BYTES, fit_catalogue
 from actors.machines import LOCAL, machine_name_error, machine_of
 from actors.supervisor.adoption import adopt, reported
+from actors.supervisor.jobstate import Job, NoCapacity, OnProgress, WorkerState
 from actors.supervisor.machines import Machines
 from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
@@ -87,82 +87,6 @@ MAX_STICKY = 4_096
 #: How often the supervisor looks for silent workers: a few times per heartbeat, so
 #: that a lost machine is told within 3 heartbeats and a quarter, not 4.
 EXPIRY_CHECKS_PER_BEAT = 4
-
-OnProgress = Callable[[Envelope], None]
-
-
-class NoCapacity(Exception):
-    """Too many jobs are waiting for workers of a role."""
-
-
-@dataclass
-class WorkerState:
-    """A live worker as the supervisor sees it."""
-
-    id: bytes
-    role: str
-    capacity: int
-    tools: list[dict[str, Any]]
-    inflight: set[str] = field(default_factory=set)
-    control_id: bytes | None = None
-    #: Its MCP servers' states (`ToolsChanged.servers`), for `oploop status` and `tools`.
-    servers: list[dict[str, Any]] = field(default_factory=list)
-    #: The worker machine it runs on (`LOCAL` for the host's own).
-    machine: str = LOCAL
-
-    #: How many of `inflight` are of each session (`Dispatcher._busy_with`, asked at every
-    #: dispatch: looking each job up cost O(slots) a dispatch).
-    sessions: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def free(self) -> int:
-        """Job slots not in use."""
-        return self.capacity - len(self.inflight)
-
-    def take(self, job: Job) -> None:
-        """`job` runs here now."""
-        if job.id not in self.inflight:
-            self.inflight.add(job.id)
-            sid = job.env.sid
-            self.sessions[sid] = self.sessions.get(sid, 0) + 1
-
-    def give(self, job: Job) -> None:
-        """`job` no longer holds a slot here."""
-        if job.id in self.inflight:
-            self.inflight.discard(job.id)
-            sid = job.env.sid
-            left = self.sessions.get(sid, 0) - 1
-            if left > 0:
-                self.sessions[sid] = left
-            else:
-                self.sessions.pop(sid, None)
-
-
-@dataclass
-class Job:
-    """One job in flight or waiting: what to send, whom it went to, who waits."""
-
-    id: str
-    role: str
-    env: Envelope
-    future: asyncio.Future[Envelope]
-    on_progress: OnProgress
-    worker: bytes | None = None
-    dispatches: int = 0
-    #: Abort sent: the worker's slot stays taken until it acknowledges (its reply).
-    aborted: bool = False
-    #: The body as one worker should receive it (history deltas), else `env.body`.
-    for_worker: Callable[[bytes], Body] | None = None
-    #: Only workers of this machine may take it (None: any worker of its role).
-    machine: str | None = None
-    #: An adopted job's messages that came before its run took it over (`adopted`).
-    early: list[Envelope] | None = None
-
-    @property
-    def queue(self) -> tuple[str, str | None]:
-        """The key of the queue it waits in: its role and machine."""
-        return self.role, self.machine
-
 
 #: MCP server states kept per executor (a bound: they come from a worker).
 MAX_SERVERS = 256

@@ -57,6 +57,8 @@ def test_a_reported_job_goes_to_the_call_that_waits_for_it_and_no_other():
         assert aborted(work) == ["jB", "jD"]
         worker = dispatcher.workers[b"ex"]
         assert worker.inflight == {"jA", "jB", "jD"}  # (aborts hold a slot until acked)
+        # ... counted per session like any job it takes (what dispatch asks of it).
+        assert worker.sessions == {"s1": 2, "s3": 1}
         # What comes before the run takes the job over is held for it, then its result.
         dispatcher.handle_work(b"ex", Envelope(ToolOutput("stdout", "x"), job="jA", sid="s1"),
                                b"")
@@ -67,6 +69,7 @@ def test_a_reported_job_goes_to_the_call_that_waits_for_it_and_no_other():
             dispatcher.handle_work(b"ex", Envelope(JobFailed("aborted", "aborted"), job=jid),
                                    b"")
         assert worker.inflight == set() and set(dispatcher.jobs) == set()
+        assert worker.sessions == {}
         # Reported again (the wait over): nobody waits now, so it is aborted.
         dispatcher.unexpect("s1", "call-1")
         dispatcher.handle_work(b"ex2", ready(entry("jA2", "s1", "call-1")), b"")

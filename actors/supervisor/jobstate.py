@@ -1,0 +1,88 @@
+"""What the dispatcher keeps of each worker and each job (`dispatch.py`), apart so
+that what hands jobs over (`adoption.py`) needs no import of the dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.machines import LOCAL
+from bus.messages import Body, Envelope
+
+#: Called with each message a job's worker sends before its result.
+OnProgress = Callable[[Envelope], None]
+
+
+class NoCapacity(Exception):
+    """Too many jobs are waiting for workers of a role."""
+
+
+@dataclass
+class WorkerState:
+    """A live worker as the supervisor sees it."""
+
+    id: bytes
+    role: str
+    capacity: int
+    tools: list[dict[str, Any]]
+    inflight: set[str] = field(default_factory=set)
+    control_id: bytes | None = None
+    #: Its MCP servers' states (`ToolsChanged.servers`), for `oploop status` and `tools`.
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    #: The worker machine it runs on (`LOCAL` for the host's own).
+    machine: str = LOCAL
+
+    #: How many of `inflight` are of each session (`Dispatcher._busy_with`, asked at every
+    #: dispatch: looking each job up cost O(slots) a dispatch).
+    sessions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        """Job slots not in use."""
+        return self.capacity - len(self.inflight)
+
+    def take(self, job: Job) -> None:
+        """`job` runs here now."""
+        if job.id not in self.inflight:
+            self.inflight.add(job.id)
+            sid = job.env.sid
+            self.sessions[sid] = self.sessions.get(sid, 0) + 1
+
+    def give(self, job: Job) -> None:
+        """`job` no longer holds a slot here."""
+        if job.id in self.inflight:
+            self.inflight.discard(job.id)
+            sid = job.env.sid
+            left = self.sessions.get(sid, 0) - 1
+            if left > 0:
+                self.sessions[sid] = left
+            else:
+                self.sessions.pop(sid, None)
+
+
+@dataclass
+class Job:
+    """One job in flight or waiting: what to send, whom it went to, who waits."""
+
+    id: str
+    role: str
+    env: Envelope
+    future: asyncio.Future[Envelope]
+    on_progress: OnProgress
+    worker: bytes | None = None
+    dispatches: int = 0
+    #: Abort sent: the worker's slot stays taken until it acknowledges (its reply).
+    aborted: bool = False
+    #: The body as one worker should receive it (history deltas), else `env.body`.
+    for_worker: Callable[[bytes], Body] | None = None
+    #: Only workers of this machine may take it (None: any worker of its role).
+    machine: str | None = None
+    #: An adopted job's messages that came before its run took it over (`adopted`).
+    early: list[Envelope] | None = None
+
+    @property
+    def queue(self) -> tuple[str, str | None]:
+        """The key of the queue it waits in: its role and machine."""
+        return self.role, self.machine
