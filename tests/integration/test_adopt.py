@@ -130,8 +130,13 @@ def test_a_tool_that_ended_while_no_supervisor_was_there_gives_its_result(host, 
 
 def test_a_tool_whose_executor_died_too_is_interrupted_never_run_again(host, tmp_path):
     async def at_start(client: Client, session: str, cwd: Path, event: dict[str, Any]) -> None:
+        # Both die together: the supervisor stopped first, so that it cannot see the
+        # executor go and answer the call "executor unreachable" itself before its
+        # own end (it did, once, on a busy machine, between the two kills).
+        supervisor = actor(host, "supervisor")["pid"]
+        os.kill(supervisor, signal.SIGSTOP)
         os.kill(executor_of_the_tool(host), signal.SIGKILL)
-        os.kill(actor(host, "supervisor")["pid"], signal.SIGKILL)
+        os.kill(supervisor, signal.SIGKILL)
 
     events, info = asyncio.run(run_across_a_restart(host, tmp_path, at_start))
     output = the_tool_ended(events, info)

@@ -275,8 +275,12 @@ def test_a_question_whose_executor_died_with_the_supervisor_is_closed(host):
             seen: list[dict[str, Any]] = []
             events = client.events(started.session, started.from_seq, stop_at="first")
             asked = await until_event(events, "ELICITATION_REQUESTED", seen)
+            # Both die together: the supervisor stopped first, so that it cannot see
+            # the executor go (and end the call itself) before its own end.
+            supervisor = actor(host, "supervisor")["pid"]
+            os.kill(supervisor, signal.SIGSTOP)
             os.kill(actor(host, "executor-1")["pid"], signal.SIGKILL)
-            os.kill(actor(host, "supervisor")["pid"], signal.SIGKILL)
+            os.kill(supervisor, signal.SIGKILL)
             seen += [e async for e in events]
             await until(lambda: actor(host, "supervisor")["state"] == "running",
                         what="the supervisor back")
