@@ -119,35 +119,44 @@ def test_cancel_and_watch_through_the_host_that_does_not_run_it(hosts, tmp_path)
     asyncio.run(until(lambda: not marked(), what="the cancelled tool to be gone"))
 
 
-def test_say_and_approve_through_the_other_host(hosts, tmp_path):
-    a, b, id_a, _, _ = hosts
+async def say_and_approve_through(a: str, b: str, id_a: str, cwd: Path
+                                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A `say` and an `approve` sent to host `b` for sessions host `a` (`id_a`) runs:
+    the events each session's viewer on `b` saw."""
+    async with clients(a, b) as (on_a, on_b):
+        talk = await on_a.start("#talk go", cwd=str(cwd), host=id_a)
+        told: list[dict[str, Any]] = []
+        events = on_b.events(talk.session, 1, stop_at="first")
+        await until_type(events, "TOOL_START", told)
+        said = await on_b.say(talk.session, "also this")
+        assert said.state == "queued"
+        told += [e async for e in events]
 
-    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with clients(a, b) as (on_a, on_b):
-            talk = await on_a.start("#talk go", cwd=str(tmp_path), host=id_a)
-            told: list[dict[str, Any]] = []
-            events = on_b.events(talk.session, 1, stop_at="first")
-            await until_type(events, "TOOL_START", told)
-            said = await on_b.say(talk.session, "also this")
-            assert said.state == "queued"
-            told += [e async for e in events]
+        ask = await on_a.start("#ask go", agent="ops", cwd=str(cwd), host=id_a)
+        asked: list[dict[str, Any]] = []
+        events = on_b.events(ask.session, 1, stop_at="first")
+        request = await until_type(events, "APPROVAL_REQUESTED", asked)
+        decided = await on_b.approve(ask.session, [request["data"]["call_id"]])
+        assert decided.by == "local"  # (B's local user: `by`, honoured from a host)
+        asked += [e async for e in events]
+        return told, asked
 
-            ask = await on_a.start("#ask go", agent="ops", cwd=str(tmp_path), host=id_a)
-            asked: list[dict[str, Any]] = []
-            events = on_b.events(ask.session, 1, stop_at="first")
-            request = await until_type(events, "APPROVAL_REQUESTED", asked)
-            decided = await on_b.approve(ask.session, [request["data"]["call_id"]])
-            assert decided.by == "local"
-            asked += [e async for e in events]
-            return told, asked
 
-    told, asked = asyncio.run(scenario())
+def assert_said_and_approved(told: list[dict[str, Any]], asked: list[dict[str, Any]]) -> None:
+    """The message reached the run and the approval decided the call, once, by "local"."""
     (message,) = [e for e in told if e["type"] == "USER_MESSAGE"]
     assert message["data"]["text"] == "also this"
     assert told[-1]["type"] == "DONE" and told[-1]["data"]["text"] == "heard you"
     assert [e["type"] for e in asked if e["type"].startswith("APPROVAL")] == \
         ["APPROVAL_REQUESTED", "APPROVAL_DECIDED"]
+    (decided,) = [e for e in asked if e["type"] == "APPROVAL_DECIDED"]
+    assert decided["data"]["by"] == "local"
     assert asked[-1]["type"] == "DONE" and asked[-1]["data"]["text"] == "ran it"
+
+
+def test_say_and_approve_through_the_other_host(hosts, tmp_path):
+    a, b, id_a, _, _ = hosts
+    assert_said_and_approved(*asyncio.run(say_and_approve_through(a, b, id_a, tmp_path)))
 
 
 def test_host_places_and_an_unknown_host_is_one_line(hosts, tmp_path):

@@ -35,7 +35,14 @@ from hostkit import actor, host_pids, oploop, print_log_tail, running_host, unti
 from peerkit import Namespace, namespaces_usable, network_config
 from ports import free_ports
 from test_anyhost import CONFIG as OPS
-from test_anyhost import SCRIPTS, clients, marked, until_type
+from test_anyhost import (
+    SCRIPTS,
+    assert_said_and_approved,
+    clients,
+    marked,
+    say_and_approve_through,
+    until_type,
+)
 
 from bench import pgcluster
 from bench.netlink import other_machine_prefix
@@ -46,7 +53,6 @@ from bus.messages import Cancel, Envelope, Renew
 from bus.rpc import Requester
 from bus.security import ClientKeys
 from bus.sockets import Reactor
-from bus.vocab import EventType
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -203,33 +209,7 @@ def test_compact_from_the_other_machine_reaches_the_running_session(machines, tm
 
 def test_say_and_approve_from_the_other_machine(machines, tmp_path):
     a, b, id_a, _, _ = machines
-
-    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with clients(a, b) as (on_a, on_b):
-            talk = await on_a.start("#talk go", cwd=str(tmp_path), host=id_a)
-            told: list[dict[str, Any]] = []
-            events = on_b.events(talk.session, 1, stop_at="first")
-            await until_type(events, "TOOL_START", told)
-            said = await on_b.say(talk.session, "also this")
-            assert said.state == "queued"
-            told += [e async for e in events]
-
-            ask = await on_a.start("#ask go", agent="ops", cwd=str(tmp_path), host=id_a)
-            asked: list[dict[str, Any]] = []
-            events = on_b.events(ask.session, 1, stop_at="first")
-            request = await until_type(events, "APPROVAL_REQUESTED", asked)
-            decided = await on_b.approve(ask.session, [request["data"]["call_id"]])
-            assert decided.by == "local"  # (B's local user: `by`, honoured from a host)
-            asked += [e async for e in events]
-            return told, asked
-
-    told, asked = asyncio.run(scenario())
-    (message,) = [e for e in told if e["type"] == "USER_MESSAGE"]
-    assert message["data"]["text"] == "also this"
-    assert told[-1]["type"] == "DONE" and told[-1]["data"]["text"] == "heard you"
-    decided = [e for e in asked if e["type"] == EventType.APPROVAL_DECIDED]
-    assert len(decided) == 1 and decided[0]["data"]["by"] == "local"
-    assert asked[-1]["type"] == "DONE" and asked[-1]["data"]["text"] == "ran it"
+    assert_said_and_approved(*asyncio.run(say_and_approve_through(a, b, id_a, tmp_path)))
 
 
 async def _ask(address: str, keys: ClientKeys, body: Any) -> Any:
