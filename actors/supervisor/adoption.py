@@ -21,7 +21,10 @@ from bus.errors import BusError
 from bus.messages import Abort, Envelope, ToolJob
 
 if TYPE_CHECKING:
-    from actors.supervisor.dispatch import Dispatcher
+    from bus.sockets import Port
+
+#: What resumed runs wait for: (session, call id) -> (machine, the job's future).
+Expected = dict[tuple[str, str], tuple[str, "asyncio.Future[Job]"]]
 
 log = logging.getLogger("oploop.dispatch")
 
@@ -43,25 +46,27 @@ def reported(peer: bytes, running: list[Any]) -> list[dict[str, Any]]:
     return good
 
 
-def adopt(dispatcher: Dispatcher, worker: WorkerState, entries: list[dict[str, Any]]) -> None:
+def adopt(jobs: dict[str, Job], expected: Expected, work: Port, worker: WorkerState,
+          entries: list[dict[str, Any]]) -> None:
     """The jobs `worker` reports in hand (or over, their results following): each
-    one a resumed run waits for (its session, call and machine) is that call's
-    job again; any other is aborted, or its result dropped, and logged."""
+    one a resumed run waits for in `expected` (its session, call and machine) is that
+    call's job again, in `jobs`; any other is aborted on `work`, or its result
+    dropped, and logged."""
     name = worker.id.decode(errors="replace")
     for entry in entries:
         jid, sid, call = entry["job"], entry["sid"], entry["call"]
-        if jid in dispatcher.jobs:
+        if jid in jobs:
             log.warning("job %s reported by %s is already another's: ignored", jid, name)
             continue
-        machine, future = dispatcher.expected.get((sid, call), ("", None))
+        machine, future = expected.get((sid, call), ("", None))
         env = Envelope(ToolJob("", {}, call_id=call), id=jid, sid=sid, job=jid)
         loop = asyncio.get_running_loop()
         if future is not None and not future.done() and machine == worker.machine:
-            del dispatcher.expected[(sid, call)]
+            del expected[(sid, call)]
             early: list[Envelope] = []
             job = Job(jid, "tool", env, loop.create_future(), early.append,
                       worker=worker.id, dispatches=1, early=early)
-            dispatcher.jobs[jid] = job
+            jobs[jid] = job
             worker.take(job)
             future.set_result(job)
             log.warning("adopted job %s of session %s (call %s) from %s%s", jid, sid, call,
@@ -74,7 +79,7 @@ def adopt(dispatcher: Dispatcher, worker: WorkerState, entries: list[dict[str, A
                         "it: aborted", jid, sid, call, name)
             job = Job(jid, "tool", env, loop.create_future(), lambda env: None,
                       worker=worker.id, dispatches=1, aborted=True)
-            dispatcher.jobs[jid] = job  # (its slot is taken until the abort is acknowledged)
+            jobs[jid] = job  # (its slot is taken until the abort is acknowledged)
             worker.take(job)
             with contextlib.suppress(BusError):  # (on `work`: known to be connected)
-                dispatcher.work.send(Envelope(Abort(), job=jid, sid=sid), worker.id)
+                work.send(Envelope(Abort(), job=jid, sid=sid), worker.id)

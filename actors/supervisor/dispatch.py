@@ -424,7 +424,7 @@ class Dispatcher:
     def _adopt(self, worker: WorkerState, reported: list[dict[str, Any]]) -> None:
         """The jobs `worker` reports in hand: adopted by the runs that wait for them,
         or aborted (`adoption.adopt`)."""
-        adopt(self, worker, reported)
+        adopt(self.jobs, self.expected, self.work, worker, reported)
 
     def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
         """An executor's tools changed (its MCP servers): the next turns offer the new set;
