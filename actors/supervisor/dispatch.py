@@ -33,12 +33,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from actors.bounds import MAX_CATALOGUE_BYTES, fit_catalogue
 from actors.machines import LOCAL, machine_name_error, machine_of
 from actors.supervisor.adoption import adopt, reported
+from actors.supervisor.catalogue import Catalogue, mcp_servers, valid_specs
 from actors.supervisor.jobstate import Job, NoCapacity, OnProgress, WorkerState
 from actors.supervisor.machines import Machines
-from actors.tools.spec import ToolSpec
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
 from bus.mcpwire import Elicit, Sample
@@ -88,26 +87,6 @@ MAX_STICKY = 4_096
 #: that a lost machine is told within 3 heartbeats and a quarter, not 4.
 EXPIRY_CHECKS_PER_BEAT = 4
 
-#: MCP server states kept per executor (a bound: they come from a worker).
-MAX_SERVERS = 256
-
-
-def _valid_specs(peer: bytes, tools: list[Any]) -> list[dict[str, Any]]:
-    """The well-formed tool specs of a `Ready`; a bad one is dropped (and logged), so
-    a broken executor cannot put a request the API would refuse into every turn."""
-    good = []
-    for raw in tools:
-        try:
-            good.append(ToolSpec.from_wire(raw).to_wire())
-        except ValueError as exc:
-            log.warning("worker %r announced a bad tool spec: %s", peer, exc)
-    good, over = fit_catalogue(good)  # (every definition goes in every request)
-    if over:
-        log.warning("worker %r announced %d tool(s) past %d bytes: left out", peer, over,
-                    MAX_CATALOGUE_BYTES)
-    return good
-
-
 class Dispatcher:
     """Owns the workers of the `work` socket and every job sent to them."""
 
@@ -122,7 +101,9 @@ class Dispatcher:
             (role, None): deque() for role in ROLES}
         self.machines = Machines()
         self.liveness: Liveness[bytes] = Liveness()
-        self.catalogue_changed = asyncio.Event()
+        self.catalogue = Catalogue()
+        #: Set whenever the executors' tools change (`Catalogue.event`).
+        self.catalogue_changed = self.catalogue.event
         self._ids = itertools.count(1)
         self.aborts_acked = 0
         self._told: set[bytes] = set()  # unknown peers already asked to re-announce
@@ -408,7 +389,7 @@ class Dispatcher:
                     going_on.append(job.id)
             self._worker_died(peer, reason="re-announced")
         worker = self.workers[peer] = WorkerState(
-            peer, ready.role, ready.capacity, _valid_specs(peer, ready.tools),
+            peer, ready.role, ready.capacity, valid_specs(peer, ready.tools),
             control_id=peer + b".ctl", machine=machine_of(ready.machine))
         worker.inflight.update(going_on)
         self._adopt(worker, [e for e in running if e["job"] not in going_on])
@@ -418,7 +399,7 @@ class Dispatcher:
                  ready.capacity, worker.machine)
         self._send_quiet(peer, Heartbeat())  # accepted: a worker elsewhere waits for word
         if ready.role == "tool":
-            self.catalogue_changed.set()
+            self.catalogue.changed()
         self._pump_for(worker)
 
     def _adopt(self, worker: WorkerState, reported: list[dict[str, Any]]) -> None:
@@ -427,20 +408,12 @@ class Dispatcher:
         adopt(self.jobs, self.expected, self.work, worker, reported)
 
     def handle_tools_changed(self, worker: WorkerState, body: ToolsChanged) -> None:
-        """An executor's tools changed (its MCP servers): the next turns offer the new set;
-        its jobs in flight go on."""
-        if worker.role != "tool":
-            return
-        worker.tools = _valid_specs(worker.id, body.tools)
-        worker.servers = [s for s in body.servers if isinstance(s, dict)][:MAX_SERVERS]
-        self.catalogue_changed.set()
+        """An executor's tools changed (its MCP servers): `Catalogue.tools_changed`."""
+        self.catalogue.tools_changed(worker, body)
 
     def mcp_servers(self) -> list[dict[str, Any]]:
-        """The MCP servers of the live executors, with the executor and the machine each
-        runs on (each machine's executors read that machine's own `[mcp]` tables)."""
-        return [dict(server, executor=worker.id.decode(errors="replace"),
-                     machine=worker.machine)
-                for worker in self.workers.values() for server in worker.servers]
+        """The MCP servers of the live executors (`catalogue.mcp_servers`)."""
+        return mcp_servers(self.workers.values())
 
     def _finish(self, job: Job, env: Envelope) -> None:
         self.jobs.pop(job.id, None)
@@ -475,7 +448,7 @@ class Dispatcher:
             else:
                 self._finish(job, Envelope(_lost(worker, reason), job=jid))
         if worker.role == "tool":
-            self.catalogue_changed.set()
+            self.catalogue.changed()
         # (a worker announcing itself again is back at once: what waits for it, waits)
         if (worker.machine != LOCAL and reason != "re-announced"
                 and not self._serves(worker.role, worker.machine)):
@@ -527,15 +500,8 @@ class Dispatcher:
 
     def tool_specs(self, machine: str | None = None) -> list[dict[str, Any]]:
         """The union of the tools live executors (of `machine`, or of any) offer, first
-        announcer's spec per name."""
-        seen: dict[str, dict[str, Any]] = {}
-        for worker in self.workers.values():
-            if worker.role == "tool" and machine in (None, worker.machine):
-                for spec in worker.tools:
-                    name = spec.get("name")
-                    if isinstance(name, str) and name not in seen:
-                        seen[name] = spec
-        return list(seen.values())
+        announcer's spec per name (`Catalogue.specs`)."""
+        return self.catalogue.specs(self.workers.values(), machine)
 
     def statistics(self) -> dict[str, Any]:
         """Workers by role, jobs in flight, jobs waiting."""
