@@ -92,9 +92,16 @@ async def _http_peer(name: str, url: str, target: Path, runs: dict[int, int]) ->
         await aclose()
 
 
+#: What this section measures is the cost of carrying the whole history (~4 MB, ~1M
+#: tokens at turn 200), as the peers carry it: oploop's agent is told of a window that
+#: holds it (else it compacts at 80% of 200k tokens and carries less than the peers), and
+#: the offline model enforces none (else it refuses the peers' requests past 200k).
+UNBOUNDED = "[agents.default]\ncontext_window = 100000000\n"
+
+
 def _in_process(target: Path, runs: dict[int, int]) -> dict[str, Any]:
     systems: dict[str, Any] = {}
-    with BenchHost(target_bytes=FILE_BYTES) as host:
+    with BenchHost(target_bytes=FILE_BYTES, config=UNBOUNDED) as host:
         systems["oploop"] = uvloop.run(_oploop(host, runs, host.dir))
     for name in peers.PEERS:
         try:
@@ -108,8 +115,8 @@ def _in_process(target: Path, runs: dict[int, int]) -> dict[str, Any]:
 def _over_http(workdir: Path, target: Path, runs: dict[int, int]) -> dict[str, Any]:
     systems: dict[str, Any] = {}
     scenario = history_scenario(str(target), (WARM_TURNS, *LENGTHS))
-    with OfflineModel(workdir, scenario) as model:
-        with BenchHost(backend="http", base_url=model.url) as host:
+    with OfflineModel(workdir, scenario, context=0) as model:
+        with BenchHost(backend="http", base_url=model.url, config=UNBOUNDED) as host:
             systems["oploop"] = uvloop.run(_oploop(host, runs, target.parent))
         for name in peers.PEERS:
             if name not in peers.HTTP_PEERS:

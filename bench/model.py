@@ -59,8 +59,11 @@ def history_scenario(target: str, lengths: tuple[int, ...], streams: tuple[int, 
 class OfflineModel:
     """`python -m actors.offline_model` on an ephemeral port, playing `scenario`."""
 
-    def __init__(self, directory: Path, scenario: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, scenario: dict[str, Any], context: int | None = None
+                 ) -> None:
         self.dir = directory
+        #: Its context window in tokens (None: the default, 200k; 0: none).
+        self.context = context
         self.scenario_path = directory / "model-scenario.json"
         self.scenario_path.write_text(json.dumps(scenario))
         self.port_file = directory / "model.port"
@@ -79,7 +82,10 @@ class OfflineModel:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actors.offline_model", "--port-file", str(self.port_file),
              "--scenario", str(self.scenario_path)],
-            stdout=log, stderr=log, env={**os.environ, "OPLOOP_PARENT_PID": str(os.getpid())},
+            stdout=log, stderr=log, env={
+                **os.environ, "OPLOOP_PARENT_PID": str(os.getpid()),
+                **({} if self.context is None else {"OPLOOP_OFFLINE_CONTEXT": str(self.context)}),
+            },
         )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
