@@ -9,9 +9,10 @@ and yields to the loop between rounds.
 
 The zmq fd is edge-triggered: it fires when something changed, and reading
 `ZMQ_EVENTS` re-arms it. A port is therefore *pending* from the moment its fd
-fires (or a send on it — a send can consume the edge that announced an
-incoming message) until a read of `ZMQ_EVENTS` shows it empty; a round looks
-at pending ports only. Every look costs a call into libzmq (~1-3 us here) and
+fires until a read of `ZMQ_EVENTS` shows it empty; a round looks at pending
+ports only. A send can consume the edge that announced an incoming message, so
+a send on a port not pending reads `ZMQ_EVENTS` at once and makes the port
+pending if a message waits. Every look costs a call into libzmq (~1-3 us here) and
 a failed non-blocking `recv` far more (~7 us: pyzmq builds an exception), so
 a port is drained while `ZMQ_EVENTS` says POLLIN, never until `EAGAIN`.
 """
@@ -169,7 +170,20 @@ class Port:
                 raise Closed(f"port {self.name} is closed") from exc
             raise
         finally:
-            self.pending = True  # the send may have consumed the edge of an incoming message
+            if not self.pending:
+                self._recheck()
+
+    def _recheck(self) -> None:
+        """After a send: the send may have consumed the edge that announced an incoming
+        message, so look now whether one waits (and have the reactor serve it). Looking
+        here costs one read of ZMQ_EVENTS; waking the reactor after every send to look
+        cost a turn of the loop per send (an llm caller's one reply per call)."""
+        try:
+            events = self.sock.get(_EVENTS)
+        except zmq.ZMQError:  # closed meanwhile: nothing to serve
+            return
+        if self.receives and events & _POLLIN:
+            self.pending = True
             self.reactor.kick()
 
     def reply(self, env: Envelope, peer: bytes | None) -> bool:
