@@ -409,6 +409,19 @@ class Event(Body):
 
 
 @dataclass(frozen=True, slots=True)
+class EventBatch(Body):
+    """Supervisor PUSH -> broadcaster `ingest`: the events of one group commit, in the
+    order they were stamped. Each of `frames` is one `Event` envelope, encoded exactly
+    as the broadcaster stores and publishes it (viewers still get one event per
+    message); the broadcaster takes them one by one, as if each had come alone. One
+    message per commit, not one per event: every message on the pipe costs a send,
+    a receive and wake-ups of both sides' I/O threads. No reply."""
+
+    KIND: ClassVar[str] = "event_batch"
+    frames: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
 class ForgetSessions(Body):
     """Supervisor PUSH -> broadcaster `ingest`: these sessions were deleted; drop their
     event logs. It travels behind every event of theirs already pushed. No reply.
@@ -498,6 +511,7 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     ToolResult,
     JobFailed,
     Event,
+    EventBatch,
     ForgetSessions,
     ReplayRequest,
     ReplayBatch,
@@ -519,7 +533,7 @@ __all__ = [
     "Abort", "BY_KIND", "Body", "Cancel", "CancelAck", "Compact", "CompactAck",
     "ControlHello", "DecideAck",
     "DecideCalls", "Delta", "Disconnect", "Envelope", "ErrorReply", "Event",
-    "ForgetSessions", "HISTORY_MISS", "Heartbeat", "InspectSession", "JobFailed",
+    "EventBatch", "ForgetSessions", "HISTORY_MISS", "Heartbeat", "InspectSession", "JobFailed",
     "ListSessions", "ListTools", "LlmJob", "LlmResult", "MESSAGE_TYPES", "PROTOCOL_VERSION",
     "PruneSessions", "Ready", "RemoveSessions", "Renew", "RenewAck", "ReplayBatch",
     "ReplayRequest", "Retrying", "RunStarted", "Say", "SayAck", "SessionInfo",

@@ -9,11 +9,14 @@ and yields to the loop between rounds.
 
 The zmq fd is edge-triggered: it fires when something changed, and reading
 `ZMQ_EVENTS` re-arms it. A port is therefore *pending* from the moment its fd
-fires (or a send on it — a send can consume the edge that announced an
-incoming message) until a read of `ZMQ_EVENTS` shows it empty; a round looks
-at pending ports only. Every look costs a call into libzmq (~1-3 us here) and
-a failed non-blocking `recv` far more (~7 us: pyzmq builds an exception), so
-a port is drained while `ZMQ_EVENTS` says POLLIN, never until `EAGAIN`.
+fires until a read of `ZMQ_EVENTS` shows it empty; a round looks at pending
+ports only. A send can consume the edge that announced an incoming message:
+a send from a handler makes its port pending (the round looks again), one from
+a task reads `ZMQ_EVENTS` at once and makes the port pending only if a message
+waits (waking the reactor for a round after each cost more). Every look costs
+a call into libzmq (~1-3 us here) and a failed non-blocking `recv` far more
+(~7 us: pyzmq builds an exception), so a port is drained while `ZMQ_EVENTS`
+says POLLIN, never until `EAGAIN`.
 """
 
 from __future__ import annotations
@@ -169,7 +172,24 @@ class Port:
                 raise Closed(f"port {self.name} is closed") from exc
             raise
         finally:
-            self.pending = True  # the send may have consumed the edge of an incoming message
+            if self.reactor.in_round:  # (a handler's send: the round looks again anyway)
+                self.pending = True
+                self.reactor.kick()
+            elif not self.pending:
+                self._recheck()
+
+    def _recheck(self) -> None:
+        """After a send outside the reactor's round (a task's): the send may have
+        consumed the edge that announced an incoming message, so look now whether one
+        waits (and have the reactor serve it). Looking here costs one read of
+        ZMQ_EVENTS; waking the reactor after every such send to look cost a turn of the
+        loop per send (an llm caller's one reply per call)."""
+        try:
+            events = self.sock.get(_EVENTS)
+        except zmq.ZMQError:  # closed meanwhile: nothing to serve
+            return
+        if self.receives and events & _POLLIN:
+            self.pending = True
             self.reactor.kick()
 
     def reply(self, env: Envelope, peer: bytes | None) -> bool:
@@ -336,6 +356,8 @@ class Reactor:
         self.batch = batch
         self.ports: list[Port] = []
         self._wake: asyncio.Event | None = None
+        #: Whether a round is serving the ports (a send from a handler, not a task).
+        self.in_round = False
 
     def add(
         self,
@@ -537,18 +559,22 @@ class Reactor:
         port, control again after each batch. True if a data port has more waiting."""
         ports = list(self.ports)  # a handler may add or remove ports
         priority = [p for p in ports if p.priority]
-        for ctl in priority:
-            ctl.serve(1_000_000)
-        busy = False
-        for port in ports:
-            if port.priority or not port.pending:
-                continue
-            if port.serve(self.batch):
-                for ctl in priority:
-                    # Look actively: a cancel must not wait behind the next batch.
-                    ctl.pending = True
-                    ctl.serve(1_000_000)
-            busy = busy or port.pending
+        self.in_round = True
+        try:
+            for ctl in priority:
+                ctl.serve(1_000_000)
+            busy = False
+            for port in ports:
+                if port.priority or not port.pending:
+                    continue
+                if port.serve(self.batch):
+                    for ctl in priority:
+                        # Look actively: a cancel must not wait behind the next batch.
+                        ctl.pending = True
+                        ctl.serve(1_000_000)
+                busy = busy or port.pending
+        finally:
+            self.in_round = False
         return busy
 
     def statistics(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from bus.errors import BadFrame, BusError
 from bus.messages import (
     Envelope,
     Event,
+    EventBatch,
     ForgetSessions,
     ReplayBatch,
     ReplayRequest,
@@ -41,8 +42,10 @@ log = logging.getLogger("oploop.broadcaster")
 REPLAY_BATCH_BYTES = 1 << 20
 
 #: Kept small on purpose: what waits beyond it stays in the supervisor's PUSH
-#: queue, which survives a broadcaster restart, where this queue dies with it.
-INGEST_RCVHWM = 2_000
+#: queue, which survives a broadcaster restart, where this queue dies with it. In
+#: messages: most are `EventBatch`es of a commit's events (up to the supervisor's
+#: `BATCH_BYTES`), so this holds about as many events as 2,000 single ones did.
+INGEST_RCVHWM = 500
 
 #: Ends the topic of an event of this host's own supervisor on a shared store: another
 #: host's follower subscribes to `sid + OWN` (a viewer's `sid` matches it too, a prefix).
@@ -108,7 +111,11 @@ class Broadcaster:
 
     def handle_event(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         """Log an event from the supervisor and publish it, or hold it if it came early;
-        or drop the logs of deleted sessions."""
+        the same for each event of an `EventBatch`, in order; or drop the logs of
+        deleted sessions."""
+        if isinstance(env.body, EventBatch):
+            self._take_batch(env.body.frames)
+            return
         if isinstance(env.body, ForgetSessions):
             self.forget(env.body.sessions)
             return
@@ -129,6 +136,29 @@ class Broadcaster:
             # (On a shared store a duplicate is expected: a replay caught this log up
             # from the store, or a followed host sent the event first.)
             self._refuse(appended.reason)
+
+    def _take_batch(self, frames: list[bytes]) -> None:
+        """The events of one commit: each taken as if it had come alone. One that does
+        not decode is logged, counted (`refused`) and dropped; the rest go on (a
+        session's later events then wait as a gap, which `Backfill` fetches)."""
+        for frame in frames:
+            try:
+                env = decode(frame)
+            except BadFrame as exc:
+                self._refuse(f"batch:{exc.reason}")
+                total = sum(self.refused.values())
+                if total <= 20 or total % 1000 == 0:  # (a flood does not flood the log)
+                    log.warning("ingest: an event of a batch dropped (kind %s): %s: %s",
+                                exc.kind or "?", exc.reason, exc.detail)
+                continue
+            if isinstance(env.body, EventBatch):  # (never nested: one level only)
+                self._refuse("batch:nested")
+                continue
+            try:
+                self.handle_event(None, env, frame)
+            except Exception:  # as the port does for a message: one event, not the rest
+                self._refuse("batch:handler_error")
+                log.exception("ingest: an event of a batch failed (%s)", env.sid)
 
     def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False,
                event: Event | None = None) -> Appended:

@@ -50,6 +50,10 @@ class ScriptedBackend:
                     "the scripted backend plays replies only; faults need the offline model",
                 )
         self.calls = 0
+        #: The reply of each scripted turn, by its index: a scripted turn's reply does
+        #: not depend on the request, and making it (its token count: a JSON dump of
+        #: every tool input) cost more than the rest of a call. Rules turns are not kept.
+        self._answers: dict[int, Reply] = {}
 
     @classmethod
     def from_script(cls, path: str) -> ScriptedBackend:
@@ -62,8 +66,12 @@ class ScriptedBackend:
         self.calls += 1
         messages = request.get("messages") or []
         at = run_position(messages)
-        turn = self.scenario.turns[at] if at < len(self.scenario.turns) else Turn()
-        answer: Reply = scripted_reply(turn, request)  # a "rules" turn asks the rule engine
+        answer = self._answers.get(at)
+        if answer is None:
+            turn = self.scenario.turns[at] if at < len(self.scenario.turns) else Turn()
+            answer = scripted_reply(turn, request)  # a "rules" turn asks the rule engine
+            if turn.content is not None:
+                self._answers[at] = answer
         salt = f"{session_of(request)}/{len(messages)}"
         content = [_with_fresh_id(block, salt, i) for i, block in enumerate(answer.content)]
         return {
@@ -104,8 +112,8 @@ def run_position(messages: list[Any]) -> int:
     """
     replies = 0
     for message in reversed(messages):
-        if not isinstance(message, Mapping):
-            continue
+        if type(message) is not dict and not isinstance(message, Mapping):
+            continue  # (a plain dict first: an ABC's isinstance is slow)
         if message.get("role") == "assistant":
             replies += 1
         elif _has_text(message):
@@ -118,9 +126,12 @@ def _has_text(message: Mapping[str, Any]) -> bool:
     content = message.get("content")
     if isinstance(content, str):
         return bool(content.strip())
-    return isinstance(content, list) and any(
-        isinstance(b, Mapping) and b.get("type") == "text" for b in content
-    )
+    if not isinstance(content, list):
+        return False
+    for block in content:
+        if (type(block) is dict or isinstance(block, Mapping)) and block.get("type") == "text":
+            return True
+    return False
 
 
 def _with_fresh_id(block: dict[str, Any], salt: str, position: int) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from bus.messages import (
     Envelope,
     ErrorReply,
     Event,
+    EventBatch,
     ForgetSessions,
     InspectSession,
     ListSessions,
@@ -84,6 +85,11 @@ LLM_JOB_TIMEOUT_S = 900.0
 #: are journaled, and the broadcaster fetches what it misses from the log.
 MAX_OUTBOX = 1_000_000
 MAX_OUTBOX_BYTES = 256 << 20
+#: The events of one commit go to the broadcaster as `EventBatch`es of at most this
+#: many bytes of frames: one message per commit, where one per event cost a send, a
+#: receive and I/O-thread wake-ups each; bounded, so that a batch stays far below a
+#: frame's limit and the broadcaster's `INGEST_RCVHWM` messages stay a modest memory.
+BATCH_BYTES = 64 << 10
 #: Start keys remembered in memory (resends come within seconds; older ones, and
 #: every one across a restart, are looked up in the session log).
 MAX_START_KEYS = 1_024
@@ -251,8 +257,8 @@ class Supervisor:
             return
         self._journal_failing = False
         events, self._unjournaled = self._unjournaled, []
-        for sid, seq, frame in events:
-            self._publish(frame, sid, seq)
+        if events:
+            self._publish_committed(events)
         if self.outage.active:  # (its STORE_UNAVAILABLE events just went out)
             self.outage.end()
         replies, self._after_commit = self._after_commit, []
@@ -416,10 +422,34 @@ class Supervisor:
         if len(self._starts) > MAX_START_KEYS:
             del self._starts[next(iter(self._starts))]
 
-    def _publish(self, frame: bytes, sid: str, seq: int) -> None:
+    def _publish_committed(self, events: list[tuple[str, int, bytes]]) -> None:
+        """Push the events of one commit as `EventBatch`es of at most `BATCH_BYTES` of
+        frames each (one event, or one larger than that, goes as its own frame)."""
+        batch: list[bytes] = []
+        size = 0
+        first = 0  # the index in `events` of the batch's first event
+        for i, (_, _, frame) in enumerate(events):
+            if batch and size + len(frame) > BATCH_BYTES:
+                self._publish_frames(batch, *events[first][:2])
+                batch, size, first = [], 0, i
+            batch.append(frame)
+            size += len(frame)
+        self._publish_frames(batch, *events[first][:2])
+
+    def _publish_frames(self, frames: list[bytes], sid: str, seq: int) -> None:
+        """Push `frames` (events, the first of which is `sid`#`seq`) as one message."""
+        if len(frames) == 1:
+            self._publish(frames[0], sid, seq)
+        else:
+            self._publish(encode(Envelope(EventBatch(frames))), sid, seq, len(frames))
+
+    def _publish(self, frame: bytes, sid: str, seq: int, count: int = 1) -> None:
+        """Push one message of `count` events (the first `sid`#`seq`), or queue it
+        behind those the PUSH socket refused."""
         if self._outbox or not self._push(frame):
             if len(self._outbox) >= MAX_OUTBOX or self._outbox_bytes >= MAX_OUTBOX_BYTES:
-                log.error("event outbox full: %s#%d not pushed (journaled)", sid, seq)
+                log.error("event outbox full: %d event(s) from %s#%d not pushed (journaled)",
+                          count, sid, seq)
                 return
             self._outbox.append(frame)
             self._outbox_bytes += len(frame)
