@@ -86,7 +86,10 @@ class LlmCaller(Worker):
         count = getattr(self.backend, "count_tokens", None)  # (optional: not every backend)
         if count is None:
             return JobFailed("not_supported", "this model backend counts no tokens")
+        preload = getattr(self.backend, "preload", None)
         try:
+            if preload is not None:  # the SDK's import at a first call is not the count's time
+                await preload()
             async with asyncio.timeout(COUNT_TIMEOUT_S):
                 tokens = await count(request, timeout_s=COUNT_TIMEOUT_S)
         except Exception as exc:  # the job's edge: any failure is the answer
