@@ -36,7 +36,7 @@ from typing import Any
 
 import msgpack
 
-from bus.codec import MAX_FRAME_BYTES
+from bus.limits import MAX_FRAME_BYTES
 
 #: Characters of an MCP result's text or an `ask_machine` answer (read_file's 256 KiB).
 MAX_RESULT_CHARS = 256 * 1024

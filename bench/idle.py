@@ -2,7 +2,7 @@
 
 Two set-ups: the scripted model (no offline model process, no SDK: oploop
 alone), and the default one (the offline model, llm callers that have
-imported the SDK). Read 1 s after `oploop up --detach` returned (start-up
+imported the SDK at their first call). Read 1 s after `oploop up --detach` returned (start-up
 garbage settled) and after one short session (so lazy imports on the first
 turn's path have landed), and again once the idle executor has stopped its sandbox
 fork server (`forkserver.IDLE_S` after its last launcher ended) and every actor has
@@ -18,13 +18,10 @@ import os
 import time
 from typing import Any
 
-import uvloop
-
 from actors.runtime import HEAP_TRIM_S
 from actors.sandbox.forkserver import IDLE_S as FORK_IDLE_S
-from bench.driver import Driver
 from bench.host import BenchHost
-from bench.memory import MB, _usage
+from bench.memory import MB, _usage, one_session
 from bench.stats import median
 from bench.stats import table as text_table
 
@@ -32,22 +29,10 @@ from bench.stats import table as text_table
 GOAL_MB = 150.0
 
 
-async def _one_session(host: BenchHost) -> None:
-    async with Driver(host.home, cwd=host.dir) as driver:
-        await driver.run(1)
-
-
 def _once(backend: str) -> dict[str, float]:
     with BenchHost(backend=backend) as host:
-        uvloop.run(_one_session(host))
-        if backend != "scripted":  # wait for the callers' SDK import (done in the background)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                callers = [v["rss"] for k, v in _usage(host)["processes"].items()
-                           if k.startswith("llm")]
-                if callers and min(callers) > 60 * MB:
-                    break
-                time.sleep(0.5)
+        one_session(host)
+        # (the session's model call has imported the SDK in the llm caller that served it)
         time.sleep(1.0)
         usage = _usage(host)
         # The fork server stops once idle; then a trim round in every actor.

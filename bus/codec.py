@@ -20,11 +20,8 @@ from typing import Any
 import msgpack
 
 from bus.errors import BadFrame
+from bus.limits import MAX_FRAME_BYTES
 from bus.messages import BY_KIND, PROTOCOL_VERSION, Body, Envelope
-
-#: Largest frame the codec accepts; sockets set ZMQ_MAXMSGSIZE well above it so that
-#: an oversize frame gets a counted rejection here rather than a silent disconnect.
-MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 Check = Callable[[Any], bool]
 

@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from actors.config import ConfigError, HttpConfig
 from actors.gateway import listen
 from actors.gateway.listen import ListenError
@@ -339,6 +337,8 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
         data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    import psutil  # (the CLI's, which has it loaded: the host process itself never asks)
+
     try:  # a killed host no one has reaped yet is a zombie: not a host
         if psutil.Process(int(data.get("pid", 0))).status() == psutil.STATUS_ZOMBIE:
             return None

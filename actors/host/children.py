@@ -16,13 +16,14 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
-
-import psutil
+from typing import IO, TYPE_CHECKING, Any
 
 from actors.restarts import RestartPolicy
 from actors.runtime import read_ready_line
 from actors.settings import READY_FD_ENV, RESTARTED_ENV
+
+if TYPE_CHECKING:
+    import psutil
 
 log = logging.getLogger("oploop.host")
 
@@ -155,6 +156,10 @@ async def keep_alive(child: Child, start: Callable[[Child], Awaitable[None]], *,
 async def stop_all(children: list[Child]) -> None:
     """Stop every live child: SIGTERM, a bounded wait, then SIGKILL of what is left,
     its descendants included; each child's state becomes "stopped"."""
+    # psutil (~2.5 MiB resident) is imported at the stop only: the host waits on its
+    # children through asyncio and needs it for nothing else.
+    import psutil
+
     procs = [c.proc for c in children if c.proc and c.proc.returncode is None]
     # Descendants are waited on with psutil; direct children only through asyncio,
     # whose child watcher must be the one to reap them.
@@ -182,6 +187,8 @@ async def stop_all(children: list[Child]) -> None:
 
 def _descendants(pids: list[int]) -> list[psutil.Process]:
     """All descendants of the processes `pids` (not the processes themselves)."""
+    import psutil
+
     out: list[psutil.Process] = []
     for pid in pids:
         try:

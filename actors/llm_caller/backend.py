@@ -124,9 +124,9 @@ class AnthropicBackend:
     """The real SDK, pointed at the API or any server that speaks it (`base_url`).
 
     The SDK's own retries are off: the llm caller's retry policy owns them. The SDK
-    is imported off the event loop, on first use or by `preload()` once the caller
-    serves, not at start-up: it costs ~2.6 s and ~90 MB on these machines, which
-    a caller would otherwise spend before it could say it is ready.
+    is imported off the event loop at the first call (or `preload()`), not at start-up:
+    it costs ~1-3 s and ~60 MiB resident on these machines, which a caller would
+    otherwise spend before it could say it is ready, and hold while idle.
     """
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
 import sys
 import time
 from dataclasses import dataclass
@@ -76,6 +75,10 @@ def _retry_after(headers: httpx2.Headers | Any) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
+        # (an HTTP date is rare, and the SDK that sends one has loaded `email` anyway:
+        # imported here, a scripted caller does without it)
+        import email.utils
+
         parsed = email.utils.parsedate_to_datetime(value) if value else None
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 

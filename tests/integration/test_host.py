@@ -35,6 +35,12 @@ def test_session_through_every_actor(short_home, tmp_path):
 
 
 def _through_every_actor(host, tmp_path, mode):
+    # Issue 28, idle RSS: a caller imports the SDK at its first call (~60 MiB resident),
+    # so an idle host holds none of it, and the host loads no psutil (its stop's only)
+    idle = {a["name"]: a["pid"] for a in json.loads(oploop(host, "status", "--json").stdout)
+            ["actors"]}
+    assert not _maps(idle["llm-1"], "_pydantic_core"), "the SDK was imported before a call"
+    assert not _maps(idle["host"], "_psutil_linux")
     run = subprocess.run(
         [*OPLOOP, "run", "--json", "read note.txt and run `echo hi`"],
         env={**os.environ, "OPLOOP_HOME": host, **mode}, cwd=tmp_path, capture_output=True,
@@ -62,12 +68,15 @@ def _through_every_actor(host, tmp_path, mode):
     # Issue 13, idle RSS: the host and the executors speak no TLS and load no libssl
     # (~4 MB each); the actors on uvloop (which needs it) and the llm callers do.
     pids = {a["name"]: a["pid"] for a in data["actors"]}
-    assert not _maps_libssl(pids["host"]) and not _maps_libssl(pids["executor-1"])
-    assert _maps_libssl(pids["supervisor"])
+    assert not _maps(pids["host"], "libssl") and not _maps(pids["executor-1"], "libssl")
+    assert _maps(pids["supervisor"], "libssl")
+    # (the run's model calls went through the SDK, imported by then)
+    assert pids["llm-1"] == idle["llm-1"] and _maps(pids["llm-1"], "_pydantic_core")
 
 
-def _maps_libssl(pid: int) -> bool:
-    return "libssl" in Path(f"/proc/{pid}/maps").read_text()
+def _maps(pid: int, library: str) -> bool:
+    """Whether process `pid` has a file whose name contains `library` mapped."""
+    return library in Path(f"/proc/{pid}/maps").read_text()
 
 
 def test_follow_up_in_the_same_session(host):

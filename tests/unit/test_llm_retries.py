@@ -91,3 +91,45 @@ def test_a_final_failure_is_not_retried(short_home):
     reply, notices = run_job(short_home, backend)
     assert isinstance(reply, JobFailed) and reply.error == "internal"
     assert len(backend.calls) == 1 and notices == []
+
+
+class SlowImportBackend:
+    """Counts tokens at once, once `preload` (the SDK's import, at a first call) is done."""
+
+    def __init__(self, import_s: float) -> None:
+        self.import_s, self.imported = import_s, False
+
+    async def preload(self):
+        await asyncio.sleep(self.import_s)
+        self.imported = True
+
+    async def count_tokens(self, request, *, timeout_s):
+        if not self.imported:
+            await self.preload()
+        return 42
+
+    async def aclose(self):
+        pass
+
+
+def test_a_first_count_waits_for_the_sdk_import_outside_its_time_limit(short_home,
+                                                                        monkeypatch):
+    # The caller imports the SDK at its first call: a count that is that first call
+    # must not spend its time limit on the import
+    import actors.llm_caller.actor as actor
+
+    monkeypatch.setattr(actor, "COUNT_TIMEOUT_S", 0.2)
+    endpoints = Endpoints.for_home(Path(short_home))
+    endpoints.prepare()
+
+    async def main():
+        caller = LlmCaller(endpoints, SlowImportBackend(0.5), RetryPolicy())
+        try:
+            return await caller.perform(Envelope(LlmJob({"messages": []}, count=True),
+                                                 job="j1"))
+        finally:
+            caller.reactor.close()
+
+    reply = asyncio.run(main())
+    assert isinstance(reply, LlmResult), reply
+    assert reply.message["usage"] == {"input_tokens": 42}
