@@ -20,7 +20,6 @@ of the priced part alone would look like the whole).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,8 +115,15 @@ class Usage:
         counts no tokens at all."""
         if not isinstance(raw, Mapping):
             return ZERO
-        i, o, w, r = (_count(raw.get(name)) for name in API_FIELDS)
-        cost = raw.get("cost_usd")
+        get = raw.get  # (a few times a turn: the usual shape is checked in one test)
+        i, o, w, r = (get("input_tokens"), get("output_tokens"),
+                      get("cache_creation_input_tokens"), get("cache_read_input_tokens"))
+        if not (type(i) is int and type(o) is int and type(w) is int and type(r) is int
+                and i >= 0 and o >= 0 and w >= 0 and r >= 0):
+            i, o, w, r = _count(i), _count(o), _count(w), _count(r)
+        cost = get("cost_usd")
+        if type(cost) is float and cost >= 0:
+            return cls(i, o, w, r, cost)
         if not isinstance(cost, int | float) or isinstance(cost, bool) or cost < 0:
             cost = None if i or o or w or r else 0.0
         return cls(i, o, w, r, float(cost) if cost is not None else None)
@@ -125,11 +131,12 @@ class Usage:
     def priced(self, price: Price | None) -> Usage:
         """These tokens with their cost at `price` (None: cost unknown, unless no tokens)."""
         if price is None:
-            return dataclasses.replace(self, cost=0.0 if not self.tokens else None)
-        cost = (self.input * price.input + self.output * price.output
-                + self.cache_write * price.cache_write
-                + self.cache_read * price.cache_read) / 1_000_000
-        return dataclasses.replace(self, cost=cost)
+            cost: float | None = 0.0 if not self.tokens else None
+        else:
+            cost = (self.input * price.input + self.output * price.output
+                    + self.cache_write * price.cache_write
+                    + self.cache_read * price.cache_read) / 1_000_000
+        return Usage(self.input, self.output, self.cache_write, self.cache_read, cost)
 
 
 ZERO = Usage()
