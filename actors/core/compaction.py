@@ -76,7 +76,8 @@ def request_builder(session: Session, io: LoopIO, tools: list[dict[str, Any]]) -
         messages = session.context_memo.messages(session.turn_cache.sanitized(session.history),
                                                  view)
         return build_request(session.agent, messages, tools, session=session.id,
-                             cwd=session.cwd, aliases=config.aliases)
+                             cwd=session.cwd, aliases=config.aliases,
+                             memo=session.request_memo)
 
     return build
 

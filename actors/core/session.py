@@ -25,6 +25,7 @@ from actors.core.deltas import TurnCache
 from actors.core.history import Message
 from actors.core.inputs import Input
 from actors.core.machine import step
+from actors.core.request import RequestMemo
 from actors.core.state import Phase, RunState
 from actors.core.timeline import Timeline, title_of
 from actors.core.turn import ToolOutcome
@@ -63,6 +64,8 @@ class Session:
     turn_cache: TurnCache = field(default_factory=TurnCache, repr=False, compare=False)
     #: The requests' sizes and view prefix (`core/context.py`): runtime only.
     context_memo: ContextMemo = field(default_factory=ContextMemo, repr=False, compare=False)
+    #: The request's parts that do not change from turn to turn (`core/request.py`).
+    request_memo: RequestMemo = field(default_factory=RequestMemo, repr=False, compare=False)
     #: How much of `history` the session log has: its length and last message then
     #: (see `fold.history_delta`).
     logged_len: int = field(default=0, repr=False, compare=False)
