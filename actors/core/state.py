@@ -33,6 +33,10 @@ class Phase(StrEnum):
     TOOLS = "tools"
 
 
+#: (Bound once: a member looked up on its enum costs ~0.5 µs in Python 3.11.)
+_IDLE = Phase.IDLE
+
+
 class RunState(NamedTuple):
     """A session's run as the machine sees it (all values, nothing mutable shared).
 
@@ -92,7 +96,7 @@ class RunState(NamedTuple):
     @property
     def running(self) -> bool:
         """A run is open (its terminal event has not gone out)."""
-        return self.phase is not Phase.IDLE
+        return self.phase is not _IDLE
 
 
 #: Each field's place in a `RunState` (for `replace`).
