@@ -28,7 +28,7 @@ HEAP_TRIM_S = 10.0
 #: Allocations (less frees) of container objects between two young-generation
 #: collections (CPython's default: 700). An actor's turn allocates thousands of short-lived
 #: dicts and tuples, nearly all freed by their counts: at 700 the collector ran several
-#: times a turn, each pass walking whatever was young then (measured: `docs/architecture.md`).
+#: times a turn, each pass walking whatever was young then (`docs/architecture.md`).
 GC_YOUNG_THRESHOLD = 20_000
 #: The ready pipe of this process (`Settings.ready_fd`), until `notify_ready` uses it.
 _ready_fd: int | None = None
@@ -77,8 +77,8 @@ def notify_ready() -> None:
 def settle_heap() -> None:
     """Once start-up is over: what it made (modules, config, the loop's machinery) is
     moved out of the collector's sight (`gc.freeze`), so that no later full collection
-    walks it again; what was garbage by then is collected first."""
-    gc.collect()
+    walks it again. (No collection first: a full one delayed readiness by tens of ms on
+    a busy machine, for the few start-up cycles it would free.)"""
     gc.freeze()
 
 
