@@ -124,7 +124,10 @@ class JournalFull(JournalError):
     """The disk (or the database's size limit) is full: nothing of the commit was written."""
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor hashable), unlike the other values here: several are made every turn,
+# and a frozen dataclass's `__init__` sets each field through `object.__setattr__`
+# (3x the cost of this one's). Nothing edits one once made.
+@dataclass(slots=True)
 class Record:
     """One event as logged: its encoded frame and the history delta it carries."""
 
