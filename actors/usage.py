@@ -212,7 +212,11 @@ class Meter:
         """Count one event of the session."""
         if type_ in TERMINAL or type_ == _COMPACTED:  # (one between runs)
             self.ended = self.ended + Usage.from_dict(data.get("usage"))
-        self.run = after_event(type_, data, self.run, ZERO)[0]
+        # `after_event(type_, data, self.run, ZERO)[0]`, without its pair, every event:
+        if type_ in CLOSES_CALL:
+            self.run = self.run + Usage.from_dict(data.get("usage"))
+        elif type_ == _SESSION_START or type_ in TERMINAL:
+            self.run = ZERO
 
     def total(self) -> Usage:
         """Everything the session used so far."""
