@@ -195,30 +195,25 @@ class MessageSizes:
     __slots__ = ("_known",)
 
     def __init__(self) -> None:
-        #: Per position: the message measured, its packed size and its images.
+        #: Per position: the message measured, and the packed size and images of the
+        #: messages up to it (itself included).
         self._known: list[tuple[dict[str, Any], int, int]] = []
 
     def measure(self, messages: list[dict[str, Any]]) -> tuple[int, int] | None:
         """(`size_of(messages)`, their images), or None if one cannot be packed."""
         known = self._known
-        del known[len(messages):]
-        size = images = 0
-        for i, message in enumerate(messages):
-            if i < len(known) and known[i][0] is message:
-                _, n, k = known[i]
-            else:
-                try:
-                    n = len(msgpack.packb(message, use_bin_type=True))
-                except (TypeError, ValueError, OverflowError, RecursionError):
-                    del known[i:]
-                    return None  # (`size_of` estimates the whole list then)
-                k = _count_images([message])
-                if i < len(known):
-                    known[i] = (message, n, k)
-                else:
-                    known.append((message, n, k))
-            size += n
-            images += k
+        same, most = 0, min(len(known), len(messages))
+        while same < most and known[same][0] is messages[same]:
+            same += 1
+        del known[same:]
+        size, images = known[-1][1:] if known else (0, 0)
+        for message in messages[same:]:
+            try:
+                size += len(msgpack.packb(message, use_bin_type=True))
+            except (TypeError, ValueError, OverflowError, RecursionError):
+                return None  # (`size_of` estimates the whole list then)
+            images += _count_images([message])
+            known.append((message, size, images))
         # A msgpack array is its header and its items' packings one after the other.
         count = len(messages)
         return size + (1 if count < 16 else 3 if count < 1 << 16 else 5), images

@@ -188,6 +188,19 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         _compacted(out, event)
     elif not state.running:
         return state, []  # nothing of an ended run happens after its terminal event
+    # (The inputs of every turn first: each is one class, so the order of the tests
+    # changes nothing but how many are made.)
+    elif isinstance(event, ToolStarted):
+        if state.phase is _TOOLS:
+            _tool_started(out, event.call_id, event.machine)
+    elif isinstance(event, ToolFinished):
+        if state.phase is _TOOLS:
+            _tool_finished(out, event.call_id, event.outcome)
+    elif isinstance(event, ModelReplied):
+        if state.phase is _MODEL:
+            if event.offered is not None:
+                out.s = replace(state, offered=event.offered)
+            _replied(out, event.message, event.now)
     elif isinstance(event, Cancel):
         _cancel(out, event)
     elif isinstance(event, Say):
@@ -219,10 +232,6 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         if event.stall_bound_s:
             retry["stall_bound_s"] = event.stall_bound_s
         out.emit(RETRY, state.turn if state.phase is _MODEL else 0, retry)
-    elif isinstance(event, ModelReplied) and state.phase is _MODEL:
-        if event.offered is not None:
-            out.s = replace(state, offered=event.offered)
-        _replied(out, event.message, event.now)
     elif isinstance(event, ModelFailed) and state.phase in (_MODEL, _ROUTE):
         if state.phase is _ROUTE:  # the router may only save work: go on with tools
             out.emit(ROUTE, 0, {"route": "AGENT",
@@ -231,10 +240,6 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
             _turn(out, 1)
         else:
             out.emit(ERROR, state.turns, {"error": event.error, "message": event.message})
-    elif isinstance(event, ToolStarted) and state.phase is _TOOLS:
-        _tool_started(out, event.call_id, event.machine)
-    elif isinstance(event, ToolFinished) and state.phase is _TOOLS:
-        _tool_finished(out, event.call_id, event.outcome)
     elif isinstance(event, Decide) and state.phase is _TOOLS:
         _decide(out, event)
     elif isinstance(event, Failed):
