@@ -150,15 +150,20 @@ def estimate(value: Any) -> int:
 
 
 def fit_messages(messages: list[dict[str, Any]], budget: int,
-                 max_images: int = MAX_REQUEST_IMAGES) -> list[dict[str, Any]]:
+                 max_images: int = MAX_REQUEST_IMAGES,
+                 known: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """`messages` as sent: at most `max_images` images (the latest), and their size
     (`size_of`) within `budget` bytes if it can be: first the oldest tool results
     are replaced by a line saying how large they were, then the oldest long texts and
     images of any message. Every message and tool_use/tool_result pair stays; only
     contents change, in new dicts (the list given, and the history it came from, are
-    not touched). Returned as is if it fits."""
-    messages = _fewer_images(messages, max_images)
-    size = size_of(messages)
+    not touched). Returned as is if it fits. `known`: `messages`' size and images
+    (`MessageSizes`), when the caller has them."""
+    if known is not None and known[1] <= max_images:
+        size = known[0]
+    else:
+        messages = _fewer_images(messages, max_images)
+        size = size_of(messages)
     if size <= budget:
         return messages
     out = list(messages)
@@ -180,6 +185,38 @@ def fit_messages(messages: list[dict[str, Any]], budget: int,
             if new_content != content:
                 out[i] = {**msg, "content": new_content}
     return out
+
+
+class MessageSizes:
+    """`size_of` and the images of a list of messages, measured once per message: a
+    session's requests send the same message objects turn after turn (never edited in
+    place), so each turn measures only what is new (by position and identity)."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        #: Per position: the message measured, and the packed size and images of the
+        #: messages up to it (itself included).
+        self._known: list[tuple[dict[str, Any], int, int]] = []
+
+    def measure(self, messages: list[dict[str, Any]]) -> tuple[int, int] | None:
+        """(`size_of(messages)`, their images), or None if one cannot be packed."""
+        known = self._known
+        same, most = 0, min(len(known), len(messages))
+        while same < most and known[same][0] is messages[same]:
+            same += 1
+        del known[same:]
+        size, images = known[-1][1:] if known else (0, 0)
+        for message in messages[same:]:
+            try:
+                size += len(msgpack.packb(message, use_bin_type=True))
+            except (TypeError, ValueError, OverflowError, RecursionError):
+                return None  # (`size_of` estimates the whole list then)
+            images += _count_images([message])
+            known.append((message, size, images))
+        # A msgpack array is its header and its items' packings one after the other.
+        count = len(messages)
+        return size + (1 if count < 16 else 3 if count < 1 << 16 else 5), images
 
 
 def _fewer_images(messages: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:

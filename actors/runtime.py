@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -24,6 +25,11 @@ _PR_SET_PDEATHSIG = 1
 #: unless asked: an actor grew ~0.3-1 KB per finished session that way (issue 13).
 #: A trim of an idle actor's heap takes well under a millisecond.
 HEAP_TRIM_S = 10.0
+#: Allocations (less frees) of container objects between two young-generation
+#: collections (CPython's default: 700). An actor's turn allocates thousands of short-lived
+#: dicts and tuples, nearly all freed by their counts: at 700 the collector ran several
+#: times a turn, each pass walking whatever was young then (`docs/architecture.md`).
+GC_YOUNG_THRESHOLD = 20_000
 #: The ready pipe of this process (`Settings.ready_fd`), until `notify_ready` uses it.
 _ready_fd: int | None = None
 
@@ -56,6 +62,7 @@ def die_with_parent(expected: int | None) -> None:
 def notify_ready() -> None:
     """Tell whoever started us that we serve (a line on the inherited ready pipe)."""
     global _ready_fd
+    settle_heap()
     fd, _ready_fd = _ready_fd, None
     os.environ.pop(READY_FD_ENV, None)  # not inherited by what this process starts
     if fd is None:
@@ -65,6 +72,14 @@ def notify_ready() -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def settle_heap() -> None:
+    """Once start-up is over: what it made (modules, config, the loop's machinery) is
+    moved out of the collector's sight (`gc.freeze`), so that no later full collection
+    walks it again. (No collection first: a full one delayed readiness by tens of ms on
+    a busy machine, for the few start-up cycles it would free.)"""
+    gc.freeze()
 
 
 def read_ready_line(fd: int) -> bytes:
@@ -153,6 +168,7 @@ def run_actor(name: str, main: Callable[[Settings], Awaitable[None]], *,
             sys.exit(2)
     setup_logging(name, settings.log_level)
     join_host(settings, with_parent=with_parent)
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     actor = until_signal(name, _with_heap_trim(main(settings), name, settings.memtrace_s))
     if not fast_loop:
         asyncio.run(actor)

@@ -124,7 +124,10 @@ class JournalFull(JournalError):
     """The disk (or the database's size limit) is full: nothing of the commit was written."""
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor hashable), unlike the other values here: several are made every turn,
+# and a frozen dataclass's `__init__` sets each field through `object.__setattr__`
+# (3x the cost of this one's). Nothing edits one once made.
+@dataclass(slots=True)
 class Record:
     """One event as logged: its encoded frame and the history delta it carries."""
 
@@ -295,18 +298,23 @@ class SessionLog:
         try:
             db.execute("BEGIN")
             try:
-                db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                               [(r.sid, r.created, r.meta, r.summary, r.updated, int(r.running),
-                                 r.stop) for r in rows])
-                db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)",
-                               [(self._key(r.sid, r.seq), r.sid, r.seq, r.frame, r.delta)
-                                for r in records])
-                db.executemany("INSERT OR REPLACE INTO compactions VALUES (?, ?, ?)",
-                               [(c.sid, c.seq, c.state) for c in compactions])
-                db.executemany("INSERT OR IGNORE INTO parts VALUES (?, ?, ?)",
-                               [(c.sid, h, d) for c in compactions for h, d in c.parts])
-                db.executemany("INSERT OR REPLACE INTO starts VALUES (?, ?, ?, ?)",
-                               [(s.key, s.sid, s.run, s.from_seq) for s in starts])
+                # (Most commits carry records only: an empty statement costs a few µs.)
+                if rows:
+                    db.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                   [(r.sid, r.created, r.meta, r.summary, r.updated,
+                                     int(r.running), r.stop) for r in rows])
+                if records:
+                    db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)",
+                                   [(self._key(r.sid, r.seq), r.sid, r.seq, r.frame, r.delta)
+                                    for r in records])
+                if compactions:
+                    db.executemany("INSERT OR REPLACE INTO compactions VALUES (?, ?, ?)",
+                                   [(c.sid, c.seq, c.state) for c in compactions])
+                    db.executemany("INSERT OR IGNORE INTO parts VALUES (?, ?, ?)",
+                                   [(c.sid, h, d) for c in compactions for h, d in c.parts])
+                if starts:
+                    db.executemany("INSERT OR REPLACE INTO starts VALUES (?, ?, ?, ?)",
+                                   [(s.key, s.sid, s.run, s.from_seq) for s in starts])
                 db.execute("COMMIT")
             except BaseException:
                 self._nums.clear()  # (numbers given in the transaction are void)

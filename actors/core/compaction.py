@@ -49,11 +49,25 @@ class Budget:
     limit: int
 
 
+#: The budgets lately given, by the identity of the agent and the aliases (both held, so
+#: their ids stay theirs): an agent is frozen, and its budget was asked twice a turn.
+_BUDGETS: dict[tuple[int, int], tuple[Any, Any, Budget]] = {}
+#: Budgets remembered at most (a host has a few agents; a config reload makes new ones).
+MAX_BUDGETS = 64
+
+
 def budget(session: Session, aliases: Any) -> Budget:
     """The budget of `session`'s agent (`context_window`, `compact_at`)."""
     agent = session.agent
+    held = _BUDGETS.get((id(agent), id(aliases)))
+    if held is not None and held[0] is agent and held[1] is aliases:
+        return held[2]
     window = agent.window(aliases)
-    return Budget(window, budget_of(window, agent.compact_at))
+    found = Budget(window, budget_of(window, agent.compact_at))
+    if len(_BUDGETS) >= MAX_BUDGETS:
+        _BUDGETS.clear()
+    _BUDGETS[(id(agent), id(aliases))] = (agent, aliases, found)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +90,8 @@ def request_builder(session: Session, io: LoopIO, tools: list[dict[str, Any]]) -
         messages = session.context_memo.messages(session.turn_cache.sanitized(session.history),
                                                  view)
         return build_request(session.agent, messages, tools, session=session.id,
-                             cwd=session.cwd, aliases=config.aliases)
+                             cwd=session.cwd, aliases=config.aliases,
+                             memo=session.request_memo)
 
     return build
 

@@ -388,8 +388,9 @@ class ContextMemo:
         """The reply's usage gives the request's real size (input, cache writes, reads)."""
         if not isinstance(usage, Mapping):
             return
-        real = sum(int(usage.get(k) or 0) for k in (
-            "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        get = usage.get  # (every turn: no generator)
+        real = (int(get("input_tokens") or 0) + int(get("cache_creation_input_tokens") or 0)
+                + int(get("cache_read_input_tokens") or 0))
         if real > 0:
             self.tokens = real
 

@@ -62,6 +62,9 @@ from bus.vocab import CancelMode
 
 log = logging.getLogger("oploop.session")
 
+#: (Bound once: a member looked up on its enum costs ~0.5 µs in Python 3.11.)
+_READY, _TOOLS = Phase.READY, Phase.TOOLS
+
 class RunDriver:
     """Drives one run of `session` through the machine (`start` or `resume`, then `run`).
 
@@ -216,7 +219,7 @@ class RunDriver:
         self._arm()
         self._arm_asks()
         try:
-            if self.state.phase is Phase.READY:
+            if self.state.phase is _READY:
                 self.feed(Begin())  # the turns (or the router) begin now
             while self.state.running and self.session.driver is self:
                 work, self.work = self.work, None
@@ -371,7 +374,7 @@ class RunDriver:
         call = job.call
         if not job.adopted:  # (an adopted call started before the restart)
             self.feed(ToolStarted(call.id, self.io.tool_machine(self.session, call.name)))
-        if self.state.phase is not Phase.TOOLS or call.id not in self.state.started:
+        if self.state.phase is not _TOOLS or call.id not in self.state.started:
             return  # the run ended (or moved on): never start a tool for it
         self._tool_t0[call.id] = time.perf_counter()
         if job.refusal is not None:  # hidden or unknown: never run

@@ -58,7 +58,10 @@ class Routed:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor hashable), unlike the other inputs: one or more is made every turn,
+# and a frozen dataclass's `__init__` sets each field through `object.__setattr__`
+# (3x the cost of this one's). Nothing edits one once made.
+@dataclass(slots=True)
 class Delta:
     """Text (or thinking) the model call in flight streamed: a `TOKEN` (`THINKING`)
     event; text is kept, marked, if the run is cancelled."""
@@ -79,7 +82,10 @@ class Retry:
     stall_bound_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor hashable), unlike the other inputs: one or more is made every turn,
+# and a frozen dataclass's `__init__` sets each field through `object.__setattr__`
+# (3x the cost of this one's). Nothing edits one once made.
+@dataclass(slots=True)
 class ModelReplied:
     """The model's reply (an assistant message with `stop_reason`)."""
 
@@ -100,7 +106,10 @@ class ModelFailed:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor hashable), unlike the other inputs: one or more is made every turn,
+# and a frozen dataclass's `__init__` sets each field through `object.__setattr__`
+# (3x the cost of this one's). Nothing edits one once made.
+@dataclass(slots=True)
 class ToolStarted:
     """The driver is about to run call `call_id` (its parallelism gate let it in) on
     `machine` ("": not said)."""
@@ -109,7 +118,10 @@ class ToolStarted:
     machine: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (nor hashable), unlike the other inputs: one or more is made every turn,
+# and a frozen dataclass's `__init__` sets each field through `object.__setattr__`
+# (3x the cost of this one's). Nothing edits one once made.
+@dataclass(slots=True)
 class ToolFinished:
     """Call `call_id` finished with `outcome` (failures are outcomes with `is_error`)."""
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors import memorytool
-from actors.bounds import MAX_REQUEST_BYTES, fit_messages, size_of
+from actors.bounds import MAX_REQUEST_BYTES, MessageSizes, fit_messages, size_of
 from actors.config import CACHE_BOUNDARY, MODEL_ALIASES, Agent
 from actors.core.history import Message, blocks
 
@@ -133,27 +133,68 @@ def build_request(
     cwd: str,
     aliases: Mapping[str, str] = MODEL_ALIASES,
     max_bytes: int = MAX_REQUEST_BYTES,
+    memo: RequestMemo | None = None,
 ) -> dict[str, Any]:
     """The request body for this turn (`history` already sanitised), at most about
-    `max_bytes` on the bus if the history can be made to fit (`fit_messages`)."""
-    system = system_blocks(agent, reminders(agent, tools, cwd))
+    `max_bytes` on the bus if the history can be made to fit (`fit_messages`);
+    `memo`: the session's, which keeps what does not change from turn to turn."""
+    known = None
+    if memo is None:
+        head, size = request_head(agent, tools, session=session, cwd=cwd, aliases=aliases)
+    else:
+        head, size = memo.head(agent, tools, session, cwd, aliases)
+        known = memo.sizes.measure(history)
+    request = dict(head)  # (its parts shared: a request is read, never edited)
     budget = min(HISTORY_BREAKPOINTS, MAX_CACHE_BREAKPOINTS - 1)
+    # The last resort: never a request the bus cannot carry (the history is untouched).
+    history = fit_messages(history, max_bytes - size, known=known)
+    request["messages"] = with_history_breakpoints(history, budget)
+    return request
+
+
+def request_head(agent: Agent, tools: list[dict[str, Any]], *, session: str, cwd: str,
+                 aliases: Mapping[str, str] = MODEL_ALIASES) -> tuple[dict[str, Any], int]:
+    """A request without its messages (`[]`), and its size on the bus (`size_of`)."""
+    system = system_blocks(agent, reminders(agent, tools, cwd))
     request: dict[str, Any] = {
         "model": agent.model_id(aliases),
         "max_tokens": agent.max_tokens,
         "temperature": agent.temperature,
         "system": system,
-        "messages": [],  # (below: what fits)
+        "messages": [],  # (the turn's, in a copy)
         "metadata": {"user_id": session},
     }
     if tools:
         model = request["model"]
         request["tools"] = [memorytool.api_tool(t, model) for t in tools]
         request["tool_choice"] = {"type": "auto"}
-    # The last resort: never a request the bus cannot carry (the history is untouched).
-    history = fit_messages(history, max_bytes - size_of(request))
-    request["messages"] = with_history_breakpoints(history, budget)
-    return request
+    return request, size_of(request)
+
+
+class RequestMemo:
+    """A session's last `request_head`, kept while what it is made of is equal: the
+    agent, the turn's tools, the session, its directory, the model aliases, the host's
+    name and time zone. Its system prompt, tool definitions and size are then not made
+    again each turn (and are the same objects: the llm callers' history deltas compare
+    them by identity first); and the sizes of the messages it sent (`MessageSizes`)."""
+
+    __slots__ = ("_key", "_head", "sizes")
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] = ()
+        self._head: tuple[dict[str, Any], int] = ({}, 0)
+        self.sizes = MessageSizes()
+
+    def head(self, agent: Agent, tools: list[dict[str, Any]], session: str, cwd: str,
+             aliases: Mapping[str, str]) -> tuple[dict[str, Any], int]:
+        """`request_head(agent, tools, ...)`, made again only when an input changed."""
+        # Everything `reminders` reads that can change while the process runs.
+        key = (agent, aliases, session, cwd or os.getcwd(), socket.gethostname(),
+               time.strftime("%Z"), *tools)
+        if key != self._key:
+            self._head = request_head(agent, tools, session=session, cwd=cwd, aliases=aliases)
+            self._key = key
+        return self._head
 
 
 def count_breakpoints(request: dict[str, Any]) -> int:

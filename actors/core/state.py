@@ -33,6 +33,10 @@ class Phase(StrEnum):
     TOOLS = "tools"
 
 
+#: (Bound once: a member looked up on its enum costs ~0.5 µs in Python 3.11.)
+_IDLE = Phase.IDLE
+
+
 class RunState(NamedTuple):
     """A session's run as the machine sees it (all values, nothing mutable shared).
 
@@ -92,9 +96,24 @@ class RunState(NamedTuple):
     @property
     def running(self) -> bool:
         """A run is open (its terminal event has not gone out)."""
-        return self.phase is not Phase.IDLE
+        return self.phase is not _IDLE
+
+
+#: Each field's place in a `RunState` (for `replace`).
+_INDEX = {name: i for i, name in enumerate(RunState._fields)}
+_new_tuple = tuple.__new__
 
 
 def replace(state: RunState, **changes: Any) -> RunState:
-    """`state` with `changes` (a new value: states are never edited)."""
-    return state._replace(**changes)
+    """`state` with `changes` (a new value: states are never edited).
+
+    Not `_replace`, which looks up every one of the ~30 fields in the changes (3-4x
+    slower, and a step makes a few states): the changed places are set in a copy.
+    """
+    values = list(state)
+    try:
+        for name, value in changes.items():
+            values[_INDEX[name]] = value
+    except KeyError as exc:
+        raise ValueError(f"RunState has no field {exc.args[0]!r}") from None
+    return _new_tuple(RunState, values)

@@ -21,6 +21,9 @@ __all__ = ["TITLE_CHARS", "Timeline", "title_of"]
 #: Characters of the first prompt kept as the session's title.
 TITLE_CHARS = 120
 
+#: (Bound once: a member looked up on its enum costs ~0.5 µs in Python 3.11.)
+_SESSION_START = EventType.SESSION_START
+
 
 def title_of(prompt: Any) -> str:
     """A prompt as a one-line title: whitespace folded, cut to `TITLE_CHARS` with "…"."""
@@ -42,7 +45,7 @@ class Timeline:
 
     def apply(self, type_: str, data: Mapping[str, Any], ts: float) -> None:
         """Count one event of the session, sent at `ts`."""
-        if type_ == EventType.SESSION_START:
+        if type_ == _SESSION_START:
             if not self.title:
                 self.title = title_of(data.get("prompt"))
             self.run_started = ts

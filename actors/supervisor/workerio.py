@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from actors.ask.asker import Asker
 from actors.ask.tool import NAME as ASK_TOOL
@@ -50,6 +51,9 @@ MACHINE_ERRORS = ("machine_lost", "no_worker")
 LLM_JOB_TIMEOUT_S = 900.0
 #: A token count's limit (the llm caller's own is 10 s; the margin covers a busy one).
 COUNT_JOB_TIMEOUT_S = 20.0
+#: How finely a job's timeout is kept (seconds): it fires at most this much late (every
+#: timeout here has a margin of 10 s or more over the worker's own).
+EXPIRY_TICK_S = 0.5
 
 
 def _model_reply(reply: Envelope) -> Message:
@@ -60,6 +64,45 @@ def _model_reply(reply: Envelope) -> Message:
     if isinstance(body, JobFailed):
         raise ModelError(body.error, body.message, body.status)
     raise ModelError("internal", f"unexpected reply {reply.kind}")
+
+
+#: What an expired job's future is given (`_Expiry`): never a worker's reply.
+_EXPIRED = cast(Envelope, object())
+
+
+class _Expiry:
+    """Jobs' timeouts, in buckets of `EXPIRY_TICK_S`: one loop timer per bucket, not one
+    per job (an `asyncio.timeout` per job was ~4% of the supervisor's CPU: its object,
+    a timer made and cancelled). An expired job's future is given `_EXPIRED`; whoever
+    awaits it ends the job. A job answered in time leaves its bucket."""
+
+    __slots__ = ("_due",)
+
+    def __init__(self) -> None:
+        self._due: dict[int, dict[int, asyncio.Future[Envelope]]] = {}
+
+    def add(self, future: asyncio.Future[Envelope], timeout_s: float) -> int:
+        """Expire `future` in `timeout_s` (up to a tick later) unless done or removed;
+        returns the key `remove` takes."""
+        loop = asyncio.get_running_loop()
+        tick = math.ceil((loop.time() + timeout_s) / EXPIRY_TICK_S)
+        bucket = self._due.get(tick)
+        if bucket is None:
+            bucket = self._due[tick] = {}
+            loop.call_at(tick * EXPIRY_TICK_S, self._expire, tick)
+        bucket[id(future)] = future
+        return tick
+
+    def remove(self, tick: int, future: asyncio.Future[Envelope]) -> None:
+        """`future` no longer expires (its job is over)."""
+        bucket = self._due.get(tick)
+        if bucket is not None:
+            bucket.pop(id(future), None)
+
+    def _expire(self, tick: int) -> None:
+        for future in self._due.pop(tick, {}).values():
+            if not future.done():
+                future.set_result(_EXPIRED)
 
 
 class WorkerIO:
@@ -84,6 +127,7 @@ class WorkerIO:
         #: future their job is given when an executor reports it, and until when (the
         #: loop's time) they wait before they are answered "interrupted".
         self._adopting: dict[tuple[str, str], tuple[asyncio.Future[Job], float]] = {}
+        self._expiry = _Expiry()
 
     def tool_catalogue(self, machine: str) -> list[dict[str, Any]]:
         """What the executors of `machine` offer (each machine reads its own config: its
@@ -276,7 +320,7 @@ class WorkerIO:
         """What becomes of a tool job's `ToolOutput`s: `TOOL_OUTPUT {call_id, stream, text}`
         events (`cut`: the last, past the call's bound), while the call's run is open."""
         driver = session.driver
-        bound = HostBound()
+        bounds: list[HostBound] = []  # (made at the first output: most calls print none)
 
         def on_progress(env: Envelope) -> None:
             body = env.body
@@ -284,7 +328,9 @@ class WorkerIO:
             if (not isinstance(body, ToolOutput) or driver is None
                     or session.driver is not driver or session.run_over):
                 return
-            admitted = bound.admit(body.stream, body.text, body.cut)
+            if not bounds:
+                bounds.append(HostBound())
+            admitted = bounds[0].admit(body.stream, body.text, body.cut)
             if admitted is None:
                 return
             text, cut = admitted
@@ -332,12 +378,16 @@ class WorkerIO:
                                     machine=machine, traceparent=traceparent)
         except NoCapacity as exc:
             raise ModelError("busy", str(exc)) from exc
+        future = job.future
+        tick = self._expiry.add(future, timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                return await job.future
-        except TimeoutError:
-            dispatcher.abort(job)
-            raise ModelError("timeout", f"no {role} reply within {timeout_s:g} s") from None
+            reply = await future
         except BaseException:
             dispatcher.abort(job)  # cancelled: stop the worker's side too
             raise
+        finally:
+            self._expiry.remove(tick, future)
+        if reply is _EXPIRED:
+            dispatcher.abort(job)
+            raise ModelError("timeout", f"no {role} reply within {timeout_s:g} s")
+        return reply

@@ -201,3 +201,43 @@ def test_the_host_takes_at_most_a_quarter_frame_of_an_executors_catalogue() -> N
                   input_schema={"type": "object", "description": "s" * 16_000},
                   server="s" * 64)
     assert bounds.fit_catalogue([widest] * bounds.MAX_TOOLS)[1] == 0
+
+
+def test_message_sizes_match_size_of_as_a_history_grows_and_changes() -> None:
+    """What a session's requests measure once per message (`MessageSizes`) is what
+    packing the whole list says, whatever was appended, replaced or dropped since."""
+    sizes = bounds.MessageSizes()
+    history = [{"role": "user", "content": [{"type": "text", "text": "x" * n}]}
+               for n in range(40)]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PNG).decode()}}
+    for messages in (history[:1], history[:15], history[:16], history[:17], history,
+                     history[:3],  # (a compaction's view is shorter)
+                     [*history[:10], {"role": "user", "content": [image, image]},
+                      *history[11:]],  # one replaced: its images counted
+                     history):
+        assert sizes.measure(messages) == (size_of(messages), bounds._count_images(messages))
+    unpackable = [*history[:2], {"role": "user", "content": [object()]}]
+    assert sizes.measure(unpackable) is None  # (fit_messages estimates it whole)
+    assert sizes.measure(history) == (size_of(history), 0)
+
+
+def test_build_request_with_a_session_memo_sends_what_it_would_without() -> None:
+    """The session's memo (`RequestMemo`) changes nothing of the request: same bytes on
+    the bus, turn after turn, the agent, tools or directory changing or not."""
+    from actors.core.request import RequestMemo
+
+    memo = RequestMemo()
+    tools = [{"name": "read_file", "description": "Read a file.",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    history: list[dict[str, Any]] = [{"role": "user", "content": "read it"}]
+    for turn in range(4):
+        agent = Agent() if turn < 2 else Agent(system="Be brief.")
+        cwd = "/" if turn != 3 else "/tmp"
+        with_memo = build_request(agent, history, tools, session="s", cwd=cwd, memo=memo)
+        without = build_request(agent, history, tools, session="s", cwd=cwd)
+        assert msgpack.packb(with_memo) == msgpack.packb(without)
+        history = [*history, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"t{turn}", "name": "read_file", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"t{turn}", "content": "x" * 99}]}]
