@@ -131,8 +131,8 @@ class Executor(Worker):
         #: Serving a host on another machine (`OPLOOP_CONNECT`): its paths are not ours.
         self.remote = endpoints.remote
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
-        #: Each call's view, decided in a thread (`views.py`).
-        self.views = Views(self.sandbox.view)
+        #: Each call's view: remembered, or decided in a thread (`views.py`).
+        self.views = Views(self.sandbox.view_cache)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
         #: would reach every viewer), the runtime dir, the journal and event store, the
@@ -308,7 +308,7 @@ class Executor(Worker):
                 try:
                     view = await self.views.view(
                         agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE,
-                        start, sid,
+                        start, str(self.sandbox.workspace_path(sid)),
                         write_paths=agent.write_paths if agent is not None else (),
                         deny_read=agent.deny_read if agent is not None else ())
                 except modes.WorkdirRefused as exc:  # a directory that cannot be one
