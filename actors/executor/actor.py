@@ -12,6 +12,7 @@ refused, never run bare.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -75,6 +76,12 @@ _DENIED_WRITE = re.compile(r"Permission denied|Read-only file system|Operation n
 SLOTS = 32
 #: The longest progress message an MCP server's notification carries to viewers.
 PROGRESS_MESSAGE_CHARS = 1000
+
+
+@functools.lru_cache(maxsize=256)
+def _path(name: str) -> Path:
+    """`Path(name)`, kept: a session's calls all work in the same directory."""
+    return Path(name)
 
 
 def sandboxed_catalogue(sandbox: Sandbox, net: NetAccess = "none") -> Catalogue:
@@ -305,10 +312,13 @@ class Executor(Worker):
                 # In a thread, inside the timeout: the user's directory may be on a file
                 # system that hangs; the executor's loop keeps serving meanwhile. The
                 # views of the calls started in one turn of the loop share a hop.
+                mode = agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE
+                # (the workspace only where the view is of it: scratch, or no directory)
+                workspace = (str(self.sandbox.workspace_path(sid))
+                             if mode == modes.SCRATCH or not start else "")
                 try:
                     view = await self.views.view(
-                        agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE,
-                        start, str(self.sandbox.workspace_path(sid)),
+                        mode, start, workspace,
                         write_paths=agent.write_paths if agent is not None else (),
                         deny_read=agent.deny_read if agent is not None else ())
                 except modes.WorkdirRefused as exc:  # a directory that cannot be one
@@ -354,7 +364,7 @@ class Executor(Worker):
         also see the directory the session was started in, and the agent's `read_paths`.
         `memory`: the folder of the agent's `memory` name (by this executor's own
         configuration, whoever sent the job)."""
-        cwd = Path(view.cwd)
+        cwd = _path(view.cwd)
         memory = (memorytool.folder(self.home, agent.memory)
                   if agent is not None and agent.memory else None)
         readable = (((start,) if start else ()) + tuple(job.read_paths)

@@ -42,6 +42,7 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,9 +180,11 @@ class SandboxConfig:
         return cls(base, tools, executor, workspaces)
 
 
+@functools.lru_cache(maxsize=16)
 def reading(base: Policy) -> Policy:
     """The policy of a read tool derived from `base`: no cgroup (a call holds at most
-    its cap in memory, and its launcher's death takes it down)."""
+    its cap in memory, and its launcher's death takes it down). Kept: asked for at
+    every read, of the same few policies."""
     return base.lowered(off=base.off | {"cgroup", "cgroup_kill"})
 
 
