@@ -12,6 +12,7 @@ refused, never run bare.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -76,6 +77,10 @@ _DENIED_WRITE = re.compile(r"Permission denied|Read-only file system|Operation n
 SLOTS = 32
 #: The longest progress message an MCP server's notification carries to viewers.
 PROGRESS_MESSAGE_CHARS = 1000
+
+
+#: The bound of a job that has none of its own (the tool's own still apply).
+_UNBOUNDED = contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=256)
@@ -308,7 +313,7 @@ class Executor(Worker):
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
-            async with asyncio.timeout(timeout_s):
+            async with (asyncio.timeout(timeout_s) if timeout_s is not None else _UNBOUNDED):
                 # In a thread, inside the timeout: the user's directory may be on a file
                 # system that hangs; the executor's loop keeps serving meanwhile. The
                 # views of the calls started in one turn of the loop share a hop.
@@ -334,11 +339,11 @@ class Executor(Worker):
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
                 live = self._live(env)
                 ctx = self._context(env, job, view, start, agent, live)
+                view_set = modes.CURRENT.set(view)  # (this job's own task: `modes.using`)
                 try:
-                    with modes.using(view):
-                        outcome = await invoke(self.catalogue_for(agent), job.name, job.input,
-                                               ctx)
+                    outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
                 finally:
+                    modes.CURRENT.reset(view_set)
                     live.close()  # the last of it goes before the result
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000

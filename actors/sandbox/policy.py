@@ -42,7 +42,6 @@ or `off` (never applied). The configuration is `$OPLOOP_HOME/sandbox.toml`:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,12 +179,22 @@ class SandboxConfig:
         return cls(base, tools, executor, workspaces)
 
 
-@functools.lru_cache(maxsize=16)
 def reading(base: Policy) -> Policy:
     """The policy of a read tool derived from `base`: no cgroup (a call holds at most
-    its cap in memory, and its launcher's death takes it down). Kept: asked for at
-    every read, of the same few policies."""
-    return base.lowered(off=base.off | {"cgroup", "cgroup_kill"})
+    its cap in memory, and its launcher's death takes it down). Kept per `base` object
+    (asked for at every read, of the same policy; by identity: hashing a policy costs
+    more than the lookup should)."""
+    found = _READING.get(id(base))
+    if found is not None and found[0] is base:  # (it holds `base`: its id is not reused)
+        return found[1]
+    made = base.lowered(off=base.off | {"cgroup", "cgroup_kill"})
+    if len(_READING) >= 16:
+        _READING.clear()
+    _READING[id(base)] = (base, made)
+    return made
+
+
+_READING: dict[int, tuple[Policy, Policy]] = {}
 
 
 _MB = 1024 * 1024
