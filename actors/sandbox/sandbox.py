@@ -120,6 +120,7 @@ class Sandbox:
         self._launchers: set[int] = set()
         #: Persistent readers of read_file and list_dir, per session (`readers.py`).
         self.readers = ReaderPool()
+        self._hidden: dict[modes.WorkView, tuple[str, ...]] = {}
         #: The views decided, remembered while the file system says the same (`viewcache.py`).
         self.view_cache = ViewCache(self._decide_view, self.hide)
 
@@ -216,8 +217,13 @@ class Sandbox:
 
     def hidden(self, view: modes.WorkView) -> tuple[str, ...]:
         """Every path hidden from the calls of `view` (for the tools' messages)."""
-        homes = _HOMES if view.confined else ()
-        return (*homes, *self.hide, *view.hidden)
+        found = self._hidden.get(view)
+        if found is None:
+            if len(self._hidden) >= 64:
+                self._hidden.clear()
+            homes = _HOMES if view.confined else ()
+            found = self._hidden[view] = (*homes, *self.hide, *view.hidden)
+        return found  # (kept per view: asked for at every call, a hundred-odd paths)
 
     def remove_workspace(self, session: str) -> None:
         """Delete the session's workspace and its quota image (the session is removed);

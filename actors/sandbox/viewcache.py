@@ -202,17 +202,19 @@ class ViewCache:
         return found.view
 
     def _still(self, found: Remembered) -> bool:
-        for path, kind in found.kinds:
-            if _kind(path) != kind:
-                return False
-        if found.owner is None:
-            return True
         cwd = found.view.cwd
-        try:
-            st = os.lstat(cwd)
-        except OSError:
-            return False
-        return (st.st_uid, st.st_gid) == found.owner and os.access(cwd, os.R_OK | os.X_OK)
+        for path, kind in found.kinds:
+            if path != cwd or found.owner is None:
+                if _kind(path) != kind:
+                    return False
+                continue
+            try:  # the working directory: its type and its owner in one look
+                st = os.lstat(cwd)
+            except (OSError, ValueError):
+                return False
+            if stat.S_IFMT(st.st_mode) != kind or (st.st_uid, st.st_gid) != found.owner:
+                return False
+        return found.owner is None or os.access(cwd, os.R_OK | os.X_OK)
 
     def decide(self, key: Key) -> tuple[modes.WorkView, Remembered | None]:
         """The view of `key`, and what to remember of it (None: nothing), in a thread.
