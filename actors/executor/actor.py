@@ -83,6 +83,18 @@ PROGRESS_MESSAGE_CHARS = 1000
 _UNBOUNDED = contextlib.nullcontext()
 
 
+def _sooner(deadline: float, timeout_s: float | None) -> float | None:
+    """The envelope's `deadline` for the tool's context (`registry.invoke` bounds the call
+    by it), or None where the job's own timeout, started before, ends the call first
+    (the supervisor's deadline is its timeout plus a margin): one timer less per call.
+    A deadline already past is kept, so that the call is refused before it starts."""
+    if not deadline:
+        return None
+    if timeout_s is not None and deadline - time.time() > timeout_s:
+        return None
+    return deadline
+
+
 @functools.lru_cache(maxsize=256)
 def _path(name: str) -> Path:
     """`Path(name)`, kept: a session's calls all work in the same directory."""
@@ -338,7 +350,8 @@ class Executor(Worker):
                     except ToolRefused as exc:  # no quota possible, the disk full, ...
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
                 live = self._live(env)
-                ctx = self._context(env, job, view, start, agent, live)
+                ctx = self._context(env, job, view, start, agent, live,
+                                    _sooner(env.deadline, timeout_s))
                 view_set = modes.CURRENT.set(view)  # (this job's own task: `modes.using`)
                 try:
                     outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
@@ -363,7 +376,8 @@ class Executor(Worker):
         return LiveOutput(emit, self.batch_s)
 
     def _context(self, env: Envelope, job: ToolJob, view: modes.WorkView,
-                 start: str, agent: Agent | None, live: LiveOutput) -> ToolContext[None]:
+                 start: str, agent: Agent | None, live: LiveOutput,
+                 deadline: float | None) -> ToolContext[None]:
         """One working directory for every tool (the same relative path, the same file):
         the session's cwd, or in scratch mode its workspace. In scratch mode the reads
         also see the directory the session was started in, and the agent's `read_paths`.
@@ -374,7 +388,7 @@ class Executor(Worker):
                   if agent is not None and agent.memory else None)
         readable = (((start,) if start else ()) + tuple(job.read_paths)
                     if view.confined else ())
-        return ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private,
+        return ToolContext(cwd=cwd, deadline=deadline, private=self.private,
                            workspace=cwd, read_paths=readable, hidden=self.sandbox.hidden(view),
                            kept=(view.cwd, *view.writable, *readable), mode=view.mode,
                            memory=memory, on_output=live.feed)
