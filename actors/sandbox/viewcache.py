@@ -81,8 +81,10 @@ def _components(path: str) -> list[str]:
 
 
 def _canonical(path: str) -> bool:
-    return os.path.isabs(path) and os.path.normpath(path) == path and path != "/" \
-        and not path.startswith("//")
+    """Whether `path` is absolute and normalised (what `realpath` returns for it when no
+    link is on the way), and not the root."""
+    return (os.path.isabs(path) and os.path.normpath(path) == path and path != "/"
+            and not path.startswith("//"))
 
 
 def unescape_mount_point(field: str) -> str:
