@@ -12,6 +12,8 @@ refused, never run bare.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import re
@@ -77,6 +79,28 @@ SLOTS = 32
 PROGRESS_MESSAGE_CHARS = 1000
 
 
+#: The bound of a job that has none of its own (the tool's own still apply).
+_UNBOUNDED = contextlib.nullcontext()
+
+
+def _sooner(deadline: float, timeout_s: float | None) -> float | None:
+    """The envelope's `deadline` for the tool's context (`registry.invoke` bounds the call
+    by it), or None where the job's own timeout, started before, ends the call first
+    (the supervisor's deadline is its timeout plus a margin): one timer less per call.
+    A deadline already past is kept, so that the call is refused before it starts."""
+    if not deadline:
+        return None
+    if timeout_s is not None and deadline - time.time() > timeout_s:
+        return None
+    return deadline
+
+
+@functools.lru_cache(maxsize=256)
+def _path(name: str) -> Path:
+    """`Path(name)`, kept: a session's calls all work in the same directory."""
+    return Path(name)
+
+
 def sandboxed_catalogue(sandbox: Sandbox, net: NetAccess = "none") -> Catalogue:
     """The built-in tools, every one running inside `sandbox`; `shell` with the
     network `net` (actors/sandbox/network.py)."""
@@ -131,8 +155,8 @@ class Executor(Worker):
         #: Serving a host on another machine (`OPLOOP_CONNECT`): its paths are not ours.
         self.remote = endpoints.remote
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
-        #: Each call's view, decided in a thread (`views.py`).
-        self.views = Views(self.sandbox.view)
+        #: Each call's view: remembered, or decided in a thread (`views.py`).
+        self.views = Views(self.sandbox.view_cache)
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
         #: would reach every viewer), the runtime dir, the journal and event store, the
@@ -301,14 +325,17 @@ class Executor(Worker):
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
-            async with asyncio.timeout(timeout_s):
+            async with (asyncio.timeout(timeout_s) if timeout_s is not None else _UNBOUNDED):
                 # In a thread, inside the timeout: the user's directory may be on a file
                 # system that hangs; the executor's loop keeps serving meanwhile. The
                 # views of the calls started in one turn of the loop share a hop.
+                mode = agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE
+                # (the workspace only where the view is of it: scratch, or no directory)
+                workspace = (str(self.sandbox.workspace_path(sid))
+                             if mode == modes.SCRATCH or not start else "")
                 try:
                     view = await self.views.view(
-                        agent.sandbox_mode if agent is not None else modes.WORKSPACE_WRITE,
-                        start, sid,
+                        mode, start, workspace,
                         write_paths=agent.write_paths if agent is not None else (),
                         deny_read=agent.deny_read if agent is not None else ())
                 except modes.WorkdirRefused as exc:  # a directory that cannot be one
@@ -323,12 +350,13 @@ class Executor(Worker):
                     except ToolRefused as exc:  # no quota possible, the disk full, ...
                         return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
                 live = self._live(env)
-                ctx = self._context(env, job, view, start, agent, live)
+                ctx = self._context(env, job, view, start, agent, live,
+                                    _sooner(env.deadline, timeout_s))
+                view_set = modes.CURRENT.set(view)  # (this job's own task: `modes.using`)
                 try:
-                    with modes.using(view):
-                        outcome = await invoke(self.catalogue_for(agent), job.name, job.input,
-                                               ctx)
+                    outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
                 finally:
+                    modes.CURRENT.reset(view_set)
                     live.close()  # the last of it goes before the result
         except TimeoutError:
             elapsed_ms = (time.perf_counter() - started) * 1000
@@ -348,18 +376,19 @@ class Executor(Worker):
         return LiveOutput(emit, self.batch_s)
 
     def _context(self, env: Envelope, job: ToolJob, view: modes.WorkView,
-                 start: str, agent: Agent | None, live: LiveOutput) -> ToolContext[None]:
+                 start: str, agent: Agent | None, live: LiveOutput,
+                 deadline: float | None) -> ToolContext[None]:
         """One working directory for every tool (the same relative path, the same file):
         the session's cwd, or in scratch mode its workspace. In scratch mode the reads
         also see the directory the session was started in, and the agent's `read_paths`.
         `memory`: the folder of the agent's `memory` name (by this executor's own
         configuration, whoever sent the job)."""
-        cwd = Path(view.cwd)
+        cwd = _path(view.cwd)
         memory = (memorytool.folder(self.home, agent.memory)
                   if agent is not None and agent.memory else None)
         readable = (((start,) if start else ()) + tuple(job.read_paths)
                     if view.confined else ())
-        return ToolContext(cwd=cwd, deadline=env.deadline or None, private=self.private,
+        return ToolContext(cwd=cwd, deadline=deadline, private=self.private,
                            workspace=cwd, read_paths=readable, hidden=self.sandbox.hidden(view),
                            kept=(view.cwd, *view.writable, *readable), mode=view.mode,
                            memory=memory, on_output=live.feed)

@@ -29,7 +29,7 @@ import functools
 import os
 import pwd
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 WORKSPACE_WRITE = "workspace-write"
 READ_ONLY = "read-only"
@@ -84,6 +84,16 @@ class WorkView:
     hidden: tuple[str, ...] = ()
     #: Whether the host's /etc/passwd names `uid` (else the view gets an entry for it).
     user_known: bool = False
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        # Kept once computed: a view is part of a persistent reader's key, looked up at
+        # every read, and its hundred-odd hidden paths made that hash a cost of its own.
+        if not self._hash:
+            object.__setattr__(self, "_hash", hash((
+                self.mode, self.cwd, self.uid, self.gid, self.user, self.home, self.writable,
+                self.hidden, self.user_known)))
+        return self._hash
 
     @property
     def confined(self) -> bool:

@@ -181,8 +181,20 @@ class SandboxConfig:
 
 def reading(base: Policy) -> Policy:
     """The policy of a read tool derived from `base`: no cgroup (a call holds at most
-    its cap in memory, and its launcher's death takes it down)."""
-    return base.lowered(off=base.off | {"cgroup", "cgroup_kill"})
+    its cap in memory, and its launcher's death takes it down). Kept per `base` object
+    (asked for at every read, of the same policy; by identity: hashing a policy costs
+    more than the lookup should)."""
+    found = _READING.get(id(base))
+    if found is not None and found[0] is base:  # (it holds `base`: its id is not reused)
+        return found[1]
+    made = base.lowered(off=base.off | {"cgroup", "cgroup_kill"})
+    if len(_READING) >= 16:
+        _READING.clear()
+    _READING[id(base)] = (base, made)
+    return made
+
+
+_READING: dict[int, tuple[Policy, Policy]] = {}
 
 
 _MB = 1024 * 1024

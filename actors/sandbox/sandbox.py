@@ -48,6 +48,7 @@ from .network import NetAccess, Proxied, apply_network, network_policy
 from .policy import Policy, SandboxConfig
 from .readers import ReaderPool, identity
 from .refusal import SandboxRefused, check_layers, check_reachable, uses_bwrap
+from .viewcache import ViewCache
 from .workspaces import Workspaces, commands_paused, safe_name
 
 __all__ = ["Extra", "Sandbox", "SandboxRefused", "SandboxStatistics", "SandboxedChild"]
@@ -119,6 +120,9 @@ class Sandbox:
         self._launchers: set[int] = set()
         #: Persistent readers of read_file and list_dir, per session (`readers.py`).
         self.readers = ReaderPool()
+        self._hidden: dict[modes.WorkView, tuple[str, ...]] = {}
+        #: The views decided, remembered while the file system says the same (`viewcache.py`).
+        self.view_cache = ViewCache(self._decide_view, self.hide)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -149,6 +153,7 @@ class Sandbox:
         """Retire the readers; stop the fork server; remove this executor's cgroup
         directories (and any call's left in them)."""
         self.readers.close()
+        self.view_cache.close()
         if self._fork_timer is not None:
             self._fork_timer.cancel()
         if self._fork is not None:
@@ -201,14 +206,24 @@ class Sandbox:
              deny_read: tuple[str, ...] = ()) -> modes.WorkView:
         """The view of a session's calls (`modes.view_for`); WorkdirRefused when `cwd`
         cannot be its working directory (hidden from tools, a system directory...)."""
-        return modes.view_for(mode, cwd, workspace=str(self.workspace_path(session)),
-                              write_paths=write_paths, deny_read=deny_read,
-                              secret=self.hide)
+        return self._decide_view(mode, cwd, str(self.workspace_path(session)),
+                                 write_paths=write_paths, deny_read=deny_read)
+
+    def _decide_view(self, mode: str, cwd: str, workspace: str, *,
+                     write_paths: tuple[str, ...] = (),
+                     deny_read: tuple[str, ...] = ()) -> modes.WorkView:
+        return modes.view_for(mode, cwd, workspace=workspace, write_paths=write_paths,
+                              deny_read=deny_read, secret=self.hide)
 
     def hidden(self, view: modes.WorkView) -> tuple[str, ...]:
         """Every path hidden from the calls of `view` (for the tools' messages)."""
-        homes = _HOMES if view.confined else ()
-        return (*homes, *self.hide, *view.hidden)
+        found = self._hidden.get(view)
+        if found is None:
+            if len(self._hidden) >= 64:
+                self._hidden.clear()
+            homes = _HOMES if view.confined else ()
+            found = self._hidden[view] = (*homes, *self.hide, *view.hidden)
+        return found  # (kept per view: asked for at every call, a hundred-odd paths)
 
     def remove_workspace(self, session: str) -> None:
         """Delete the session's workspace and its quota image (the session is removed);

@@ -250,8 +250,18 @@ def _is_private(real: str, private: tuple[Path, ...]) -> bool:
     if not private:
         return False
     # By name, as `Path` compares them: `real` normalized as a Path would be, each
-    # private directory's own name, and whether one is `real` or a parent of it.
-    return _under(str(Path(real)), tuple(map(str, private)))
+    # private directory's own name, and whether one is `real` or a parent of it. (The
+    # reader's real path is normalized already: then it is its own Path's name.)
+    if "//" in real or "/." in real or real.endswith("/") or not real.startswith("/"):
+        real = str(Path(real))
+    return _under(real, _names(private))
+
+
+@functools.lru_cache(maxsize=64)
+def _names(paths: tuple[Path, ...]) -> tuple[str, ...]:
+    """Each path's name (kept: an executor's private directories are the same call
+    after call)."""
+    return tuple(map(str, paths))
 
 
 # --- write_file ------------------------------------------------------------------

@@ -24,6 +24,8 @@ MAX_BATCHES = 1000
 #: The streams a command's output comes on.
 STREAMS = ("stdout", "stderr")
 
+_UTF8 = codecs.getincrementaldecoder("utf-8")
+
 #: (stream, text, cut): one batch for the viewers.
 Emit = Callable[[str, str, bool], None]
 
@@ -43,9 +45,9 @@ class LiveOutput:
         self.max_chars = max_chars
         self.max_batches = max_batches
         self._batcher = DeltaBatcher(self._send, interval_s)
-        #: One decoder per stream: a character split between two reads stays whole.
-        self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace")
-                          for name in STREAMS}
+        #: One decoder per stream: a character split between two reads stays whole
+        #: (made at the stream's first chunk: most calls print nothing).
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.chars = 0
         self.batches = 0
         #: The bound was reached: the marker went, nothing more goes.
@@ -53,9 +55,12 @@ class LiveOutput:
 
     def feed(self, stream: str, chunk: bytes) -> None:
         """Take a chunk the command printed on `stream` ("stdout" or "stderr")."""
-        if self.cut or stream not in self._decoders:
+        if self.cut or stream not in STREAMS:
             return
-        text = self._decoders[stream].decode(chunk)
+        decoder = self._decoders.get(stream)
+        if decoder is None:
+            decoder = self._decoders[stream] = _UTF8("replace")
+        text = decoder.decode(chunk)
         room = self.max_chars - self.chars
         if len(text) > room:
             self._batcher.add(stream, text[:room])
@@ -67,8 +72,9 @@ class LiveOutput:
 
     def close(self) -> None:
         """The call is over: send what waits (a last partial character replaced)."""
-        for name, decoder in self._decoders.items():
-            if not self.cut:
+        for name in STREAMS:
+            decoder = self._decoders.get(name)
+            if decoder is not None and not self.cut:
                 self._batcher.add(name, decoder.decode(b"", final=True))
         self._batcher.flush()
 

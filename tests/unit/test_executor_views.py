@@ -1,5 +1,6 @@
 """The executor's views: decided off the loop, the calls of one turn in one hop, each
-caller with its own answer, and a hung directory never blocking the loop."""
+caller with its own answer, a hung directory never blocking the loop; a view
+decided once is given again without a hop while the directory is unchanged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from actors.executor.views import Views
 from actors.sandbox import modes
+from actors.sandbox.viewcache import MountWatch, ViewCache, all_local
 
 
 def _view(cwd: str) -> modes.WorkView:
@@ -20,7 +22,7 @@ def _view(cwd: str) -> modes.WorkView:
 def test_views_asked_in_one_turn_are_decided_in_one_thread_each_with_its_answer() -> None:
     seen: list[tuple[str, int]] = []
 
-    def decide(mode: str, cwd: str, session: str) -> modes.WorkView:
+    def decide(mode: str, cwd: str, workspace: str, **_: object) -> modes.WorkView:
         seen.append((cwd, threading.get_ident()))
         if cwd == "/a":  # busy a while: a hop per call would take the next in another thread
             time.sleep(0.05)
@@ -29,8 +31,8 @@ def test_views_asked_in_one_turn_are_decided_in_one_thread_each_with_its_answer(
         return _view(cwd)
 
     async def main() -> list[modes.WorkView | BaseException]:
-        views = Views(decide)
-        asked = [views.view(modes.READ_ONLY, cwd, f"s{i}")
+        views = Views(ViewCache(decide, watch=None))
+        asked = [views.view(modes.READ_ONLY, cwd, f"/ws/s{i}")
                  for i, cwd in enumerate(["/a", "/refused", "/b", "/c"])]
         return await asyncio.gather(*asked, return_exceptions=True)
 
@@ -45,13 +47,13 @@ def test_views_asked_in_one_turn_are_decided_in_one_thread_each_with_its_answer(
 def test_a_hung_directory_holds_up_its_callers_only_never_the_loop() -> None:
     release = threading.Event()
 
-    def decide(mode: str, cwd: str, session: str) -> modes.WorkView:
+    def decide(mode: str, cwd: str, workspace: str, **_: object) -> modes.WorkView:
         if cwd == "/hung":
             release.wait(10)
         return _view(cwd)
 
     async def main() -> None:
-        views = Views(decide)
+        views = Views(ViewCache(decide, watch=None))
         ticks = 0
 
         async def ticker() -> None:
@@ -64,12 +66,39 @@ def test_a_hung_directory_holds_up_its_callers_only_never_the_loop() -> None:
         try:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.2):
-                    await views.view(modes.READ_ONLY, "/hung", "s1")
+                    await views.view(modes.READ_ONLY, "/hung", "/ws/s1")
             assert ticks > 5  # the loop went on meanwhile
             # A later call, in a turn of its own, is decided in another hop.
-            assert await views.view(modes.READ_ONLY, "/ok", "s2") == _view("/ok")
+            assert await views.view(modes.READ_ONLY, "/ok", "/ws/s2") == _view("/ok")
         finally:
             release.set()
             beat.cancel()
 
     asyncio.run(main())
+
+
+def test_a_remembered_view_is_given_without_a_hop(tmp_path) -> None:
+    decided: list[int] = []
+
+    def decide(mode: str, cwd: str, workspace: str, **kwargs: object) -> modes.WorkView:
+        decided.append(threading.get_ident())
+        return modes.view_for(mode, cwd, workspace=workspace, **kwargs)  # type: ignore[arg-type]
+
+    cache = ViewCache(decide)
+    watch = MountWatch()
+    try:
+        if not all_local([str(tmp_path)], watch.table()):
+            pytest.skip("the test's directory is not on a local file system: never remembered")
+    finally:
+        watch.close()
+
+    async def main() -> list[modes.WorkView]:
+        views = Views(cache)
+        return [await views.view(modes.READ_ONLY, str(tmp_path), "/ws/s1") for _ in range(3)]
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        cache.close()
+    assert answers == [modes.view_for(modes.READ_ONLY, str(tmp_path), workspace="/ws/s1")] * 3
+    assert len(decided) == 1 and decided[0] != threading.get_ident()  # one hop, then none

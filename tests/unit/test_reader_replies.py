@@ -1,0 +1,111 @@
+"""A persistent reader's replies as the executor reads them (`readers.Reader.ask`): its
+socket stays watched by the loop while it lives, a reply in pieces is put together,
+and anything but the one framed reply asked for (too long, garbled, unasked, EOF)
+ends the reader. The other end here is the test, speaking `fileops`' framing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from actors import fileops
+from actors.sandbox.readers import Reader
+
+
+def framed(body: bytes) -> bytes:
+    return b"%0*d" % (fileops.REPLY_LEN_DIGITS, len(body)) + body
+
+
+def reader_over(ours: socket.socket) -> Reader:
+    ours.setblocking(False)
+    # The child is only used to retire it (not here): ask() speaks to the socket alone.
+    return Reader(("key",), ("/ws",), None, ours)  # type: ignore[arg-type]
+
+
+def test_replies_in_pieces_and_one_registration_for_many_calls() -> None:
+    ours, theirs = socket.socketpair()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reader = reader_over(ours)
+        big = bytes(range(256)) * 1024  # several recv()s
+        for body in (b"R0 1 2f\nhi", big, b"L0 2f\n"):
+            asked = asyncio.ensure_future(reader.ask(fileops.request(b"R", "/x", 9), len(big)))
+            request = await loop.sock_recv(theirs, 1024)
+            assert request == fileops.request(b"R", "/x", 9)
+            reply = framed(body)
+            for at in range(0, len(reply), 7000):  # dribbled
+                await loop.sock_sendall(theirs, reply[at:at + 7000])
+                await asyncio.sleep(0)
+            assert await asked == body
+            assert ours.fileno() in loop._selector.get_map()  # type: ignore[attr-defined]
+        assert reader.calls == 3 and not reader.gone
+        reader.close_socket()
+        assert ours.fileno() == -1
+
+    theirs.setblocking(False)
+    try:
+        asyncio.run(main())
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("reply", [framed(b"x" * 100), b"0000000abc", framed(b"ok") + b"more"])
+def test_a_reply_over_its_cap_or_garbled_ends_the_reader(reply: bytes) -> None:
+    ours, theirs = socket.socketpair()
+
+    async def main() -> None:
+        reader = reader_over(ours)
+        theirs.sendall(reply)
+        with pytest.raises(fileops.BadReply):
+            await reader.ask(fileops.request(b"R", "/x", 9), 50)
+        assert reader.gone
+
+    try:
+        asyncio.run(main())
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_bytes_nobody_asked_for_or_eof_end_the_reader() -> None:
+    ours, theirs = socket.socketpair()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reader = reader_over(ours)
+        asked = asyncio.ensure_future(reader.ask(fileops.request(b"R", "/x", 9), 100))
+        await loop.sock_recv(theirs, 1024)
+        await loop.sock_sendall(theirs, framed(b"one"))
+        assert await asked == b"one"
+        # While it idles, it speaks unasked: it serves no more calls.
+        await loop.sock_sendall(theirs, b"surprise")
+        async with asyncio.timeout(5):
+            while not reader.gone:  # (seen when the loop reads it: no event to wait for)
+                await asyncio.sleep(0.001)
+        assert await reader.ask(fileops.request(b"R", "/x", 9), 100) == b""
+
+    theirs.setblocking(False)
+    try:
+        asyncio.run(main())
+    finally:
+        ours.close()
+        theirs.close()
+
+    ours, theirs = socket.socketpair()
+
+    async def dies() -> None:
+        reader = reader_over(ours)
+        asked = asyncio.ensure_future(reader.ask(fileops.request(b"R", "/x", 9), 100))
+        await asyncio.sleep(0)
+        theirs.close()  # it died before it answered
+        assert await asked == b""
+        assert reader.gone
+
+    try:
+        asyncio.run(dies())
+    finally:
+        ours.close()
