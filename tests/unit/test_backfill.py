@@ -34,6 +34,7 @@ from bus.messages import (
     Envelope,
     ErrorReply,
     Event,
+    EventBatch,
     ListSessions,
     ReplayBatch,
     ReplayRequest,
@@ -110,6 +111,15 @@ def _seq(frame: bytes) -> int:
     body = decode(frame).body
     assert isinstance(body, Event)
     return body.seq
+
+
+def pushed_seqs(frames: list[bytes]) -> list[int]:
+    """The seqs of what was pushed, in order: one event, or a commit's `EventBatch`."""
+    out: list[int] = []
+    for frame in frames:
+        body = decode(frame).body
+        out += [_seq(f) for f in body.frames] if isinstance(body, EventBatch) else [_seq(frame)]
+    return out
 
 
 def test_events_reported_before_their_commit_are_resent_not_skipped(short_home):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from test_backfill import SID, Host, _seq
+from test_backfill import SID, Host, pushed_seqs
 
 from actors.sessionlog import SessionLog
 from actors.supervisor.actor import TOKEN_COMMIT_S
@@ -35,7 +35,7 @@ def test_tokens_wait_for_more_and_any_other_event_commits_them_with_it(short_hom
         try:
             host.emit("SESSION_START")
             await asyncio.sleep(0)
-            assert [_seq(f) for f in host.pushed] == [1]
+            assert pushed_seqs(host.pushed) == [1]
             host.pushed.clear()
             commits = host.journal.commits
             for _ in range(5):
@@ -47,7 +47,7 @@ def test_tokens_wait_for_more_and_any_other_event_commits_them_with_it(short_hom
             host.emit("TURN_END")  # not streamed text: commits now, the TOKENs with it
             await asyncio.sleep(0)
             assert host.journal.commits == commits + 1
-            assert [_seq(f) for f in host.pushed] == [2, 3, 4, 5, 6, 7]
+            assert pushed_seqs(host.pushed) == [2, 3, 4, 5, 6, 7]
             assert logged(host) == [1, 2, 3, 4, 5, 6, 7]
         finally:
             host.close()
@@ -68,7 +68,7 @@ def test_a_lone_token_is_committed_and_published_within_the_group_window(short_h
                 while not host.pushed:
                     await asyncio.sleep(0.01)
             waited = time.monotonic() - started
-            assert [_seq(f) for f in host.pushed] == [2] and logged(host) == [1, 2]
+            assert pushed_seqs(host.pushed) == [2] and logged(host) == [1, 2]
             return waited
         finally:
             host.close()
