@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from homes import make_home
-from hostkit import assert_one_run, of_type, oploop, run, running_host
+from hostkit import assert_one_run, of_type, oploop, run, running_host, unique_mark
 from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results, tools_of, wait_tools
 from peerkit import (
     ask,
@@ -33,7 +33,7 @@ from bus.client import Client
 # A guard only: the host and its MCP servers start with the module's first test.
 pytestmark = pytest.mark.timeout(300)
 
-MARK = "oploop-mcp-bounds-test"
+MARK = unique_mark("oploop-mcp-bounds-test-")
 SCRIPTS = {
     "bigtext": call("mcp__test__big_text", mb=10),
     "bigimage": call("mcp__test__images", count=1, mb=12),

@@ -20,14 +20,23 @@ import psutil
 import psycopg
 import pytest
 from homes import make_home, remove_home
-from hostkit import assert_one_run, host_pids, of_type, oploop, running_host, until, workspace
+from hostkit import (
+    assert_one_run,
+    host_pids,
+    of_type,
+    oploop,
+    running_host,
+    unique_mark,
+    until,
+    workspace,
+)
 
 from bus.client import Client
 
 #: A guard only: a lease of 5 s to lapse, two hosts to start on 2 busy cores.
 pytestmark = pytest.mark.timeout(300)
 
-MARK = "4343"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 SCRIPTS = {"tool": [{"reply": [{"type": "tool_use", "name": "shell",
                                 "input": {"command": f"touch started; exec sleep {MARK}0"}}]},

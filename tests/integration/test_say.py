@@ -21,6 +21,7 @@ from hostkit import (
     of_type,
     processes_with,
     running_host,
+    unique_mark,
     until,
     workspace,
 )
@@ -32,7 +33,7 @@ from actors.supervisor.runs import MAX_SAID
 from bus.client import Client
 from bus.errors import AccessDenied, RemoteError
 
-MARK = "5151"
+MARK = unique_mark()
 LIMIT = 2000  # limits.max_prompt_chars of this module's host
 
 

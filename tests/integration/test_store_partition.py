@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from homes import make_home, remove_home
-from hostkit import of_type, oploop, running_host, until, workspace
+from hostkit import of_type, oploop, running_host, unique_mark, until, workspace
 from peerkit import Namespace, host_in, namespaces_usable
 from ports import free_ports
 from test_failover import assert_resumed_as_after_a_restart, check_the_table, watch_to_the_end
@@ -33,7 +33,7 @@ from bus.client import Client
 
 pytestmark = pytest.mark.timeout(300)
 
-MARK = "4747"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 TOOL = {"reply": [{"type": "tool_use", "name": "shell",
                    "input": {"command": f"touch started; exec sleep {MARK}0"}}]}
