@@ -48,6 +48,7 @@ def config() -> str:
     tests = str(Path(TEST_SERVER).parent)
     server = f"""
 timeout_s = 60
+start_timeout_s = 90  # (importing the SDK on busy cores: a minute; `many` lists 3,000 tools)
 [mcp.{{name}}.sandbox]
 read_paths = ["{tests}"]
 """

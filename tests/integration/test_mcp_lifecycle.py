@@ -60,6 +60,7 @@ tool_timeout_s = 2
 [mcp.test]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{MARK}"]
 env = {{ OPLOOP_TEST_MARKS = "{marks}" }}
+start_timeout_s = 90              # (importing the SDK on busy cores: a minute)
 [mcp.test.sandbox]
 read_paths = ["{tests}"]
 write_paths = ["{marks}"]
