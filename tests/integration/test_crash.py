@@ -5,6 +5,7 @@ test_adopt.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -125,10 +126,16 @@ def test_host_killed_takes_every_actor_with_it(short_home):
     state = json.loads((Path(short_home) / "run" / "host.json").read_text())
     procs = [psutil.Process(a["pid"]) for a in state["actors"]]
     os.kill(state["pid"], signal.SIGKILL)
-    gone, alive = psutil.wait_procs(procs, timeout=WAIT_S)
-    # An exited actor nobody has reaped yet (a zombie, re-parented) is gone all the same.
-    alive = [p for p in alive if _running(p)]
-    assert not alive, [p.pid for p in alive]
+    try:
+        # (each stops as for `oploop down`: with every core busy, seconds)
+        gone, alive = psutil.wait_procs(procs, timeout=WAIT_S)
+        # An exited actor nobody has reaped yet (a zombie, re-parented) is gone all the same.
+        alive = [p for p in alive if _running(p)]
+        assert not alive, [p.pid for p in alive]
+    finally:  # a failure leaves no host behind for the tests after it
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
     again = oploop(short_home, "up", "--detach")  # stale sockets and state cleaned
     assert again.returncode == 0, again.stderr
     assert oploop(short_home, "down").returncode == 0
