@@ -201,5 +201,5 @@ def test_a_frozen_owner_writes_nothing_once_its_lease_lapsed(two_homes, pg_url, 
         assert_resumed_as_after_a_restart(events)
         log_a = Path(a) / "host.log"
         asyncio.run(until(lambda: "whose lease lapsed" in log_a.read_text(),
-                          what="the thawed host to stop the session", timeout=60))
+                          what="the thawed host to stop the session"))
         check_the_table(pg_url, sid, events)

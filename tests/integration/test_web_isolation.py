@@ -24,7 +24,7 @@ import psutil
 import pytest
 from aiohttp import web
 from homes import make_home, remove_home
-from hostkit import OPLOOP, oploop, running_host
+from hostkit import OPLOOP, WAIT_S, oploop, running_host
 
 from actors.gateway.limits import HEADER_S
 from actors.gateway.urls import cookie_name, page_host, page_url
@@ -358,7 +358,7 @@ def test_a_removed_sessions_watch_viewer_prints_one_line_and_exits(hosts):
         assert json.loads(first)["seq"] == 1
         rm = oploop(a, "rm", sid)
         assert rm.returncode == 0, rm.stderr
-        out, err = watch.communicate(timeout=60)
+        out, err = watch.communicate(timeout=WAIT_S)
     finally:
         if watch.poll() is None:
             watch.kill()
