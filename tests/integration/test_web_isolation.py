@@ -283,7 +283,12 @@ def test_a_thousand_streams_get_503s_and_no_log_flood(hosts, stream):
 
     async def main() -> None:
         connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(headers=bearer(a), connector=connector) as http:
+        # (1,100 connections at once fill the listen backlog of a gateway busy cores
+        # serve slowly: a refused SYN is sent again after 1, 3, 7, 15, 31 s, past
+        # aiohttp's 30 s to connect)
+        timeout = aiohttp.ClientTimeout(sock_connect=WAIT_S)
+        async with aiohttp.ClientSession(headers=bearer(a), connector=connector,
+                                         timeout=timeout) as http:
             async def open_stream() -> tuple[int, aiohttp.ClientResponse | None]:
                 try:
                     resp = await http.get(f"{url}{path}")
