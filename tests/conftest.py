@@ -98,3 +98,62 @@ def pg_url(pg_cluster):
     """The URL of an empty store of its own for one test: a fresh schema of the cluster's
     database (cheaper than a database), chosen by the URL's `search_path`."""
     yield pgcluster.fresh_schema(pg_cluster)
+
+
+# --- the longest test modules first ------------------------------------------------------
+# Each module runs whole on one xdist worker (--dist loadfile), taken in the order
+# collected (scripts/test: --no-loadscope-reorder; xdist's own order is by number of
+# tests, which put a few-test module of minutes last, keeping one worker busy after
+# the others had finished). So the modules go longest first, by the seconds each took
+# the last time it ran here (pytest's cache), a module never timed as one of a minute
+# if it starts hosts (integration, sandbox), else of none: the short ones fill the end.
+MODULE_SECONDS = "oploop/module-seconds"
+_timed: dict[str, float] = {}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _last_seconds(config) -> dict[str, float]:
+    """The modules' seconds of their last run: from the controller on a worker (each
+    worker must collect the same order), else from the cache (none without it)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return dict(workerinput.get(MODULE_SECONDS) or {})
+    cache = getattr(config, "cache", None)
+    return dict(cache.get(MODULE_SECONDS, {})) if cache is not None else {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(xdist, on the controller) Give each worker the modules' last seconds."""
+    node.workerinput[MODULE_SECONDS] = _last_seconds(node.config)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest modules first (see above); a module's tests keep their order."""
+    seconds = _last_seconds(config)
+
+    def expected(module: str) -> float:
+        if module in seconds:
+            return seconds[module]
+        return 0.0 if module.startswith("tests/unit/") else 60.0
+
+    rank = {m: -expected(m) for m in dict.fromkeys(_module(i.nodeid) for i in items)}
+    items.sort(key=lambda item: rank[_module(item.nodeid)])  # (stable)
+
+
+def pytest_runtest_logreport(report):
+    """Count each module's seconds (set-up, call and tear-down of its tests)."""
+    _timed[_module(report.nodeid)] = _timed.get(_module(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """Keep the seconds of the modules that ran (on the controller, or without xdist)."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _timed:
+        return
+    kept = dict(cache.get(MODULE_SECONDS, {}))
+    kept.update({m: round(s, 1) for m, s in _timed.items()})
+    cache.set(MODULE_SECONDS, kept)

@@ -9,8 +9,10 @@ callback on the way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -120,6 +122,36 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+async def import_aside(name: str) -> Any:
+    """`importlib.import_module(name)` in a daemon thread of its own: the loop keeps
+    serving meanwhile, and a stop does not wait for it. (On the loop's default executor,
+    `asyncio.run` joins the import at exit: an llm caller told to stop, its host killed,
+    during its SDK's import went on seconds after the other actors, tens of seconds
+    with every core busy.)"""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(module: Any, error: BaseException | None) -> None:
+        if done.done():  # (its waiter was cancelled)
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(module)
+
+    def work() -> None:
+        module, error = None, None
+        try:
+            module = importlib.import_module(name)
+        except BaseException as exc:  # handed to the waiter, raised there
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, module, error)
+
+    threading.Thread(target=work, name=f"import {name}", daemon=True).start()
+    return await done
+
+
 class AnthropicBackend:
     """The real SDK, pointed at the API or any server that speaks it (`base_url`).
 
@@ -142,7 +174,7 @@ class AnthropicBackend:
     async def sdk_client(self) -> anthropic.AsyncAnthropic:
         """The SDK client, importing the SDK on first use."""
         if self._client is None:
-            sdk = await asyncio.to_thread(importlib.import_module, "anthropic")
+            sdk = await import_aside("anthropic")
             if self._client is None:  # another call may have built it meanwhile
                 http = sdk.DefaultAsyncHttpxClient(event_hooks=stalls.watched_client_hooks())
                 self._client = sdk.AsyncAnthropic(

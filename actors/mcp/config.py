@@ -11,7 +11,7 @@ configuration, only the executors speak MCP::
     tags = ["time"]                     # for an agent's turn-1 category allowlist
     risky = true                        # default: true for stdio, false for url
     timeout_s = 60                      # one call's bound (default 60)
-    start_timeout_s = 30                # to answer initialize, then tools/list (default 30)
+    start_timeout_s = 60                # to answer initialize, then tools/list (default 60)
     network = ["pypi.org"]              # "none" (default), "all", or allowed hosts, through
                                         #   the host's filtering proxy (as an agent's)
 
@@ -40,8 +40,12 @@ from actors.allowlist import ALL, NONE, NetworkSetting, parse_network
 #: the Messages API limits to `[a-zA-Z0-9_-]{1,64}`: kept short and plain on purpose.
 NAME_RE = re.compile(r"^[a-zA-Z0-9-]{1,32}$")
 DEFAULT_TIMEOUT_S = 60.0
-#: How long a server has to answer `initialize`, then `tools/list`.
-DEFAULT_START_TIMEOUT_S = 30.0
+#: How long a server has to answer `initialize`, then `tools/list`. A minute: a Python
+#: SDK server spends a second of CPU importing before it reads its stdin, which on a
+#: machine whose cores are all busy (load 15-25 on 2 cores) took past 30 s; an `npx -y`
+#: server's first start downloads its package. A server that hangs costs its first
+#: call this long once, then backs off.
+DEFAULT_START_TIMEOUT_S = 60.0
 
 _KEYS = frozenset({"command", "env", "cwd", "url", "headers", "tags", "risky", "timeout_s",
                    "sandbox", "network", "start_timeout_s", "include_instructions",

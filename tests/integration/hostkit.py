@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -173,6 +174,15 @@ def actors(home: str) -> list[dict[str, Any]]:
 def actor(home: str, name: str) -> dict[str, Any]:
     """The host's record of actor `name`."""
     return next(a for a in actors(home) if a["name"] == name)
+
+
+def unique_mark(prefix: str = "") -> str:
+    """A mark for a test's own command lines (`processes_with`), after `prefix`: 12
+    random digits (it may be a `sleep`'s argument), so that no pid, port or argument of
+    another process holds it, nor the mark of a test beside it (another worker, another
+    checkout's suite on the same machine). A fixed "4242" was found in a zygote's
+    command line (its executor's pid) and in other tests' marks."""
+    return f"{prefix}{secrets.randbelow(9 * 10**11) + 10**11}"
 
 
 def processes_with(mark: str) -> list[int]:

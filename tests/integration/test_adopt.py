@@ -23,13 +23,14 @@ from hostkit import (
     of_type,
     processes_with,
     scripted_host,
+    unique_mark,
     until,
     workspace,
 )
 
 from bus.client import Client
 
-MARK = "4343"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 #: Waits for a file `go` in its directory (the test makes it), then prints.
 WAIT = f"touch started; while [ ! -e go ]; do sleep 0.05; done; echo finished {MARK}"
@@ -161,4 +162,4 @@ def test_an_adopted_tool_is_cancelled_like_any(host, tmp_path):
     (end,) = of_type(events, "TOOL_END")
     assert end["data"]["output"] == "cancelled by the user"
     assert events[-1]["type"] == "CANCELLED"
-    asyncio.run(until(lambda: not marked(), what="the adopted tool killed", timeout=10))
+    asyncio.run(until(lambda: not marked(), what="the adopted tool killed"))

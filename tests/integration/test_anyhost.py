@@ -17,14 +17,14 @@ import psutil
 import psycopg
 import pytest
 from homes import make_home, remove_home
-from hostkit import events_of, oploop, running_host, until, workspace
+from hostkit import events_of, oploop, running_host, unique_mark, until, workspace
 
 from bench import pgcluster
 from bus.client import Client
 
 pytestmark = pytest.mark.timeout(400)
 
-MARK = "5151"
+MARK = unique_mark()
 CONFIG = """
 [agents.ops]
 approval_timeout_s = 600

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from homes import make_home, remove_home
-from hostkit import actor, assert_one_run, oploop, scripted_host, until
+from hostkit import WAIT_S, actor, assert_one_run, oploop, scripted_host, until
 
 from bus.client import Client
 from bus.errors import RemoteError
@@ -285,7 +285,7 @@ def test_without_a_terminal_nothing_is_asked_and_yes_approves_everything(host):
         assert done.returncode == 0, done.stderr
         rest = [json.loads(line) for line in proc.stdout]
     finally:
-        proc.wait(timeout=60)
+        proc.wait(timeout=WAIT_S)
     assert proc.returncode == 0 and rest[-1]["type"] == "DONE"
     assert any(e["type"] == "APPROVAL_DECIDED" and e["data"]["reason"] == "by script"
                for e in rest)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from homes import make_home
-from hostkit import assert_one_run, of_type, oploop, run, running_host
+from hostkit import WAIT_S, assert_one_run, of_type, oploop, run, running_host, unique_mark
 from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results, tools_of, wait_tools
 from peerkit import (
     ask,
@@ -33,7 +33,7 @@ from bus.client import Client
 # A guard only: the host and its MCP servers start with the module's first test.
 pytestmark = pytest.mark.timeout(300)
 
-MARK = "oploop-mcp-bounds-test"
+MARK = unique_mark("oploop-mcp-bounds-test-")
 SCRIPTS = {
     "bigtext": call("mcp__test__big_text", mb=10),
     "bigimage": call("mcp__test__images", count=1, mb=12),
@@ -48,6 +48,7 @@ def config() -> str:
     tests = str(Path(TEST_SERVER).parent)
     server = f"""
 timeout_s = 60
+start_timeout_s = 90  # (importing the SDK on busy cores: a minute; `many` lists 3,000 tools)
 [mcp.{{name}}.sandbox]
 read_paths = ["{tests}"]
 """
@@ -188,7 +189,7 @@ def test_said_messages_past_the_frame_in_all_leave_the_session_callable(host):
             sid = started.session
             events = [e async for e in client.events(sid, started.from_seq, stop_at="first")]
             for n in range(85):
-                ack = await client.say(sid, f"{n:02d} {text}", timeout=30)
+                ack = await client.say(sid, f"{n:02d} {text}", timeout=WAIT_S)
                 assert ack.state == "started", ack
                 events = [e async for e in client.events(sid, ack.from_seq,
                                                          stop_at="first")]

@@ -15,7 +15,17 @@ import pytest
 import zmq
 import zmq.asyncio
 from homes import make_home
-from hostkit import OPLOOP, TERMINAL, assert_one_run, of_type, running_host, until, workspace
+from hostkit import (
+    OPLOOP,
+    TERMINAL,
+    WAIT_S,
+    assert_one_run,
+    of_type,
+    running_host,
+    unique_mark,
+    until,
+    workspace,
+)
 
 from actors.config import Config
 from actors.core.history import is_valid
@@ -29,7 +39,7 @@ from bus.errors import RemoteError
 WORDS = " ".join(f"word{i}" for i in range(400))
 OK = {"reply": "follow-up answered", "stop_reason": "end_turn"}
 #: Marks the processes of the long tool so that the test can find every one of them.
-MARK = "31337"
+MARK = unique_mark()
 
 
 def shell(command: str) -> dict:
@@ -142,7 +152,7 @@ def test_ui_cancel_mid_tool_kills_the_whole_tree(host, tmp_path):
                     await client.cancel(started.session)
 
             events = await collect(client, started, on_event)
-            await until(lambda: _async(not marked_processes()), timeout=5,
+            await until(lambda: _async(not marked_processes()),
                         what="every process of the tool to die")
             await until(lambda: no_jobs_left(client), what="the executor's acknowledgement")
             info = await client.inspect(started.session)
@@ -212,7 +222,7 @@ def test_deadline_mid_tool_ends_the_tool_as_cancelled(host, tmp_path):
             # Long enough for the (offline, instant) model's reply to start the tool.
             started = await client.start("#slowtool go", cwd=str(tmp_path), deadline_s=4)
             events = await collect(client, started)
-            await until(lambda: _async(not marked_processes()), timeout=10,
+            await until(lambda: _async(not marked_processes()),
                         what="every process of the tool to die")
             await until(lambda: no_jobs_left(client), what="the executor's acknowledgement")
             return events, await client.inspect(started.session)
@@ -258,7 +268,7 @@ def test_ctrl_c_in_run_cancels_and_exits_130(host):
             events.append(json.loads(line))
             if events[-1]["type"] == "TOKEN" and len(of_type(events, "TOKEN")) == 1:
                 proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 130
+        assert proc.wait(timeout=WAIT_S) == 130
     finally:
         proc.kill()
         proc.wait()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import test_cli_edges as edges
-from hostkit import OPLOOP, cli_env, events_of, oploop, running_host
+from hostkit import OPLOOP, WAIT_S, cli_env, events_of, oploop, running_host
 
 from actors.cli.listing import COLUMNS
 from actors.usage import Usage, money, short_count
@@ -131,7 +131,7 @@ def test_ctrl_c_at_any_moment_of_start_up_prints_no_traceback(short_home, delay_
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay_ms / 1000)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=WAIT_S)
     if "Fatal Python error: init" in err or "Could not import runpy module" in err:
         return  # inside CPython's own start-up, before any of oploop's code
     frames = re.findall(r'^  File "([^"]+)"', err, re.M)

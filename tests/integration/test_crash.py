@@ -5,6 +5,7 @@ test_adopt.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from hostkit import (
+    WAIT_S,
     actor,
     actors,
     assert_one_run,
@@ -23,6 +25,7 @@ from hostkit import (
     run,
     running_host,
     scripted_host,
+    unique_mark,
     until,
     workspace,
 )
@@ -31,7 +34,7 @@ from bus.client import Client
 
 WORDS = " ".join(f"w{i}" for i in range(300))
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
-MARK = "4242"
+MARK = unique_mark()
 SCRIPTS = {
     "tool": [{"reply": [{"type": "tool_use", "name": "shell",
                          "input": {"command": f"touch started; exec sleep {MARK}0"}}]}, OK],
@@ -123,10 +126,16 @@ def test_host_killed_takes_every_actor_with_it(short_home):
     state = json.loads((Path(short_home) / "run" / "host.json").read_text())
     procs = [psutil.Process(a["pid"]) for a in state["actors"]]
     os.kill(state["pid"], signal.SIGKILL)
-    gone, alive = psutil.wait_procs(procs, timeout=10)
-    # An exited actor nobody has reaped yet (a zombie, re-parented) is gone all the same.
-    alive = [p for p in alive if _running(p)]
-    assert not alive, [p.pid for p in alive]
+    try:
+        # (each stops as for `oploop down`: with every core busy, seconds)
+        gone, alive = psutil.wait_procs(procs, timeout=WAIT_S)
+        # An exited actor nobody has reaped yet (a zombie, re-parented) is gone all the same.
+        alive = [p for p in alive if _running(p)]
+        assert not alive, [p.pid for p in alive]
+    finally:  # a failure leaves no host behind for the tests after it
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
     again = oploop(short_home, "up", "--detach")  # stale sockets and state cleaned
     assert again.returncode == 0, again.stderr
     assert oploop(short_home, "down").returncode == 0
@@ -201,7 +210,7 @@ def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp
             return started.session
 
     sid = asyncio.run(start_and_kill_the_host())
-    _, alive = psutil.wait_procs(procs, timeout=15)
+    _, alive = psutil.wait_procs(procs, timeout=WAIT_S)
     assert not alive, [p.pid for p in alive]
     asyncio.run(until(lambda: not marked(), what="the tool to die with its executor"))
     # The next host's model is a new process: it plays on from the turn after the tool.

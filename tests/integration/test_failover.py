@@ -20,14 +20,23 @@ import psutil
 import psycopg
 import pytest
 from homes import make_home, remove_home
-from hostkit import assert_one_run, host_pids, of_type, oploop, running_host, until, workspace
+from hostkit import (
+    assert_one_run,
+    host_pids,
+    of_type,
+    oploop,
+    running_host,
+    unique_mark,
+    until,
+    workspace,
+)
 
 from bus.client import Client
 
 #: A guard only: a lease of 5 s to lapse, two hosts to start on 2 busy cores.
 pytestmark = pytest.mark.timeout(300)
 
-MARK = "4343"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 SCRIPTS = {"tool": [{"reply": [{"type": "tool_use", "name": "shell",
                                 "input": {"command": f"touch started; exec sleep {MARK}0"}}]},
@@ -192,5 +201,5 @@ def test_a_frozen_owner_writes_nothing_once_its_lease_lapsed(two_homes, pg_url, 
         assert_resumed_as_after_a_restart(events)
         log_a = Path(a) / "host.log"
         asyncio.run(until(lambda: "whose lease lapsed" in log_a.read_text(),
-                          what="the thawed host to stop the session", timeout=60))
+                          what="the thawed host to stop the session"))
         check_the_table(pg_url, sid, events)

@@ -19,6 +19,7 @@ from hostkit import (
     processes_with,
     running_host,
     scripted_host,
+    unique_mark,
     until,
     wait_until,
     workspace,
@@ -26,7 +27,7 @@ from hostkit import (
 
 from bus.client import Client
 
-MARK = "4343"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 WORDS = " ".join(f"w{i}" for i in range(300))
 SCRIPTS = {

@@ -172,11 +172,11 @@ ATTEMPTS = textwrap.dedent("""
         try:
             async with Client.connect(endpoints=ends) as client:
                 if what == "start":
-                    await client.start("run `echo never`", timeout=10)
+                    await client.start("run `echo never`", timeout=90)
                 elif what == "cancel":
-                    await client.cancel("0" * 12, timeout=10)
+                    await client.cancel("0" * 12, timeout=90)
                 else:
-                    await client.last_seq("0" * 12, timeout=10)
+                    await client.last_seq("0" * 12, timeout=90)
         except Exception as exc:
             return type(exc).__name__ + ": " + str(exc)
         return "allowed"

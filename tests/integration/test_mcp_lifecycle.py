@@ -26,6 +26,7 @@ from hostkit import (
     processes_with,
     run,
     run_events,
+    unique_mark,
     until,
 )
 from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results
@@ -33,7 +34,7 @@ from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results
 from actors.sandbox.workspaces import remove_home
 
 #: In the test server's command line, so that the tests can find its processes.
-MARK = "oploop-mcp-lifecycle-test"
+MARK = unique_mark("oploop-mcp-lifecycle-test-")
 
 #: (the module host waits for its servers at `up`)
 pytestmark = pytest.mark.timeout(180)
@@ -59,6 +60,7 @@ tool_timeout_s = 2
 [mcp.test]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "{MARK}"]
 env = {{ OPLOOP_TEST_MARKS = "{marks}" }}
+start_timeout_s = 90              # (importing the SDK on busy cores: a minute)
 [mcp.test.sandbox]
 read_paths = ["{tests}"]
 write_paths = ["{marks}"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from homes import make_home
-from hostkit import cli_env, of_type, oploop, run, running_host, wait_until
+from hostkit import WAIT_S, cli_env, of_type, oploop, run, running_host, wait_until
 from mcpkit import PYTHON, call, free_port, wait_tools
 
 from actors.sandbox.workspaces import remove_home
@@ -76,7 +76,7 @@ def login(home: str) -> subprocess.CompletedProcess[str]:
     url = proc.stdout.readline().strip()
     browser = httpx2.get(url, follow_redirects=True, timeout=30)
     assert browser.status_code == 200 and "logged in" in browser.text, browser.text
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=WAIT_S)
     return subprocess.CompletedProcess(proc.args, proc.returncode, said + url + out, err)
 
 

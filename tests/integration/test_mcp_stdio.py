@@ -20,15 +20,24 @@ from pathlib import Path
 import psutil
 import pytest
 from homes import make_home
-from hostkit import assert_one_run, of_type, oploop, processes_with, run, running_host, until
+from hostkit import (
+    assert_one_run,
+    of_type,
+    oploop,
+    processes_with,
+    run,
+    running_host,
+    unique_mark,
+    until,
+)
 from mcpkit import DONE, PYTHON, TEST_SERVER, call, history_of, tool_results, wait_tools
 
 from actors.sandbox.workspaces import remove_home
 from bus.client import Client
 
 #: In the test server's command line, so that the tests can find its processes.
-MARK = "oploop-mcp-stdio-test"
-HANG_MARK = "oploop-mcp-hanging-test"
+MARK = unique_mark("oploop-mcp-stdio-test-")
+HANG_MARK = unique_mark("oploop-mcp-hanging-test-")
 
 #: (seven servers start before `up` is ready: on a busy machine a minute or more)
 pytestmark = pytest.mark.timeout(240)

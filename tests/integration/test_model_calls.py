@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from homes import make_home
-from hostkit import of_type, oploop, run, scripted_host
+from hostkit import WAIT_S, of_type, oploop, run, scripted_host
 
 from actors.core.history import is_valid
 from actors.llm_caller.backend import AnthropicBackend
@@ -317,11 +317,11 @@ ROUTER_SCRIPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def routed_host(tmp_path_factory):
+def _routed(tmp_path_factory, timeout_s: float):
+    """A host whose intent router has `timeout_s` for its call, retries included."""
     home = make_home("opl-")
     files = tmp_path_factory.mktemp("routed")
-    (files / "oploop.toml").write_text("[router]\nenabled = true\ntimeout_s = 2.0\n")
+    (files / "oploop.toml").write_text(f"[router]\nenabled = true\ntimeout_s = {timeout_s}\n")
     env = {
         "OPLOOP_CONFIG": str(files / "oploop.toml"),
         "OPLOOP_RETRY_BASE_S": "0.01",
@@ -335,12 +335,24 @@ def routed_host(tmp_path_factory):
         remove_home(Path(home))
 
 
+@pytest.fixture(scope="module")
+def routed_host(tmp_path_factory):
+    """The cases whose router answers (or fails) before its bound: a bound no busy
+    machine reaches (its first call may also wait for the llm caller's SDK import)."""
+    yield from _routed(tmp_path_factory, WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def hasty_router_host(tmp_path_factory):
+    """The case whose router is cut off: 2 s against its model's 30 s stall."""
+    yield from _routed(tmp_path_factory, 2.0)
+
+
 def test_a_plain_router_answer_is_routed_without_a_reason(routed_host):
     events = run(routed_host, "list /tmp")
     (route,) = of_type(events, "ROUTE")
     assert route["data"]["route"] == "AGENT" and "reason" not in route["data"]
     assert route["data"]["usage"]["input_tokens"] > 0  # the classifier's call, counted
-    # (first of its host: the llm caller's SDK is loaded, the routes below time no import)
 
 
 def test_a_failing_router_retries_once_then_routes_to_agent_saying_why(routed_host):
@@ -352,8 +364,8 @@ def test_a_failing_router_retries_once_then_routes_to_agent_saying_why(routed_ho
     assert events[-1]["type"] == "DONE" and events[-1]["data"]["text"] == "all good"
 
 
-def test_a_slow_router_times_out_and_routes_to_agent_saying_why(routed_host):
-    events = run(routed_host, "#routerslow go")
+def test_a_slow_router_times_out_and_routes_to_agent_saying_why(hasty_router_host):
+    events = run(hasty_router_host, "#routerslow go")
     (route,) = of_type(events, "ROUTE")
     assert (route["data"]["route"], route["data"]["reason"]) == (
         "AGENT", "timeout: no reply within 2 s")

@@ -31,7 +31,7 @@ import pytest
 import zmq
 import zmq.asyncio
 from homes import make_home, remove_home
-from hostkit import actor, host_pids, oploop, print_log_tail, running_host, until
+from hostkit import WAIT_S, actor, host_pids, oploop, print_log_tail, running_host, until
 from peerkit import Namespace, namespaces_usable, network_config
 from ports import free_ports
 from test_anyhost import CONFIG as OPS
@@ -220,7 +220,7 @@ async def _ask(address: str, keys: ClientKeys, body: Any) -> Any:
     try:
         requester = Requester(reactor, "probe", address, keys.apply)
         try:
-            return (await requester.request(body, timeout=20)).body
+            return (await requester.request(body, timeout=WAIT_S)).body
         except (RemoteError, AccessDenied) as exc:
             return exc
     finally:

@@ -113,9 +113,9 @@ def test_retention_applies_at_start_and_periodically(short_home):
         sids = [run(short_home, f"run `echo {i}`")[0]["session"] for i in range(4)]
         # Within a few rounds of `every`, only the two most recent are left.
         wait_until(lambda: stored_sids(short_home)[0] == set(sids[2:]),
-                   "periodic pruning to keep the 2 newest", timeout=20)
+                   "periodic pruning to keep the 2 newest")
         wait_until(lambda: stored_sids(short_home)[1] == set(sids[2:]),
-                   "the broadcaster to drop the pruned logs", timeout=20)
+                   "the broadcaster to drop the pruned logs")
         out = oploop(short_home, "watch", sids[0])
         assert "(pruned)" in out.stderr
         # The tombstones outlive the supervisor.

@@ -56,6 +56,7 @@ shell = "ask"
 
 [mcp.test]
 command = [{json.dumps(PYTHON)}, {json.dumps(TEST_SERVER)}, "stdio", "oploop-rules-test"]
+start_timeout_s = 90  # (importing the SDK on busy cores: a minute)
 [mcp.test.sandbox]
 read_paths = ["{tests}"]
 """

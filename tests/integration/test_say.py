@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 from homes import make_home
 from hostkit import (
+    WAIT_S,
     actor,
     assert_one_run,
     of_type,
     processes_with,
     running_host,
+    unique_mark,
     until,
     workspace,
 )
@@ -32,7 +34,7 @@ from actors.supervisor.runs import MAX_SAID
 from bus.client import Client
 from bus.errors import AccessDenied, RemoteError
 
-MARK = "5151"
+MARK = unique_mark()
 LIMIT = 2000  # limits.max_prompt_chars of this module's host
 
 
@@ -211,12 +213,12 @@ def test_keys_say_by_name_a_viewer_is_refused(host, tmp_path):
             await until_started(home, started.session)
             async with Client.connect(endpoints=remote(listen, tv)) as viewer:
                 with pytest.raises(AccessDenied):
-                    await viewer.say(started.session, "let me in", timeout=30)
+                    await viewer.say(started.session, "let me in", timeout=WAIT_S)
             async with Client.connect(endpoints=remote(listen, worker)) as as_worker:
                 with pytest.raises(RemoteError, match="only a control key"):
-                    await as_worker.say(started.session, "me neither", timeout=30)
+                    await as_worker.say(started.session, "me neither", timeout=WAIT_S)
             async with Client.connect(endpoints=remote(listen, laptop)) as control:
-                ack = await control.say(started.session, "from the laptop", timeout=30)
+                ack = await control.say(started.session, "from the laptop", timeout=WAIT_S)
                 assert ack.state == "queued"
             (workspace(home, started.session) / "go").touch()
             return await collect(local, started.session, started.from_seq)

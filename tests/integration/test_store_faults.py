@@ -24,7 +24,8 @@ from bus.client import Client
 pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = [{"reply": [{"type": "tool_use", "name": "shell",
-                      "input": {"command": "touch started; sleep 1; echo slept"}}]},
+                      "input": {"command": "touch started; while [ ! -e go ]; do sleep 0.05; "
+                                           "done; echo slept"}}]},
           {"reply": "carried on", "stop_reason": "end_turn"}]
 
 
@@ -84,6 +85,10 @@ def test_postgresql_stopped_mid_run_the_session_waits_and_goes_on(home, own_clus
             say = oploop(home_, "say", sid, "more", env=env)
             assert say.returncode != 0 and "store is unavailable" in say.stderr, say
         finally:
+            # The tool ends only now (a `sleep 1` ended, and the run with it, before a
+            # busy machine's outage had begun: no STORE_AVAILABLE); its next model
+            # call waits for the store, the dispatcher holding new jobs.
+            (workspace(home_, sid) / "go").touch()
             own_cluster.resume()
 
         async def to_the_end() -> list[dict]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from homes import make_home, remove_home
-from hostkit import of_type, oploop, running_host, until, workspace
+from hostkit import of_type, oploop, running_host, unique_mark, until, workspace
 from peerkit import Namespace, host_in, namespaces_usable
 from ports import free_ports
 from test_failover import assert_resumed_as_after_a_restart, check_the_table, watch_to_the_end
@@ -33,7 +33,7 @@ from bus.client import Client
 
 pytestmark = pytest.mark.timeout(300)
 
-MARK = "4747"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 TOOL = {"reply": [{"type": "tool_use", "name": "shell",
                    "input": {"command": f"touch started; exec sleep {MARK}0"}}]}
@@ -95,7 +95,7 @@ def test_a_host_cut_off_from_the_store_stops_and_writes_nothing_after(lab, tmp_p
             events = asyncio.run(watch_to_the_end(b, sid))
             # Still cut off: A has stopped the session's work (its tool is gone).
             asyncio.run(until(lambda: "session(s) stop here" in log_a.read_text()
-                              and not marked(), what="A to stop the session", timeout=60))
+                              and not marked(), what="A to stop the session"))
         finally:
             ns.mend()
         assert_resumed_as_after_a_restart(events)
@@ -108,6 +108,6 @@ def test_a_host_cut_off_from_the_store_stops_and_writes_nothing_after(lab, tmp_p
               f"+{claimed - cut_at:.2f} s, RESUMED +{resumed['ts'] - cut_at:.2f} s")
         # A renews again over the mended link (then it has tried its pending commit).
         asyncio.run(until(lambda: json.loads(oploop(a, "status", "--json", env=env_a).stdout)
-                          ["store"].get("renewing"), what="A to renew again", timeout=60))
+                          ["store"].get("renewing"), what="A to renew again"))
         epochs = check_the_table(cluster.url, sid, events)
         assert epochs[0] < epochs[-1]  # A's records, then B's: none of A's after the claim

@@ -22,7 +22,7 @@ import psutil
 import psycopg
 import pytest
 from homes import make_home, remove_home
-from hostkit import assert_one_run, of_type, running_host, until
+from hostkit import assert_one_run, of_type, running_host, unique_mark, until
 from test_failover import kill_host
 
 from bus.client import Client, event_dict
@@ -31,7 +31,7 @@ from bus.codec import decode
 pytestmark = pytest.mark.timeout(600)
 
 PER_HOST = 100
-MARK = "4949"
+MARK = unique_mark()
 OK = {"reply": "carried on", "stop_reason": "end_turn"}
 TOOL = {"reply": [{"type": "tool_use", "name": "shell",
                    "input": {"command": f"exec sleep {MARK}0"}}]}

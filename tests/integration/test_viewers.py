@@ -28,7 +28,7 @@ import msgpack
 import psutil
 import pytest
 import zmq
-from hostkit import OPLOOP, TERMINAL, cli_env, ready_workspace
+from hostkit import OPLOOP, TERMINAL, WAIT_S, cli_env, ready_workspace
 from hostkit import oploop as kit_oploop
 
 from actors.sessionlog import Record, SessionLog, SessionRow
@@ -159,7 +159,7 @@ def test_late_restarted_and_after_the_end_viewers_see_one_sequence(gated_host):
                 first.append(ev)
             async for ev in late_stream:
                 late.append(ev)
-            out, err = await asyncio.to_thread(resumed.communicate, timeout=30)
+            out, err = await asyncio.to_thread(resumed.communicate, timeout=WAIT_S)
             assert resumed.returncode == 0, err
             assert "behind" not in err  # a viewer that kept up is not told it fell behind
             after = [ev async for ev in client.events(run.session, 1)]
@@ -287,7 +287,7 @@ async def rig(home: str, **env: str) -> AsyncIterator[tuple[Rig, FakeSupervisor,
     r.start_broadcaster()
     try:
         async with Client.connect(Path(home)) as client:
-            await client.broadcaster_stats(timeout=20)  # answered once it serves
+            await client.broadcaster_stats(timeout=WAIT_S)  # answered once it serves
             yield r, sup, client
     finally:
         if r.proc is not None:
@@ -336,7 +336,7 @@ def test_slow_viewers_fall_behind_catch_up_and_are_told(short_home):
                 fast.append(ev)
             async for ev in slow_stream:
                 slow.append(ev)
-            out, err = await asyncio.to_thread(cli.communicate, timeout=60)
+            out, err = await asyncio.to_thread(cli.communicate, timeout=WAIT_S)
             assert cli.returncode == 0, err
             stats = await client.broadcaster_stats()
             return fast, slow, lags, json_lines(out), err, stats

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from aiohttp import web
 from homes import make_home, remove_home
-from hostkit import OPLOOP, oploop, running_host
+from hostkit import OPLOOP, WAIT_S, oploop, running_host
 
 from actors.gateway.limits import HEADER_S
 from actors.gateway.urls import cookie_name, page_host, page_url
@@ -283,7 +283,12 @@ def test_a_thousand_streams_get_503s_and_no_log_flood(hosts, stream):
 
     async def main() -> None:
         connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(headers=bearer(a), connector=connector) as http:
+        # (1,100 connections at once fill the listen backlog of a gateway busy cores
+        # serve slowly: a refused SYN is sent again after 1, 3, 7, 15, 31 s, past
+        # aiohttp's 30 s to connect)
+        timeout = aiohttp.ClientTimeout(sock_connect=WAIT_S)
+        async with aiohttp.ClientSession(headers=bearer(a), connector=connector,
+                                         timeout=timeout) as http:
             async def open_stream() -> tuple[int, aiohttp.ClientResponse | None]:
                 try:
                     resp = await http.get(f"{url}{path}")
@@ -358,7 +363,7 @@ def test_a_removed_sessions_watch_viewer_prints_one_line_and_exits(hosts):
         assert json.loads(first)["seq"] == 1
         rm = oploop(a, "rm", sid)
         assert rm.returncode == 0, rm.stderr
-        out, err = watch.communicate(timeout=60)
+        out, err = watch.communicate(timeout=WAIT_S)
     finally:
         if watch.poll() is None:
             watch.kill()

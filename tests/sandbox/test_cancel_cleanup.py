@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sbhelp import TEST_POLICY, Host, need, processes_with, wait_processes
+from sbhelp import BOUND_S, TEST_POLICY, Host, need, processes_with, wait_processes
 
 from actors.sandbox import Sandbox, SandboxConfig, SandboxedChild
 from actors.tools.process import ChildProcess, Spawner, run_command
@@ -96,7 +96,7 @@ def exec_launchers() -> list[psutil.Process]:
 async def warm_up(host: Host, sandbox: Sandbox | None = None) -> set[int]:
     """One whole call first (the fork server, the event loop's fds); the fds after it."""
     res = await run_command(
-        "true", host.workspace, timeout_s=10, cap=1024,
+        "true", host.workspace, timeout_s=BOUND_S, cap=1024,
         spawn=(sandbox or host.sandbox).spawner("shell", host.policy),
     )
     # An exec'd launcher's status is sometimes lost (255): asyncio's Popen.send_signal
@@ -140,7 +140,8 @@ def test_cancel_while_draining_after_exit(host: Host) -> None:
 
         spawn = hooked(host.sandbox.spawner("shell", host.policy), cancel)
         task = asyncio.create_task(
-            run_command(f"echo {tok}", host.workspace, timeout_s=30, cap=1024, spawn=spawn)
+            run_command(f"echo {tok}", host.workspace, timeout_s=BOUND_S, cap=1024,
+                        spawn=spawn)
         )
         await cancelled(task)
         assert_nothing_left(host.sandbox, tok, fds)

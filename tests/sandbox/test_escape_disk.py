@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from homes import make_home
-from sbhelp import TEST_POLICY, need
+from sbhelp import BOUND_S, TEST_POLICY, need
 
 from actors.sandbox import (
     PolicyError,
@@ -58,7 +58,7 @@ def run(sandbox: Sandbox, session: str, command: str) -> CommandResult:
 
 async def shell(sandbox: Sandbox, session: str, command: str) -> CommandResult:
     cwd = await asyncio.to_thread(sandbox.workspace, session)
-    return await run_command(command, cwd, timeout_s=20, cap=64 * 1024,
+    return await run_command(command, cwd, timeout_s=BOUND_S, cap=64 * 1024,
                              spawn=sandbox.spawner("shell", TEST_POLICY))
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sbhelp import PYTHON, TEST_POLICY, Host, need, need_python
+from sbhelp import BOUND_S, PYTHON, TEST_POLICY, Host, need, need_python
 
 from actors.sandbox import Limits, Policy, Sandbox, SandboxConfig, SandboxedChild
 from actors.sandbox.cgroups import CgroupTree
@@ -60,7 +60,7 @@ async def first_line(child: SandboxedChild) -> str:
 
 async def shell(sandbox: Sandbox, policy: Policy, cwd: Path, command: str) -> str:
     """Run `command` to completion; its output."""
-    res = await run_command(command, cwd, timeout_s=20, cap=64 * 1024,
+    res = await run_command(command, cwd, timeout_s=BOUND_S, cap=64 * 1024,
                             spawn=sandbox.spawner("shell", policy))
     return res.output
 

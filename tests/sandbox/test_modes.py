@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from homes import make_home
+from sbhelp import BOUND_S
 
 from actors.config import parse_config
 from actors.executor.actor import Executor
@@ -286,7 +287,7 @@ def test_no_sockets_no_signals_no_disk_or_process_hoard(run: Run) -> None:
     assert "sleep" not in out.output and "OPLOOP" not in out.output
     # A fork bomb stops at the call's pids limit (the cgroup), and the next call runs.
     out = run.sh("for i in $(seq 400); do sleep 5 & done 2>&1 | tail -1; echo done",
-                 timeout_s=20)
+                 timeout_s=BOUND_S)
     assert "done" in out.output
     assert run.sh("echo alive").output.strip() == "alive"
     # /tmp is the call's own, bounded.

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from sbhelp import TEST_POLICY, Host
+from sbhelp import BOUND_S, TEST_POLICY, Host
 
 from actors.config import parse_config
 from actors.executor.actor import Executor, sandboxed_catalogue
@@ -65,7 +65,7 @@ def test_lowered_policy_runs_without_the_layer(host: Host) -> None:
 async def _run(sandbox: Sandbox, cwd: Path, command: str, policy):  # type: ignore[no-untyped-def]
     from actors.tools.process import run_command
 
-    return await run_command(command, cwd, timeout_s=10, cap=4096,
+    return await run_command(command, cwd, timeout_s=BOUND_S, cap=4096,
                              spawn=sandbox.spawner("shell", policy))
 
 
