@@ -201,10 +201,14 @@ def test_its_task_required_tool_is_left_out_saying_why(host):
     assert "mcp__evbin__simulate-research-query" not in oploop(host, "tools").stdout
 
 
-def live(mark: str) -> set[int]:
-    """The live (not zombie) processes whose command line holds `mark`."""
+def live(mark: str, home: str) -> set[int]:
+    """The live (not zombie) processes of the host of `home` whose command line holds
+    `mark`. Only that host's: other workers' tests run this server too, and one started
+    or stopped meanwhile changed the set (a CI failure of the test below)."""
+    state = json.loads((Path(home) / "run" / "host.json").read_text())
+    ours = {p.pid for p in psutil.Process(int(state["pid"])).children(recursive=True)}
     pids = set()
-    for pid in processes_with(mark):
+    for pid in set(processes_with(mark)) & ours:
         try:
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 pids.add(pid)
@@ -215,14 +219,14 @@ def live(mark: str) -> set[int]:
 
 def test_a_timeout_cancels_its_call_and_keeps_the_server(host):
     assert not tool_end(run(host, "#bin-echo"))["is_error"]
-    before = live(BIN)
+    before = live(BIN, host)
     assert before
     restarts = servers(host)["evbin"]["restarts"]
     end = tool_end(run(host, "#long", agent="hasty"))
     assert "no answer within 2 s: the call was cancelled" in end["output"], end
     assert tool_end(run(host, "#bin-echo"))["output"] == "Echo: from .bin"
     # no server started since (a killed one would have been, for the echo)
-    assert live(BIN) and live(BIN) <= before
+    assert live(BIN, host) and live(BIN, host) <= before
     assert servers(host)["evbin"]["restarts"] == restarts
 
 
