@@ -320,7 +320,7 @@ class WorkerIO:
         """What becomes of a tool job's `ToolOutput`s: `TOOL_OUTPUT {call_id, stream, text}`
         events (`cut`: the last, past the call's bound), while the call's run is open."""
         driver = session.driver
-        bounds: list[HostBound] = []  # (made at the first output: most calls print none)
+        bound = HostBound()
 
         def on_progress(env: Envelope) -> None:
             body = env.body
@@ -328,9 +328,7 @@ class WorkerIO:
             if (not isinstance(body, ToolOutput) or driver is None
                     or session.driver is not driver or session.run_over):
                 return
-            if not bounds:
-                bounds.append(HostBound())
-            admitted = bounds[0].admit(body.stream, body.text, body.cut)
+            admitted = bound.admit(body.stream, body.text, body.cut)
             if admitted is None:
                 return
             text, cut = admitted

@@ -106,7 +106,6 @@ class HostBound:
     def __init__(self, max_chars: int = MAX_CHARS, max_batches: int = MAX_BATCHES) -> None:
         self.max_chars = max_chars
         self.max_batches = max_batches
-        self._note = cut_note(max_chars, max_batches)
         self.chars = 0
         self.batches = 0
         self.over = False
@@ -119,5 +118,6 @@ class HostBound:
         self.batches += 1
         if cut or self.chars > self.max_chars or self.batches > self.max_batches:
             self.over = True
-            return (text if cut and len(text) <= len(self._note) else self._note), True
+            note = cut_note(self.max_chars, self.max_batches)  # (once, at the bound)
+            return (text if cut and len(text) <= len(note) else note), True
         return text, False
