@@ -257,7 +257,7 @@ class Dispatcher:
         for at, (job, worker) in enumerate(sends):
             env = job.env
             if job.for_worker is not None:
-                env = dataclasses.replace(env, body=job.for_worker(worker.id))
+                env = env.with_body(job.for_worker(worker.id))
             try:
                 self.work.send(env, worker.id)
             except BadFrame as exc:
