@@ -79,3 +79,4 @@ def test_with_body_is_replace_of_the_body():
                    deadline=5.0, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
     other = ToolJob("read_file", {"path": "x"})
     assert env.with_body(other) == dataclasses.replace(env, body=other)
+
