@@ -264,7 +264,8 @@ class ReaderPool:
                    launch: Callable[[int], Awaitable[SandboxedChild]],
                    request: bytes, cap: int, timeout_s: float) -> bytes:
         """One request on a reader of `key` (`launch(socket_fd)` starts a new one); its
-        reply. The whole call, a reader's start included, is bounded by `timeout_s`.
+        reply. The whole call, a reader's start included, is bounded by `timeout_s` (by
+        its own timer, or by the enclosing bound `BOUND_AT` when that ends it no later).
 
         Raises ToolRefused when a fresh reader was refused by a layer, OSError when
         it died without a reply, BadReply on nonsense.
