@@ -298,6 +298,10 @@ class Dispatcher:
                 self._requeue([(j, w) for j, w, _ in out[at:] if w is worker])
                 log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)
                 self._worker_died(worker.id)  # (its jobs go to the workers left)
+            except BusError as exc:  # the socket closed: the supervisor is stopping
+                log.info("%d job(s) not sent: %s", len(out) - at, exc)
+                self._requeue([(j, w) for j, w, _ in out[at:] if w.id not in dropped])
+                return
 
     def _requeue(self, unsent: list[tuple[Job, WorkerState]]) -> None:
         """Matched jobs that were not sent: their slots freed, first in their queues again

@@ -10,7 +10,7 @@ import asyncio
 from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.jobstate import Job
 from bus.codec import decode
-from bus.errors import PeerGone
+from bus.errors import Closed, PeerGone
 from bus.messages import Abort, Disconnect, Envelope, Ready, ToolJob, ToolResult
 
 
@@ -24,11 +24,14 @@ class Pipe:
     def __init__(self) -> None:
         self.sent: list[tuple[Envelope, bytes | None]] = []
         self.gone: set[bytes] = set()
+        self.closed = False
 
     def send(self, env: Envelope, peer: bytes | None = None) -> None:
         self.sent.append((env, peer))
 
     def send_frame(self, frame: bytes, peer: bytes | None = None) -> None:
+        if self.closed:
+            raise Closed("port work is closed")
         if peer in self.gone:
             raise PeerGone(peer or b"")
         self.sent.append((decode(frame), peer))
@@ -129,5 +132,19 @@ def test_jobs_matched_when_the_dispatcher_is_held_wait_for_the_release() -> None
         await asyncio.sleep(0)
         assert jobs_to(work, b"ex") == [job.id]
         assert not [env for env, _ in work.sent if isinstance(env.body, Abort)]
+
+    asyncio.run(main())
+
+
+def test_jobs_left_unsent_by_a_closed_socket_wait_again_without_an_error() -> None:
+    async def main() -> None:
+        work = Pipe()
+        dispatcher = Dispatcher(work, Pipe())  # type: ignore[arg-type]
+        executor(dispatcher, b"ex")
+        job = submit(dispatcher, "c1")
+        work.closed = True  # (the supervisor stopping)
+        await asyncio.sleep(0)
+        assert job.worker is None and not job.future.done()
+        assert [j for q in dispatcher.queues.values() for j in q] == [job]
 
     asyncio.run(main())
