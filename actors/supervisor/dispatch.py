@@ -257,9 +257,8 @@ class Dispatcher:
         return sid in worker.sessions
 
     def _send_jobs(self, key: tuple[str, str | None]) -> None:
-        """Send what `_pump` matches in queue `key`. A job no worker can take fails; a
-        worker found unreachable is dropped, and the jobs not yet sent wait again, in
-        order, for the others."""
+        """Encode what `_pump` matches in queue `key` into the outbox (`_send_out` sends
+        it once this turn of the loop is over). A job no worker can take fails."""
         for job, worker in self._pump(key):
             env = job.env
             if job.for_worker is not None:
@@ -400,7 +399,7 @@ class Dispatcher:
                         ready.capacity)
             return
         problem = machine_problem(ready.machine, self.work.user_id,
-                                   self.local_worker_keys)
+                                  self.local_worker_keys)
         if problem is not None:
             # Not registered, and told why: it stops (`oploop worker` exits saying so).
             log.warning("worker %r refused: %s", peer, problem)
