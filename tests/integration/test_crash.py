@@ -21,12 +21,14 @@ from hostkit import (
     assert_one_run,
     of_type,
     oploop,
+    processes_of_home,
     processes_with,
     run,
     running_host,
     scripted_host,
     unique_mark,
     until,
+    wait_until,
     workspace,
 )
 
@@ -192,6 +194,7 @@ def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp
     assert up.returncode == 0, up.stderr
     state = json.loads((Path(short_home) / "run" / "host.json").read_text())
     procs = [psutil.Process(a["pid"]) for a in state["actors"]]
+    assert {state["pid"], *(p.pid for p in procs)} <= set(processes_of_home(short_home))
 
     async def start_and_kill_the_host():
         async with Client.connect(Path(short_home)) as client:
@@ -212,6 +215,9 @@ def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp
     sid = asyncio.run(start_and_kill_the_host())
     _, alive = psutil.wait_procs(procs, timeout=WAIT_S)
     assert not alive, [p.pid for p in alive]
+    # Every process of the old host, not only those listed at `up` (an actor it
+    # restarted since): none may still speak to the next host's supervisor.
+    wait_until(lambda: not processes_of_home(short_home), what="the old host's processes")
     asyncio.run(until(lambda: not marked(), what="the tool to die with its executor"))
     # The next host's model is a new process: it plays on from the turn after the tool.
     scenario.write_text(json.dumps({"scripts": {"tool": [OK]}}))
