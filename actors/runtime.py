@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from actors.config import ConfigError
 from actors.settings import PARENT_PID_ENV, READY_FD_ENV, Settings, load_settings
 
-__all__ = ["PARENT_PID_ENV", "READY_FD_ENV", "join_host", "notify_ready", "run_actor",
-           "until_signal"]
+__all__ = ["PARENT_PID_ENV", "READY_FD_ENV", "host_gone", "join_host", "notify_ready",
+           "run_actor", "stop_now", "stopping", "until_signal"]
 
 _PR_SET_PDEATHSIG = 1
 #: Seconds between two `malloc_trim(0)` calls in every actor. glibc keeps what a burst
@@ -32,6 +32,10 @@ HEAP_TRIM_S = 10.0
 GC_YOUNG_THRESHOLD = 20_000
 #: The ready pipe of this process (`Settings.ready_fd`), until `notify_ready` uses it.
 _ready_fd: int | None = None
+#: The pid of the host this actor dies with (`die_with_parent`), None if it dies with none.
+_host_pid: int | None = None
+#: Set once a SIGTERM/SIGINT asked this actor to stop (`until_signal`).
+_stop_asked = False
 
 
 def setup_logging(name: str, level: str = "WARNING") -> None:
@@ -48,8 +52,10 @@ def die_with_parent(expected: int | None) -> None:
 
     Done in the child itself at start-up (not as `preexec_fn`, which is unsafe in
     a threaded parent). The parent pid the host passed (`expected`) closes the race
-    of a host that died before prctl ran.
+    of a host that died before prctl ran, and is what `host_gone` compares with.
     """
+    global _host_pid
+    _host_pid = expected or None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -57,6 +63,26 @@ def die_with_parent(expected: int | None) -> None:
         return
     if expected and os.getppid() != expected:
         sys.exit(0)
+
+
+def host_gone() -> bool:
+    """Whether the host this actor dies with has died (it has a new parent). True from
+    the host's death on: the kernel re-parents all the host's children, in one pass as
+    it exits, each before it sends it the death signal, so a sibling that acts on that
+    signal (an executor saying goodbye) finds it true in the others already."""
+    return _host_pid is not None and os.getppid() != _host_pid
+
+
+def stopping() -> bool:
+    """Whether this actor is on its way out: asked to stop (SIGTERM/SIGINT, handled or
+    not yet unwound), or its host died (its SIGTERM is on its way). What it still says
+    then must not look like news of a live process (a worker's `Ready`)."""
+    return _stop_asked or host_gone()
+
+
+def stop_now() -> None:
+    """Stop this actor as its SIGTERM would (the same handler: `until_signal`)."""
+    signal.raise_signal(signal.SIGTERM)
 
 
 def notify_ready() -> None:
@@ -133,8 +159,14 @@ async def until_signal(name: str, main: Awaitable[None]) -> None:
     """Await `main`, cancelling it on SIGTERM/SIGINT (a cancel is a clean stop)."""
     task = asyncio.ensure_future(main)
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        global _stop_asked
+        _stop_asked = True  # (at once: the cancel unwinds over the next iterations)
+        task.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop)
     try:
         await task
     except asyncio.CancelledError:

@@ -12,6 +12,12 @@ the jobs it held (the supervisor makes those model calls again); an executor
 (`adopts`) keeps its tool jobs running and lists them in that `Ready`, with the
 results of those that ended meanwhile (kept, and sent again after it): the new
 supervisor adopts what a resumed run still waits for and aborts the rest.
+
+A worker on its way out (asked to stop, or its host died) never announces itself: a
+`Ready` then would offer a supervisor jobs that are being torn down. A host's own
+worker whose host died leaves without a word: that supervisor is stopping too, and
+a goodbye would have it write off the calls in hand ("executor left") just before it
+stops, where the next host's resume answers them "interrupted".
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 import zmq
 
+from actors import runtime
 from actors.machines import EXIT_MACHINE_REFUSED, EXIT_REFUSED
 from actors.runtime import notify_ready
 from bus.codec import MAX_FRAME_BYTES, encode
@@ -157,6 +164,15 @@ class Worker(ABC):
         self._sent = itertools.count(1)
         self._ready_no = 0  # the number of our latest Ready
         self._group: asyncio.TaskGroup | None = None
+        #: Whether this process is on its way out (asked to stop, or its host died:
+        #: `runtime.stopping`); set `_leaving` too once `serve` unwinds.
+        self.stopping: Callable[[], bool] = runtime.stopping
+        self._leaving = False
+        #: Whether the supervisor's host died: this worker's own host, for a worker of
+        #: the host (`runtime.host_gone`); a worker elsewhere cannot tell (its parent is
+        #: `oploop worker`), and its supervisor lives on when it goes.
+        self.host_gone: Callable[[], bool] = (
+            (lambda: False) if endpoints.remote else runtime.host_gone)
 
     # -- what a role provides ----------------------------------------------------------
 
@@ -300,7 +316,17 @@ class Worker(ABC):
         """Send an intermediate message (delta, retrying) for the job of `env`."""
         self.send(body, job=env.job, sid=env.sid)
 
+    def leaving(self) -> bool:
+        """Whether this worker is on its way out (`serve` unwinding, asked to stop, or
+        its host died): then it never announces itself again."""
+        return self._leaving or self.stopping()
+
     def _say_ready(self) -> None:
+        if self.leaving():
+            # Its jobs are being torn down with it (never to be adopted), and the
+            # supervisor that would register it may be a new host's.
+            log.info("%s: on its way out: not announcing itself", self.worker_id)
+            return
         # The supervisor has written those jobs off already (an adopting worker's replies
         # to calls are kept: sent again after the Ready).
         dropped = [e for e in self._unsent if e.job not in self._kept]
@@ -330,7 +356,11 @@ class Worker(ABC):
     def _announce_again(self) -> None:
         """The supervisor does not know us (it restarted, or declared us dead): announce
         ourselves again. The jobs we hold are abandoned, unless we adopt: then they go
-        on, reported in the `Ready` (the supervisor aborts those nobody waits for)."""
+        on, reported in the `Ready` (the supervisor aborts those nobody waits for).
+        Not on its way out (`leaving`): what it holds ends with it."""
+        if self.leaving():
+            log.info("%s: on its way out: not announcing itself again", self.worker_id)
+            return
         if self.adopts:
             self._abandon_jobs(lambda env: not getattr(env.body, "call_id", ""))
         else:
@@ -510,9 +540,13 @@ class Worker(ABC):
                   flush=True)
             raise SystemExit(EXIT_MACHINE_REFUSED if self.why else EXIT_REFUSED) from None
         finally:
-            self._send_out()  # (what the last turn sent, before the goodbye)
-            with contextlib.suppress(BusError):
-                self.work.send(Envelope(Disconnect()))
+            self._leaving = True
+            self._send_out()  # (what the last turn sent goes, as it would have at once)
+            if self.host_gone():
+                log.info("%s: the host died: leaving without a word", self.worker_id)
+            else:  # (its calls in hand fail at once, "executor left", never run again)
+                with contextlib.suppress(BusError):
+                    self.work.send(Envelope(Disconnect()))
             self.reactor.close()
 
 

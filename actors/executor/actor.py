@@ -248,7 +248,8 @@ class Executor(Worker):
 
     def _say_ready(self) -> None:
         super()._say_ready()
-        self._mcp_changed()  # the servers' states, which `Ready` does not carry
+        if not self.leaving():  # (no Ready went)
+            self._mcp_changed()  # the servers' states, which `Ready` does not carry
 
     async def prepare(self) -> None:
         """Before the first `Ready`: every MCP server has listed its tools or failed to

@@ -299,7 +299,11 @@ class Host:
         self._stopping = True
         for task in self._watchers:
             task.cancel()
-        await stop_all(self.children)
+        # The supervisor, the one writer of the session log, stops first, the workers
+        # still there: what it hears as it stops must not be news of the stop itself
+        # (an executor's goodbye would end its calls "executor left", where the next
+        # start's resume answers them "interrupted").
+        await stop_all(self.children, first=("supervisor",))
         self.endpoints.remove_stale()
         for name in (STATE_FILE, OFFLINE_PORT_FILE, WEB_URL_FILE, NETWORK_FILE, LOCK_FILE):
             (self.run_dir / name).unlink(missing_ok=True)

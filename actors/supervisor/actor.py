@@ -20,7 +20,7 @@ from actors.core.session import Session
 from actors.logstore import is_pg_url, open_store
 from actors.machines import LOCAL
 from actors.pgleases import LeaseLost
-from actors.runtime import notify_ready, run_actor
+from actors.runtime import host_gone, notify_ready, run_actor, stop_now
 from actors.sessionlog import JournalError, JournalFull, Record
 from actors.settings import Settings
 from actors.storage import SESSIONS_FILE
@@ -762,6 +762,10 @@ async def _main(settings: Settings) -> None:
     supervisor.runs.end_at_stop = settings.embedded
     # Restarted by the host, alone: its executors may still run the calls in flight.
     supervisor.runs.adopt = settings.restarted
+    # A worker going after our host died went with it: we stop, its calls are not ours
+    # to write off (`Dispatcher._host_died`).
+    supervisor.dispatcher.host_gone = host_gone
+    supervisor.dispatcher.on_host_gone = stop_now
     if settings.traces is not None:  # the SDK is imported only then
         from actors.tracing import RunTracer
 

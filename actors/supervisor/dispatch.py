@@ -10,7 +10,9 @@ has no worker of its role connected.
 A worker missing three heartbeats (or one we cannot route to) is dead: its
 llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
 "executor died", or "machine NAME lost" for a worker machine's (tools have side
-effects: never run one twice).
+effects: never run one twice). Not once our host has died: a worker going then goes
+with that host, and its calls are left to the next host's resume ("interrupted"), the
+supervisor stopping at once (`host_gone`, `on_host_gone`).
 
 Adoption: an executor announcing itself again lists the tool jobs it still holds
 (`Ready.running`). A run a restart resumed waits for its calls in flight (`expect`); a
@@ -127,6 +129,10 @@ class Dispatcher:
         #: Calls in flight that resumed runs wait to adopt: (session, call id) -> (the
         #: machine they ran on, the future the adopted job is given to).
         self.expected: dict[tuple[str, str], tuple[str, asyncio.Future[Job]]] = {}
+        #: Whether the host we run under has died (`runtime.host_gone`; never, by
+        #: default), and what to do then: stop, as its death signal will have us do.
+        self.host_gone: Callable[[], bool] = lambda: False
+        self.on_host_gone: Callable[[], None] = lambda: None
 
     def hold(self, held: bool) -> None:
         """Hold every new job in its queue (`held`), or send what waits again."""
@@ -451,12 +457,16 @@ class Dispatcher:
             job.future.set_result(env)
 
     def _worker_died(self, peer: bytes, reason: str = "died") -> None:
-        """Forget a worker; re-issue its llm jobs, fail its tool jobs."""
+        """Forget a worker; re-issue its llm jobs, fail its tool jobs (unless our host
+        died: `_host_died`)."""
         worker = self.workers.pop(peer, None)
         self.liveness.forget(peer)
         if worker is None:
             return
         self._requeue(self.outbox.take_worker(peer))  # (never sent: they wait for another)
+        if self.host_gone():
+            self._host_died(worker, reason)
+            return
         level = logging.INFO if reason == "left" and not worker.inflight else logging.WARNING
         log.log(level, "worker %s (%s) %s with %d job(s)", peer.decode(errors="replace"),
                 worker.machine, reason, len(worker.inflight))
@@ -485,6 +495,17 @@ class Dispatcher:
                 and not self._serves(worker.role, worker.machine)):
             self._fail_waiting((worker.role, worker.machine))
         self._pump_for(worker)
+
+    def _host_died(self, worker: WorkerState, reason: str) -> None:
+        """`worker` went after our host died: it went with the host (its executor
+        saying goodbye as it stops, or silent), and so do we. Its calls are not written
+        off: a `TOOL_END` "executor left" journaled now would stand where the next
+        host's resume answers them "interrupted" (never run again). They wait; we stop
+        now (`on_host_gone`), leaving every run to that resume, as on our own SIGTERM."""
+        log.warning("worker %s %s with %d job(s) after our host died: stopping, its calls "
+                    "left to the next host's resume", worker.id.decode(errors="replace"),
+                    reason, len(worker.inflight))
+        self.on_host_gone()
 
     def _fail_waiting(self, key: tuple[str, str | None]) -> None:
         """Fail the jobs waiting for machine `key[1]`, which has no worker of their role

@@ -191,6 +191,19 @@ def processes_with(mark: str) -> list[int]:
             if any(mark in part for part in p.info["cmdline"] or ())]
 
 
+def processes_of_home(home: str) -> list[int]:
+    """The pids of every live process of a host of `home`: the host, its actors, the ones
+    it restarted (which its state file listed at no time a test read it), and what they
+    started with their environment: those whose `OPLOOP_HOME` is `home`. (Not this
+    process: its environment names no home.)"""
+    pids = []
+    for p in psutil.process_iter(["environ", "status"]):
+        if p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE and (
+                p.info["environ"] or {}).get("OPLOOP_HOME") == home:
+            pids.append(p.pid)
+    return pids
+
+
 def wait_until(predicate: Any, what: str = "condition", timeout: float = WAIT_S) -> None:
     """Poll an observable state (a process table, a state file) until `predicate()` holds."""
     end = time.monotonic() + timeout

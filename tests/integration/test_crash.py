@@ -21,12 +21,14 @@ from hostkit import (
     assert_one_run,
     of_type,
     oploop,
+    processes_of_home,
     processes_with,
     run,
     running_host,
     scripted_host,
     unique_mark,
     until,
+    wait_until,
     workspace,
 )
 
@@ -181,8 +183,11 @@ def test_start_lost_with_the_supervisor_is_sent_again_and_runs_once(host, tmp_pa
     assert [s["session"] for s in sessions] == [started.session]
 
 
-@pytest.mark.parametrize("stop", ["SIGKILL", "oploop down"])
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGKILL, the supervisor last", "oploop down"])
 def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp_path, stop):
+    """The call in flight ends "interrupted" by the next host's resume, never by the
+    stopping supervisor: not even one that takes its death signal last (held stopped
+    while its executor, dying with the host, kills the tool and goes)."""
     scenario = tmp_path / "scenario.json"
     once = {"reply": [{"type": "tool_use", "name": "shell",
                        "input": {"command": f"echo ran >> started; exec sleep {MARK}0"}}]}
@@ -192,6 +197,7 @@ def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp
     assert up.returncode == 0, up.stderr
     state = json.loads((Path(short_home) / "run" / "host.json").read_text())
     procs = [psutil.Process(a["pid"]) for a in state["actors"]]
+    assert {state["pid"], *(p.pid for p in procs)} <= set(processes_of_home(short_home))
 
     async def start_and_kill_the_host():
         async with Client.connect(Path(short_home)) as client:
@@ -202,6 +208,16 @@ def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp
                     break
             if stop == "SIGKILL":
                 os.kill(state["pid"], signal.SIGKILL)
+            elif stop == "SIGKILL, the supervisor last":
+                supervisor = psutil.Process(actor(short_home, "supervisor")["pid"])
+                supervisor.suspend()  # (SIGSTOP: its death signal waits until SIGCONT)
+                try:
+                    os.kill(state["pid"], signal.SIGKILL)
+                    others = [p for p in procs if p.pid != supervisor.pid]
+                    _, alive = psutil.wait_procs(others, timeout=WAIT_S)
+                    assert not alive, [p.pid for p in alive]
+                finally:
+                    supervisor.resume()
             else:  # a deliberate stop journals the run too, and says it will resume
                 down = oploop(short_home, "down")
                 assert down.returncode == 0, down.stderr
@@ -212,6 +228,9 @@ def test_host_stopped_mid_tool_then_up_again_resumes_the_session(short_home, tmp
     sid = asyncio.run(start_and_kill_the_host())
     _, alive = psutil.wait_procs(procs, timeout=WAIT_S)
     assert not alive, [p.pid for p in alive]
+    # Every process of the old host, not only those listed at `up` (an actor it
+    # restarted since): none may still speak to the next host's supervisor.
+    wait_until(lambda: not processes_of_home(short_home), what="the old host's processes")
     asyncio.run(until(lambda: not marked(), what="the tool to die with its executor"))
     # The next host's model is a new process: it plays on from the turn after the tool.
     scenario.write_text(json.dumps({"scripts": {"tool": [OK]}}))

@@ -27,8 +27,18 @@ def reader_over(ours: socket.socket) -> Reader:
     return Reader(("key",), ("/ws",), None, ours)  # type: ignore[arg-type]
 
 
-def test_replies_in_pieces_and_one_registration_for_many_calls() -> None:
+@pytest.fixture
+def pair():
+    """(the executor's end, the reader's end) of a socket pair, closed after the test."""
     ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def test_replies_in_pieces_and_one_registration_for_many_calls(pair) -> None:
+    ours, theirs = pair
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -48,17 +58,12 @@ def test_replies_in_pieces_and_one_registration_for_many_calls() -> None:
         reader.close_socket()
         assert ours.fileno() == -1
 
-    theirs.setblocking(False)
-    try:
-        asyncio.run(main())
-    finally:
-        ours.close()
-        theirs.close()
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("reply", [framed(b"x" * 100), b"0000000abc", framed(b"ok") + b"more"])
-def test_a_reply_over_its_cap_or_garbled_ends_the_reader(reply: bytes) -> None:
-    ours, theirs = socket.socketpair()
+def test_a_reply_over_its_cap_or_garbled_ends_the_reader(pair, reply: bytes) -> None:
+    ours, theirs = pair
 
     async def main() -> None:
         reader = reader_over(ours)
@@ -67,15 +72,11 @@ def test_a_reply_over_its_cap_or_garbled_ends_the_reader(reply: bytes) -> None:
             await reader.ask(fileops.request(b"R", "/x", 9), 50)
         assert reader.gone
 
-    try:
-        asyncio.run(main())
-    finally:
-        ours.close()
-        theirs.close()
+    asyncio.run(main())
 
 
-def test_bytes_nobody_asked_for_or_eof_end_the_reader() -> None:
-    ours, theirs = socket.socketpair()
+def test_bytes_nobody_asked_for_end_the_reader(pair) -> None:
+    ours, theirs = pair
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -91,14 +92,11 @@ def test_bytes_nobody_asked_for_or_eof_end_the_reader() -> None:
                 await asyncio.sleep(0.001)
         assert await reader.ask(fileops.request(b"R", "/x", 9), 100) == b""
 
-    theirs.setblocking(False)
-    try:
-        asyncio.run(main())
-    finally:
-        ours.close()
-        theirs.close()
+    asyncio.run(main())
 
-    ours, theirs = socket.socketpair()
+
+def test_a_reader_that_dies_before_it_answers_is_gone(pair) -> None:
+    ours, theirs = pair
 
     async def dies() -> None:
         reader = reader_over(ours)
@@ -108,10 +106,7 @@ def test_bytes_nobody_asked_for_or_eof_end_the_reader() -> None:
         assert await asked == b""
         assert reader.gone
 
-    try:
-        asyncio.run(dies())
-    finally:
-        ours.close()
+    asyncio.run(dies())
 
 
 class _Child:
