@@ -226,9 +226,12 @@ class Worker(ABC):
         """Send `frame` (`env` encoded) with the others of this turn of the loop, once it
         is over: the replies of the jobs that ended in one turn go in one burst, which
         libzmq's I/O threads (here and the supervisor's) take in one wake-up."""
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._send_out)
         self._outbox.append((env, frame))
+        if len(self._outbox) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._send_out)
+            except RuntimeError:  # no loop running (a test, a stop): no turn to wait for
+                self._send_out()
 
     def _send_out(self) -> None:
         """Send what `_post` holds, in order. A final reply the socket refuses (its queue
