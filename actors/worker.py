@@ -157,6 +157,8 @@ class Worker(ABC):
         self._aborted_unseen: OrderedDict[str, None] = OrderedDict()
         #: Final replies the work socket refused for a full queue, retried every beat.
         self._unsent: deque[Envelope] = deque()
+        #: What this turn of the loop sends on `work`, in order (`_post`).
+        self._outbox: list[tuple[Envelope, bytes]] = []
         #: Every message on `work` is numbered (its envelope id); the supervisor's
         #: `Disconnect` carries the number of the message it answers.
         self._sent = itertools.count(1)
@@ -211,31 +213,47 @@ class Worker(ABC):
                 raise BadFrame("oversize", f"{len(frame)} bytes > {self.max_reply_bytes}",
                                body.KIND)
             self._keep(env, len(frame))
-            self.work.send_frame(frame)
         except BadFrame as exc:
             log.error("%s: %s of job %s cannot be sent: %s", self.worker_id, body.KIND,
                       job or "-", exc)
             if isinstance(body, _FINAL):
                 self._send_final(unsendable(body, exc), number, job, sid)
-        except Backpressure as exc:
-            if isinstance(body, _FINAL):
-                self._keep_unsent(env)
-            else:
-                log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
-        except BusError as exc:
-            log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+            return number
+        self._post(env, frame)
         return number
+
+    def _post(self, env: Envelope, frame: bytes) -> None:
+        """Send `frame` (`env` encoded) with the others of this turn of the loop, once it
+        is over: the replies of the jobs that ended in one turn go in one burst, which
+        libzmq's I/O threads (here and the supervisor's) take in one wake-up."""
+        self._outbox.append((env, frame))
+        if len(self._outbox) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._send_out)
+            except RuntimeError:  # no loop running (a test, a stop): no turn to wait for
+                self._send_out()
+
+    def _send_out(self) -> None:
+        """Send what `_post` holds, in order. A final reply the socket refuses (its queue
+        full) is retried every beat; anything else that cannot go is logged and dropped."""
+        out, self._outbox = self._outbox, []
+        for env, frame in out:
+            body = env.body
+            try:
+                self.work.send_frame(frame)
+            except Backpressure as exc:
+                if isinstance(body, _FINAL):
+                    self._keep_unsent(env)
+                else:
+                    log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+            except BusError as exc:
+                log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
 
     def _send_final(self, body: JobFailed, number: int, job: str, sid: str) -> None:
         """Send the `JobFailed` standing in for an unsendable reply (small: it encodes)."""
         env = Envelope(body, id=str(number), job=job, sid=sid)
         self._keep(env, 1024)  # (a JobFailed: small)
-        try:
-            self.work.send(env)
-        except Backpressure:
-            self._keep_unsent(env)
-        except BusError as exc:
-            log.warning("%s: could not send %s: %s", self.worker_id, body.KIND, exc)
+        self._post(env, encode(env))  # (after what went before it)
 
     def _keep(self, env: Envelope, size: int) -> None:
         """Keep an adopting worker's final reply to a call (`_kept`), in case the
@@ -322,6 +340,7 @@ class Worker(ABC):
         running = self._running() if self.adopts else []
         self._ready_no = self.send(Ready(self.role, self.capacity, self.tools(), self.machine,
                                          running))
+        self._send_out()  # (now: the Ready goes before the kept replies sent after it)
         with contextlib.suppress(BusError):
             self.control.send(Envelope(ControlHello(self.worker_id)))
         if running:
@@ -525,6 +544,7 @@ class Worker(ABC):
             raise SystemExit(EXIT_MACHINE_REFUSED if self.why else EXIT_REFUSED) from None
         finally:
             self._leaving = True
+            self._send_out()  # (what the last turn sent goes, as it would have at once)
             if self.host_gone():
                 log.info("%s: the host died: leaving without a word", self.worker_id)
             else:  # (its calls in hand fail at once, "executor left", never run again)

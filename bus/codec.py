@@ -21,7 +21,7 @@ import msgpack
 
 from bus.errors import BadFrame
 from bus.limits import MAX_FRAME_BYTES
-from bus.messages import BY_KIND, PROTOCOL_VERSION, Body, Envelope
+from bus.messages import BY_KIND, PROTOCOL_VERSION, Body, Envelope, Event
 
 Check = Callable[[Any], bool]
 
@@ -108,6 +108,7 @@ _NAME_SETS: dict[str, frozenset[str]] = {k: frozenset(names) for k, names in _NA
 
 # One packer per process: every actor encodes from a single event-loop thread.
 _packer = msgpack.Packer(use_bin_type=True)
+_EVENT = Event.KIND
 
 _LIMITS = {
     "max_str_len": MAX_FRAME_BYTES,
@@ -132,6 +133,22 @@ def encode(env: Envelope) -> bytes:
         raise BadFrame("unencodable", str(exc), body.KIND) from exc
     if len(frame) > MAX_FRAME_BYTES:
         raise BadFrame("oversize", f"{len(frame)} bytes > {MAX_FRAME_BYTES}", body.KIND)
+    return frame
+
+
+def encode_event(sid: str, seq: int, type_: str, turn: int, ts: float,
+                 data: dict[str, Any]) -> bytes:
+    """`encode(Envelope(Event(seq, type_, turn, ts, data), sid=sid))`, the same bytes,
+    without making the two frozen objects first (the supervisor encodes every event it
+    stamps: ~4 a turn). Raises `BadFrame` as `encode` does."""
+    fields = {"seq": seq, "type": type_, "turn": turn, "ts": ts, "data": data}
+    try:
+        frame: bytes = _packer.pack([PROTOCOL_VERSION, _EVENT, "", sid, "", 0.0, fields])
+    except (TypeError, ValueError, OverflowError) as exc:
+        _packer.reset()
+        raise BadFrame("unencodable", str(exc), _EVENT) from exc
+    if len(frame) > MAX_FRAME_BYTES:
+        raise BadFrame("oversize", f"{len(frame)} bytes > {MAX_FRAME_BYTES}", _EVENT)
     return frame
 
 

@@ -40,3 +40,19 @@ class Envelope:
     def kind(self) -> str:
         """The body's kind tag."""
         return self.body.KIND
+
+    def with_body(self, body: Body) -> Envelope:
+        """This envelope with `body` instead (`dataclasses.replace(self, body=body)`, at a
+        fraction of its cost: the dispatcher makes one per model call it sends)."""
+        env = object.__new__(Envelope)
+        _set(env, "body", body)
+        _set(env, "id", self.id)
+        _set(env, "sid", self.sid)
+        _set(env, "job", self.job)
+        _set(env, "deadline", self.deadline)
+        _set(env, "v", self.v)
+        _set(env, "traceparent", self.traceparent)
+        return env
+
+
+_set = object.__setattr__

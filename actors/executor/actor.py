@@ -28,7 +28,7 @@ from actors.config import Agent, Config
 from actors.executor.views import Views
 from actors.permissions import refusal_here
 from actors.runtime import run_actor
-from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes
+from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes, readers
 from actors.sandbox.network import NetAccess, access
 from actors.settings import Settings
 from actors.storage import private_files
@@ -326,7 +326,8 @@ class Executor(Worker):
         try:
             # The job's timeout bounds every tool, whatever the tool does itself;
             # cancelling a tool kills the processes it started.
-            async with (asyncio.timeout(timeout_s) if timeout_s is not None else _UNBOUNDED):
+            async with (asyncio.timeout(timeout_s) if timeout_s is not None
+                        else _UNBOUNDED) as scope:
                 # In a thread, inside the timeout: the user's directory may be on a file
                 # system that hangs; the executor's loop keeps serving meanwhile. The
                 # views of the calls started in one turn of the loop share a hop.
@@ -354,9 +355,12 @@ class Executor(Worker):
                 ctx = self._context(env, job, view, start, agent, live,
                                     _sooner(env.deadline, timeout_s))
                 view_set = modes.CURRENT.set(view)  # (this job's own task: `modes.using`)
+                # (the sandboxed reads this scope bounds need no timer of their own)
+                bound_set = readers.BOUND_AT.set(scope.when() if scope is not None else None)
                 try:
                     outcome = await invoke(self.catalogue_for(agent), job.name, job.input, ctx)
                 finally:
+                    readers.BOUND_AT.reset(bound_set)
                     modes.CURRENT.reset(view_set)
                     live.close()  # the last of it goes before the result
         except TimeoutError:

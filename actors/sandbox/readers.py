@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import select
 import socket
@@ -72,6 +73,13 @@ CROWDED_IDLE_S = 0.5
 SWEEP_S = 0.5
 _GONE_S = 2.0  # bound on waiting for retired readers to exit, when the sandbox closes
 _RECV = 64 * 1024  # bytes asked of the socket at least (a reply's first chunk: all of it)
+#: The loop time (`loop.time()`) at which a bound around the whole call ends it (the
+#: executor's job timeout, set in the job's own task), or None. A read whose own timeout
+#: would end no sooner takes no timer of its own: that bound, started first, ends it
+#: first, and cancelling it retires its reader just the same. One timer less per read.
+BOUND_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "oploop_reader_bound_at", default=None)
+_UNBOUNDED = contextlib.nullcontext()
 
 
 def identity(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
@@ -256,7 +264,8 @@ class ReaderPool:
                    launch: Callable[[int], Awaitable[SandboxedChild]],
                    request: bytes, cap: int, timeout_s: float) -> bytes:
         """One request on a reader of `key` (`launch(socket_fd)` starts a new one); its
-        reply. The whole call, a reader's start included, is bounded by `timeout_s`.
+        reply. The whole call, a reader's start included, is bounded by `timeout_s` (by
+        its own timer, or by the enclosing bound `BOUND_AT` when that ends it no later).
 
         Raises ToolRefused when a fresh reader was refused by a layer, OSError when
         it died without a reply, BadReply on nonsense.
@@ -274,7 +283,11 @@ class ReaderPool:
             ours.setblocking(False)
             return Reader(key, paths, child, ours)
 
-        async with asyncio.timeout(timeout_s):
+        bound_at = BOUND_AT.get()
+        scope = (_UNBOUNDED if bound_at is not None
+                 and bound_at <= asyncio.get_running_loop().time() + timeout_s
+                 else asyncio.timeout(timeout_s))
+        async with scope:
             reply, failed = await self.call(key, start, request, cap)
             if failed is None:
                 return reply

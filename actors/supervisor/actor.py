@@ -34,7 +34,7 @@ from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.replay import replay_batch
 from actors.supervisor.runs import PEER, Runs
 from actors.supervisor.workerio import WorkerIO
-from bus.codec import encode
+from bus.codec import encode, encode_event
 from bus.endpoints import Endpoints
 from bus.errors import Backpressure
 from bus.mcpwire import GetPrompt
@@ -43,7 +43,6 @@ from bus.messages import (
     Cancel,
     Envelope,
     ErrorReply,
-    Event,
     EventBatch,
     ForgetSessions,
     InspectSession,
@@ -201,11 +200,10 @@ class Supervisor:
         may wait `TOKEN_COMMIT_S` for more)."""
         ts = time.time()
         seq = session.stamp(type_, data, ts)
-        env = Envelope(Event(seq, type_, turn, ts, data), sid=session.id)
         if self.tracer is not None:  # (off: this test is all it costs)
             self.tracer.on_event(session.id, session.agent.name, session.agent.model_id(),
                                  type_, turn, data, ts)
-        frame = encode(env)
+        frame = encode_event(session.id, seq, type_, turn, ts, data)
         if self.journal is None:
             self._publish(frame, session.id, seq)
             return

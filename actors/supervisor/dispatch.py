@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import itertools
 import logging
 import os
@@ -35,11 +34,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from actors.machines import LOCAL, machine_name_error, machine_of
+from actors.machines import LOCAL, machine_of
 from actors.supervisor.adoption import adopt, reported
 from actors.supervisor.catalogue import Catalogue, mcp_servers, valid_specs
-from actors.supervisor.jobstate import Job, NoCapacity, OnProgress, WorkerState
-from actors.supervisor.machines import Machines
+from actors.supervisor.jobstate import Job, NoCapacity, OnProgress, Outbox, WorkerState
+from actors.supervisor.machines import Machines, ip_of, machine_problem
+from bus.codec import encode
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
 from bus.mcpwire import Elicit, Sample
@@ -124,6 +124,8 @@ class Dispatcher:
         #: New jobs wait in their queues, none sent (the store is out of reach: the
         #: sessions wait for it, `supervisor/outage.py`).
         self.held = False
+        #: Jobs matched and encoded, sent together at the end of the loop's turn.
+        self.outbox = Outbox()
         #: Calls in flight that resumed runs wait to adopt: (session, call id) -> (the
         #: machine they ran on, the future the adopted job is given to).
         self.expected: dict[tuple[str, str], tuple[str, asyncio.Future[Job]]] = {}
@@ -197,6 +199,11 @@ class Dispatcher:
         if not job.future.done():
             job.future.cancel()
         worker = self.workers.get(job.worker) if job.worker else None
+        if worker is not None and self.outbox.drop(job):  # matched, not sent: nothing runs it
+            _unassign(job, worker)
+            self.jobs.pop(job.id, None)
+            self._pump_for(worker)  # (its slot is free again)
+            return
         if worker is None:  # still queued (or its worker is gone): nothing runs it
             self.jobs.pop(job.id, None)
             queue = self.queues.get(job.queue)
@@ -256,16 +263,14 @@ class Dispatcher:
         return sid in worker.sessions
 
     def _send_jobs(self, key: tuple[str, str | None]) -> None:
-        """Send what `_pump` matches in queue `key`. A job no worker can take fails; a
-        worker found unreachable is dropped, and the jobs not yet sent wait again, in
-        order, for the others."""
-        sends = self._pump(key)
-        for at, (job, worker) in enumerate(sends):
+        """Encode what `_pump` matches in queue `key` into the outbox (`_send_out` sends
+        it once this turn of the loop is over). A job no worker can take fails."""
+        for job, worker in self._pump(key):
             env = job.env
             if job.for_worker is not None:
-                env = dataclasses.replace(env, body=job.for_worker(worker.id))
+                env = env.with_body(job.for_worker(worker.id))
             try:
-                self.work.send(env, worker.id)
+                frame = encode(env)
             except BadFrame as exc:
                 # Unencodable or over the frame limit (a 17 MB tool input, a history
                 # too large): no worker can take it. It fails; no slot was taken.
@@ -275,15 +280,40 @@ class Dispatcher:
                     exc.reason, f"the {env.kind} cannot be sent to a worker: {exc.detail}",
                 ), job=job.id))
                 continue
+            if not self.outbox:
+                asyncio.get_running_loop().call_soon(self._send_out)
+            self.outbox.add(job, worker, frame)
+
+    def _send_out(self) -> None:
+        """Send the outbox, in order. A worker found unreachable is dropped, and its jobs
+        not yet sent wait again, first in their queues, for the others. Held (the store
+        out of reach), every job waits again."""
+        out = self.outbox.take()
+        if self.held:
+            self._requeue([(job, worker) for job, worker, _ in out])
+            return
+        dropped: set[bytes] = set()
+        for at, (_, worker, frame) in enumerate(out):
+            if worker.id in dropped:
+                continue
+            try:
+                self.work.send_frame(frame, worker.id)
             except (PeerGone, Backpressure) as exc:
-                queue = self.queues.setdefault(key, deque())
-                for unsent, to in reversed(sends[at:]):
-                    _unassign(unsent, to)
-                    queue.appendleft(unsent)
+                dropped.add(worker.id)
+                self._requeue([(j, w) for j, w, _ in out[at:] if w is worker])
                 log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)
-                self._worker_died(worker.id)
-                self._send_jobs(key)  # to the workers left
+                self._worker_died(worker.id)  # (its jobs go to the workers left)
+            except BusError as exc:  # the socket closed: the supervisor is stopping
+                log.info("%d job(s) not sent: %s", len(out) - at, exc)
+                self._requeue([(j, w) for j, w, _ in out[at:] if w.id not in dropped])
                 return
+
+    def _requeue(self, unsent: list[tuple[Job, WorkerState]]) -> None:
+        """Matched jobs that were not sent: their slots freed, first in their queues again
+        (in the order they had)."""
+        for job, worker in reversed(unsent):
+            _unassign(job, worker)
+            self.queues.setdefault(job.queue, deque()).appendleft(job)
 
     def _pump_for(self, worker: WorkerState) -> None:
         """Send waiting jobs `worker` could take: its machine's, then anyone's."""
@@ -374,8 +404,8 @@ class Dispatcher:
             log.warning("worker %r announced bad role/capacity %r/%r", peer, ready.role,
                         ready.capacity)
             return
-        problem = _machine_problem(ready.machine, self.work.user_id,
-                                   self.local_worker_keys)
+        problem = machine_problem(ready.machine, self.work.user_id,
+                                  self.local_worker_keys)
         if problem is not None:
             # Not registered, and told why: it stops (`oploop worker` exits saying so).
             log.warning("worker %r refused: %s", peer, problem)
@@ -400,7 +430,7 @@ class Dispatcher:
         worker.inflight.update(going_on)
         self._adopt(worker, [e for e in running if e["job"] not in going_on])
         self.machines.joined(worker.machine, worker.role, peer.decode(errors="replace"),
-                             _ip(self.work.peer_address), self.work.user_id or "")
+                             ip_of(self.work.peer_address), self.work.user_id or "")
         log.info("worker %s ready: %s x%d on %s", peer.decode(errors="replace"), ready.role,
                  ready.capacity, worker.machine)
         self._send_quiet(peer, Heartbeat())  # accepted: a worker elsewhere waits for word
@@ -433,6 +463,7 @@ class Dispatcher:
         self.liveness.forget(peer)
         if worker is None:
             return
+        self._requeue(self.outbox.take_worker(peer))  # (never sent: they wait for another)
         if self.host_gone():
             self._host_died(worker, reason)
             return
@@ -571,37 +602,6 @@ def _unassign(job: Job, worker: WorkerState) -> None:
     job.worker = None
     job.dispatches -= 1
     worker.give(job)
-
-
-def _machine_problem(machine: str, user_id: str | None,
-                     local_keys: frozenset[str] = frozenset()) -> str | None:
-    """Why a worker may not serve as `machine`, or None. Over CURVE its key decides: a
-    `worker:NAME` key may serve machine NAME, no other, so a key cannot take the tool
-    calls aimed at another machine; nor, unnamed, the host's own (`local`) calls,
-    unless the host lists the key in `[network] local_worker_keys`. The local key
-    (the host's own workers) and plain ipc serve as `local`."""
-    key_role, _, key_name = (user_id or "").partition(":")
-    if not machine:
-        if key_role == "worker" and key_name not in local_keys:
-            return (f"its key {key_name!r} serves machine {key_name!r} only: start it with "
-                    f"--machine {key_name} (or list the key in [network] local_worker_keys "
-                    "to let it serve as the host's own)")
-        return None
-    problem = machine_name_error(machine)
-    if problem is None and machine == LOCAL:
-        problem = f"{LOCAL!r} is the host's own machine"
-    if problem is None and key_role == "worker" and key_name != machine:
-        problem = f"its key {key_name!r} may serve machine {key_name!r}, not {machine!r}"
-    return problem
-
-
-def _ip(address: str | None) -> str:
-    """A worker's address if it is an IP one (TCP); "" over ipc, whose Peer-Address is
-    no address of a machine."""
-    try:
-        return str(ipaddress.ip_address(address or ""))
-    except ValueError:
-        return ""
 
 
 def _absent(role: str, machine: str) -> JobFailed:

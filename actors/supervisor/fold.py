@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from actors.bounds import pack
 from actors.config import Agent
 from actors.core.context import ContextView
 from actors.core.fold import fold_event
@@ -117,7 +118,7 @@ def record_delta(ops: list[list[Any]], extras: dict[str, Any] | None = None) -> 
     """The `delta` column of a record: history ops and event extras, or None if empty."""
     if not ops and not extras:
         return None
-    packed: bytes = msgpack.packb({"h": ops, "x": extras or {}}, use_bin_type=True)
+    packed: bytes = pack({"h": ops, "x": extras or {}})
     return packed
 
 
@@ -145,19 +146,16 @@ def _agent_dict(agent: Agent) -> dict[str, Any]:
 
 def session_row(session: Session) -> SessionRow:
     """The session's small row as it is now."""
-    meta: bytes = msgpack.packb({"agent": _agent_dict(session.agent), "cwd": session.cwd},
-                                use_bin_type=True)
+    meta: bytes = pack({"agent": _agent_dict(session.agent), "cwd": session.cwd})
     # Written with the run's end, before the task that ran it has unwound: the row
     # says what the session is once it has (listed from the log from then on).
-    summary: bytes = msgpack.packb({**session.summary(),
-                                    "state": "running" if not session.run_over else "idle"},
-                                   use_bin_type=True)
+    summary: bytes = pack({**session.summary(),
+                           "state": "running" if not session.run_over else "idle"})
     stop: bytes | None = None
     if (session.stop_request or session.said) and not session.run_over:
         # What the open run was asked and has not yet taken: an operation cancel, and
         # messages said into it (`[run, stop_request, [[text, by], ...]]`).
-        stop = msgpack.packb([session.runs, session.stop_request,
-                              [list(m) for m in session.said]], use_bin_type=True)
+        stop = pack([session.runs, session.stop_request, [list(m) for m in session.said]])
     return SessionRow(session.id, session.created, meta, summary, time.time(),
                       not session.run_over, stop)
 
@@ -181,7 +179,7 @@ def _parts(session: Session, history: list[Message]) -> tuple[list[bytes],
         if i < len(known) and known[i][0] is message:
             digests.append(known[i][1])
             continue
-        data: bytes = msgpack.packb(message, use_bin_type=True)
+        data: bytes = pack(message)
         digest = blake2b(data, digest_size=PART_DIGEST_BYTES).digest()
         if i < len(known):
             known[i] = (message, digest)
@@ -206,7 +204,7 @@ def snapshot(session: Session, history_parts: list[bytes]) -> bytes:
                         for k, o in session.outcomes.items()}
     data["meter"] = session.meter.to_state()
     data["timeline"] = session.timeline.to_state()
-    packed: bytes = msgpack.packb(data, use_bin_type=True)
+    packed: bytes = pack(data)
     return packed
 
 

@@ -86,3 +86,46 @@ class Job:
     def queue(self) -> tuple[str, str | None]:
         """The key of the queue it waits in: its role and machine."""
         return self.role, self.machine
+
+
+class Outbox:
+    """Jobs matched to workers and encoded, to be sent together once the loop's turn is
+    over (`Dispatcher._send_out`): the sends of a turn then go in one burst, which
+    libzmq's I/O thread takes in one wake-up, and each worker receives them in one read
+    and serves them in one round. One at a time, each send woke the I/O threads of both
+    sides and the worker's loop again (issue 28: ~0.3 ms of CPU a turn in all).
+
+    A job in the outbox holds its worker's slot, as one sent; it is never sent once
+    aborted or its worker gone (`drop`, `take_worker`)."""
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[Job, WorkerState, bytes]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def add(self, job: Job, worker: WorkerState, frame: bytes) -> None:
+        """Send `frame` (the encoded `job`) to `worker` with the others."""
+        self._jobs[job.id] = (job, worker, frame)
+
+    def take(self) -> list[tuple[Job, WorkerState, bytes]]:
+        """Everything to send, in the order it came; the outbox is then empty."""
+        out = list(self._jobs.values())
+        self._jobs.clear()
+        return out
+
+    def drop(self, job: Job) -> bool:
+        """Leave `job` unsent; whether it was waiting here."""
+        return self._jobs.pop(job.id, None) is not None
+
+    def take_worker(self, peer: bytes) -> list[tuple[Job, WorkerState]]:
+        """The jobs waiting here for worker `peer`, in order, taken out."""
+        mine = [(jid, job, w) for jid, (job, w, _) in self._jobs.items() if w.id == peer]
+        for jid, _, _ in mine:
+            del self._jobs[jid]
+        return [(job, w) for _, job, w in mine]

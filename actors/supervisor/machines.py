@@ -9,11 +9,12 @@ the listing is bounded (`MAX_GONE` gone machines, oldest forgotten first).
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.machines import LOCAL
+from actors.machines import LOCAL, machine_name_error
 
 #: Machines with no worker left that stay listed (as lost or left), at most.
 MAX_GONE = 256
@@ -99,3 +100,34 @@ class Machines:
         now = time.time()
         order = sorted(self.known.values(), key=lambda m: (m.name != LOCAL, m.name))
         return [m.describe(now) for m in order]
+
+
+def machine_problem(machine: str, user_id: str | None,
+                     local_keys: frozenset[str] = frozenset()) -> str | None:
+    """Why a worker may not serve as `machine`, or None. Over CURVE its key decides: a
+    `worker:NAME` key may serve machine NAME, no other, so a key cannot take the tool
+    calls aimed at another machine; nor, unnamed, the host's own (`local`) calls,
+    unless the host lists the key in `[network] local_worker_keys`. The local key
+    (the host's own workers) and plain ipc serve as `local`."""
+    key_role, _, key_name = (user_id or "").partition(":")
+    if not machine:
+        if key_role == "worker" and key_name not in local_keys:
+            return (f"its key {key_name!r} serves machine {key_name!r} only: start it with "
+                    f"--machine {key_name} (or list the key in [network] local_worker_keys "
+                    "to let it serve as the host's own)")
+        return None
+    problem = machine_name_error(machine)
+    if problem is None and machine == LOCAL:
+        problem = f"{LOCAL!r} is the host's own machine"
+    if problem is None and key_role == "worker" and key_name != machine:
+        problem = f"its key {key_name!r} may serve machine {key_name!r}, not {machine!r}"
+    return problem
+
+
+def ip_of(address: str | None) -> str:
+    """A worker's address if it is an IP one (TCP); "" over ipc, whose Peer-Address is
+    no address of a machine."""
+    try:
+        return str(ipaddress.ip_address(address or ""))
+    except ValueError:
+        return ""

@@ -236,8 +236,13 @@ async def invoke(
 
 
 async def _run(found: Tool, kwargs: dict[str, Any], ctx: ToolContext[Any]) -> ToolOutcome:
-    remaining = None if ctx.deadline is None else ctx.deadline - time.time()
-    if remaining is not None and remaining <= 0:
+    if ctx.deadline is None:  # (no scope then: an executor's usual call, bounded outside)
+        try:
+            return await found.call(kwargs, ctx)
+        except Exception as exc:  # the RPC edge: any tool bug becomes an error result
+            return _failed(found.name, exc)
+    remaining = ctx.deadline - time.time()
+    if remaining <= 0:
         return ToolOutcome.error(f"{found.name}: deadline passed before the call started")
     scope = asyncio.timeout(remaining)
     try:

@@ -9,6 +9,7 @@ from typing import Any
 
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher
+from bus.codec import decode
 from bus.messages import Abort, Envelope, JobFailed, Ready, ToolJob, ToolOutput, ToolResult
 
 
@@ -24,6 +25,9 @@ class Pipe:
 
     def send(self, env: Envelope, peer: bytes | None = None) -> None:
         self.sent.append((env, peer))
+
+    def send_frame(self, frame: bytes, peer: bytes | None = None) -> None:
+        self.sent.append((decode(frame), peer))
 
 
 def entry(job: str, sid: str, call: str, done: bool = False) -> dict[str, Any]:
@@ -90,6 +94,8 @@ def test_a_worker_that_re_announces_itself_keeps_the_jobs_it_reports():
                                  deadline=0.0, on_progress=lambda env: None)
         lost = dispatcher.submit("tool", ToolJob("shell", {}, call_id="c2"), sid="s2",
                                  deadline=0.0, on_progress=lambda env: None)
+        await asyncio.sleep(0)  # (the loop's turn is over: both are sent)
+        assert [env.job for env, _ in work.sent[-2:]] == [kept.id, lost.id]
         dispatcher.handle_work(b"ex", ready(entry(kept.id, "s1", "c1")), b"")
         assert not kept.future.done()
         assert lost.future.result().body.error == "worker_died"

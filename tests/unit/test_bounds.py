@@ -241,3 +241,11 @@ def test_build_request_with_a_session_memo_sends_what_it_would_without() -> None
             {"type": "tool_use", "id": f"t{turn}", "name": "read_file", "input": {}}]},
             {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": f"t{turn}", "content": "x" * 99}]}]
+
+
+def test_pack_is_packb_and_recovers_from_a_refusal():
+    value = {"h": [["user", [{"type": "text", "text": "é"}]]], "b": b"\x00", "n": 2**40}
+    assert bounds.pack(value) == msgpack.packb(value, use_bin_type=True)
+    with pytest.raises(TypeError):
+        bounds.pack({"nested": [1, 2, object()]})  # (fails midway, the buffer half written)
+    assert bounds.pack([1, "x"]) == msgpack.packb([1, "x"], use_bin_type=True)

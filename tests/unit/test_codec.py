@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 
-from bus.codec import MAX_FRAME_BYTES, decode, encode
+from bus.codec import MAX_FRAME_BYTES, decode, encode, encode_event
 from bus.errors import BadFrame
 from bus.messages import MESSAGE_TYPES, Envelope, Event, StartRun, ToolJob
 
@@ -54,3 +56,27 @@ def test_bool_is_not_an_int():
         decode(frame)
     job = Envelope(ToolJob("shell", {"command": "ls"}))
     assert decode(encode(job)).body.input == {"command": "ls"}
+
+
+def test_encode_event_is_encode_of_the_event_envelope():
+    from bus.vocab import EventType
+    data = {"tool_use_id": "t1", "output": "é" * 3, "usage": {"cost_usd": 1.5e-05}}
+    for type_ in (EventType.TOOL_END, "TURN_START"):
+        env = Envelope(Event(7, type_, 2, 1733500000.25, data), sid="s1")
+        frame = encode_event("s1", 7, type_, 2, 1733500000.25, data)
+        assert frame == encode(env)
+        assert decode(frame) == env
+    with pytest.raises(BadFrame) as bad:
+        encode_event("s1", 1, "TOKEN", 1, 0.0, {"text": "x" * MAX_FRAME_BYTES})
+    assert bad.value.reason == "oversize"
+    with pytest.raises(BadFrame) as bad:
+        encode_event("s1", 1, "TOKEN", 1, 0.0, {"text": object()})
+    assert bad.value.reason == "unencodable"
+
+
+def test_with_body_is_replace_of_the_body():
+    env = Envelope(ToolJob("shell", {"command": "ls"}), id="j1", sid="s", job="j1",
+                   deadline=5.0, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+    other = ToolJob("read_file", {"path": "x"})
+    assert env.with_body(other) == dataclasses.replace(env, body=other)
+

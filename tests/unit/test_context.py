@@ -6,6 +6,7 @@ counting and summaries through the real SDK."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import anthropic
@@ -424,3 +425,18 @@ def test_the_llm_callers_backend_counts_tokens_through_the_sdk():
             await server.aclose()
 
     asyncio.run(main())
+
+
+def test_a_blocks_json_length_is_json_dumps_length():
+    from actors.core.context import _json_len  # (the estimate's own measure)
+
+    blocks_ = [
+        "plain", "é\n\"quoted\"\t\u2028", {"type": "text", "text": "ü" * 3},
+        {"type": "tool_use", "id": "t", "name": "n", "input": {"a": [1, 2.5, None, True]}},
+        {"x": float("nan"), "y": float("inf"), "z": -0.0, "n": 10**20, 3: "int key"},
+        [], {}, 7, None,
+    ]
+    for block in blocks_:
+        assert _json_len(block) == len(json.dumps(block)), block
+    with pytest.raises(TypeError):
+        _json_len({"bytes": b"x"})

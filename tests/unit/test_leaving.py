@@ -82,7 +82,7 @@ def test_a_host_worker_whose_host_died_leaves_without_a_word(tmp_path):
     assert asyncio.run(serve_then_stop(Caller(tmp_path), True)) == [Ready]
 
 
-def _dispatcher_with_a_call(host_gone: bool) -> tuple[Dispatcher, Any, list[int]]:
+async def _dispatcher_with_a_call(host_gone: bool) -> tuple[Dispatcher, Any, list[int]]:
     dispatcher = Dispatcher(Pipe(), Pipe())  # type: ignore[arg-type]
     stops: list[int] = []
     dispatcher.host_gone = lambda: host_gone
@@ -90,13 +90,14 @@ def _dispatcher_with_a_call(host_gone: bool) -> tuple[Dispatcher, Any, list[int]
     dispatcher.handle_work(b"ex", Envelope(Ready("tool", 4, [], "", []), id="1"), b"")
     job = dispatcher.submit("tool", ToolJob("shell", {}, call_id="c1"), sid="s1",
                             deadline=0.0, on_progress=lambda env: None)
-    assert job.worker == b"ex"
+    await asyncio.sleep(0)  # (sent once the loop's turn is over: the executor has it)
+    assert job.worker == b"ex" and not dispatcher.outbox
     return dispatcher, job, stops
 
 
 def test_an_executor_leaving_while_the_host_lives_ends_its_calls_at_once():
     async def main() -> None:
-        dispatcher, job, stops = _dispatcher_with_a_call(host_gone=False)
+        dispatcher, job, stops = await _dispatcher_with_a_call(host_gone=False)
         dispatcher.handle_work(b"ex", Envelope(Disconnect(), id="2"), b"")
         failed = job.future.result().body
         assert (failed.error, failed.message) == ("worker_died", "executor left")
@@ -107,7 +108,7 @@ def test_an_executor_leaving_while_the_host_lives_ends_its_calls_at_once():
 
 def test_a_worker_going_after_the_host_died_leaves_its_calls_and_the_supervisor_stops():
     async def main() -> None:
-        dispatcher, job, stops = _dispatcher_with_a_call(host_gone=True)
+        dispatcher, job, stops = await _dispatcher_with_a_call(host_gone=True)
         dispatcher.handle_work(b"ex", Envelope(Disconnect(), id="2"), b"")
         assert not job.future.done()  # left to the next host's resume: "interrupted"
         assert stops == [1]

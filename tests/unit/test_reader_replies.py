@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from actors import fileops
+from actors.sandbox import readers
 from actors.sandbox.readers import Reader
 
 
@@ -104,3 +107,69 @@ def test_a_reader_that_dies_before_it_answers_is_gone(pair) -> None:
         assert reader.gone
 
     asyncio.run(dies())
+
+
+class _Child:
+    """What retiring a reader touches of its child (no process here)."""
+
+    errfd = -1
+    process = SimpleNamespace(pid=2**22 + 1, _pidfd=-1)  # (no such pid: no pidfd)
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@pytest.mark.parametrize("bound_s", [None, 0.1, 60.0])
+def test_a_read_bounded_sooner_from_outside_takes_no_timer_and_still_ends(
+        monkeypatch: pytest.MonkeyPatch, bound_s: float | None) -> None:
+    """A reader that never answers: the read ends at its own timeout (0.3 s), or at the
+    enclosing bound (`BOUND_AT`, the executor's job timeout) when that is sooner, then
+    without a timer of its own; either way the reader is retired."""
+    ours, theirs = socket.socketpair()
+    timeout = asyncio.timeout
+    scopes: list[float | None] = []
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        scopes.append(delay)
+        return timeout(delay)
+
+    monkeypatch.setattr(readers.asyncio, "timeout", counted)
+
+    async def main() -> None:
+        pool = readers.ReaderPool()
+        child = _Child()
+        reader = Reader(("key",), ("/ws",), child, ours)  # type: ignore[arg-type]
+        ours.setblocking(False)
+        pool._give(reader)  # an idle reader of the key, as after a first call
+
+        async def never_started(fd: int) -> object:
+            raise AssertionError("the idle reader serves the call")
+
+        async def read() -> bytes:
+            return await pool.read(("key",), ("/ws",), never_started,  # type: ignore[arg-type]
+                                   fileops.request(b"R", "/x", 9), 100, 0.3)
+
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            if bound_s is None:
+                await read()
+            else:
+                async with timeout(bound_s) as scope:
+                    token = readers.BOUND_AT.set(scope.when())
+                    try:
+                        await read()
+                    finally:
+                        readers.BOUND_AT.reset(token)
+        took = time.monotonic() - t0
+        assert scopes == ([] if bound_s == 0.1 else [0.3])
+        assert took < 0.25 if bound_s == 0.1 else took >= 0.3
+        assert child.killed and ours.fileno() == -1  # retired
+
+    try:
+        asyncio.run(main())
+    finally:
+        ours.close()
+        theirs.close()

@@ -264,3 +264,15 @@ def test_private_directories_are_refused_however_they_are_reached(tmp_path: Path
         assert "secret-key" not in out.output
     assert run("read_file", str(home / "notes.txt")).output == "not private\n"
     assert "keys/" in run("list_dir", str(home)).output  # its name is no secret
+
+
+def test_a_path_resolves_as_pathlib_says_kept_or_not(tmp_path, monkeypatch):
+    ctx = ToolContext(cwd=tmp_path)
+    for path in ("a/./b//c/", "/etc/../x", "rel", "/abs/p", ".", "a\x00b"):
+        want = Path(path) if Path(path).is_absolute() else tmp_path / Path(path)
+        assert builtin.resolve_path(ctx, path) == want
+        assert builtin.resolve_path(ctx, path) == want  # (the second time from the cache)
+    monkeypatch.setenv("HOME", str(tmp_path / "h1"))
+    assert builtin.resolve_path(ctx, "~/f") == tmp_path / "h1" / "f"
+    monkeypatch.setenv("HOME", str(tmp_path / "h2"))
+    assert builtin.resolve_path(ctx, "~/f") == tmp_path / "h2" / "f"  # (never kept: $HOME moves)
