@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from actors.cli import commands, hostcmds, mcpcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
-from actors.cli.interrupts import exit_with, interruptible
+from actors.cli.interrupts import exit_with, held, interruptible
 from actors.config import ConfigError, parse_duration
 from actors.settings import Settings
 from bus.endpoints import EndpointError, oploop_home
@@ -24,8 +24,13 @@ from bus.vocab import CANCEL_MODES, CancelMode
 AsyncCommand = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
 
-def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argparse.Namespace], int]:
-    """A command that talks to a host, on uvloop, its errors turned into one line."""
+def _async(fn: AsyncCommand, *, creates_home: bool = False,
+           prepare: Callable[[argparse.Namespace], None] | None = None,
+           ) -> Callable[[argparse.Namespace], int]:
+    """A command that talks to a host, on uvloop, its errors turned into one line.
+    `prepare(args)` first, where a Ctrl-C is still a plain `KeyboardInterrupt` (reading
+    the terminal, say); then SIGINT and SIGTERM are `held` until the command's loop takes
+    them over (`interruptible`, `run.Interrupts`)."""
     def run(args: argparse.Namespace) -> int:
         import uvloop
 
@@ -34,8 +39,11 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argpars
             settings = hostcmds.check_settings()
         except ConfigError as exc:
             raise CliError(f"bad configuration: {exc}") from None
+        if prepare is not None:
+            prepare(args)
         try:
-            return int(uvloop.run(_command(fn, args, settings)))
+            with held():
+                return int(uvloop.run(_command(fn, args, settings)))
         except RemoteError as exc:
             raise CliError(exc.message) from None
         except AccessDenied as exc:
@@ -224,7 +232,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="one event object per line")
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print only the final answer")
-    run.set_defaults(fn=_async(_run_command, creates_home=True))
+    run.set_defaults(fn=_async(_run_command, creates_home=True, prepare=_read_prompt))
     watch = sub.add_parser("watch", help="attach a viewer: full replay, then live (later "
                                          "runs too) until Ctrl-C")
     watch.add_argument("session")
@@ -397,6 +405,12 @@ def _store_copy(args: argparse.Namespace) -> int:
     from actors.cli.storecmds import cmd_store_copy  # (psycopg only for this command)
 
     return cmd_store_copy(args)
+
+
+def _read_prompt(args: argparse.Namespace) -> None:
+    from actors.cli.run import prompt_of  # (and so the module, before the signals are held)
+
+    args.prompt_given = prompt_of(args)
 
 
 async def _run_command(args: argparse.Namespace, settings: Settings) -> int:

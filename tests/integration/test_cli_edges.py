@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -107,6 +108,22 @@ def _running_sessions(home: str) -> list[str]:
         log.close()
 
 
+#: Where oploop's own code is (a traceback with none of it is the interpreter's).
+OURS = tuple(str(Path(__file__).resolve().parents[2] / d) for d in ("actors", "bus"))
+
+
+def _in_python_start_up(text: str) -> bool:
+    """Whether a Ctrl-C landed in CPython's own start-up, before the first line of oploop
+    (`actors/__init__.py`, which makes it a quiet 130) ran: the interpreter reports it
+    itself, during its initialisation or while still finding the module to run (runpy,
+    importlib, a .pth's finder), a moment a loaded machine stretches."""
+    if "Fatal Python error: init" in text or "Could not import runpy module" in text:
+        return True
+    frames = re.findall(r'^  File "([^"]+)"', text, re.M)
+    return (bool(frames) and not any(f.startswith(OURS) for f in frames)
+            and text.rstrip().endswith("KeyboardInterrupt"))
+
+
 def _no_traceback(text: str) -> None:
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert "CancelledError" not in text, text
@@ -142,10 +159,8 @@ def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
         term.expect("offline model")
     term.ctrl_c()
     code = term.finish()
-    if moment == "at once" and code == 1 and "Fatal Python error: init" in term.text():
-        # The signal landed inside CPython's own start-up (importing `site` or the
-        # encodings), before any of oploop's code ran: the interpreter itself reports
-        # it and exits 1. Nothing of oploop ran, so nothing may be left.
+    if moment == "at once" and code in (1, -signal.SIGINT) and _in_python_start_up(term.text()):
+        # Nothing of oploop ran, so nothing may be left.
         _no_host_left(short_home)
         return
     # -2: killed by SIGINT before Python took it over (a shell shows 130 as well)
