@@ -28,9 +28,9 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False,
            prepare: Callable[[argparse.Namespace], None] | None = None,
            ) -> Callable[[argparse.Namespace], int]:
     """A command that talks to a host, on uvloop, its errors turned into one line.
-    `prepare(args)` first, where a Ctrl-C is still a plain `KeyboardInterrupt` (reading
-    the terminal, say); then SIGINT and SIGTERM are `held` until the command's loop takes
-    them over (`interruptible`, `run.Interrupts`)."""
+    Until its loop takes SIGINT and SIGTERM over (`interruptible`, `run.Interrupts`), a
+    Ctrl-C is start-up's quiet exit (nothing is started before), through `prepare(args)`
+    (reading the prompt, say); then they are `held`, through the loop's start."""
     def run(args: argparse.Namespace) -> int:
         import uvloop
 
@@ -54,7 +54,15 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False,
                            "(is `oploop up` running? see host.log in OPLOOP_HOME)") from None
         except (EndpointError, BusError, CredentialError) as exc:
             raise CliError(str(exc)) from None
+    _TAKE_SIGNALS.add(run)
     return run
+
+
+#: The commands (`_async`) that keep start-up's quiet Ctrl-C until their loop takes the
+#: signals over: no `KeyboardInterrupt` raised anywhere in between, where one raised in a
+#: finaliser (an import's module-lock callback, say) is printed and dropped, the Ctrl-C
+#: lost: seen under load, a run that went on to its end.
+_TAKE_SIGNALS: set[Callable[[argparse.Namespace], int]] = set()
 
 
 async def _command(fn: AsyncCommand, args: argparse.Namespace, settings: Settings) -> int:
@@ -431,13 +439,15 @@ def main(argv: list[str] | None = None) -> None:
         p.print_help()
         sys.exit(EXIT_USAGE)
     fn: Any = args.fn
+    if fn in _TAKE_SIGNALS:
+        exit_with(guarded(lambda: fn(args)))
     exit_with(guarded(lambda: _with_sigint(fn, args)))
 
 
 def _with_sigint(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run the command with Python's own SIGINT handling (a `KeyboardInterrupt`, which
-    asyncio's runner and `run`'s interrupts take over), and the quiet exit again after
-    it: a Ctrl-C now is one `guarded` turns into 130, never a traceback."""
+    """Run a command that does not talk to a host with Python's own SIGINT handling (a
+    `KeyboardInterrupt`, for its clean-up), and the quiet exit again after it: a Ctrl-C
+    now is one `guarded` turns into 130, never a traceback."""
     from actors.cli import quiet_interrupt
 
     quiet = signal.getsignal(signal.SIGINT) is quiet_interrupt  # (else: ignored, kept so)

@@ -8,11 +8,13 @@ not depend on that: the first signal cancels the command, which then exits 130
 (143 for SIGTERM); a second one, if the command is slow to unwind, exits at once.
 `oploop run` has its own (`run.Interrupts`): there a Ctrl-C cancels the session first.
 
-The hand-over, by construction: from the start-up handlers to the loop's, the signals
-are `held` (blocked: one that comes waits in the kernel), through asyncio's runner and
-the loop's start, until the command `take_over`s them; one that came meanwhile is
-handed to it then (nothing of the command has started: it just exits). A SIGINT the
-command was started with ignored (a background job of a script) stays ignored.
+The hand-over, by construction: until then a Ctrl-C is start-up's quiet exit 130
+(`actors.quiet_interrupt`: nothing is started yet, and no `KeyboardInterrupt` is raised
+that a finaliser could swallow); from the start of the loop (asyncio's runner, whose
+handler is then never installed) the signals are `held` (blocked: one that comes waits
+in the kernel) until the command `take_over`s them; one that came meanwhile is handed
+to it then (nothing of the command has started: it just exits). A SIGINT the command
+was started with ignored (a background job of a script) stays ignored.
 """
 
 from __future__ import annotations
@@ -40,13 +42,12 @@ def held() -> Iterator[None]:
     mask as it was again on the way out, when a signal still held goes to whoever
     handles it then).
 
-    Between the start-up handlers and the loop's, a signal would meet asyncio's runner
+    Between start-up's handler and the loop's, a signal would meet asyncio's runner
     handler (a cancel of a task that has not begun; the runner resets its count just
     after installing it) or the loop's Python-level one; blocked, it waits in the kernel
     for the command itself. Entering runs any signal already caught at the Python level,
-    by the handler of the moment (CPython checks when the mask changes): that one ends
-    start-up as before (`KeyboardInterrupt`, 130). Nothing of the command runs while
-    held but the loop's start, so the wait is short.
+    by the handler of the moment (CPython checks when the mask changes): start-up's quiet
+    exit. Nothing of the command runs while held but the loop's start: a short wait.
     """
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:

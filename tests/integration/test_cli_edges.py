@@ -170,6 +170,38 @@ def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
     assert _running_sessions(short_home) == []
 
 
+def _writer(fifo: Path) -> list[int]:
+    """The write end of `fifo` once a reader has it open (none before: ENXIO)."""
+    try:
+        return [os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)]
+    except OSError:
+        return []
+
+
+def test_ctrl_c_while_the_prompt_is_read_exits_130_at_once(short_home, tmp_path):
+    # Reading the prompt (a file that has not said it all, standard input) is start-up:
+    # nothing started, the quiet exit. (It used to be read on the loop, where the
+    # runner's handler only cancelled a task the read kept busy until the writer ended.)
+    fifo = tmp_path / "prompt"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([*OPLOOP, "run", f"@{fifo}"], env=_env(short_home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer: list[int] = []
+    try:
+        wait_until(lambda: writer.extend(_writer(fifo)) or writer, "the prompt being read")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        for fd in writer:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    _no_traceback(out + err)
+    assert not (Path(short_home) / "host.log").exists()  # no host was started
+
+
 def test_sigterm_during_a_tool_cancels_the_session_exit_143(short_home):
     proc = subprocess.Popen([*OPLOOP, "run", "run `sleep 30`"], env=_env(short_home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
