@@ -59,8 +59,8 @@ def held() -> Iterator[None]:
 def take_over(loop: asyncio.AbstractEventLoop,
               on_signal: Callable[[int], object]) -> tuple[list[int], list[int]]:
     """Make `on_signal(sig)`, called in `loop`, the handler of SIGINT and SIGTERM, then
-    release what `held` kept. Returns (the signals taken, those that came while held,
-    in order): the caller acts on the second at once, as no handler saw them.
+    release what `held` kept. Returns (the signals taken, those of them that came while
+    held, lowest first): the caller acts on the second at once, as no handler saw them.
 
     An ignored signal (a background job's SIGINT, from a shell without job control) is
     not taken: the user's Ctrl-C is meant for the job in the foreground.

@@ -178,6 +178,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
                       tool_output=not args.quiet_tools)
     with Interrupts() as stop:
         if stop.signal is not None:  # held while start-up handed it over: nothing started
+            print(file=sys.stderr)  # the terminal's "^C" ends its line
             return stop.status
         try:
             return await _run(args, settings, prompt, render, stop)
