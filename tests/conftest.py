@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +24,14 @@ os.environ.setdefault("OPLOOP_HTTP_LISTEN", "off")
 # the modes that work in the start's directory: tests/sandbox/test_modes.py and the
 # cases that set OPLOOP_SANDBOX or an agent's `sandbox` themselves.
 os.environ.setdefault("OPLOOP_SANDBOX", "scratch")
+# A suite started in the background by a shell without job control (`./scripts/test &`
+# in a script) inherits SIGINT ignored, and so would every command it starts: `oploop`
+# then rightly keeps ignoring Ctrl-C, as a background job must. The tests play a user
+# at a terminal, whose shell gives the command in the foreground the default: a no-op
+# handler here (the runner still ignores Ctrl-C) becomes the default across `exec`.
+if (signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        and threading.current_thread() is threading.main_thread()):
+    signal.signal(signal.SIGINT, lambda _sig, _frame: None)
 
 
 def _children() -> set[int]:

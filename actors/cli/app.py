@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from actors.cli import commands, hostcmds, mcpcmds
 from actors.cli.errors import EXIT_HELP, EXIT_USAGE, CliError, check_home, guarded
-from actors.cli.interrupts import exit_with, interruptible
+from actors.cli.interrupts import exit_with, held, interruptible
 from actors.config import ConfigError, parse_duration
 from actors.settings import Settings
 from bus.endpoints import EndpointError, oploop_home
@@ -24,8 +24,13 @@ from bus.vocab import CANCEL_MODES, CancelMode
 AsyncCommand = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
 
-def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argparse.Namespace], int]:
-    """A command that talks to a host, on uvloop, its errors turned into one line."""
+def _async(fn: AsyncCommand, *, creates_home: bool = False,
+           prepare: Callable[[argparse.Namespace], None] | None = None,
+           ) -> Callable[[argparse.Namespace], int]:
+    """A command that talks to a host, on uvloop, its errors turned into one line.
+    Until its loop takes SIGINT and SIGTERM over (`interruptible`, `run.Interrupts`), a
+    Ctrl-C is start-up's quiet exit (nothing is started before), through `prepare(args)`
+    (reading the prompt, say); then they are `held`, through the loop's start."""
     def run(args: argparse.Namespace) -> int:
         import uvloop
 
@@ -34,8 +39,11 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argpars
             settings = hostcmds.check_settings()
         except ConfigError as exc:
             raise CliError(f"bad configuration: {exc}") from None
+        if prepare is not None:
+            prepare(args)
         try:
-            return int(uvloop.run(_command(fn, args, settings)))
+            with held():
+                return int(uvloop.run(_command(fn, args, settings)))
         except RemoteError as exc:
             raise CliError(exc.message) from None
         except AccessDenied as exc:
@@ -46,7 +54,15 @@ def _async(fn: AsyncCommand, *, creates_home: bool = False) -> Callable[[argpars
                            "(is `oploop up` running? see host.log in OPLOOP_HOME)") from None
         except (EndpointError, BusError, CredentialError) as exc:
             raise CliError(str(exc)) from None
+    _TAKE_SIGNALS.add(run)
     return run
+
+
+#: The commands (`_async`) that keep start-up's quiet Ctrl-C until their loop takes the
+#: signals over: no `KeyboardInterrupt` raised anywhere in between, where one raised in a
+#: finaliser (an import's module-lock callback, say) is printed and dropped, the Ctrl-C
+#: lost: seen under load, a run that went on to its end.
+_TAKE_SIGNALS: set[Callable[[argparse.Namespace], int]] = set()
 
 
 async def _command(fn: AsyncCommand, args: argparse.Namespace, settings: Settings) -> int:
@@ -224,7 +240,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="one event object per line")
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print only the final answer")
-    run.set_defaults(fn=_async(_run_command, creates_home=True))
+    run.set_defaults(fn=_async(_run_command, creates_home=True, prepare=_read_prompt))
     watch = sub.add_parser("watch", help="attach a viewer: full replay, then live (later "
                                          "runs too) until Ctrl-C")
     watch.add_argument("session")
@@ -399,6 +415,12 @@ def _store_copy(args: argparse.Namespace) -> int:
     return cmd_store_copy(args)
 
 
+def _read_prompt(args: argparse.Namespace) -> None:
+    from actors.cli.run import prompt_of  # (and so the module, before the signals are held)
+
+    args.prompt_given = prompt_of(args)
+
+
 async def _run_command(args: argparse.Namespace, settings: Settings) -> int:
     from actors.cli.run import run
 
@@ -417,13 +439,15 @@ def main(argv: list[str] | None = None) -> None:
         p.print_help()
         sys.exit(EXIT_USAGE)
     fn: Any = args.fn
+    if fn in _TAKE_SIGNALS:
+        exit_with(guarded(lambda: fn(args)))
     exit_with(guarded(lambda: _with_sigint(fn, args)))
 
 
 def _with_sigint(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Run the command with Python's own SIGINT handling (a `KeyboardInterrupt`, which
-    asyncio's runner and `run`'s interrupts take over), and the quiet exit again after
-    it: a Ctrl-C now is one `guarded` turns into 130, never a traceback."""
+    """Run a command that does not talk to a host with Python's own SIGINT handling (a
+    `KeyboardInterrupt`, for its clean-up), and the quiet exit again after it: a Ctrl-C
+    now is one `guarded` turns into 130, never a traceback."""
     from actors.cli import quiet_interrupt
 
     quiet = signal.getsignal(signal.SIGINT) is quiet_interrupt  # (else: ignored, kept so)

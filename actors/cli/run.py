@@ -1,5 +1,7 @@
 """`oploop run`: start a run and stream it; Ctrl-C and SIGTERM at any moment.
 
+A signal while the command starts (imports, the loop) is held until `Interrupts`
+takes over, which then exits before anything is started (`interrupts.held`).
 Before the run exists (the embedded host starting), a signal stops what was
 started and exits; while the start request is in flight it waits for the answer
 (a start cannot be taken back, only cancelled); once the run exists, the first
@@ -26,6 +28,7 @@ from actors.cli.errors import (
     quiet_pipe,
 )
 from actors.cli.hosting import attach, host_watch
+from actors.cli.interrupts import take_over
 from actors.mcp.prompts import PromptRefError, parse_ref, prompt_text
 from actors.render import Renderer
 from actors.settings import Settings
@@ -78,10 +81,13 @@ class Interrupts:
         self._cancel: asyncio.Task[None] | None = None  # (held: a task only the loop holds may go)
         self._main = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
+        self._taken: list[int] = []
 
     def __enter__(self) -> Interrupts:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self._on_signal, sig)
+        self._taken, came = take_over(self._loop, self._on_signal)
+        for sig in came:  # while start-up held them, before anything was started
+            self.signal = self.signal or sig
+            self.count += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -91,7 +97,7 @@ class Interrupts:
         both = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, both)
         try:
-            for sig in both:
+            for sig in self._taken:
                 self._loop.remove_signal_handler(sig)
                 signal.signal(sig, self._exit_now)
         finally:
@@ -150,21 +156,30 @@ async def _cancel_quietly(client: Client, session: str, reason: str) -> None:
 McpPrompt = tuple[str, str, dict[str, str]]
 
 
-async def run(args: argparse.Namespace, settings: Settings) -> int:
-    """`oploop run PROMPT`: 0 done, 1 error, 130 cancelled (143 on SIGTERM)."""
-    prompt: str | McpPrompt
+def prompt_of(args: argparse.Namespace) -> str | McpPrompt:
+    """The prompt `oploop run` was given: PROMPT (`read_prompt`), or an MCP prompt's
+    reference and arguments (`--prompt`). CliError when it cannot be read."""
     if args.mcp_prompt:
         try:
-            prompt = parse_ref(args.mcp_prompt, args.prompt)
+            return parse_ref(args.mcp_prompt, args.prompt)
         except PromptRefError as exc:
             raise CliError(str(exc)) from None
-    elif len(args.prompt) != 1:
+    if len(args.prompt) != 1:
         raise CliError("give one PROMPT (quote it), or --prompt SERVER/PROMPT key=value ...")
-    else:
-        prompt = read_prompt(args.prompt[0])
+    return read_prompt(args.prompt[0])
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    """`oploop run PROMPT`: 0 done, 1 error, 130 cancelled (143 on SIGTERM). The prompt:
+    `args.prompt_given` when read already (`prompt_of`), else read now."""
+    given = getattr(args, "prompt_given", None)
+    prompt = prompt_of(args) if given is None else given
     render = Renderer(json_lines=args.json, quiet=args.quiet,
                       tool_output=not args.quiet_tools)
     with Interrupts() as stop:
+        if stop.signal is not None:  # held while start-up handed it over: nothing started
+            print(file=sys.stderr)  # the terminal's "^C" ends its line
+            return stop.status
         try:
             return await _run(args, settings, prompt, render, stop)
         except asyncio.CancelledError:

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -107,6 +108,22 @@ def _running_sessions(home: str) -> list[str]:
         log.close()
 
 
+#: Where oploop's own code is (a traceback with none of it is the interpreter's).
+OURS = tuple(str(Path(__file__).resolve().parents[2] / d) for d in ("actors", "bus"))
+
+
+def _in_python_start_up(text: str) -> bool:
+    """Whether a Ctrl-C landed in CPython's own start-up, before the first line of oploop
+    (`actors/__init__.py`, which makes it a quiet 130) ran: the interpreter reports it
+    itself, during its initialisation or while still finding the module to run (runpy,
+    importlib, a .pth's finder), a moment a loaded machine stretches."""
+    if "Fatal Python error: init" in text or "Could not import runpy module" in text:
+        return True
+    frames = re.findall(r'^  File "([^"]+)"', text, re.M)
+    return (bool(frames) and not any(f.startswith(OURS) for f in frames)
+            and text.rstrip().endswith("KeyboardInterrupt"))
+
+
 def _no_traceback(text: str) -> None:
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert "CancelledError" not in text, text
@@ -142,10 +159,8 @@ def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
         term.expect("offline model")
     term.ctrl_c()
     code = term.finish()
-    if moment == "at once" and code == 1 and "Fatal Python error: init" in term.text():
-        # The signal landed inside CPython's own start-up (importing `site` or the
-        # encodings), before any of oploop's code ran: the interpreter itself reports
-        # it and exits 1. Nothing of oploop ran, so nothing may be left.
+    if moment == "at once" and code in (1, -signal.SIGINT) and _in_python_start_up(term.text()):
+        # Nothing of oploop ran, so nothing may be left.
         _no_host_left(short_home)
         return
     # -2: killed by SIGINT before Python took it over (a shell shows 130 as well)
@@ -153,6 +168,38 @@ def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
     _no_traceback(term.text())
     _no_host_left(short_home)
     assert _running_sessions(short_home) == []
+
+
+def _writer(fifo: Path) -> list[int]:
+    """The write end of `fifo` once a reader has it open (none before: ENXIO)."""
+    try:
+        return [os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)]
+    except OSError:
+        return []
+
+
+def test_ctrl_c_while_the_prompt_is_read_exits_130_at_once(short_home, tmp_path):
+    # Reading the prompt (a file that has not said it all, standard input) is start-up:
+    # nothing started, the quiet exit. (It used to be read on the loop, where the
+    # runner's handler only cancelled a task the read kept busy until the writer ended.)
+    fifo = tmp_path / "prompt"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([*OPLOOP, "run", f"@{fifo}"], env=_env(short_home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer: list[int] = []
+    try:
+        wait_until(lambda: writer.extend(_writer(fifo)) or writer, "the prompt being read")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        for fd in writer:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    _no_traceback(out + err)
+    assert not (Path(short_home) / "host.log").exists()  # no host was started
 
 
 def test_sigterm_during_a_tool_cancels_the_session_exit_143(short_home):
