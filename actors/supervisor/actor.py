@@ -6,8 +6,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -15,51 +14,32 @@ import zmq
 
 from actors.ask.asker import Asker
 from actors.config import Config
-from actors.core.catalogue import listing
 from actors.core.session import Session
 from actors.logstore import is_pg_url, open_store
-from actors.machines import LOCAL
 from actors.pgleases import LeaseLost
 from actors.runtime import host_gone, notify_ready, run_actor, stop_now
 from actors.sessionlog import JournalError, JournalFull, Record
 from actors.settings import Settings
 from actors.storage import SESSIONS_FILE
+from actors.supervisor.api import serve_api
 from actors.supervisor.dispatch import Dispatcher
+from actors.supervisor.eventpush import EventPush
 from actors.supervisor.journal import Journal
 from actors.supervisor.leases import Leases
-from actors.supervisor.mcpasks import serve_get_prompt
 from actors.supervisor.outage import Outage
 from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.replay import replay_batch
-from actors.supervisor.runs import PEER, Runs
+from actors.supervisor.runs import Runs
 from actors.supervisor.workerio import WorkerIO
-from bus.codec import encode, encode_event
+from bus.codec import encode_event
 from bus.endpoints import Endpoints
-from bus.errors import Backpressure
-from bus.mcpwire import GetPrompt
 from bus.messages import (
-    Body,
-    Cancel,
     Envelope,
     ErrorReply,
-    EventBatch,
-    ForgetSessions,
-    InspectSession,
-    ListSessions,
-    ListTools,
-    PruneSessions,
-    RemoveSessions,
     ReplayBatch,
     ReplayRequest,
     RunStarted,
-    SessionInfo,
-    SessionList,
-    SessionsRemoved,
-    StartRun,
-    Stats,
-    StatsReply,
-    ToolList,
 )
 from bus.sockets import Port, Reactor
 from bus.vocab import CancelMode, EventType
@@ -67,9 +47,6 @@ from bus.vocab import CancelMode, EventType
 if TYPE_CHECKING:
     from actors.supervisor.forwarding import Forwarder
     from actors.supervisor.ownership import Ownership
-
-#: What a peer host's key may send to the api (anything else is refused, "forbidden").
-PEER_ASKS = (StartRun, ListTools, Cancel)
 
 if TYPE_CHECKING:  # (imported at run time only when tracing is on: it loads the SDK)
     from actors.tracing import RunTracer
@@ -79,16 +56,6 @@ log = logging.getLogger("oploop.supervisor")
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
-#: Events that could not be pushed (broadcaster away) wait here, in order, up to
-#: this many and this many bytes; beyond, they are dropped from the push only: they
-#: are journaled, and the broadcaster fetches what it misses from the log.
-MAX_OUTBOX = 1_000_000
-MAX_OUTBOX_BYTES = 256 << 20
-#: The events of one commit go to the broadcaster as `EventBatch`es of at most this
-#: many bytes of frames: one message per commit, where one per event cost a send, a
-#: receive and I/O-thread wake-ups each; bounded, so that a batch stays far below a
-#: frame's limit and the broadcaster's `INGEST_RCVHWM` messages stay a modest memory.
-BATCH_BYTES = 64 << 10
 #: Start keys remembered in memory (resends come within seconds; older ones, and
 #: every one across a restart, are looked up in the session log).
 MAX_START_KEYS = 1_024
@@ -164,11 +131,10 @@ class Supervisor:
         #: The shared store out of reach: its sessions wait (`supervisor/outage.py`).
         self.outage = Outage(self.emit, self._waiting_sessions, self.sessions.get,
                              self.dispatcher.hold)
-        self.events: Port = self.reactor.add(
+        #: Events out to the broadcaster (what it refuses waits in an outbox).
+        self.push = EventPush(self.reactor.add(
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
-        )
-        self._outbox: deque[bytes] = deque()
-        self._outbox_bytes = 0
+        ))
         #: Retention (None: nothing is ever deleted, as without a journal).
         self.pruner: Pruner | None = None
         #: This host's leases on a store other hosts share (None: the store is its own).
@@ -205,7 +171,7 @@ class Supervisor:
                                  type_, turn, data, ts)
         frame = encode_event(session.id, seq, type_, turn, ts, data)
         if self.journal is None:
-            self._publish(frame, session.id, seq)
+            self.push.send(frame, session.id, seq)
             return
         self.journal.record(session, type_, seq, frame)
         self._unjournaled.append((session.id, seq, frame))
@@ -256,7 +222,7 @@ class Supervisor:
         self._journal_failing = False
         events, self._unjournaled = self._unjournaled, []
         if events:
-            self._publish_committed(events)
+            self.push.commit(events)
         if self.outage.active:  # (its STORE_UNAVAILABLE events just went out)
             self.outage.end()
         replies, self._after_commit = self._after_commit, []
@@ -420,51 +386,6 @@ class Supervisor:
         if len(self._starts) > MAX_START_KEYS:
             del self._starts[next(iter(self._starts))]
 
-    def _publish_committed(self, events: list[tuple[str, int, bytes]]) -> None:
-        """Push the events of one commit as `EventBatch`es of at most `BATCH_BYTES` of
-        frames each (one event, or one larger than that, goes as its own frame)."""
-        batch: list[bytes] = []
-        size = 0
-        first = 0  # the index in `events` of the batch's first event
-        for i, (_, _, frame) in enumerate(events):
-            if batch and size + len(frame) > BATCH_BYTES:
-                self._publish_frames(batch, *events[first][:2])
-                batch, size, first = [], 0, i
-            batch.append(frame)
-            size += len(frame)
-        self._publish_frames(batch, *events[first][:2])
-
-    def _publish_frames(self, frames: list[bytes], sid: str, seq: int) -> None:
-        """Push `frames` (events, the first of which is `sid`#`seq`) as one message."""
-        if len(frames) == 1:
-            self._publish(frames[0], sid, seq)
-        else:
-            self._publish(encode(Envelope(EventBatch(frames))), sid, seq, len(frames))
-
-    def _publish(self, frame: bytes, sid: str, seq: int, count: int = 1) -> None:
-        """Push one message of `count` events (the first `sid`#`seq`), or queue it
-        behind those the PUSH socket refused."""
-        if self._outbox or not self._push(frame):
-            if len(self._outbox) >= MAX_OUTBOX or self._outbox_bytes >= MAX_OUTBOX_BYTES:
-                log.error("event outbox full: %d event(s) from %s#%d not pushed (journaled)",
-                          count, sid, seq)
-                return
-            self._outbox.append(frame)
-            self._outbox_bytes += len(frame)
-
-    def _push(self, frame: bytes) -> bool:
-        try:
-            self.events.send_frame(frame)
-        except Backpressure:
-            return False
-        return True
-
-    async def _drain_outbox(self) -> None:
-        while True:
-            await asyncio.sleep(0.05)
-            while self._outbox and self._push(self._outbox[0]):
-                self._outbox_bytes -= len(self._outbox.popleft())
-
     async def _keep_reserve(self) -> None:
         """Remake the session log's reserve once the disk has room again."""
         while self.journal is not None:
@@ -508,7 +429,7 @@ class Supervisor:
                     log.error("session %s: its summary does not decode; not listed", sid)
         return out
 
-    def _resend(self, sid: str, req: ReplayRequest) -> ReplayBatch | ErrorReply:
+    def resend(self, sid: str, req: ReplayRequest) -> ReplayBatch | ErrorReply:
         """Events `req` asks for, from the session log (the broadcaster lost them): `replay.py`.
 
         What this loop iteration emitted is committed (and pushed) first. The broadcaster
@@ -538,65 +459,8 @@ class Supervisor:
             session.task.cancel()
 
     def handle_api(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
-        """Requests of clients: start a run, list/inspect sessions, list tools, stats;
-        served by the handler `_API` names for the body's type."""
-        body = env.body
-        port = self.api
-        if (port.user_id or "").startswith(PEER + ":") and not isinstance(body, PEER_ASKS):
-            port.reply_error(peer, env.id, "forbidden",
-                             f"a peer key may not send {env.kind} (only start_run, "
-                             "list_tools and cancel of its own runs)")
-            return
-        handler = _API.get(type(body))
-        if handler is None:
-            port.reply_error(peer, env.id, "bad_request", f"api does not serve {env.kind}")
-            return
-        handler(self, peer, env, body)
-
-    def _api_start(self, peer: bytes | None, env: Envelope, body: StartRun) -> None:
-        self.runs.start(peer, env, body)
-
-    def _api_list(self, peer: bytes | None, env: Envelope, body: ListSessions) -> None:
-        self.api.reply(Envelope(SessionList(self.summaries()), id=env.id), peer)
-
-    def _api_inspect(self, peer: bytes | None, env: Envelope, body: InspectSession) -> None:
-        session = self.session(body.session)
-        if session is None:
-            self.api.reply_error(peer, env.id, "unknown_session", self.no_session(body.session))
-            return
-        self.api.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id),
-                       peer)
-
-    def _api_tools(self, peer: bytes | None, env: Envelope, body: ListTools) -> None:
-        port = self.api
-        agent = self.config.agent(body.agent)
-        if agent is None:
-            port.reply_error(peer, env.id, "unknown_agent", self.no_agent(body.agent))
-            return
-        where = agent.target_machine or LOCAL
-        states = {s.get("name"): s.get("state") for s in self.dispatcher.mcp_servers()
-                  if s.get("machine") == where}
-        listed = listing(self.io.tool_catalogue(where), agent, self.config.hidden, states)
-        port.reply(Envelope(ToolList(listed), id=env.id), peer)
-
-    def _api_stats(self, peer: bytes | None, env: Envelope, body: Stats) -> None:
-        self.api.reply(Envelope(StatsReply(self.statistics()), id=env.id), peer)
-
-    def _api_cancel(self, peer: bytes | None, env: Envelope, body: Cancel) -> None:
-        # Accepted here too (the same rules), but behind the api's data; the
-        # control socket is the fast path (`scripts/bench` compares the two).
-        port = self.api
-        if not self.runs.may_end(port.user_id, body.session):
-            port.reply_error(peer, env.id, "forbidden",
-                             "a peer key may cancel only the runs it started")
-            return
-        self.runs.cancel(peer, env, body, port)
-
-    def _api_replay(self, peer: bytes | None, env: Envelope, body: ReplayRequest) -> None:
-        self.api.reply(Envelope(self._resend(env.sid, body), id=env.id, sid=env.sid), peer)
-
-    def _api_prune(self, peer: bytes | None, env: Envelope, body: PruneSessions) -> None:
-        self.spawn(self._prune_sessions(peer, env, body), "prune")
+        """Requests of clients (`supervisor/api.py`)."""
+        serve_api(self, peer, env)
 
     def known(self, sid: str) -> bool:
         """Whether `sid` is a session in memory or in the log (without loading it)."""
@@ -633,45 +497,7 @@ class Supervisor:
             self.sessions.pop(sid, None)
         for key in [k for k, started in self._starts.items() if started.session in gone]:
             del self._starts[key]
-        frame = encode(Envelope(ForgetSessions(list(sids))))
-        if self._outbox or not self._push(frame):
-            if len(self._outbox) >= MAX_OUTBOX:  # the next pruning finds those logs again
-                log.error("event outbox full: the broadcaster keeps %d deleted log(s)", len(sids))
-                return
-            self._outbox.append(frame)
-            self._outbox_bytes += len(frame)
-
-    def _remove_sessions(self, peer: bytes | None, env: Envelope, req: RemoveSessions) -> None:
-        """`oploop rm`: delete the sessions named, refusing running and unknown ones."""
-        if self.pruner is None:
-            self.api.reply_error(peer, env.id, "unavailable", "this supervisor keeps no store")
-            return
-        running = self.running_sessions()
-        refused: dict[str, str] = {}
-        for sid in dict.fromkeys(req.sessions):
-            if sid in running:
-                refused[sid] = f"session {sid} is running (cancel it first)"
-            elif not self.known(sid):
-                refused[sid] = self.no_session(sid)
-        removed = [sid for sid in dict.fromkeys(req.sessions) if sid not in refused]
-        self.pruner.remove(removed)
-        self.api.reply(Envelope(SessionsRemoved(removed, refused), id=env.id), peer)
-
-    async def _prune_sessions(self, peer: bytes | None, env: Envelope,
-                              req: PruneSessions) -> None:
-        """`oploop sessions prune`: apply retention now, with the request's overrides."""
-        if self.pruner is None:
-            self.api.reply_error(peer, env.id, "unavailable", "this supervisor keeps no store")
-            return
-        try:
-            removed = await self.pruner.prune(
-                older_than_s=req.older_than_s if req.older_than_s >= 0 else None,
-                keep=req.keep if req.keep >= 0 else None)
-        except Exception as exc:  # the RPC edge: a store error becomes an error reply
-            log.exception("prune failed")
-            self.api.reply_error(peer, env.id, "unavailable", f"cannot prune: {exc}")
-            return
-        self.api.reply(Envelope(SessionsRemoved(removed), id=env.id), peer)
+        self.push.forget(sids)
 
     def no_agent(self, name: str) -> str:
         return f"no agent {name!r} (configured: {', '.join(sorted(self.config.agents))})"
@@ -685,8 +511,8 @@ class Supervisor:
             states[s.state] = states.get(s.state, 0) + 1
         return {
             "sessions": states,
-            "outbox": len(self._outbox),
-            "outbox_bytes": self._outbox_bytes,
+            "outbox": len(self.push.outbox),
+            "outbox_bytes": self.push.outbox_bytes,
             "journal_failing": self._journal_failing,
             "pending_events": len(self._unjournaled),
             **self.dispatcher.statistics(),
@@ -715,7 +541,7 @@ class Supervisor:
                 self._group = group
                 group.create_task(self.reactor.run(), name="reactor")
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
-                group.create_task(self._drain_outbox(), name="outbox")
+                group.create_task(self.push.drain(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
                 if self.ownership is not None:  # its first renewal claims what to resume
                     group.create_task(self.ownership.run(), name="leases")
@@ -802,19 +628,6 @@ async def _main(settings: Settings) -> None:
 
 
 #: The api's requests: body type -> the `Supervisor` method serving it.
-_API: dict[type[Body], Callable[[Supervisor, bytes | None, Envelope, Any], None]] = {
-    StartRun: Supervisor._api_start,
-    ListSessions: Supervisor._api_list,
-    InspectSession: Supervisor._api_inspect,
-    ListTools: Supervisor._api_tools,
-    Stats: Supervisor._api_stats,
-    Cancel: Supervisor._api_cancel,
-    ReplayRequest: Supervisor._api_replay,  # the broadcaster recovering lost events
-    RemoveSessions: Supervisor._remove_sessions,
-    PruneSessions: Supervisor._api_prune,
-    GetPrompt: serve_get_prompt,
-}
-
 def main() -> None:
     """Entry point of `python -m actors.supervisor`."""
     run_actor("supervisor", _main)

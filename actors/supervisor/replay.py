@@ -1,7 +1,7 @@
 """The answer to a `ReplayRequest`: events the broadcaster lost, read back from the log.
 
 A pure look-up over the session log and the events still waiting for a commit;
-the supervisor commits what it has emitted first (`Supervisor._resend`), then
+the supervisor commits what it has emitted first (`Supervisor.resend`), then
 asks `replay_batch`.
 """
 

@@ -70,7 +70,7 @@ class Host:
         self.session = Session(SID, Agent(), "/tmp")
         self.supervisor.sessions[SID] = self.session
         self.pushed: list[bytes] = []  # in flight on ingest
-        self.supervisor._publish = lambda frame, *_: self.pushed.append(frame)  # type: ignore[method-assign]
+        self.supervisor.push.send = lambda frame, *_: self.pushed.append(frame)  # type: ignore[method-assign]
         self.broadcaster = Broadcaster(endpoints, EventStore(self.journal.path))
         self.api = Api(self.supervisor)
         self.broadcaster.backfill.supervisor = self.api  # type: ignore[assignment]

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-import actors.supervisor.actor as supervisor_actor
+import actors.supervisor.eventpush as eventpush
 from actors.broadcaster.actor import Broadcaster
 from actors.broadcaster.store import EventStore
 from actors.config import Agent, Config
@@ -124,7 +124,7 @@ def test_a_commit_is_one_message_and_viewers_see_each_event_alone(pair):
 
 
 def test_a_large_commit_goes_in_several_batches_in_order(pair, monkeypatch):
-    monkeypatch.setattr(supervisor_actor, "BATCH_BYTES", 1_000)
+    monkeypatch.setattr(eventpush, "BATCH_BYTES", 1_000)
     s = pair.session("sa")
 
     async def commit() -> None:
