@@ -9,8 +9,8 @@ back before they are released, so none ever reaches the test runner.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
+import threading
 
 import pytest
 import uvloop
@@ -40,7 +40,12 @@ def held_here():
 
 
 def _send(sig: int) -> None:
-    os.kill(os.getpid(), sig)  # to the process, as a terminal's Ctrl-C is
+    """`sig` to this process's main thread. A terminal's Ctrl-C goes to the process,
+    and an `oploop` command has only that thread while its signals are held (those
+    it starts then inherit them blocked). This one has others (pytest-xdist's), and
+    the kernel gives a process's signal to a thread that does not block it: one
+    sent so would be handled at once, outside every hold, and stop the test run."""
+    signal.pthread_kill(threading.main_thread().ident, sig)
 
 
 def test_a_ctrl_c_in_the_hand_over_ends_a_command_before_it_begins(held_here, capsys):
