@@ -89,7 +89,6 @@ addresses); this module assembles the whole `Config` and re-exports their names.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -270,6 +269,9 @@ def _mcp(raw: Any, source: str) -> dict[str, McpServerConfig]:
     for name, server in servers.items():
         if not server.command:
             continue
+        # shutil here, not at the top: every actor reads the configuration, and shutil
+        # loads zlib, bz2 and lzma (~0.45 MiB resident); only a stdio server needs it.
+        import shutil
         # Found now, at `oploop up`, rather than at the first call of a session.
         try:  # (npx of an installed package: its program; what fetches packages: refused)
             command = runnable(server.command, server.cwd)

@@ -41,7 +41,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -49,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.storage import SESSIONS_FILE, bounded_cache, open_private_db
+from actors.storage import SESSIONS_FILE, bounded_cache, free_space, open_private_db
 
 log = logging.getLogger("oploop.sessionlog")
 
@@ -253,7 +252,7 @@ class SessionLog:
         now = time.monotonic()
         if fresh or now - self._free[0] > FREE_SPACE_CHECK_S:
             try:
-                free = shutil.disk_usage(self.path.parent).free
+                free = free_space(self.path.parent)
             except OSError:
                 free = 0
             self._free = (now, free)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,12 +36,21 @@ def reserve_file(home: Path) -> Path:
     return home / (SESSIONS_FILE + ".reserve")
 
 
+def free_space(path: Path | str) -> int:
+    """Free bytes on `path`'s file system for a user without privilege: what
+    `shutil.disk_usage(path).free` says, from the same `statvfs`. (Not through shutil:
+    it loads zlib, bz2 and lzma at import, ~0.45 MiB resident in every actor that only
+    asks this.)"""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def make_room_to_start(home: Path) -> bool:
     """Give up the session log's reserve in `home` when the disk is too full for a host
     to start (`oploop up` always starts); whether it was given up."""
     reserve = reserve_file(home)
     try:
-        if shutil.disk_usage(home).free >= START_MIN_FREE or not reserve.exists():
+        if free_space(home) >= START_MIN_FREE or not reserve.exists():
             return False
         reserve.unlink()
     except OSError:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import stat
 import threading
 from collections import Counter
@@ -188,6 +187,10 @@ class Keyring:
         out = self.folder / "issued" / name
         out.mkdir(mode=0o700)
         _create(out, "client")
+        # shutil here, not at the top: the supervisor loads this module to read its keys
+        # and never issues one (`oploop keys`); shutil loads bz2 and lzma (~0.45 MiB).
+        import shutil
+
         shutil.copyfile(self.folder / "server.key", out / "server.key")
         if role == "peer":  # before the key is admitted: never a moment without it
             agents = self.folder / PEER_AGENTS
@@ -224,6 +227,8 @@ class Keyring:
         (self.folder / PEER_AGENTS / name).unlink(missing_ok=True)
         issued = self.folder / "issued" / name
         if issued.is_dir():
+            import shutil  # (here, as in `issue`)
+
             shutil.rmtree(issued)
             found = True
         return found

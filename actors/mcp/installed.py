@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 #: Where npm's global packages live when npx's own installation does not say.
@@ -71,6 +70,8 @@ def _uvx_fix(command: tuple[str, ...]) -> str:
     args = [a for a in command[1:] if not a.startswith("-") and a not in ("tool", "run")]
     spec = args[0] if args else "PACKAGE"
     name = spec.split("==")[0].split("@")[0]
+    import shutil  # (here: every actor imports this module, few check a command; config.py)
+
     found = shutil.which(name)
     hint = f" (one is installed: command = [\"{found}\", ...])" if found else ""
     return (f"uvx fetches {spec} and its dependencies when the server starts, and the "
@@ -90,6 +91,8 @@ def _node_roots(npx: str, cwd: str) -> list[str]:
     """The `node_modules` folders npx would look in: the server's `cwd`'s, then npm's
     global one (next to npm itself, found from npx's own installation)."""
     roots = [str(Path(cwd, "node_modules"))] if cwd else []
+    import shutil  # (here: every actor imports this module, few check a command; config.py)
+
     found = shutil.which(npx)
     if found:
         real = Path(os.path.realpath(found))  # .../lib/node_modules/npm/bin/npx-cli.js
