@@ -71,17 +71,20 @@ def test_an_unknown_name_of_the_offline_model_package_is_an_attribute_error():
 #: process that builds a model), the `anthropic` SDK (the llm callers' only), the sandbox
 #: and the built-in tools (the executors' only), SQLite (the journal and event store), the
 #: `mcp` SDK (loaded by an executor only when `[mcp.NAME]` servers are configured),
-#: psutil (~2.5 MiB resident: the executor's sandbox; the host imports it to stop only),
-#: `email` (~1.5 MiB: the SDK's; a caller without it parses a retry-after date only),
-#: the codec and every message type (~1 MiB: what speaks the bus; not the host).
+#: psutil (~0.9 MiB resident beside the rest: the host imports it to stop only, the
+#: executors read /proc themselves), `email` (~1.5 MiB: the SDK's; a caller without it
+#: parses a retry-after date only), the codec and every message type (~1 MiB: what
+#: speaks the bus; not the host), shutil (~0.45 MiB with the bz2 and lzma it loads: the
+#: sandbox's; elsewhere imported where a command is looked up or a key issued), tenacity
+#: (~0.45 MiB: an llm caller's retries, imported after a first failure).
 HEAVY = {"pydantic", "anthropic", "httpx", "actors.sandbox", "actors.tools.builtin", "sqlite3",
-         "mcp", "mcp_types", "psutil", "email", "bus.codec"}
+         "mcp", "mcp_types", "psutil", "email", "bus.codec", "shutil", "tenacity"}
 #: What each actor's role does use of them.
 USES = {
     "actors.host.actor": set(),
     "actors.broadcaster.actor": {"sqlite3", "bus.codec"},
     "actors.supervisor.actor": {"sqlite3", "bus.codec"},
-    "actors.executor.actor": {"actors.sandbox", "actors.tools.builtin", "psutil", "bus.codec"},
+    "actors.executor.actor": {"actors.sandbox", "actors.tools.builtin", "bus.codec", "shutil"},
     "actors.llm_caller.actor": {"bus.codec"},  # the SDK is imported at the first call
     "actors.offline_model.cli": {"email"},  # an HTTP server (its Date header): no bus, no SDK
 }
