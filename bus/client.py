@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -185,7 +184,7 @@ class Client:
         """
         body = StartRun(prompt, session, agent, max_turns, deadline_s,
                         os.getcwd() if cwd is None else cwd,
-                        key=secrets.token_hex(8), lease_s=lease_s, machine=machine,
+                        key=os.urandom(8).hex(), lease_s=lease_s, machine=machine,
                         host=host)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout

@@ -21,10 +21,10 @@ Selected by ``OPLOOP_LLM_BACKEND=scripted``; the scenario file is
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from actors.digests import blake2s
 from actors.llm_caller.backend import OnDelta
 from actors.llm_caller.stalls import StreamBounds
 from actors.offline_model.plan import scripted_reply
@@ -141,5 +141,5 @@ def _with_fresh_id(block: dict[str, Any], salt: str, position: int) -> dict[str,
     """
     if block.get("type") != "tool_use":
         return dict(block)
-    digest = hashlib.blake2s(f"{salt}/{position}".encode(), digest_size=12).hexdigest()
+    digest = blake2s(f"{salt}/{position}".encode(), digest_size=12).hexdigest()
     return {**block, "id": "toolu_" + digest}

@@ -18,12 +18,12 @@ stops with `max_tokens`.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from actors.digests import sha256
 from actors.offline_model.intents import SHELL, ToolCall, parse_tool_calls
 from actors.offline_model.typed import example_value, requested_schema
 from actors.offline_model.wire import Reply, count_tokens, text_chunks
@@ -218,7 +218,7 @@ def text_block(text: str) -> dict[str, Any]:
 
 def signature_for(thinking: str) -> str:
     """A deterministic stand-in for the API's opaque thinking signature."""
-    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
+    return base64.b64encode(sha256(thinking.encode()).digest()).decode()
 
 
 def thinking_block(prompt: str, plan: str) -> dict[str, Any]:
@@ -232,7 +232,7 @@ def thinking_block(prompt: str, plan: str) -> dict[str, Any]:
 def tool_use_id(call: ToolCall, position: int, context: str) -> str:
     """A deterministic `toolu_` id: the same request always gets the same ids."""
     seed = json.dumps([context, position, call.name, call.input], sort_keys=True)
-    return "toolu_" + hashlib.sha256(seed.encode()).hexdigest()[:24]
+    return "toolu_" + sha256(seed.encode()).hexdigest()[:24]
 
 
 def _join(phrases: Sequence[str]) -> str:

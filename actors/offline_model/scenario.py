@@ -7,7 +7,6 @@ and field at fault, so a typo fails at start rather than mid-test.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.digests import sha256
 from actors.offline_model.wire import STOP_REASONS, error_type_for
 
 #: The key used when a request carries no `metadata.user_id`.
@@ -244,10 +244,10 @@ def _parse_block(raw: Any, src: str, where: str) -> dict[str, Any]:
             raise ScenarioError(src, f"{where}.{key}", f"required, a {typ.__name__}")
     block = dict(raw)
     if kind == "thinking":
-        block.setdefault("signature", "sig_" + hashlib.sha256(raw["thinking"].encode()).hexdigest())
+        block.setdefault("signature", "sig_" + sha256(raw["thinking"].encode()).hexdigest())
     if kind == "tool_use" and not isinstance(block.get("id"), str):
         # deterministic, so a replayed scenario produces the same history
-        block["id"] = "toolu_" + hashlib.sha256(where.encode()).hexdigest()[:24]
+        block["id"] = "toolu_" + sha256(where.encode()).hexdigest()[:24]
     return block
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,12 +77,12 @@ def error_body(error_type: str, message: str, request_id: str | None = None) -> 
 
 def new_message_id() -> str:
     """A fresh `msg_...` id."""
-    return "msg_" + secrets.token_hex(12)
+    return "msg_" + os.urandom(12).hex()
 
 
 def new_request_id() -> str:
     """A fresh `req_...` id (the `request-id` header the SDK exposes)."""
-    return "req_" + secrets.token_hex(12)
+    return "req_" + os.urandom(12).hex()
 
 
 def count_tokens(text: str) -> int:

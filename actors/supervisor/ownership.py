@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -60,7 +59,7 @@ def host_id(home: Path) -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         pass
-    made = secrets.token_hex(6)
+    made = os.urandom(6).hex()
     tmp = path.with_name(f".{HOST_ID_FILE}.{os.getpid()}")
     tmp.write_text(made + "\n")
     os.replace(tmp, path)

@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import logging
 import os
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -202,7 +201,7 @@ class Runs:
         if self._placed_elsewhere(peer, env, req):
             return
         refusal = self._refusal(req)
-        sid = req.session or secrets.token_hex(6)
+        sid = req.session or os.urandom(6).hex()
         if refusal is None:
             refusal = self.sup.own(sid)  # (a shared store: this host takes its lease)
         if refusal is not None:
