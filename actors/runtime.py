@@ -205,6 +205,6 @@ def run_actor(name: str, main: Callable[[Settings], Awaitable[None]], *,
     if not fast_loop:
         asyncio.run(actor)
         return
-    import uvloop
+    from actors.nossl import import_uvloop  # (with `ssl` kept out by some `__main__`s)
 
-    uvloop.run(actor)
+    import_uvloop().run(actor)

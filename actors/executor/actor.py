@@ -17,12 +17,11 @@ import functools
 import logging
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors import memorytool
+from actors import memorytool, nossl
 from actors.batching import FLUSH_INTERVAL_S
 from actors.config import Agent, Config
 from actors.executor.views import Views
@@ -183,8 +182,7 @@ class Executor(Worker):
         if self.config.mcp:
             # `__main__` keeps `ssl` out of an executor; the MCP SDK needs it (an HTTP
             # server may be https, and its client imports it anyway): let it load.
-            if "ssl" in sys.modules and sys.modules["ssl"] is None:
-                del sys.modules["ssl"]
+            nossl.let_in()
             from actors.mcp.elicitation import Elicitations
             from actors.mcp.hub import McpHub
 

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from actors import nossl
 from actors.llm_caller import stalls
 from actors.llm_caller.failures import StreamIncomplete, StreamMalformed
 from actors.llm_caller.stalls import StallWatch, StreamBounds
@@ -174,6 +175,7 @@ class AnthropicBackend:
     async def sdk_client(self) -> anthropic.AsyncAnthropic:
         """The SDK client, importing the SDK on first use."""
         if self._client is None:
+            nossl.let_in()  # (the SDK's TLS: `__main__` kept ssl out until now)
             sdk = await import_aside("anthropic")
             if self._client is None:  # another call may have built it meanwhile
                 http = sdk.DefaultAsyncHttpxClient(event_hooks=stalls.watched_client_hooks())

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
+from actors import nossl
 from actors.ask.asker import Asker
 from actors.config import Config
 from actors.core.session import Session
@@ -593,6 +594,7 @@ async def _main(settings: Settings) -> None:
     supervisor.dispatcher.host_gone = host_gone
     supervisor.dispatcher.on_host_gone = stop_now
     if settings.traces is not None:  # the SDK is imported only then
+        nossl.let_in()  # (its OTLP/HTTP exporter may post to https: `__main__` kept ssl out)
         from actors.tracing import RunTracer
 
         supervisor.trace_with(RunTracer(capture=settings.traces.capture_content))

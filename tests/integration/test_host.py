@@ -40,6 +40,7 @@ def _through_every_actor(host, tmp_path, mode):
     idle = {a["name"]: a["pid"] for a in json.loads(oploop(host, "status", "--json").stdout)
             ["actors"]}
     assert not _maps(idle["llm-1"], "_pydantic_core"), "the SDK was imported before a call"
+    assert not _maps(idle["llm-1"], "libcrypto"), "OpenSSL was loaded before a call"
     assert not _maps(idle["host"], "_psutil_linux")
     run = subprocess.run(
         [*OPLOOP, "run", "--json", "read note.txt and run `echo hi`"],
@@ -65,11 +66,12 @@ def _through_every_actor(host, tmp_path, mode):
     assert all(a["rss_mb"] for a in data["actors"])
     assert len(data["sessions"]) == 1
 
-    # Issue 13, idle RSS: the host and the executors speak no TLS and load no libssl
-    # (~4 MB each); the actors on uvloop (which needs it) and the llm callers do.
+    # Issues 13 and 28, idle RSS: only the llm callers speak TLS (their SDK); no other
+    # actor loads OpenSSL (~4.5 MiB each), the supervisor on uvloop included.
     pids = {a["name"]: a["pid"] for a in data["actors"]}
-    assert not _maps(pids["host"], "libssl") and not _maps(pids["executor-1"], "libssl")
-    assert _maps(pids["supervisor"], "libssl")
+    for name in ("host", "executor-1", "supervisor", "broadcaster"):
+        assert not _maps(pids[name], "libcrypto"), name
+    assert _maps(pids["llm-1"], "libssl")
     # (the run's model calls went through the SDK, imported by then)
     assert pids["llm-1"] == idle["llm-1"] and _maps(pids["llm-1"], "_pydantic_core")
 
