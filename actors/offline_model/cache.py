@@ -14,12 +14,12 @@ here lives until newer ones push it out).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from actors.digests import blake2b
 from actors.offline_model.wire import prompt_too_long, value_tokens
 
 #: Prefixes remembered (digests, ~100 bytes each).
@@ -70,7 +70,7 @@ class PromptCache:
         """(input, cache write, cache read) tokens of `request`; its breakpoints'
         prefixes are cached from now on. `PromptTooLong` (and nothing cached) if it is
         over `window` tokens (0: no limit)."""
-        digest = hashlib.blake2b(digest_size=16)
+        digest = blake2b(digest_size=16)
         total = 0
         prefixes: list[tuple[int, bytes]] = []  # (tokens so far, digest) after each block
         marks: list[int] = []  # indexes of the blocks with a breakpoint

@@ -19,9 +19,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
-import uvloop
-
 from actors.config import ConfigError
+from actors.nossl import import_uvloop
 from actors.offline_model.scenario import Scenario, ScenarioError, load_scenario
 from actors.offline_model.server import start_server
 from actors.runtime import join_host, notify_ready
@@ -101,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"offline model: bad scenario: {exc}", file=sys.stderr)
         return 2
     try:
-        uvloop.run(serve(args, scenario))
+        import_uvloop().run(serve(args, scenario))
     except OSError as exc:  # e.g. the port is taken, or the port file's folder is missing
         print(f"offline model: cannot serve: {exc}", file=sys.stderr)
         return 1

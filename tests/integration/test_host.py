@@ -69,7 +69,7 @@ def _through_every_actor(host, tmp_path, mode):
     # Issues 13 and 28, idle RSS: only the llm callers speak TLS (their SDK); no other
     # actor loads OpenSSL (~4.5 MiB each), the supervisor on uvloop included.
     pids = {a["name"]: a["pid"] for a in data["actors"]}
-    for name in ("host", "executor-1", "supervisor", "broadcaster"):
+    for name in ("host", "executor-1", "supervisor", "broadcaster", "offline-model"):
         assert not _maps(pids[name], "libcrypto"), name
     assert _maps(pids["llm-1"], "libssl")
     # (the run's model calls went through the SDK, imported by then)

@@ -29,7 +29,7 @@ def report():
     os.kill(os.getpid(), signal.SIGTERM)  # (a clean stop, as the host's)
 
 threading.Thread(target=report, daemon=True).start()
-runpy.run_module(sys.argv[1], run_name="__main__", alter_sys=True)
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)  # (its argv after)
 """
 
 #: OpenSSL's modules: `_ssl` (libssl, libcrypto) and `_hashlib` (libcrypto), ~4.5 MiB.
@@ -42,7 +42,10 @@ NOT_AT_IDLE = {
     "actors.broadcaster": {"psutil", "shutil", "tenacity", "anthropic"},
     "actors.llm_caller": {"psutil", "shutil", "tenacity", "anthropic"},
     "actors.executor": {"psutil", "tenacity", "anthropic"},
+    "actors.offline_model": {"psutil", "tenacity", "anthropic"},  # (argparse's shutil)
 }
+#: The command line each is given (the offline model's, as the host gives it).
+ARGS = {"actors.offline_model": ["--port", "0", "--port-file", "{home}/port"]}
 
 
 def modules_at_ready(entry: str, home: Path) -> set[str]:
@@ -53,7 +56,8 @@ def modules_at_ready(entry: str, home: Path) -> set[str]:
     env = {**os.environ, "OPLOOP_HOME": str(home), "OPLOOP_LLM_BACKEND": "scripted",
            "OPLOOP_LLM_SCRIPT": str(script)}
     env.pop("OPLOOP_READY_FD", None)
-    done = subprocess.run([sys.executable, "-c", _AT_READY, entry], env=env,
+    args = [a.format(home=home) for a in ARGS.get(entry, [])]
+    done = subprocess.run([sys.executable, "-c", _AT_READY, entry, *args], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout, f"{entry} never said it was ready: {done.stderr[-2000:]}"
     return set(json.loads(done.stdout.splitlines()[0]))
@@ -62,12 +66,13 @@ def modules_at_ready(entry: str, home: Path) -> set[str]:
 @pytest.mark.parametrize("entry", sorted(NOT_AT_IDLE))
 def test_an_idle_actor_holds_no_openssl_and_nothing_it_loads_when_needed(entry, tmp_path):
     loaded = modules_at_ready(entry, tmp_path)
-    assert f"{entry}.actor" in loaded  # (it did start)
+    assert {f"{entry}.actor", f"{entry}.cli"} & loaded  # (it did start)
     assert not loaded & OPENSSL, sorted(loaded & OPENSSL)
     assert not loaded & NOT_AT_IDLE[entry], sorted(loaded & NOT_AT_IDLE[entry])
 
 
-@pytest.mark.parametrize("entry", ["actors.supervisor", "actors.llm_caller"])
+@pytest.mark.parametrize("entry", ["actors.supervisor", "actors.llm_caller",
+                                   "actors.offline_model"])
 def test_the_busy_actors_keep_uvloop(entry, tmp_path):
     # a turn's cost in them is the loop's: OpenSSL went, uvloop stays
     assert "uvloop.loop" in modules_at_ready(entry, tmp_path)

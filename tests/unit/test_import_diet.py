@@ -129,7 +129,7 @@ def test_the_run_core_loads_no_io_and_nothing_of_the_supervisor():
 #: Actors that open no TLS connection of their own: their `__main__` keeps `ssl` out
 #: before asyncio loads it (an llm caller's SDK lets it in at its first call).
 NO_TLS = ("actors.host.actor", "actors.executor.actor", "actors.broadcaster.actor",
-          "actors.supervisor.actor", "actors.llm_caller.actor")
+          "actors.supervisor.actor", "actors.llm_caller.actor", "actors.offline_model.cli")
 
 
 @pytest.mark.parametrize("entry", NO_TLS)
