@@ -23,7 +23,7 @@ so a typo fails there with a message naming the key, never mid-session::
     max_prompt_chars = 1000000
     max_running_sessions = 1000
     journal_reserve_mb = 64       # below this much free disk, new runs are refused
-    compact_every_kb = 256        # a running session's log is compacted every this many KB
+    compact_every_kb = 256        # a session's log is compacted every this many KB
     max_result_chars = 262144     # an MCP result's text, an ask_machine answer (actors.bounds)
     max_tools = 200               # MCP tools an executor offers; the rest are left out
     max_tool_description_chars = 2048

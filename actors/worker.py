@@ -78,8 +78,12 @@ _DETAIL_CHARS = 300
 #: supervisor dying meanwhile is sent again to the next (`Ready.running`).
 KEEP_S = 3 * INTERVAL_S
 #: Final replies kept so at most, and their frames' bytes (the oldest go first, logged).
-MAX_KEPT = 1024
+#: A busy executor answers ~600 calls a second: at 1,024, the replies of its last 1.7 s
+#: were kept, under `KEEP_S`, and every reply logged one dropped.
+MAX_KEPT = 8192
 MAX_KEPT_BYTES = 64 << 20
+#: Replies dropped from the kept ones are logged at most once in this many seconds.
+KEPT_LOG_S = 10.0
 
 _FINAL = (LlmResult, ToolResult, PromptResult, JobFailed)
 #: What the supervisor sends for a job in flight (not a job): `Worker.job_message`.
@@ -149,6 +153,8 @@ class Worker(ABC):
         #: (reply, the call it answers, when it went), oldest first (`KEEP_S`).
         self._kept: OrderedDict[str, tuple[Envelope, str, float, int]] = OrderedDict()
         self._kept_bytes = 0
+        self._kept_dropped = 0  # (dropped since the last line that said so)
+        self._kept_logged_at = -KEPT_LOG_S
         #: When the supervisor was last heard (time.monotonic()).
         self._heard_at = 0.0
         self._liveness: Liveness[str] = Liveness()
@@ -272,8 +278,14 @@ class Worker(ABC):
         while len(self._kept) > MAX_KEPT or self._kept_bytes > MAX_KEPT_BYTES:
             lost, (_, _, _, lost_size) = self._kept.popitem(last=False)
             self._kept_bytes -= lost_size
-            log.warning("%s: the reply to job %s is no longer kept (%d newer ones, %d bytes, "
-                        "are)", self.worker_id, lost, len(self._kept), self._kept_bytes)
+            self._kept_dropped += 1
+            now = time.monotonic()
+            if now - self._kept_logged_at >= KEPT_LOG_S:  # (one line, not one per reply)
+                log.warning("%s: %d repl%s no longer kept, the last for job %s (%d newer "
+                            "ones, %d bytes, are)", self.worker_id, self._kept_dropped,
+                            "y" if self._kept_dropped == 1 else "ies", lost,
+                            len(self._kept), self._kept_bytes)
+                self._kept_dropped, self._kept_logged_at = 0, now
 
     def _prune_kept(self) -> None:
         """Forget the kept replies the supervisor was alive to read (heard `KEEP_S`

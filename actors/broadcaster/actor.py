@@ -16,7 +16,7 @@ from actors.broadcaster.store import STORE_FILE, EventStore, StoreError
 from actors.eventcounts import EventCounts
 from actors.runtime import notify_ready, run_actor
 from actors.settings import Settings
-from bus.codec import decode
+from bus.codec import decode, event_head
 from bus.endpoints import Endpoints
 from bus.errors import BadFrame, BusError
 from bus.messages import (
@@ -122,16 +122,21 @@ class Broadcaster:
         if not isinstance(env.body, Event):
             self._refuse(f"ingest:{env.kind}")
             return
-        if not env.sid:
+        self._ingest(env.sid, env.body.seq, frame, env.body.type, env.body.data)
+
+    def _ingest(self, sid: str, seq: int, frame: bytes, kind: str,
+                data: dict[str, Any]) -> None:
+        """Log, publish and count event `seq` of `sid` from this host's supervisor, or
+        hold it if it came early."""
+        if not sid:
             self._refuse("no_session")
             return
-        seq = env.body.seq
-        appended = self.accept(env.sid, seq, frame, own=True, event=env.body)
+        appended = self.accept(sid, seq, frame, own=True, kind=kind, data=data)
         if appended.stored:
-            if env.sid in self.backfill.held:
-                self.backfill.release(env.sid)
+            if sid in self.backfill.held:
+                self.backfill.release(sid)
         elif appended.gap:
-            self.backfill.hold(env.sid, seq, frame)
+            self.backfill.hold(sid, seq, frame)
         elif self.follower is None or appended.reason != "duplicate":
             # (On a shared store a duplicate is expected: a replay caught this log up
             # from the store, or a followed host sent the event first.)
@@ -143,6 +148,10 @@ class Broadcaster:
         session's later events then wait as a gap, which `Backfill` fetches)."""
         for frame in frames:
             try:
+                head = event_head(frame)  # (the usual: a plain event, only its head read)
+                if head is not None:
+                    self._ingest(*head[:2], frame, *head[2:])
+                    continue
                 env = decode(frame)
             except BadFrame as exc:
                 self._refuse(f"batch:{exc.reason}")
@@ -161,16 +170,17 @@ class Broadcaster:
                 log.exception("ingest: an event of a batch failed (%s)", env.sid)
 
     def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False,
-               event: Event | None = None) -> Appended:
+               kind: str | None = None, data: dict[str, Any] | None = None) -> Appended:
         """Append event `seq` of `sid` to the log and, if it was next, publish and count
         it. `own`: it came from this host's supervisor (on a shared store its topic then
         carries `OWN`, which the other hosts' followers subscribe to: they never get
-        back what they relayed here). `event`: the frame decoded, when the caller has
-        it (else it is decoded here, for the counts: recovered events only)."""
+        back what they relayed here). `kind`, `data`: the event's type and data, when
+        the caller has them (else the frame is decoded here, for the counts: recovered
+        events only)."""
         appended = self.log.append(sid, seq, frame)
         if not appended.stored:
             return appended
-        self._count(frame, event)
+        self._count(frame, kind, data)
         topic = sid.encode() + (OWN if own and self.follower is not None else b"")
         try:
             self.events.send_frame(frame, topic)
@@ -178,17 +188,17 @@ class Broadcaster:
             log.warning("could not publish %s#%d: %s", sid, seq, exc)
         return appended
 
-    def _count(self, frame: bytes, event: Event | None) -> None:
-        if event is None:
+    def _count(self, frame: bytes, kind: str | None, data: dict[str, Any] | None) -> None:
+        if kind is None or data is None:
             try:
                 body = decode(frame).body
             except BadFrame:
                 return  # (logged already: the supervisor journaled it)
             if not isinstance(body, Event):
                 return
-            event = body
+            kind, data = body.type, body.data
         try:
-            self.counts.observe(event.type, event.data)
+            self.counts.observe(kind, data)
         except (TypeError, ValueError) as exc:  # a strange event costs its count only
             log.warning("event not counted: %s", exc)
 
@@ -202,7 +212,8 @@ class Broadcaster:
             return
         if not isinstance(env.body, Event) or not env.sid:
             return  # (another host's notices concern its own viewers)
-        appended = self.accept(env.sid, env.body.seq, frames[-1], event=env.body)
+        appended = self.accept(env.sid, env.body.seq, frames[-1], kind=env.body.type,
+                               data=env.body.data)
         if appended.stored:
             if env.sid in self.backfill.held:
                 self.backfill.release(env.sid)

@@ -38,9 +38,10 @@ class Limits:
     #: runs under way when the disk fills (0: no reserve).
     journal_reserve_mb: int = 64
     #: A session's state is written (a compaction: its small fields, and the messages
-    #: new since the last one) at a run's end and, in a long run, once this many KB of
-    #: records were logged since the last one: a restart folds at most about this much
-    #: (0: only at a run's end). Each message is written once whatever this is; a
+    #: new since the last one) once this many KB of records were logged since the
+    #: last one, mid-run or at a run's end: a load or a restart folds at most about
+    #: this much (0: never mid-run, and at each run's end with as many bytes of records
+    #: since as the state took). Each message is written once whatever this is; a
     #: smaller value rewrites the state's digest list more often.
     compact_every_kb: int = 256
     #: What enters a history from outside the built-ins is cut to these, with a note

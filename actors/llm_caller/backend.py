@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from actors import nossl
 from actors.llm_caller import stalls
+from actors.llm_caller.bodies import BodyCache
 from actors.llm_caller.failures import StreamIncomplete, StreamMalformed
 from actors.llm_caller.stalls import StallWatch, StreamBounds
 from actors.usage import API_FIELDS
@@ -167,6 +168,8 @@ class AnthropicBackend:
         self.api_key = api_key or "none"
         self.base_url = base_url or None
         self._client: anthropic.AsyncAnthropic | None = None
+        #: Streamed requests' bodies, each history message encoded once.
+        self.bodies = BodyCache()
 
     async def preload(self) -> None:
         """Import the SDK and build the client now (in a thread: the loop keeps serving)."""
@@ -193,11 +196,10 @@ class AnthropicBackend:
         progress (`actors.llm_caller.stalls`), `StreamMalformed` on a stream the API
         never sends."""
         client = await self.sdk_client()
-        kwargs = split_known(request, client.messages.stream)
         watch = StallWatch(bounds)
         token = stalls.CURRENT.set(watch)  # the client's response hook feeds `watch`
         try:
-            async with watch.timeout, client.messages.stream(**kwargs, timeout=timeout_s) as stream:
+            async with watch.timeout, self._stream(client, request, timeout_s) as stream:
                 stopped = False
                 async for event in stream:
                     kind = event.type
@@ -224,6 +226,24 @@ class AnthropicBackend:
         if not stopped or final.stop_reason is None:  # truncated, even after message_delta
             raise StreamIncomplete()
         return checked(message_to_dict(final))
+
+    def _stream(self, client: anthropic.AsyncAnthropic, request: dict[str, Any],
+                timeout_s: float) -> Any:
+        """The SDK's `messages.stream` of `request`, its body made by `bodies` (each
+        history message encoded once); a request JSON cannot carry goes to
+        `messages.stream` itself, which says what is wrong as it always did."""
+        try:
+            body = self.bodies.body(request, stream=True)
+        except (TypeError, ValueError):
+            return client.messages.stream(**split_known(request, client.messages.stream),
+                                          timeout=timeout_s)
+        import anthropic as sdk  # noqa: PLC0415  (imported by now: `client` is its)
+        from anthropic.lib.streaming import AsyncMessageStreamManager  # noqa: PLC0415
+        return AsyncMessageStreamManager(client.post(
+            "/v1/messages", cast_to=sdk.types.Message, content=body,
+            options={"timeout": timeout_s}, stream=True,
+            stream_cls=sdk.AsyncStream[sdk.types.RawMessageStreamEvent],
+        ))
 
     async def create(self, request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         """One non-streaming call (the fallback when a stream dies near the deadline)."""

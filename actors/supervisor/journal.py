@@ -3,11 +3,13 @@
 Every event the supervisor emits becomes a `Record` here (its frame and the
 history delta since the session's previous event); a run's start and end also
 rewrite the session's small row. A compaction (the session's whole state) is
-written at a run's end once at least as many bytes of records were logged since
-the session's last one as that one took, and in a long run each time
-`compact_every_kb` of records (and as many) were: so a large history is not
-rewritten at every short run of a chat, nor every few KB of a long run, and the
-bytes of compactions stay within those of the records.
+written once `compact_every_kb` of records, and at least as many bytes as the last
+one took, were logged since the session's last one: mid-run (at the next commit) or
+at a run's end, whichever comes first. So a large history is not rewritten at every
+short run of a chat, nor every few KB of a long run; a busy host's short runs write
+none at their end (at 10 turns a run, a run's end compaction was a third of the
+commits' cost); the bytes of compactions stay within those of the records, and a
+load folds at most about `compact_every_kb` of records after the compaction.
 It is written with the commit, when the session is exactly the fold of its
 records (the driver changes a session and emits its events in one synchronous step). The
 supervisor commits the batch at the end of the loop iteration and only then
@@ -116,7 +118,7 @@ class Journal:
         if type_ in TERMINAL:
             batch.rows[session.id] = session_row(session)
             self._due.pop(session.id, None)
-            if session.log_since >= session.log_compacted:
+            if session.log_since >= max(self.compact_every, session.log_compacted):
                 self._compact(session)
         elif self.compact_every and \
                 session.log_since >= max(self.compact_every, session.log_compacted):

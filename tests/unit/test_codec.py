@@ -7,7 +7,7 @@ import dataclasses
 import msgpack
 import pytest
 
-from bus.codec import MAX_FRAME_BYTES, decode, encode, encode_event
+from bus.codec import MAX_FRAME_BYTES, decode, encode, encode_event, event_head
 from bus.errors import BadFrame
 from bus.messages import MESSAGE_TYPES, Envelope, Event, StartRun, ToolJob
 
@@ -80,3 +80,57 @@ def test_with_body_is_replace_of_the_body():
     other = ToolJob("read_file", {"path": "x"})
     assert env.with_body(other) == dataclasses.replace(env, body=other)
 
+
+
+def _event_frame(**fields: object) -> bytes:
+    body = {"seq": 3, "type": "TOOL_END", "turn": 1, "ts": 1.5, "data": {"output": "x"},
+            **fields}
+    return msgpack.packb([1, "event", "", "s1", "", 0.0, body])
+
+
+@pytest.mark.parametrize("frame", [
+    _event_frame(),
+    _event_frame(ts=2),  # (an int time: a number, as decode takes it)
+    encode_event("s1", 7, "TURN_END", 2, 1733500000.25, {"usage": {"cost_usd": 1.5e-05}}),
+])
+def test_event_head_reads_what_decode_reads(frame):
+    env = decode(frame)
+    assert event_head(frame) == (env.sid, env.body.seq, env.body.type, env.body.data)
+
+
+@pytest.mark.parametrize("frame", [
+    _event_frame(seq=True),  # (a bool is not an int)
+    _event_frame(seq="3"),
+    _event_frame(type=5),
+    _event_frame(turn=1.5),
+    _event_frame(ts="now"),
+    _event_frame(data=[1]),
+    _event_frame(extra=1),
+    msgpack.packb([1, "event", "", 5, "", 0.0, {"seq": 3, "type": "T", "turn": 1, "ts": 1.5,
+                                                "data": {}}]),
+    msgpack.packb([2, "event", "", "s1", "", 0.0, {"seq": 3, "type": "T", "turn": 1,
+                                                   "ts": 1.5, "data": {}}]),
+    msgpack.packb([1, "event", "", "s1", "", 0.0, {"seq": 3}]),
+])
+def test_event_head_leaves_every_odd_event_to_decode_which_refuses_it(frame):
+    """Whatever `decode` refuses, `event_head` does not read: it answers None (the
+    caller decodes it and refuses it with decode's reason)."""
+    assert event_head(frame) is None
+    with pytest.raises(BadFrame):
+        decode(frame)
+
+
+def test_event_head_leaves_other_kinds_and_traced_events_to_decode():
+    assert event_head(encode(Envelope(StartRun("x")))) is None
+    traced = encode(Envelope(Event(1, "TURN_START", 1, 1.0, {}), sid="s1",
+                             traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    assert event_head(traced) is None and decode(traced).body.seq == 1
+
+
+def test_event_head_refuses_what_is_no_frame():
+    with pytest.raises(BadFrame) as bad:
+        event_head(b"\xc1garbage")
+    assert bad.value.reason == "malformed"
+    with pytest.raises(BadFrame) as bad:
+        event_head(b"\x00" * (MAX_FRAME_BYTES + 1))
+    assert bad.value.reason == "oversize"

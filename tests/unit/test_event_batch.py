@@ -166,6 +166,8 @@ def test_a_malformed_batch_is_dropped_and_the_broadcaster_goes_on(pair):
             _event("sa", 1, "SESSION_START"),
             b"\x93not an envelope",  # one event that does not decode: that one only
             nested,  # a batch in a batch: refused
+            msgpack.packb([PROTOCOL_VERSION, "event", "", "sa", "", 0.0, {  # a bad field
+                "seq": 2, "type": "TURN_START", "turn": 1, "ts": "now", "data": {}}]),
             _event("sa", 2, "TURN_START"),
         ]))))
         push.send(_event("sa", 3, "TURN_END"))  # a single event after them, as before
@@ -175,5 +177,6 @@ def test_a_malformed_batch_is_dropped_and_the_broadcaster_goes_on(pair):
     finally:
         push.close(linger=0)
     assert pair.broadcaster.ingest.rejected == {"field_type": 1}
-    assert pair.broadcaster.refused == {"batch:malformed": 1, "batch:nested": 1}
+    assert pair.broadcaster.refused == {"batch:malformed": 1, "batch:nested": 1,
+                                        "batch:field_type": 1}
     assert [seq for _, _, seq, _ in pair.viewed(3)] == [1, 2, 3]

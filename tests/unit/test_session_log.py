@@ -200,14 +200,18 @@ class Stores:
         #: create: the property test needs one per prefix of each example).
         self.free: list[str] = []
 
-    def journal(self, name: str = "sessions") -> Journal:
-        """A journal on a new, empty store."""
+    def journal(self, name: str = "sessions", compact_every_kb: int = 0) -> Journal:
+        """A journal on a new, empty store. It compacts a session at each run's end
+        where due (`compact_every_kb` 0: as soon as as many bytes of records came as
+        its state took), so that these tests' short runs write compactions: the
+        default (256 KB) would leave them all to their records."""
         path = self.tmp / f"{name}-{len(self.opened)}.db"
         if self.cluster is None:
-            journal = Journal(path, reserve_mb=0)
+            journal = Journal(path, reserve_mb=0, compact_every_kb=compact_every_kb)
         else:
             url = self.free.pop() if self.free else pgcluster.fresh_schema(self.cluster)
-            journal = Journal(path, reserve_mb=0, store=open_store(self.tmp, url))
+            journal = Journal(path, reserve_mb=0, compact_every_kb=compact_every_kb,
+                              store=open_store(self.tmp, url))
         self.opened.append(journal)
         return journal
 
