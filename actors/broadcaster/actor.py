@@ -147,12 +147,11 @@ class Broadcaster:
         not decode is logged, counted (`refused`) and dropped; the rest go on (a
         session's later events then wait as a gap, which `Backfill` fetches)."""
         for frame in frames:
+            env = None
             try:
                 head = event_head(frame)  # (the usual: a plain event, only its head read)
-                if head is not None:
-                    self._ingest(*head[:2], frame, *head[2:])
-                    continue
-                env = decode(frame)
+                if head is None:
+                    env = decode(frame)
             except BadFrame as exc:
                 self._refuse(f"batch:{exc.reason}")
                 total = sum(self.refused.values())
@@ -160,14 +159,19 @@ class Broadcaster:
                     log.warning("ingest: an event of a batch dropped (kind %s): %s: %s",
                                 exc.kind or "?", exc.reason, exc.detail)
                 continue
-            if isinstance(env.body, EventBatch):  # (never nested: one level only)
+            if env is not None and isinstance(env.body, EventBatch):  # (one level only)
                 self._refuse("batch:nested")
                 continue
             try:
-                self.handle_event(None, env, frame)
+                if head is not None:
+                    sid, seq, kind, data = head
+                    self._ingest(sid, seq, frame, kind, data)
+                else:
+                    self.handle_event(None, env, frame)
             except Exception:  # as the port does for a message: one event, not the rest
                 self._refuse("batch:handler_error")
-                log.exception("ingest: an event of a batch failed (%s)", env.sid)
+                log.exception("ingest: an event of a batch failed (%s)",
+                              head[0] if head is not None else env.sid if env else "?")
 
     def accept(self, sid: str, seq: int, frame: bytes, *, own: bool = False,
                kind: str | None = None, data: dict[str, Any] | None = None) -> Appended:

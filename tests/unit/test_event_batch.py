@@ -180,3 +180,27 @@ def test_a_malformed_batch_is_dropped_and_the_broadcaster_goes_on(pair):
     assert pair.broadcaster.refused == {"batch:malformed": 1, "batch:nested": 1,
                                         "batch:field_type": 1}
     assert [seq for _, _, seq, _ in pair.viewed(3)] == [1, 2, 3]
+
+
+def test_an_event_whose_handling_fails_costs_that_event_only(pair, monkeypatch):
+    """An error while one event of a batch is taken (here its count) is counted and
+    logged; the batch's other events are taken as usual."""
+    observe = pair.broadcaster.counts.observe
+
+    def failing(kind, data):
+        if kind == "TURN_START":
+            raise RuntimeError("a bug")
+        observe(kind, data)
+
+    monkeypatch.setattr(pair.broadcaster.counts, "observe", failing)
+    push = pair.ctx.socket(zmq.PUSH)
+    try:
+        push.connect(pair.broadcaster.ingest.sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        push.send(encode(Envelope(EventBatch([
+            _event("sa", 1, "SESSION_START"), _event("sa", 2, "TURN_START"),
+            _event("sa", 3, "TURN_END")]))))
+        pair.take_ingest()
+    finally:
+        push.close(linger=0)
+    assert pair.broadcaster.refused == {"batch:handler_error": 1}
+    assert [seq for _, _, seq, _ in pair.viewed(2)] == [1, 3]
