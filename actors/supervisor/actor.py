@@ -128,6 +128,9 @@ class Supervisor:
         work.identify = endpoints.network is not None
         self.dispatcher = Dispatcher(work, self.control)
         self.dispatcher.local_worker_keys = self.config.local_worker_keys
+        if journal is not None:  # (without one an event is published as it is emitted)
+            self.dispatcher.uncommitted = lambda: bool(self._unjournaled)
+            self.dispatcher.commit_soon = self._schedule_flush
         work.handler = self.dispatcher.handle_work
         #: The shared store out of reach: its sessions wait (`supervisor/outage.py`).
         self.outage = Outage(self.emit, self._waiting_sessions, self.sessions.get,
@@ -205,8 +208,10 @@ class Supervisor:
                               else loop.call_later(TOKEN_COMMIT_S, self._flush))
 
     def _flush(self) -> None:
-        """Commit the pending records, then publish their events and send the replies
-        that waited for them. A failed commit publishes nothing: it is tried again."""
+        """Commit the pending records, publish their events, send the jobs that waited
+        for them (tool calls: `Dispatcher.uncommitted`) and the replies that waited for
+        them. A failed commit publishes nothing, and sends nothing that waited for it:
+        it is tried again."""
         if self._flush_handle is not None:  # (called directly: the pending call is void)
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -224,6 +229,7 @@ class Supervisor:
         events, self._unjournaled = self._unjournaled, []
         if events:
             self.push.commit(events)
+        self.dispatcher.send_out()  # (what waited for this commit: tool jobs)
         if self.outage.active:  # (its STORE_UNAVAILABLE events just went out)
             self.outage.end()
         replies, self._after_commit = self._after_commit, []

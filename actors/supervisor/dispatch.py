@@ -126,6 +126,15 @@ class Dispatcher:
         self.held = False
         #: Jobs matched and encoded, sent together at the end of the loop's turn.
         self.outbox = Outbox()
+        #: Whether events emitted wait for their commit (the supervisor's session log;
+        #: never, by default): jobs other than model calls (and model calls sent with
+        #: them) then wait in the outbox for `send_out(committed=True)`, which the commit
+        #: makes (`Supervisor._flush`), and `commit_soon` is asked for it. A tool job never
+        #: leaves before its `TOOL_START` is in the log, whatever the order of the loop's
+        #: callbacks.
+        self.uncommitted: Callable[[], bool] = lambda: False
+        self.commit_soon: Callable[[], None] = lambda: None
+        self._send_due = False  # (`_send_out` is scheduled)
         #: Calls in flight that resumed runs wait to adopt: (session, call id) -> (the
         #: machine they ran on, the future the adopted job is given to).
         self.expected: dict[tuple[str, str], tuple[str, asyncio.Future[Job]]] = {}
@@ -137,7 +146,9 @@ class Dispatcher:
     def hold(self, held: bool) -> None:
         """Hold every new job in its queue (`held`), or send what waits again."""
         self.held = held
-        if not held:
+        if held:
+            self.send_out()  # (held: what the outbox holds waits again in its queues)
+        else:
             for key in list(self.queues):
                 self._send_jobs(key)
 
@@ -280,15 +291,25 @@ class Dispatcher:
                     exc.reason, f"the {env.kind} cannot be sent to a worker: {exc.detail}",
                 ), job=job.id))
                 continue
-            if not self.outbox:
+            if not self._send_due:  # (the outbox may hold jobs waiting for a commit)
+                self._send_due = True
                 asyncio.get_running_loop().call_soon(self._send_out)
             self.outbox.add(job, worker, frame)
 
     def _send_out(self) -> None:
-        """Send the outbox, in order. A worker found unreachable is dropped, and its jobs
-        not yet sent wait again, first in their queues, for the others. Held (the store
-        out of reach), every job waits again."""
-        out = self.outbox.take()
+        """The outbox's turn (scheduled by the first job into it): what may go now."""
+        self._send_due = False
+        committed = not self.uncommitted()
+        self.send_out(committed)
+        if not committed and self.outbox:  # tool jobs wait for the commit: have it now
+            self.commit_soon()
+
+    def send_out(self, committed: bool = True) -> None:
+        """Send the outbox, in order: all of it once this turn's events are `committed`,
+        else only if it holds model calls alone (`Outbox.take`). A worker found
+        unreachable is dropped, and its jobs not yet sent wait again, first in their
+        queues, for the others. Held (the store out of reach), every job waits again."""
+        out = self.outbox.take(early=not committed)
         if self.held:
             self._requeue([(job, worker) for job, worker, _ in out])
             return

@@ -88,6 +88,13 @@ class Job:
         return self.role, self.machine
 
 
+#: Roles whose jobs may leave before the events emitted with them are committed: a
+#: model call (made again after a crash, nothing lost). A tool job leaves only once its
+#: `TOOL_START` is in the session log: a call the log does not show as started would
+#: never be answered "interrupted" after a crash, and could be run twice.
+EARLY_ROLES = frozenset({"llm"})
+
+
 class Outbox:
     """Jobs matched to workers and encoded, to be sent together once the loop's turn is
     over (`Dispatcher._send_out`): the sends of a turn then go in one burst, which
@@ -113,8 +120,14 @@ class Outbox:
         """Send `frame` (the encoded `job`) to `worker` with the others."""
         self._jobs[job.id] = (job, worker, frame)
 
-    def take(self) -> list[tuple[Job, WorkerState, bytes]]:
-        """Everything to send, in the order it came; the outbox is then empty."""
+    def take(self, early: bool = False) -> list[tuple[Job, WorkerState, bytes]]:
+        """Everything to send, in the order it came, taken out; `early`: what may leave
+        before this turn's events are committed: the jobs if all of them may
+        (`EARLY_ROLES`), else none (then all go in one burst after the commit, as one
+        wake-up of the I/O threads: many sessions' turns mix model calls and tool
+        calls, and a burst each would cost a wake-up more a turn of the loop)."""
+        if early and any(job.role not in EARLY_ROLES for job, _, _ in self._jobs.values()):
+            return []
         out = list(self._jobs.values())
         self._jobs.clear()
         return out
