@@ -97,8 +97,8 @@ async def main():
     except nossl.TlsKeptOut as exc:
         print("refused:", exc)
     nossl.let_in()
-    import httpx
-    async with httpx.AsyncClient(verify=ca) as client:
+    import httpx2  # (the SDK's HTTP client)
+    async with httpx2.AsyncClient(verify=ca) as client:
         reply = await client.get(f"https://localhost:{port}/")
     print("over tls:", reply.status_code, reply.text)
 
