@@ -115,13 +115,13 @@ class Journal:
             if session.start_key:
                 batch.starts.append(StartKey(session.start_key, session.id, session.runs, seq))
         session.log_since += len(frame) + len(record.delta or b"")
+        due = session.log_since >= max(self.compact_every, session.log_compacted)
         if type_ in TERMINAL:
             batch.rows[session.id] = session_row(session)
             self._due.pop(session.id, None)
-            if session.log_since >= max(self.compact_every, session.log_compacted):
+            if due:
                 self._compact(session)
-        elif self.compact_every and \
-                session.log_since >= max(self.compact_every, session.log_compacted):
+        elif due and self.compact_every:  # (0: never mid-run)
             self._due[session.id] = session
         return record
 

@@ -98,29 +98,26 @@ def test_a_long_run_is_compacted_every_n_kb_and_folds_from_there(tmp_path):
         journal.close()
 
 
-def test_a_chat_of_short_runs_does_not_rewrite_its_history_at_every_end(tmp_path):
-    """Each run's end wrote the session's whole state: a chat of N short runs wrote
-    its history N times over (quadratic). A compaction now refers to its messages by
-    digest and writes only those the store does not hold yet (and a run's end
-    compacts only once as many bytes of records came since the last one as its state
-    took, and `compact_every_kb`): compactions stay within the records' bytes, and
-    the log still folds into the session after every run."""
-    journal = Journal(tmp_path / "sessions.db", reserve_mb=0, compact_every_kb=16)
-    io = IterationIO(journal, turns=2)
-    session = Session("s1", Agent(max_turns=50), "/tmp")
-    written = {"records": 0, "compactions": 0}
+def _count_commits(journal: Journal) -> list[tuple[int, int]]:
+    """Have `journal`'s log note, for each commit, the bytes of its records and of its
+    compactions; the list it fills."""
+    written: list[tuple[int, int]] = []
     commit = journal.log.commit
 
     def counting(records, rows, compactions, starts):  # type: ignore[no-untyped-def]
         records, compactions = list(records), list(compactions)
-        written["records"] += sum(len(r.frame) + len(r.delta or b"") for r in records)
-        written["compactions"] += sum(len(c.state) + sum(len(d) for _, d in c.parts)
-                                      for c in compactions)
+        written.append((sum(len(r.frame) + len(r.delta or b"") for r in records),
+                        sum(len(c.state) + sum(len(d) for _, d in c.parts)
+                            for c in compactions)))
         commit(records, rows, compactions, starts)
 
     journal.log.commit = counting  # type: ignore[method-assign]
+    return written
 
-    async def chat(runs: int) -> None:
+
+def _chat(journal: Journal, io: IterationIO, session: Session, runs: int) -> None:
+    """`runs` runs of `session` one after the other; after each, the log folds into it."""
+    async def chat() -> None:
         for n in range(runs):
             driver = RunDriver(session, io)
             driver.start(f"message {n}")
@@ -131,11 +128,26 @@ def test_a_chat_of_short_runs_does_not_rewrite_its_history_at_every_end(tmp_path
             assert {f: getattr(loaded, f) for f in FOLDED} == \
                 {f: getattr(session, f) for f in FOLDED}, f"after run {n + 1}"
 
+    asyncio.run(chat())
+
+
+def test_a_chat_of_short_runs_does_not_rewrite_its_history_at_every_end(tmp_path):
+    """Each run's end wrote the session's whole state: a chat of N short runs wrote
+    its history N times over (quadratic). A compaction now refers to its messages by
+    digest and writes only those the store does not hold yet (and a run's end
+    compacts only once as many bytes of records came since the last one as its state
+    took, and `compact_every_kb`): compactions stay within the records' bytes, and
+    the log still folds into the session after every run."""
+    journal = Journal(tmp_path / "sessions.db", reserve_mb=0, compact_every_kb=16)
+    session = Session("s1", Agent(max_turns=50), "/tmp")
+    written = _count_commits(journal)
     try:
-        asyncio.run(chat(40))
+        _chat(journal, IterationIO(journal, turns=2), session, 40)
         assert session.runs == 40
+        records = sum(r for r, _ in written)
+        compactions = sum(c for _, c in written)
         # Before: 8.6x the records' bytes (1.94 MB for 226 KB), growing with each run.
-        assert written["compactions"] <= written["records"] / 2, written
+        assert compactions <= records / 2, (records, compactions)
     finally:
         journal.close()
 
@@ -148,39 +160,21 @@ def test_a_runs_end_compacts_only_once_compact_every_kb_of_records_came(tmp_path
     Before, every end with more records since than its state compacted: a 3-turn
     run's end cost a third more in commits than its records."""
     journal = Journal(tmp_path / "sessions.db", reserve_mb=0, compact_every_kb=24)
-    io = IterationIO(journal, turns=2)
     session = Session("s1", Agent(max_turns=50), "/tmp")
-    since: list[int] = []  # bytes of records since the last compaction, at each one
-    counted = [0]
-    commit = journal.log.commit
-
-    def counting(records, rows, compactions, starts):  # type: ignore[no-untyped-def]
-        records, compactions = list(records), list(compactions)
-        counted[0] += sum(len(r.frame) + len(r.delta or b"") for r in records)
-        if compactions:
-            since.append(counted[0])
-            counted[0] = 0
-        commit(records, rows, compactions, starts)
-
-    journal.log.commit = counting  # type: ignore[method-assign]
-
-    async def chat(runs: int) -> None:
-        for n in range(runs):
-            driver = RunDriver(session, io)
-            driver.start(f"message {n}")
-            await driver.run()
-            await asyncio.sleep(0)  # (the run's last commit)
-            loaded = load_session(journal.log, "s1", {})
-            assert loaded is not None
-            assert {f: getattr(loaded, f) for f in FOLDED} == \
-                {f: getattr(session, f) for f in FOLDED}, f"after run {n + 1}"
-
+    written = _count_commits(journal)
     try:
-        asyncio.run(chat(30))
+        _chat(journal, IterationIO(journal, turns=2), session, 30)
+        since: list[int] = []  # bytes of records since the last compaction, at each one
+        counted = 0
+        for records, compactions in written:
+            counted += records
+            if compactions:
+                since.append(counted)
+                counted = 0
         # ~5 KB of records a run: a compaction every ~5 runs, never before 24 KB came.
         assert 3 <= len(since) <= 8, since
         assert all(n >= 24 * 1024 for n in since), since
-        assert counted[0] < 24 * 1024 + 8 * 1024, counted  # (what a load folds now)
+        assert counted < 24 * 1024 + 8 * 1024, counted  # (what a load folds now)
     finally:
         journal.close()
 
