@@ -193,6 +193,13 @@ def test_a_session_of_10000_events_renders_in_full(host):
                     ".then(j => j.session.last_seq)")
                 assert last > 10_000
                 assert await page.get_attribute("#log", "data-seq") == str(last)
+                # The answer's text is drawn in frame batches: its last batch may follow
+                # the DONE card by a frame (a full suite on a busy machine read it before).
+                words = len(BIG.split())
+                await page.wait_for_function(
+                    "n => { const e = document.querySelector('#log .text .md');"
+                    " return e && e.textContent.trim().split(/\\s+/).length >= n; }",
+                    arg=words)
                 text = await page.evaluate(
                     "[...document.querySelectorAll('#log .text .md')].map(e => e.textContent)")
                 assert text[0].strip() == BIG
