@@ -96,10 +96,19 @@ def run_writer(job: dict[str, Any]) -> int:
 # --- read_file and list_dir -------------------------------------------------------------
 
 
-def open_checked(path: str, directory: bool) -> tuple[int, os.stat_result]:
+def _fd_link(fd: int, proc: int) -> tuple[str, int | None]:
+    """(path, dir_fd) of the magic link to our open `fd`: /proc/self/fd/N, or, with
+    `proc` (a /proc of the host, opened before the lockdown: a reader thread, whose
+    view's /proc is the sandbox's and does not show it), thread-self/fd/N beneath it."""
+    if proc < 0:
+        return f"/proc/self/fd/{fd}", None
+    return f"thread-self/fd/{fd}", proc
+
+
+def open_checked(path: str, directory: bool, proc: int = -1) -> tuple[int, os.stat_result]:
     """Open `path` for reading without blocking: a regular file, or a directory if
     `directory`; (fd, its stat). Raises OSError (IsADirectoryError, NotADirectoryError,
-    ReadRefused for special files)."""
+    ReadRefused for special files). `proc`: see `_fd_link`."""
     probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         st = os.fstat(probe)
@@ -114,7 +123,8 @@ def open_checked(path: str, directory: bool) -> tuple[int, os.stat_result]:
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         if directory:
             flags |= os.O_DIRECTORY
-        fd = os.open(f"/proc/self/fd/{probe}", flags)
+        link, at = _fd_link(probe, proc)
+        fd = os.open(link, flags, dir_fd=at)
     finally:
         os.close(probe)
     st = os.fstat(fd)
@@ -124,14 +134,15 @@ def open_checked(path: str, directory: bool) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def read_capped(path: str, cap: int) -> tuple[bytes, bool, int, str]:
+def read_capped(path: str, cap: int, proc: int = -1) -> tuple[bytes, bool, int, str]:
     """(the first `cap` bytes, whether there are more, st_size, the real path read).
 
-    A read that would block raises BlockingIOError (EAGAIN).
+    A read that would block raises BlockingIOError (EAGAIN). `proc`: see `_fd_link`.
     """
-    fd, st = open_checked(path, directory=False)
+    fd, st = open_checked(path, False, proc)
     try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
+        link, at = _fd_link(fd, proc)
+        real = os.readlink(link, dir_fd=at)
         chunks: list[bytes] = []
         left = cap
         while left > 0:
@@ -146,12 +157,15 @@ def read_capped(path: str, cap: int) -> tuple[bytes, bool, int, str]:
     return b"".join(chunks), more, st.st_size, real
 
 
-def list_capped(path: str, cap: int) -> tuple[list[tuple[bytes, str]], int, str]:
+def list_capped(path: str, cap: int, proc: int = -1
+                ) -> tuple[list[tuple[bytes, str]], int, str]:
     """(the first `cap` entries in byte order as (raw name, mark), the entry count,
-    the real path). Mark: "/" a directory, "@" a symbolic link, "" anything else."""
-    fd, _ = open_checked(path, directory=True)
+    the real path). Mark: "/" a directory, "@" a symbolic link, "" anything else.
+    `proc`: see `_fd_link`."""
+    fd, _ = open_checked(path, True, proc)
     try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
+        link, at = _fd_link(fd, proc)
+        real = os.readlink(link, dir_fd=at)
         total = 0
 
         def names(it: Any) -> Any:
@@ -186,25 +200,37 @@ def _mark(entry: os.DirEntry[str]) -> str:
 
 def run_reader(job: dict[str, Any]) -> int:
     """The sandboxed `read_file`: read capped, frame the reply on stdout; the exit code."""
-    try:
-        data, more, size, real = read_capped(job["path"], job["cap"])
-    except (OSError, ValueError) as exc:
-        return _reply_error(exc)
-    _reply(b"R%d %d %s\n" % (more, size, real.encode("utf-8", "surrogateescape").hex().encode())
-           + data)
-    return 0
+    reply = read_reply(job["path"], job["cap"])
+    _reply(reply)
+    return 1 if reply[:1] == b"E" else 0
 
 
 def run_lister(job: dict[str, Any]) -> int:
     """The sandboxed `list_dir`: list capped, frame the reply on stdout; the exit code."""
+    reply = list_reply(job["path"], job["cap"])
+    _reply(reply)
+    return 1 if reply[:1] == b"E" else 0
+
+
+def read_reply(path: str, cap: int, proc: int = -1) -> bytes:
+    """`read_capped`'s result, or its error, as a reply (unframed). `proc`: `_fd_link`."""
     try:
-        entries, total, real = list_capped(job["path"], job["cap"])
+        data, more, size, real = read_capped(path, cap, proc)
     except (OSError, ValueError) as exc:
-        return _reply_error(exc)
+        return _error_reply(exc)
+    return (b"R%d %d %s\n" % (more, size, real.encode("utf-8", "surrogateescape").hex().encode())
+            + data)
+
+
+def list_reply(path: str, cap: int, proc: int = -1) -> bytes:
+    """`list_capped`'s result, or its error, as a reply (unframed). `proc`: `_fd_link`."""
+    try:
+        entries, total, real = list_capped(path, cap, proc)
+    except (OSError, ValueError) as exc:
+        return _error_reply(exc)
     head = b"L%d %s\n" % (total, real.encode("utf-8", "surrogateescape").hex().encode())
     marks = {"/": b"d", "@": b"l", "": b"-"}
-    _reply(head + b"".join(marks[m] + name + b"\0" for name, m in entries))
-    return 0
+    return head + b"".join(marks[m] + name + b"\0" for name, m in entries)
 
 
 # --- the persistent reader (actors/sandbox/readers.py) -------------------------------------
@@ -228,23 +254,31 @@ def request(kind: bytes, path: str, cap: int) -> bytes:
 def run_server(job: dict[str, Any]) -> int:
     """The persistent reader: answer requests on fd 0 until EOF; the exit code.
 
-    Each request is one `run_reader` or `run_lister`, in this process, locked down
+    Each request is one read or listing (`answer`), in this process, locked down
     once for all of them. Anything that is not a well-formed request ends the
     reader (the executor then starts a fresh one): it never guesses.
     """
-    ops = {b"R": run_reader, b"L": run_lister}
     while True:
         head = _read_exactly(REPLY_LEN_DIGITS)
         if not head:
             return 0  # the executor closed its end: retired
         if len(head) != REPLY_LEN_DIGITS or not head.isdigit() or int(head) > REQUEST_MAX:
             return 2
-        body = _read_exactly(int(head))
-        cap, sep, raw = body[1:].partition(b" ")
-        run = ops.get(body[:1])
-        if run is None or not sep or not cap.isdigit():
+        reply = answer(_read_exactly(int(head)))
+        if reply is None:
             return 2
-        run({"path": os.fsdecode(raw), "cap": int(cap)})
+        _reply(reply)
+
+
+def answer(body: bytes, proc: int = -1) -> bytes | None:
+    """The reply (unframed) to one request's body (`request` without its length); None
+    when it is not a well-formed request. `proc`: see `_fd_link`."""
+    cap, sep, raw = body[1:].partition(b" ")
+    kind = body[:1]
+    if kind not in (b"R", b"L") or not sep or not cap.isdigit():
+        return None
+    run = read_reply if kind == b"R" else list_reply
+    return run(os.fsdecode(raw), int(cap), proc)
 
 
 def _read_exactly(size: int) -> bytes:
@@ -258,19 +292,23 @@ def _read_exactly(size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _reply_error(exc: OSError | ValueError) -> int:
+def _error_reply(exc: OSError | ValueError) -> bytes:
     if isinstance(exc, BlockingIOError):
         reason = "the read would block (a pseudo-file with no data ready)"
     elif isinstance(exc, OSError) and exc.strerror:
         reason = exc.strerror
     else:
         reason = str(exc)
-    _reply(f"E{getattr(exc, 'errno', 0) or 0}\t{reason}".encode())
-    return 1
+    return f"E{getattr(exc, 'errno', 0) or 0}\t{reason}".encode()
+
+
+def frame(data: bytes) -> bytes:
+    """A reply with its length in front, as the executor reads it."""
+    return b"%0*d" % (REPLY_LEN_DIGITS, len(data)) + data
 
 
 def _reply(data: bytes) -> None:
-    view = memoryview(b"%0*d" % (REPLY_LEN_DIGITS, len(data)) + data)
+    view = memoryview(frame(data))
     while view:
         view = view[os.write(_REPLY_FD, view):]
 

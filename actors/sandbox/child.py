@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .cgroups import CallCgroup
 from .forkserver import ServedProcess
@@ -35,6 +36,9 @@ class SandboxedChild:
     #: transport, closed with the child.
     stderr: asyncio.StreamReader | None = None
     stderr_pipe: asyncio.BaseTransport | None = None
+    #: The spec it was launched from (`launchspec.build_spec`): a persistent reader's
+    #: thread takes the same lockdown (`readthreads.py`).
+    spec: dict[str, Any] | None = None
 
     def kill(self) -> None:
         """Kill the tree: its cgroup at once, and the launcher (the pid namespace follows)."""

@@ -97,12 +97,19 @@ class Policy:
     optional: frozenset[str] = frozenset()
     off: frozenset[str] = frozenset()
     backend: str = "launcher"  # "bwrap": bubblewrap replaces namespaces, mounts and Landlock
+    #: What serves a persistent reader's calls (`read_file`, `list_dir`): "thread", a
+    #: thread of the executor in the reader's lockdown (`readthreads.py`), or "process",
+    #: the locked-down reader process itself (a hop more per read; an address space of
+    #: its own).
+    reader: str = "thread"
 
     def __post_init__(self) -> None:
         if self.network not in ("none", "host"):
             raise PolicyError(f"network must be 'none' or 'host', got {self.network!r}")
         if self.backend not in ("launcher", "bwrap"):
             raise PolicyError(f"backend must be 'launcher' or 'bwrap', got {self.backend!r}")
+        if self.reader not in ("thread", "process"):
+            raise PolicyError(f"reader must be 'thread' or 'process', got {self.reader!r}")
         first, last = self.uid_range
         if not 0 < first <= last <= _UID_MAX:
             raise PolicyError(f"uid_range must be [first, last] with 0 < first <= last "
@@ -200,7 +207,7 @@ _READING: dict[int, tuple[Policy, Policy]] = {}
 _MB = 1024 * 1024
 _TOOL_KEYS = {
     "network", "unix_sockets", "memory_mb", "pids", "cpu", "cpu_s", "file_mb", "nofile",
-    "as_mb", "timeout_s",
+    "as_mb", "timeout_s", "reader",
 }
 _TOP_KEYS = _TOOL_KEYS | {"uid", "uid_range", "optional", "off", "ro_paths", "backend"}
 _EXECUTOR_KEYS = ("executor_memory_mb", "executor_pids", "executor_cpu")
@@ -267,6 +274,7 @@ def _policy(base: Policy, table: dict[str, Any], where: str, *, top: bool) -> Po
             optional=frozenset(table.get("optional", base.optional)),
             off=frozenset(table.get("off", base.off)),
             backend=str(table.get("backend", base.backend)),
+            reader=str(table.get("reader", base.reader)),
         )
     except (TypeError, ValueError) as exc:
         raise PolicyError(f"{where}: {exc}") from exc

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 import select
 import socket
@@ -42,8 +43,10 @@ from actors import fileops
 from actors.tools.process import ToolRefused, release
 
 from .child import SandboxedChild
+from .readthreads import ReaderThread, ThreadRefused
 
 Key = tuple[object, ...]
+log = logging.getLogger("oploop.sandbox")
 
 IDLE_S = 2.0
 """An idle reader is retired after this long. Reuse pays where reads come quickly (a
@@ -80,6 +83,10 @@ _RECV = 64 * 1024  # bytes asked of the socket at least (a reply's first chunk: 
 BOUND_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "oploop_reader_bound_at", default=None)
 _UNBOUNDED = contextlib.nullcontext()
+#: Asked of a fresh reader before its thread takes over: any reply says it serves (a
+#: read of its working directory: "is a directory", after an open and an fstat).
+_PROBE = fileops.request(b"R", ".", 0)
+_PROBE_CAP = 3 * 4096  # the longest reply it may give: a path's hex and a head
 
 
 def identity(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
@@ -108,6 +115,9 @@ class Reader:
     calls: int = 0
     #: It died, or sent what nobody asked for: every further call gets b"".
     gone: bool = False
+    #: The thread that serves its calls since the process answered its first
+    #: (`readthreads.py`); the process is then retired. None: the process serves.
+    thread: ReaderThread | None = None
     # The call waiting for a reply, its cap, what of the reply is in, its size (-1: unknown).
     _waiter: asyncio.Future[bytes] | None = None
     _cap: int = 0
@@ -117,8 +127,8 @@ class Reader:
 
     @property
     def pid(self) -> int:
-        """The reader's pid (as the executor sees it)."""
-        return self.child.process.pid
+        """The reader's pid (as the executor sees it); a reader thread's own id."""
+        return self.thread.tid if self.thread is not None else self.child.process.pid
 
     async def ask(self, request: bytes, cap: int) -> bytes:
         """Send one request; its framed reply (at most `cap` bytes), or b"" if the reader
@@ -133,6 +143,8 @@ class Reader:
         self.calls += 1
         if self.gone:
             return b""
+        if self.thread is not None:
+            return await self.thread.ask(request, cap)
         try:
             sent = self.sock.send(request)
         except BlockingIOError:
@@ -222,7 +234,17 @@ class Reader:
 
     def retire(self) -> int:
         """Kill it now (EOF on its socket, SIGKILL through its pidfd) and let go of its fds;
-        its parent, the fork server, reaps it. A pidfd of it (-1: none), to see it gone."""
+        its parent, the fork server, reaps it. A pidfd of it (-1: none), to see it gone.
+        A reader thread is told to leave (after the read it is on, if any)."""
+        self.gone = True
+        if self.thread is not None:
+            self.thread.stop()
+        return self.retire_process()
+
+    def retire_process(self) -> int:
+        """`retire` for the process alone (its thread, if any, serves on); -1 if done."""
+        if self.sock.fileno() < 0:
+            return -1  # retired already (its thread took over)
         proc = self.child.process
         pidfd = -1
         own = getattr(proc, "_pidfd", -1)
@@ -257,15 +279,22 @@ class ReaderPool:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_loop: asyncio.AbstractEventLoop | None = None
         self._retired: list[int] = []  # pidfds of retired readers not yet seen gone
+        #: Whether a fresh reader's calls go to a thread in its lockdown (`readthreads.py`).
+        #: (As the policy's `reader` says; False: processes whatever it says.)
+        self.threads = True
+        self._threads: list[ReaderThread] = []  # every reader thread made, until it left
+        self._refused = ""  # why the last reader stayed a process
 
     # -- taking and giving back ------------------------------------------------------------
 
     async def read(self, key: Key, paths: tuple[str, ...],
                    launch: Callable[[int], Awaitable[SandboxedChild]],
-                   request: bytes, cap: int, timeout_s: float) -> bytes:
+                   request: bytes, cap: int, timeout_s: float, threads: bool = True) -> bytes:
         """One request on a reader of `key` (`launch(socket_fd)` starts a new one); its
         reply. The whole call, a reader's start included, is bounded by `timeout_s` (by
         its own timer, or by the enclosing bound `BOUND_AT` when that ends it no later).
+        `threads`: a fresh reader's calls go to a thread in its lockdown (the policy's
+        `reader`), where this executor can make one.
 
         Raises ToolRefused when a fresh reader was refused by a layer, OSError when
         it died without a reply, BadReply on nonsense.
@@ -288,7 +317,7 @@ class ReaderPool:
                  and bound_at <= asyncio.get_running_loop().time() + timeout_s
                  else asyncio.timeout(timeout_s))
         async with scope:
-            reply, failed = await self.call(key, start, request, cap)
+            reply, failed = await self.call(key, start, request, cap, threads)
             if failed is None:
                 return reply
             # A fresh reader that answered nothing: refused by a layer, or it died.
@@ -301,7 +330,8 @@ class ReaderPool:
                          f"{failed.child.process.returncode}")
 
     async def call(self, key: Key, start: Callable[[], Awaitable[Reader]],
-                   request: bytes, cap: int) -> tuple[bytes, Reader | None]:
+                   request: bytes, cap: int, threads: bool = True
+                   ) -> tuple[bytes, Reader | None]:
         """Run one request on an idle reader of `key`, or on a fresh one from `start`.
 
         (reply, None) when it was answered (the reader goes back to the pool);
@@ -318,9 +348,28 @@ class ReaderPool:
             self._retire(reader)
         reader = await start()
         self._busy.add(reader)
+        if threads and self.threads:
+            # A first reply shows every layer held and the view made: the thread may take
+            # it over, and answers every call, the first one included.
+            try:
+                ready = await reader.ask(_PROBE, _PROBE_CAP)
+                reader.calls = 0  # (the calls it served: the probe is none)
+                if ready:
+                    await self._to_thread(reader)
+            except BaseException:
+                self._retire(reader)
+                raise
+            if not ready:
+                return self._failed(reader)
         reply = await self._ask(reader, request, cap)
         if reply:
             return reply, None
+        if reader.thread is not None:  # (its thread left at once: not a refusal to read)
+            self._retire(reader)
+            raise OSError(0, "the reader thread left before its first reply")
+        return self._failed(reader)
+
+    def _failed(self, reader: Reader) -> tuple[bytes, Reader]:
         self._busy.discard(reader)
         self._doomed.discard(reader)
         return b"", reader
@@ -334,6 +383,28 @@ class ReaderPool:
         if reply:
             self._give(reader)
         return reply
+
+    async def _to_thread(self, reader: Reader) -> None:
+        """Hand a fresh reader's calls to a thread in its lockdown, and retire its process
+        (`readthreads.py`); where that cannot be, its process goes on serving."""
+        spec = reader.child.spec
+        if spec is None:
+            return
+        proc = reader.child.process
+        own = getattr(proc, "_pidfd", -1)  # (a served process's, held since its start)
+        try:
+            if own < 0:
+                raise ThreadRefused("no pidfd held for the reader process")
+            reader.thread = await ReaderThread.start(own, proc.pid, spec)
+        except ThreadRefused as exc:
+            if str(exc) != self._refused:  # once per reason, not per reader
+                self._refused = str(exc)
+                log.info("persistent readers stay processes: %s", exc)
+            return
+        self._threads.append(reader.thread)
+        pidfd = reader.retire_process()
+        if pidfd >= 0:
+            self._retired.append(pidfd)
 
     def _take(self, key: Key) -> Reader | None:
         # (The key holds the paths' identity as of now: a changed path finds no reader.)
@@ -418,6 +489,7 @@ class ReaderPool:
             self._remove_idle(reader)
             self._retire(reader)
         self._retired = _still_running(self._retired, 0.0)
+        self._threads = [t for t in self._threads if t.alive]
         return len(gone)
 
     def _arm(self) -> None:
@@ -453,6 +525,12 @@ class ReaderPool:
         for fd in left:
             os.close(fd)
         self._retired = []
+        # A thread holds its view's mount namespace (and so the workspace's file system)
+        # as a process does: wait for them too, as long (one inside a hung read stays).
+        deadline = time.monotonic() + _GONE_S
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads = []
 
     # -- looking -----------------------------------------------------------------------------
 

@@ -380,7 +380,8 @@ class Sandbox:
             return await self.launch(tool, policy, cwd, op=("serve", {}), readable=readable,
                                      duplex=duplex)
 
-        return await self.readers.read(key, paths, launch, request, reply_cap, policy.timeout_s)
+        return await self.readers.read(key, paths, launch, request, reply_cap, policy.timeout_s,
+                                       policy.reader == "thread")
 
     async def _file_op(self, tool: str, policy: Policy, cwd: Path, op: tuple[str, dict[str, Any]],
                        readable: tuple[str, ...], cap: int) -> bytes:
@@ -465,13 +466,15 @@ class Sandbox:
                                   f"namespace of the call's own (the namespaces layer)")
             apply_network(spec, net, policy)
         try:
-            return await self._start(spec, call, duplex, stderr)
+            child = await self._start(spec, call, duplex, stderr)
         except BaseException:
             if call is not None:
                 # Cancelled (or failed) after the launcher was started: it is killed and
                 # reaped by now, but may have made the call's cgroup, and forked into it.
                 await run_to_end(remove_when_empty(call))
             raise
+        child.spec = spec
+        return child
 
     async def _start(self, spec: dict[str, object], call: CallCgroup | None,
                      duplex: int = -1, stderr: int = -1) -> SandboxedChild:

@@ -18,7 +18,9 @@ it): a tool running as the working directory's owner (root, without
 capabilities, for a root-owned one) must not leave a setuid program there for
 anyone who runs it later.
 clone3 answers ENOSYS, so libc falls back to clone, whose flags a filter can
-see. Other architectures are killed (the i386 `int 0x80` and x32 ABIs too).
+see; openat2 too (its mode is in a struct: a setuid file could be created through
+it), so callers fall back to openat. Other architectures are killed (the i386
+`int 0x80` and x32 ABIs too).
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ def build(*, network: bool, unix: bool = False, proxied: bool = False) -> bytes:
         except (OSError, ValueError, RuntimeError):
             continue  # not a syscall on this architecture (iopl on arm64, say)
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    # openat2 carries its flags and mode in a struct no filter can read (a file created
+    # setuid through it passed the rules below): ENOSYS, and callers fall back to openat.
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "openat2")
     for flag in _NAMESPACE_FLAGS:
         f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     for name, mode, flags in _MODE_ARGS:

@@ -93,6 +93,18 @@ def exec_launchers() -> list[psutil.Process]:
     ]
 
 
+async def turns_until(seen: Callable[[], object], task: asyncio.Task[object]) -> None:
+    """Run the loop a turn at a time until `seen()` (bounded). A call's first step may
+    await before it forks: its view is decided in a thread when the mount table changed
+    since it was remembered (`viewcache.py`), as another test's workspace mount does;
+    one turn then missed the fork, and the test failed only beside the others."""
+    deadline = time.monotonic() + BOUND_S
+    while not seen():
+        assert not task.done(), task
+        assert time.monotonic() < deadline, "the launcher never started"
+        await asyncio.sleep(0)
+
+
 async def warm_up(host: Host, sandbox: Sandbox | None = None) -> set[int]:
     """One whole call first (the fork server, the event loop's fds); the fds after it."""
     res = await run_command(
@@ -231,12 +243,10 @@ def test_cancel_during_launch(host: Host, tool: str) -> None:
                 "write_file", host.policy, host.workspace / f"f{tok}", b"x", host.workspace
             )
         task = asyncio.create_task(call)
-        # Its first step runs up to its first await: the fork (a blocking round trip
-        # to the fork server) is behind it, connecting the output pipe is not.
-        await asyncio.sleep(0)
-        assert not task.done()
-        # A shell sleeps: its launcher is there. A write is done by the launcher's init
-        # itself and may be over (the launcher reaped) already on a loaded machine.
+        # The fork (a blocking round trip to the fork server) comes a step before
+        # connecting the output pipe: seen between two loop turns. A write is done by
+        # the launcher's init itself and may be over (the launcher reaped) already.
+        await turns_until(lambda: fork_server_children() or tool == "write_file", task)
         forked = len(fork_server_children())
         assert forked == 1 or tool == "write_file" and forked == 0, "the launcher never forked"
         task.cancel()
@@ -261,12 +271,14 @@ def test_cancel_during_exec_launch(host: Host) -> None:
 
     async def scenario() -> None:
         fds = await warm_up(host, sandbox)
+        before = {p.pid for p in psutil.Process().children()}
         task = asyncio.create_task(
             run_command(f"exec sleep 1000.{tok}", host.workspace, timeout_s=60, cap=1024,
                         spawn=sandbox.spawner("shell", host.policy))
         )
-        await asyncio.sleep(0)  # up to its first await: the launcher's exec is behind it
-        assert not task.done()
+        # The fork and the exec are one blocking step (Popen): seen between two turns,
+        # before the steps that connect its pipes.
+        await turns_until(lambda: {p.pid for p in psutil.Process().children()} - before, task)
         # Its command line shows once the kernel has set up the new program, a moment
         # after the exec returned to us (a busy machine stretches it). Waited for with the
         # loop held (time.sleep), so the task cannot go on to connect the launcher.

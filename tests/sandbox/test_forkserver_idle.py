@@ -61,6 +61,7 @@ def test_a_live_reader_keeps_the_fork_server(host: Host) -> None:
         pytest.skip("the bubblewrap backend execs its own launcher: no fork server")
     sandbox = host.sandbox
     sandbox.readers.idle_s = sandbox.readers.max_age_s = 3600.0  # the reader stays alive
+    sandbox.readers.threads = False  # (a reader thread's process is retired at once)
     sandbox.fork_idle_s = 0.05
 
     async def scenario() -> None:

@@ -88,6 +88,16 @@ def test_config_file_lowers_and_rejects_typos(tmp_path: Path) -> None:
         SandboxConfig.load(tmp_path)
 
 
+def test_the_reader_key_chooses_threads_or_processes(tmp_path: Path) -> None:
+    (tmp_path / "sandbox.toml").write_text('[tools.read_file]\nreader = "process"\n')
+    config = SandboxConfig.load(tmp_path)
+    assert config.policy("read_file").reader == "process"
+    assert config.policy("list_dir").reader == "thread"  # the default
+    (tmp_path / "sandbox.toml").write_text('[sandbox]\nreader = "fiber"\n')
+    with pytest.raises(PolicyError, match="reader must be 'thread' or 'process'"):
+        SandboxConfig.load(tmp_path)
+
+
 def test_layers_report_names_every_layer() -> None:
     report = layers_report()
     assert set(LAYERS) <= set(report)

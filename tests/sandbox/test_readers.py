@@ -13,6 +13,7 @@ import os
 import secrets
 import select
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +26,34 @@ from actors.sandbox.workspaces import Workspaces
 from actors.tools import ToolContext, invoke
 
 
-@pytest.fixture
-def rhost(host: Host) -> Host:
-    """The sandbox suite's host, once: reads always run in the launcher."""
+@pytest.fixture(params=["thread", "process"])
+def rhost(host: Host, request: pytest.FixtureRequest) -> Iterator[Host]:
+    """The sandbox suite's host, once: reads always run in the launcher. Each case runs
+    with the readers' calls served by threads (`readthreads.py`, the default) and by
+    the reader processes themselves."""
     if host.backend != "launcher":
         pytest.skip("reads always run in the launcher: one backend is enough")
     # Reuse is what these cases check: no reader may expire between calls on a slow
     # machine (the idle case sets its own).
     readers = host.sandbox.readers
+    readers.close()  # (none of the other kind's left)
     readers.idle_s = readers.crowded_idle_s = readers.max_age_s = 3600.0
-    return host
+    readers.threads = request.param == "thread"
+    yield host
+    readers.threads = True
+
+
+def threaded(host: Host) -> bool:
+    """Whether this case's readers serve through threads."""
+    return host.sandbox.readers.threads
+
+
+def wait_left(reader: Reader) -> None:
+    """Wait (bounded) until a retired reader has gone: its process exited, its thread left."""
+    if reader.thread is not None:
+        assert reader.thread.join(BOUND_S), f"reader thread {reader.pid} still there"
+    else:
+        wait_gone(reader.pid)
 
 
 def readers_of(sandbox: Sandbox, workspace: Path) -> list[Reader]:
@@ -134,9 +153,10 @@ def test_a_reader_dies_with_its_session(rhost: Host) -> None:
     # Removed by this executor: retired at once.
     other = sandbox.workspace("s2")
     call(rhost, "read_file", "/etc/hostname", workspace=other)
-    pid = only_reader(sandbox, other).pid
+    reader = only_reader(sandbox, other)
+    assert (reader.thread is not None) == threaded(rhost)
     sandbox.remove_workspace("s2")
-    wait_gone(pid)
+    wait_left(reader)
     assert not readers_of(sandbox, other)
     # Removed by another process (the supervisor prunes a session): the sweep sees the
     # workspace gone and retires its reader.
@@ -228,14 +248,19 @@ def test_idle_readers_past_the_warm_few_retire_sooner(rhost: Host) -> None:
 
 
 def test_a_killed_reader_is_replaced(rhost: Host) -> None:
+    """A reader process killed, or a reader thread that left (it cannot be killed apart
+    from its executor): the session's next read gets a fresh one."""
     sandbox = rhost.sandbox
     call(rhost, "read_file", "/etc/hostname")
-    dead = only_reader(sandbox, rhost.workspace).pid
-    os.kill(dead, 9)
-    wait_gone(dead)
+    dead = only_reader(sandbox, rhost.workspace)
+    if dead.thread is not None:
+        dead.thread.stop()
+    else:
+        os.kill(dead.pid, 9)
+    wait_left(dead)
     out, is_error = call(rhost, "read_file", "/etc/passwd")
     assert not is_error and "root:" in out, out
-    assert only_reader(sandbox, rhost.workspace).pid != dead
+    assert only_reader(sandbox, rhost.workspace) is not dead
 
 
 def test_a_hostile_sequence_fails_on_a_fresh_and_on_a_reused_reader(rhost: Host) -> None:
@@ -329,6 +354,9 @@ def test_a_call_cut_short_kills_its_reader(rhost: Host) -> None:
 def test_a_malformed_request_ends_the_reader(rhost: Host, garbage: bytes) -> None:
     """A reader never guesses: anything but a well-formed request ends it, and the
     session's next call gets a fresh one."""
+    if threaded(rhost):
+        pytest.skip("a reader thread's requests are made in the executor (no socket): "
+                    "fileops.answer's own test covers them")
     call(rhost, "read_file", "/etc/hostname")
     reader = only_reader(rhost.sandbox, rhost.workspace)
     reader.sock.sendall(garbage)

@@ -1,0 +1,351 @@
+"""Reader threads: a persistent reader's lockdown, taken over by a thread of the executor.
+
+A persistent reader process (`readers.py`) costs a hop per read: the request
+over its socket, the wake-ups of another process, the reply back; on a busy
+host 20-25% of the CPU of a turn whose tool is one read (issue 28). Here a
+thread of the executor takes the very lockdown the reader process stands in,
+then answers the reads itself. Once the process has answered its first read
+(its mounts made, every layer held), the thread
+
+- leaves the executor's file system context (`unshare(CLONE_FS)`), joins the
+  process's mount namespace (`setns`) and root (`chroot` through
+  /proc/PID/root), and goes to its working directory: the same mounts and
+  hidden paths, made by the process (which is then retired; the namespace
+  lives on with the thread);
+- becomes the session's uid and gid with no groups, by raw system calls (glibc's
+  `setresuid` changes every thread of the process, as POSIX says; the kernel's
+  only the caller): its capabilities go with root;
+- sets no_new_privs, Landlock (the spec's rules, looked up in that view) and the
+  seccomp filter: each of them holds for the calling thread only, on Linux;
+- blocks every signal (the main thread takes them).
+
+What the thread does not have of the process: a pid namespace of its own (a
+read starts no process), the process's CPU rlimit (a read is capped in bytes,
+and the call's timeout retires the reader) and an address space of its own (it
+runs `fileops` only, our code: the model chooses paths and caps, never code).
+It reopens a checked file through the host's /proc (opened before the
+lockdown), whose `thread-self` is itself: the view's /proc is the sandbox's.
+
+Python's garbage collector may run in any thread that allocates, so an object of
+the executor may be finalized in a reader thread, with its lockdown: a cleanup
+there that needs more than closing an fd (killing a process, removing a file)
+fails. Nothing of the executor's relies on a finalizer for either.
+
+A read the kernel keeps waiting (a hung network file system) cannot be ended in
+a thread: the call times out and retires the reader, and the thread leaves when
+the read returns; while `MAX_STUCK` such threads wait, readers stay processes.
+Threads are used only where the spec holds every layer (a mount namespace, a
+uid, Landlock, seccomp) and the executor can take them (root, a known
+architecture); anything failing on the way keeps the process reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import ctypes
+import os
+import queue
+import signal
+import threading
+import time
+from typing import Any
+
+from actors import fileops
+
+from . import lockdown
+from .mounts import add_readable
+
+CLONE_FS = 0x00000200
+#: setgroups, setresuid, setresgid by machine (asm/unistd_64.h, asm-generic/unistd.h).
+_SYSCALLS = {"x86_64": (116, 117, 119), "aarch64": (159, 147, 149)}
+MAX_STUCK = 8
+"""Retired reader threads still inside a read `STUCK_S` after; at this many, readers stay
+processes."""
+STUCK_S = 1.0
+WAIT_S = 0.002
+"""How long the loop waits for a reader thread's reply before awaiting it (`ask`): a read
+takes ~0.05-0.2 ms; a listing of a huge directory (60,000 entries: ~25 ms) is awaited
+after this, the loop going on (it held the loop 190 ms with 8 such listings at 20 ms)."""
+START_S = 5.0
+"""Bound on a thread's lockdown (a few syscalls and Landlock rules: ~1 ms)."""
+
+_REQUIRED = frozenset({"namespaces", "uid", "landlock", "seccomp"})
+_PROC_FS = "proc"
+_stopped: list[tuple[threading.Thread, float]] = []  # retired threads and when, until gone
+
+
+class ThreadRefused(Exception):
+    """A reader thread cannot be made here (a layer missing, not root, the lockdown failed)."""
+
+
+def usable(spec: dict[str, Any]) -> str:
+    """Why a reader of `spec` cannot become a thread ("" when it can)."""
+    if os.uname().machine not in _SYSCALLS:
+        return f"no raw uid syscalls known for {os.uname().machine}"
+    if os.geteuid() != 0:
+        return "the executor is not root (joining a mount namespace needs CAP_SYS_ADMIN)"
+    if not int(spec.get("unshare", 0)) & lockdown.CLONE_NEWNS:
+        return "no mount namespace"
+    if int(spec.get("uid", -1)) < 0 or not spec.get("landlock") or not spec.get("seccomp"):
+        return "not every layer (uid, Landlock, seccomp) is in the spec"
+    # An optional layer that failed leaves its part of the spec but not of the lockdown
+    # (a mount view without its own /proc, say): only required ones are known to hold.
+    missing = sorted(_REQUIRED - set(spec.get("required", ())))
+    if missing:
+        return f"layer(s) {', '.join(missing)} not required by the policy"
+    _stopped[:] = [(t, at) for t, at in _stopped if t.is_alive()]
+    stuck = sum(1 for _, at in _stopped if time.monotonic() - at > STUCK_S)
+    if stuck >= MAX_STUCK:
+        return f"{stuck} retired reader threads are still inside a read"
+    return ""
+
+
+class ReaderThread:
+    """One thread locked down as a reader process was; it answers one request at a time."""
+
+    def __init__(self, pidfd: int, pid: int, spec: dict[str, Any]) -> None:
+        spec = copy.deepcopy(spec)
+        if spec.get("readable"):
+            add_readable(spec)  # as the launcher did: the safe ones go to Landlock
+        self._spec = spec
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._loop = asyncio.get_running_loop()  # the one that waits for its lockdown
+        self._ready: asyncio.Future[None] = self._loop.create_future()
+        self._fds = _view_fds(pidfd, pid)
+        self._thread = threading.Thread(target=self._main, name=f"reader of {pid}",
+                                        daemon=True)
+        self.tid = 0
+
+    @classmethod
+    async def start(cls, pidfd: int, pid: int, spec: dict[str, Any]) -> ReaderThread:
+        """A thread in the lockdown of the reader process `pid` (`pidfd`, launched from
+        `spec`), ready to serve. Raises ThreadRefused (the process goes on serving)."""
+        why = usable(spec)
+        if why:
+            raise ThreadRefused(why)
+        try:
+            made = cls(pidfd, pid, spec)
+        except OSError as exc:
+            raise ThreadRefused(f"the reader's view: {exc}") from exc
+        try:
+            made._thread.start()
+        except RuntimeError as exc:  # no thread to be had (the executor's pids limit)
+            _close(*made._fds)
+            raise ThreadRefused(f"no reader thread: {exc}") from exc
+        try:
+            async with asyncio.timeout(START_S):
+                await asyncio.shield(made._ready)
+        except TimeoutError as exc:
+            made.stop()  # (it closes its fds when it gets through)
+            raise ThreadRefused(f"the reader thread's lockdown took over {START_S} s") from exc
+        except BaseException:
+            made.stop()
+            raise
+        return made
+
+    async def ask(self, request: bytes, cap: int) -> bytes:
+        """One framed request (`fileops.request`); its reply, at most `cap` bytes (b"" if
+        the thread has left). Raises BadReply on a request it cannot read or a reply over
+        the cap.
+
+        The loop waits for the reply itself, up to `WAIT_S`, holding no GIL: the thread
+        takes it at once and does the read in one go (~50 us). Awaited instead, the
+        thread would get the GIL back after each of its syscalls only when the busy loop
+        let go of it: up to the 5 ms switch interval each (a turn's read took ~10x
+        longer at 100 sessions). A read still going after `WAIT_S` (a slow file system)
+        is awaited: the loop goes on meanwhile.
+        """
+        if not self._thread.is_alive():
+            return b""  # (it left: as a reader process that died, the call tries another)
+        job = _Job(request[fileops.REPLY_LEN_DIGITS:])
+        self._inbox.put(job)
+        if not job.ready.acquire(timeout=WAIT_S):
+            with job.guard:
+                if job.reply is None:
+                    loop = asyncio.get_running_loop()  # (each call may come from another)
+                    job.future = loop.create_future()
+                    job.loop = loop
+            if job.future is not None:
+                await job.future
+        reply = job.reply
+        if isinstance(reply, BaseException):
+            raise reply
+        assert reply is not None
+        if len(reply) > cap:
+            raise fileops.BadReply(f"reader thread: a {len(reply)}-byte reply (cap {cap})")
+        return reply
+
+    def stop(self) -> None:
+        """Let the thread leave after the request it is on (if any); it exits by itself."""
+        self._inbox.put(None)
+        if self._thread.is_alive():
+            _stopped.append((self._thread, time.monotonic()))
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread has not left yet."""
+        return self._thread.is_alive()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait (bounded) until the thread has left; whether it has."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # -- in the thread -----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        self.tid = threading.get_native_id()
+        ns, root, proc = self._fds
+        try:
+            _lock_thread(self._spec, ns, root, proc)
+        except BaseException as exc:  # noqa: BLE001 -- any failure: no serving
+            _settle(self._loop, self._ready, ThreadRefused(f"reader thread lockdown: {exc}"))
+            _close(ns, root, proc)
+            return
+        _close(ns, root)
+        _settle(self._loop, self._ready, None)
+        try:
+            self._serve(proc)
+        finally:
+            os.close(proc)
+
+    def _serve(self, proc: int) -> None:
+        while True:
+            job = self._inbox.get()
+            if job is None:
+                return
+            try:
+                reply: bytes | BaseException = fileops.answer(job.body, proc) or (
+                    fileops.BadReply(f"reader thread: unreadable request {job.body[:40]!r}"))
+            except Exception as exc:  # noqa: BLE001 -- the caller's error, not the thread's end
+                reply = fileops.BadReply(f"reader thread: {exc!r}")
+            with job.guard:
+                job.reply = reply
+                job.ready.release()
+                if job.future is not None and job.loop is not None:
+                    _settle(job.loop, job.future, reply)
+
+
+class _Job:
+    """One request to a reader thread, and where its reply goes: `reply`, with `ready`
+    released (the loop waits on it), and `future` set if the loop stopped waiting."""
+
+    __slots__ = ("body", "reply", "ready", "guard", "future", "loop")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.reply: bytes | BaseException | None = None
+        self.ready = threading.Lock()
+        self.ready.acquire()
+        self.guard = threading.Lock()  # the reply and the future, set by either side
+        self.future: asyncio.Future[Any] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any],
+            outcome: object) -> None:
+    """Set `future` to `outcome` (a result, or an exception to raise) on its loop."""
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+        loop.call_soon_threadsafe(_set, future, outcome)
+
+
+def _set(future: asyncio.Future[Any], outcome: object) -> None:
+    if future.done():  # cancelled meanwhile (the reader is retired)
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _view_fds(pidfd: int, pid: int) -> tuple[int, int, int]:
+    """(its mount namespace, its root, the host's /proc) of the reader process `pid`,
+    opened in the executor, checked to be that process's still through `pidfd` (taken
+    when it was started: while it lives, or waits to be reaped, no other gets its pid)."""
+    pidfd = os.dup(pidfd)
+    fds: list[int] = []
+    try:
+        fds.append(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
+        fds.append(os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        fds.append(os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        if os.stat(fds[0]).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise OSError(0, "the reader shares the executor's mount namespace")
+        signal.pidfd_send_signal(pidfd, 0)  # raises ProcessLookupError once it has exited
+    except BaseException:
+        _close(*fds)
+        raise
+    finally:
+        os.close(pidfd)
+    return fds[0], fds[1], fds[2]
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _lock_thread(spec: dict[str, Any], ns: int, root: int, proc: int) -> None:
+    """The calling thread's lockdown, as the reader process's (`launcher._tool`)."""
+    libc = lockdown._libc
+    lockdown._check(libc.unshare(CLONE_FS), "unshare(CLONE_FS)")
+    lockdown._check(libc.setns(ns, lockdown.CLONE_NEWNS), "setns")
+    os.fchdir(root)
+    os.chroot(".")
+    os.chdir(spec["cwd"])
+    _check_view(proc)
+    _drop_uid(spec["uid"], spec["gid"])
+    lockdown._prctl(lockdown.PR_SET_NO_NEW_PRIVS, 1)
+    ll = spec["landlock"]
+    lockdown.apply_landlock(ll["ro"], ll["rw"], ll["deny_tcp"], True,
+                            ll.get("tcp_connect", ()), ll.get("ls", ()))
+    lockdown.apply_seccomp(spec["seccomp"])
+
+
+def _check_view(proc: int) -> None:
+    """Refuse a view with a /proc that shows the executor: the process's own /proc is of
+    its pid namespace, where this thread is nobody; any other (the host's, a container's
+    /proc bound in a kept path) would give a path the executor's `/proc/self/root` (its
+    whole file system, beneath the view's hidden paths), `environ` and fds, which the
+    kernel lets any thread of a process read. So: no /proc/self here, and no procfs
+    mounted anywhere but at /proc (the view's mount table, read through the host's /proc:
+    this thread's `thread-self/mountinfo`)."""
+    try:
+        os.stat("/proc/self")
+    except OSError:
+        pass
+    else:
+        raise OSError(0, "the view's /proc shows the executor's processes")
+    fd = os.open("thread-self/mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    for line in b"".join(chunks).decode("utf-8", "surrogateescape").splitlines():
+        fields, _, rest = line.partition(" - ")
+        where = fields.split(" ")[4] if len(fields.split(" ")) > 4 else ""
+        if rest.split(" ", 1)[0] == _PROC_FS and where != "/proc":
+            raise OSError(0, f"a procfs is mounted in the view at {where}")
+
+
+def _drop_uid(uid: int, gid: int) -> None:
+    """`lockdown.drop_uid` for the calling thread alone: the same steps, with the
+    kernel's own setgroups/setresgid/setresuid instead of glibc's process-wide ones."""
+    setgroups, setresuid, setresgid = _SYSCALLS[os.uname().machine]
+    libc = lockdown._libc
+    if uid == 0:
+        lockdown._prctl(lockdown.PR_SET_SECUREBITS, lockdown._SECBITS_LOCKED_NOROOT)
+        lockdown._prctl(lockdown.PR_CAP_AMBIENT, lockdown.PR_CAP_AMBIENT_CLEAR_ALL)
+        for cap in range(64):
+            if libc.prctl(lockdown.PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) < 0:
+                break
+    lockdown._check(libc.syscall(setgroups, 0, None), "setgroups")
+    lockdown._check(libc.syscall(setresgid, gid, gid, gid), "setresgid")
+    lockdown._check(libc.syscall(setresuid, uid, uid, uid), "setresuid")
+    if uid == 0:
+        lockdown._capset_none()
