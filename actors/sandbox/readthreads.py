@@ -64,10 +64,14 @@ MAX_STUCK = 8
 """Retired reader threads still inside a read `STUCK_S` after; at this many, readers stay
 processes."""
 STUCK_S = 1.0
-WAIT_S = 0.002
-"""How long the loop waits for a reader thread's reply before awaiting it (`ask`): a read
-takes ~0.05-0.2 ms; a listing of a huge directory (60,000 entries: ~25 ms) is awaited
-after this, the loop going on (it held the loop 190 ms with 8 such listings at 20 ms)."""
+WAIT_S = 0.02
+"""How long the loop waits for a reader thread's reply to a read before awaiting it
+(`ask`). A read (at most `READ_CAP`, 256 KB) takes ~0.05-1 ms, but on a busy machine the
+thread may wait milliseconds for a core: at 2 ms, 100 sessions on 2 cores fell back to
+awaiting often enough to cost 15% more CPU a turn (the GIL hand-offs below)."""
+LIST_WAIT_S = 0.002
+"""The same for a listing, which has no byte cap: a directory of 60,000 entries takes
+~25 ms (8 of them at once held the loop 190 ms with 20 ms here)."""
 START_S = 5.0
 """Bound on a thread's lockdown (a few syscalls and Landlock rules: ~1 ms)."""
 
@@ -150,18 +154,19 @@ class ReaderThread:
         the thread has left). Raises BadReply on a request it cannot read or a reply over
         the cap.
 
-        The loop waits for the reply itself, up to `WAIT_S`, holding no GIL: the thread
-        takes it at once and does the read in one go (~50 us). Awaited instead, the
-        thread would get the GIL back after each of its syscalls only when the busy loop
-        let go of it: up to the 5 ms switch interval each (a turn's read took ~10x
-        longer at 100 sessions). A read still going after `WAIT_S` (a slow file system)
-        is awaited: the loop goes on meanwhile.
+        The loop waits for the reply itself, up to `WAIT_S` (`LIST_WAIT_S` for a
+        listing), holding no GIL: the thread takes it at once and does the read in one
+        go. Awaited instead, the thread would get the GIL back after each of its
+        syscalls only when the busy loop let go of it: up to the 5 ms switch interval
+        each. A read still going after that (a slow file system, a huge directory) is
+        awaited: the loop goes on meanwhile.
         """
         if not self._thread.is_alive():
             return b""  # (it left: as a reader process that died, the call tries another)
         job = _Job(request[fileops.REPLY_LEN_DIGITS:])
         self._inbox.put(job)
-        if not job.ready.acquire(timeout=WAIT_S):
+        wait_s = LIST_WAIT_S if job.body[:1] == b"L" else WAIT_S
+        if not job.ready.acquire(timeout=wait_s):
             with job.guard:
                 if job.reply is None:
                     loop = asyncio.get_running_loop()  # (each call may come from another)

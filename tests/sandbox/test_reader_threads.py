@@ -107,6 +107,7 @@ def test_a_read_the_loop_stops_waiting_for_is_awaited(thost: Host,
     """A read longer than `WAIT_S` (a slow file system) is awaited, the loop going on:
     here every read is (0 s), and each gets its own reply."""
     monkeypatch.setattr(readthreads, "WAIT_S", 0.0)
+    monkeypatch.setattr(readthreads, "LIST_WAIT_S", 0.0)
     ws = thost.workspace
     for i in range(8):
         (ws / f"f{i}.txt").write_text(f"content {i}\n" * (i + 1))
