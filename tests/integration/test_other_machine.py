@@ -141,6 +141,18 @@ def test_each_host_publishes_how_other_machines_reach_it(machines):
     assert f"(other machines: {rows[id_a]['control_tcp']})" in status, status
 
 
+def _fd_links(pid: int) -> list[str]:
+    """What each open fd of `pid` names; an fd closed while listed is left out (the
+    actor runs on: a CI run read one between the listing and its readlink)."""
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            links.append(os.readlink(fd))
+        except FileNotFoundError:
+            continue
+    return links
+
+
 def connected(home: str, name: str, address: str) -> bool:
     """Whether actor `name` of the host in `home` holds an established TCP connection to
     `address`, read in its own network namespace (/proc/PID/net/tcp; psutil reads the
@@ -148,9 +160,8 @@ def connected(home: str, name: str, address: str) -> bool:
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     want = f"{socket.inet_aton(host)[::-1].hex().upper()}:{int(port):04X}"
     pid = actor(home, name)["pid"]
-    fds = Path(f"/proc/{pid}/fd")
-    inodes = {os.readlink(fd).removeprefix("socket:[").rstrip("]")
-              for fd in fds.iterdir() if os.readlink(fd).startswith("socket:[")}
+    inodes = {link.removeprefix("socket:[").rstrip("]") for link in _fd_links(pid)
+              if link.startswith("socket:[")}
     for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()  # sl local remote state ... inode
         if fields[2] == want and fields[3] == "01" and fields[9] in inodes:  # ESTABLISHED
