@@ -12,22 +12,19 @@ step serves a request that arrived while it was still draining its socket.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
+from supervisorkit import add_session, supervisor_on_disk
 
 from actors.broadcaster.actor import Broadcaster
 from actors.broadcaster.backfill import Backfill
 from actors.broadcaster.log import Appended, EventLog
 from actors.broadcaster.store import EventStore
-from actors.config import Agent, Config
-from actors.core.session import Session
 from actors.sessionlog import JournalFull
 from actors.supervisor.actor import Supervisor
 from actors.supervisor.journal import Journal
 from bus.codec import decode, encode
-from bus.endpoints import Endpoints
 from bus.errors import RemoteError
 from bus.messages import (
     Body,
@@ -63,12 +60,8 @@ class Host:
     """A supervisor with one session, a broadcaster, and the ingest between them."""
 
     def __init__(self, home: str) -> None:
-        endpoints = Endpoints.for_home(Path(home))
-        endpoints.prepare()
-        self.journal = Journal(Path(home) / "sessions.db", reserve_mb=0)
-        self.supervisor = Supervisor(endpoints, Config(), self.journal)
-        self.session = Session(SID, Agent(), "/tmp")
-        self.supervisor.sessions[SID] = self.session
+        endpoints, self.journal, self.supervisor = supervisor_on_disk(home)
+        self.session = add_session(self.supervisor, SID)
         self.pushed: list[bytes] = []  # in flight on ingest
         self.supervisor.push.send = lambda frame, *_: self.pushed.append(frame)  # type: ignore[method-assign]
         self.broadcaster = Broadcaster(endpoints, EventStore(self.journal.path))

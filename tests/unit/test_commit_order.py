@@ -12,18 +12,15 @@ session's events.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
+from supervisorkit import add_session, supervisor_on_disk
 
-from actors.config import Agent, Config
 from actors.core.session import Session
 from actors.sessionlog import JournalFull
-from actors.supervisor.actor import Supervisor
 from actors.supervisor.journal import Journal
 from bus.codec import decode
-from bus.endpoints import Endpoints
 from bus.messages import Envelope, LlmJob, Ready, ToolJob
 from bus.vocab import EventType
 
@@ -53,10 +50,7 @@ class Host:
     """A supervisor with its log, an executor and an llm caller registered on `work`."""
 
     def __init__(self, home: str) -> None:
-        endpoints = Endpoints.for_home(Path(home))
-        endpoints.prepare()
-        self.journal = Journal(Path(home) / "sessions.db", reserve_mb=0)
-        self.supervisor = Supervisor(endpoints, Config(), self.journal)
+        _, self.journal, self.supervisor = supervisor_on_disk(home)
         self.work = LoggedPipe(self.journal)
         dispatcher = self.supervisor.dispatcher
         dispatcher.work = self.work  # type: ignore[assignment]
@@ -64,9 +58,7 @@ class Host:
         dispatcher.handle_work(b"llm", Envelope(Ready("llm", 8, [], "", []), id="1"), b"")
 
     def session(self, sid: str) -> Session:
-        session = Session(sid, Agent(), "/tmp")
-        self.supervisor.sessions[sid] = session
-        return session
+        return add_session(self.supervisor, sid)
 
     def model_call(self, session: Session) -> None:
         self.supervisor.dispatcher.submit("llm", LlmJob({"messages": []}, False),

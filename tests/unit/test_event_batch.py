@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import msgpack
 import pytest
 import zmq
+from supervisorkit import add_session, supervisor_on_disk
 
 import actors.supervisor.eventpush as eventpush
 from actors.broadcaster.actor import Broadcaster
 from actors.broadcaster.store import EventStore
-from actors.config import Agent, Config
 from actors.core.session import Session
-from actors.supervisor.actor import Supervisor
-from actors.supervisor.journal import Journal
 from bus.codec import decode, encode
-from bus.endpoints import Endpoints
 from bus.messages import PROTOCOL_VERSION, Envelope, Event, EventBatch
 
 
@@ -44,10 +40,7 @@ class Pair:
     and a viewer subscribed to every session."""
 
     def __init__(self, home: str) -> None:
-        endpoints = Endpoints.for_home(Path(home))
-        endpoints.prepare()
-        self.journal = Journal(Path(home) / "sessions.db", reserve_mb=0)
-        self.supervisor = Supervisor(endpoints, Config(), self.journal)
+        endpoints, self.journal, self.supervisor = supervisor_on_disk(home)
         self.broadcaster = Broadcaster(endpoints, EventStore(self.journal.path))
         self.ctx = zmq.Context()
         self.viewer = self.ctx.socket(zmq.SUB)
@@ -60,9 +53,7 @@ class Pair:
         self.viewer.recv_multipart()
 
     def session(self, sid: str) -> Session:
-        session = Session(sid, Agent(), "/tmp")
-        self.supervisor.sessions[sid] = session
-        return session
+        return add_session(self.supervisor, sid)
 
     def take_ingest(self) -> int:
         """Let the broadcaster serve what ingest holds; how many messages it took."""
