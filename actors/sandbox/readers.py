@@ -16,8 +16,8 @@ reader. A reader is retired (killed) when
 - a call on it fails in any way (timeout, cancel, a bad or missing reply): the
   next call gets a fresh one;
 - it has been idle `idle_s` (`crowded_idle_s` when `WARM` readers idle more recently
-  than it), served `max_calls` calls, or lived `max_age_s` (its RLIMIT_CPU counts all
-  its calls together);
+  than it), served `max_calls` calls (a process: its RLIMIT_CPU counts all its calls
+  together), or lived `max_age_s`;
 - its session's workspace is removed (`drop`) or changes under it (the sweep,
   every `sweep_s` while readers idle);
 - the sandbox closes.
@@ -411,14 +411,28 @@ class ReaderPool:
         idle = self._idle.get(key)
         if not idle:
             return None
-        # The least recently used: under steady load every idle reader is then used
-        # again within a sweep, so none retires only to be started again at the next
-        # peak (taking the most recent one left the rest idle past `crowded_idle_s`:
-        # ~5% of a busy host's reads started a reader, ~0.3 ms of CPU per turn).
-        reader = idle.pop(0)
-        if not idle:
-            del self._idle[key]
-        if self._expired(reader, time.monotonic()):  # no timer ran (another event loop)
+        now = time.monotonic()
+        # A reader thread queues its calls: one serves every caller of its key at once
+        # (`ReaderThread.ask` hands a loop turn's reads over together), and stays idle
+        # meanwhile. The most recently used, unless it is stuck in a read; the rest
+        # retire (`crowded_idle_s`).
+        for reader in reversed(idle):
+            if reader.thread is not None and not reader.thread.lagging():
+                if not self._expired(reader, now):
+                    return reader
+                self._remove_idle(reader)  # (no timer ran: another event loop)
+                self._retire(reader)
+                return self._take(key)
+        # A process, the least recently used: under steady load every idle reader is
+        # then used again within a sweep, so none retires only to be started again at
+        # the next peak (taking the most recent one left the rest idle past
+        # `crowded_idle_s`: ~5% of a busy host's reads started a reader, ~0.3 ms of CPU
+        # per turn).
+        reader = next((r for r in idle if r.thread is None), None)
+        if reader is None:
+            return None  # (threads only, each stuck in a read: a fresh reader it is)
+        self._remove_idle(reader)
+        if self._expired(reader, now):  # no timer ran (another event loop)
             self._retire(reader)
             return None
         self._busy.add(reader)
@@ -430,12 +444,19 @@ class ReaderPool:
 
     def _give(self, reader: Reader) -> None:
         self._busy.discard(reader)
+        if reader.gone:
+            return  # retired while its call was under way (a shared thread's, say)
         now = time.monotonic()
         reader.used = now
-        if (reader in self._doomed or reader.calls >= self.max_calls
-                or now - reader.born >= self.max_age_s):
-            self._retire(reader)
+        shared = reader.thread is not None and reader in self._idle.get(reader.key, ())
+        # (`max_calls` bounds what a process's RLIMIT_CPU counts together; a thread has
+        # none, and one serves a whole key: at 500, a busy host restarted it every 0.3 s.)
+        spent = reader.thread is None and reader.calls >= self.max_calls
+        if reader in self._doomed or spent or now - reader.born >= self.max_age_s:
+            self._retire(reader)  # (a thread answers the calls queued on it first)
             return
+        if shared:
+            return  # idle all along (`_take`)
         idle = self._idle.setdefault(reader.key, [])
         idle.append(reader)
         if len(idle) > MAX_IDLE_PER_KEY:
@@ -450,6 +471,8 @@ class ReaderPool:
 
     def _retire(self, reader: Reader) -> None:
         self._busy.discard(reader)
+        if reader.thread is not None:  # (it may be idle and in use at once: `_take`)
+            self._remove_idle(reader)
         self._doomed.discard(reader)
         pidfd = reader.retire()
         if pidfd >= 0:

@@ -65,10 +65,11 @@ MAX_STUCK = 8
 processes."""
 STUCK_S = 1.0
 WAIT_S = 0.02
-"""How long the loop waits for a reader thread's reply to a read before awaiting it
-(`ask`). A read (at most `READ_CAP`, 256 KB) takes ~0.05-1 ms, but on a busy machine the
-thread may wait milliseconds for a core: at 2 ms, 100 sessions on 2 cores fell back to
-awaiting often enough to cost 15% more CPU a turn (the GIL hand-offs below)."""
+"""How long the loop waits for a reader thread's replies to a batch of reads before
+awaiting them (`ask`); the longest the loop stalls for one batch. A read (at most
+`READ_CAP`, 256 KB) takes ~0.05-1 ms, but on a busy machine the thread may wait
+milliseconds for a core: at 2 ms, 100 sessions on 2 cores fell back to awaiting often
+enough to cost 15% more CPU a turn (the GIL hand-offs of `ask`)."""
 LIST_WAIT_S = 0.002
 """The same for a listing, which has no byte cap: a directory of 60,000 entries takes
 ~25 ms (8 of them at once held the loop 190 ms with 20 ms here)."""
@@ -107,14 +108,17 @@ def usable(spec: dict[str, Any]) -> str:
 
 
 class ReaderThread:
-    """One thread locked down as a reader process was; it answers one request at a time."""
+    """One thread locked down as a reader process was; it answers the requests queued on
+    it one after another (`ask`: a loop turn's reads go over together)."""
 
     def __init__(self, pidfd: int, pid: int, spec: dict[str, Any]) -> None:
         spec = copy.deepcopy(spec)
         if spec.get("readable"):
             add_readable(spec)  # as the launcher did: the safe ones go to Landlock
         self._spec = spec
-        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Job | _Batch | None] = queue.SimpleQueue()
+        self._batch: _Batch | None = None  # the reads asked this turn of the loop
+        self._started = 0.0  # when it began the request it is on (0: none)
         self._loop = asyncio.get_running_loop()  # the one that waits for its lockdown
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._fds = _view_fds(pidfd, pid)
@@ -154,39 +158,75 @@ class ReaderThread:
         the thread has left). Raises BadReply on a request it cannot read or a reply over
         the cap.
 
-        The loop waits for the reply itself, up to `WAIT_S` (`LIST_WAIT_S` for a
-        listing), holding no GIL: the thread takes it at once and does the read in one
-        go. Awaited instead, the thread would get the GIL back after each of its
-        syscalls only when the busy loop let go of it: up to the 5 ms switch interval
-        each. A read still going after that (a slow file system, a huge directory) is
-        awaited: the loop goes on meanwhile.
+        Reads are handed over in batches: every read asked in one turn of the loop goes
+        to the thread together, after the tasks ready now have run (a busy executor
+        starts several calls a turn), and the loop waits for the whole batch itself, up
+        to `WAIT_S`, holding no GIL. One hand-off each way per batch, not per read: a
+        hand-off (a wake-up, the GIL passed over and back) cost more CPU than the read.
+        Awaited instead, the thread would get the GIL back after each of its syscalls
+        only when the busy loop let go of it: up to the 5 ms switch interval each. What
+        is still going after that (a slow file system) is awaited: the loop goes on.
+        A listing, which has no byte cap, goes alone and is waited for `LIST_WAIT_S`.
         """
         if not self._thread.is_alive():
             return b""  # (it left: as a reader process that died, the call tries another)
         job = _Job(request[fileops.REPLY_LEN_DIGITS:])
-        self._inbox.put(job)
-        wait_s = LIST_WAIT_S if job.body[:1] == b"L" else WAIT_S
-        if not job.ready.acquire(timeout=wait_s):
-            with job.guard:
-                if job.reply is None:
-                    loop = asyncio.get_running_loop()  # (each call may come from another)
-                    job.future = loop.create_future()
-                    job.loop = loop
-            if job.future is not None:
-                await job.future
-        reply = job.reply
-        if isinstance(reply, BaseException):
-            raise reply
-        assert reply is not None
-        if len(reply) > cap:
-            raise fileops.BadReply(f"reader thread: a {len(reply)}-byte reply (cap {cap})")
-        return reply
+        loop = asyncio.get_running_loop()  # (each call may come from another)
+        if job.body[:1] == b"L":
+            self._inbox.put(job)
+            if not job.ready.acquire(timeout=LIST_WAIT_S):
+                await self._awaited(job, loop)
+        else:
+            job.future = loop.create_future()
+            if self._batch is None:
+                self._batch = _Batch()
+                loop.call_soon(self._hand_over, self._batch, loop)
+            self._batch.jobs.append(job)
+            await job.future
+        return _capped(job.reply, cap)
+
+    def _hand_over(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """Give the thread this turn's reads, wait (bounded) for all of their replies,
+        and settle their callers' futures; what is not in by then, the thread settles."""
+        if self._batch is batch:
+            self._batch = None
+            self._inbox.put(batch)
+        done = batch.done.acquire(timeout=WAIT_S)
+        for job in batch.jobs:
+            if not done:
+                with job.guard:
+                    if job.reply is None:
+                        job.loop = loop  # the thread settles it when the reply is in
+                        continue
+            assert job.future is not None and job.reply is not None
+            _set(job.future, job.reply)
+
+    @staticmethod
+    async def _awaited(job: _Job, loop: asyncio.AbstractEventLoop) -> None:
+        """Await the reply of `job`, whose wait on the loop ran out (if it is not in yet)."""
+        with job.guard:
+            if job.reply is None:
+                job.future = loop.create_future()
+                job.loop = loop
+        if job.future is not None:
+            await job.future
 
     def stop(self) -> None:
-        """Let the thread leave after the request it is on (if any); it exits by itself."""
+        """Let the thread leave after the requests asked of it (it answers those); it exits
+        by itself."""
+        if self._batch is not None:  # (asked this turn: it goes first)
+            self._inbox.put(self._batch)
+            self._batch = None
         self._inbox.put(None)
         if self._thread.is_alive():
             _stopped.append((self._thread, time.monotonic()))
+
+    def lagging(self) -> bool:
+        """Whether it has been on one request over `STUCK_S` (a hung file system): a new
+        read should not queue behind it. (Not less: on a busy machine a thread may wait
+        tens of milliseconds for a core, and each reader started costs ~3 ms.)"""
+        started = self._started
+        return started > 0 and time.monotonic() - started > STUCK_S
 
     @property
     def alive(self) -> bool:
@@ -220,35 +260,70 @@ class ReaderThread:
 
     def _serve(self, proc: int) -> None:
         while True:
-            job = self._inbox.get()
-            if job is None:
+            item = self._inbox.get()
+            if item is None:
                 return
-            try:
-                reply: bytes | BaseException = fileops.answer(job.body, proc) or (
-                    fileops.BadReply(f"reader thread: unreadable request {job.body[:40]!r}"))
-            except Exception as exc:  # noqa: BLE001 -- the caller's error, not the thread's end
-                reply = fileops.BadReply(f"reader thread: {exc!r}")
-            with job.guard:
-                job.reply = reply
-                job.ready.release()
-                if job.future is not None and job.loop is not None:
-                    _settle(job.loop, job.future, reply)
+            if isinstance(item, _Batch):
+                for job in item.jobs:
+                    self._answer(job, proc)
+                item.done.release()
+            else:
+                self._answer(item, proc)
+                item.ready.release()
+
+    def _answer(self, job: _Job, proc: int) -> None:
+        """Answer `job`: its reply set, and its future settled if the loop awaits it."""
+        self._started = time.monotonic()
+        try:
+            reply: bytes | BaseException = fileops.answer(job.body, proc) or (
+                fileops.BadReply(f"reader thread: unreadable request {job.body[:40]!r}"))
+        except Exception as exc:  # noqa: BLE001 -- the caller's error, not the thread's end
+            reply = fileops.BadReply(f"reader thread: {exc!r}")
+        self._started = 0.0
+        with job.guard:
+            job.reply = reply
+            if job.loop is not None:
+                assert job.future is not None
+                _settle(job.loop, job.future, reply)
 
 
 class _Job:
-    """One request to a reader thread, and where its reply goes: `reply`, with `ready`
-    released (the loop waits on it), and `future` set if the loop stopped waiting."""
+    """One request to a reader thread, and where its reply goes: `reply`, and `future`
+    (awaited by the caller). The thread settles the future itself only once `loop` is
+    set: the loop stopped waiting for it."""
 
     __slots__ = ("body", "reply", "ready", "guard", "future", "loop")
 
     def __init__(self, body: bytes) -> None:
         self.body = body
         self.reply: bytes | BaseException | None = None
-        self.ready = threading.Lock()
+        self.ready = threading.Lock()  # (a listing's: released with its reply)
         self.ready.acquire()
-        self.guard = threading.Lock()  # the reply and the future, set by either side
+        self.guard = threading.Lock()  # the reply and the loop, set by either side
         self.future: asyncio.Future[Any] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+
+
+class _Batch:
+    """The reads asked of a reader thread in one turn of the loop: `done` is released
+    when all of them have their reply."""
+
+    __slots__ = ("jobs", "done")
+
+    def __init__(self) -> None:
+        self.jobs: list[_Job] = []
+        self.done = threading.Lock()
+        self.done.acquire()
+
+
+def _capped(reply: bytes | BaseException | None, cap: int) -> bytes:
+    """A reply as the caller gets it: raised if an error, refused over `cap` bytes."""
+    if isinstance(reply, BaseException):
+        raise reply
+    assert reply is not None
+    if len(reply) > cap:
+        raise fileops.BadReply(f"reader thread: a {len(reply)}-byte reply (cap {cap})")
+    return reply
 
 
 def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any],
