@@ -27,7 +27,9 @@ invariants, so that they hold for any order of inputs:
 
 The state keeps only the history's last message (what every decision looks
 at); the history itself grows by the additions each `Emit` carries, applied
-before the event is published (the session log journals them with it).
+before the event is published (the session log journals them with it). What a step
+builds as it goes (`StepOut`) and the repairs that close an ending run's history are
+in `stepout.py`.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from actors.core.actions import (
     ToolJob,
 )
 from actors.core.catalogue import unavailable_message
-from actors.core.history import Message, blocks, grown
+from actors.core.history import Message, blocks
 from actors.core.inputs import (
     Begin,
     Cancel,
@@ -69,6 +71,14 @@ from actors.core.inputs import (
     WorkerLost,
 )
 from actors.core.state import Phase, RunState, replace
+from actors.core.stepout import (
+    StepOut,
+    close_open_calls,
+    end_started_tools,
+    keep_partial,
+    partial_text,
+    take_said,
+)
 from actors.core.turn import (
     Continue,
     FinalOutput,
@@ -83,7 +93,7 @@ from actors.core.turn import (
 from actors.finite import finite_reply
 from actors.finite import refusal as nonfinite_refusal
 from actors.permissions import decide, denial
-from actors.usage import after_event, of_reply, with_usage
+from actors.usage import of_reply
 from bus.vocab import TERMINAL, CancelMode, EventType
 
 #: Every name a caller of the machine needs: the step, its inputs, actions and state.
@@ -116,8 +126,6 @@ TOOL_END = EventType.TOOL_END
 TOOL_START = EventType.TOOL_START
 TURN_END = EventType.TURN_END
 TURN_START = EventType.TURN_START
-USER_MESSAGE = EventType.USER_MESSAGE
-_IDLE = Phase.IDLE
 _MODEL = Phase.MODEL
 _READY = Phase.READY
 _ROUTE = Phase.ROUTE
@@ -137,49 +145,13 @@ INTERRUPTED = ("interrupted: the supervisor restarted while this tool ran; it ma
 #: The result given to a started tool call whose executor went away.
 WORKER_LOST = "failed: the executor running this tool went away"
 
-class _Out:
-    """The actions of one step, and the state as it goes (a local builder)."""
-
-    __slots__ = ("s", "actions", "last", "pending")
-
-    def __init__(self, state: RunState) -> None:
-        self.s = state
-        self.actions: list[Action] = []
-        #: The history's last message and the additions not yet emitted, as they go
-        #: (kept here, not in `s`, during a step: one state copy fewer per addition).
-        self.last = state.last
-        self.pending = state.pending
-
-    def add(self, role: str, added: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
-        """Append blocks to the history (the `append_blocks` rule)."""
-        self.last = grown(self.last, role, added)[0]
-        self.pending = (*self.pending, (role, tuple(added)))
-
-    def emit(self, type_: str, turn: int, data: dict[str, Any]) -> None:
-        """Publish an event of the open run; a terminal one closes it."""
-        if not self.s.running:
-            return
-        if type_ in TERMINAL and self.s.said:
-            _take_said(self, turn)  # the run ends: what was said still joins the history
-        s = self.s
-        data = with_usage(type_, data, s.usage, s.unreported)  # TURN_END, ROUTE, the end
-        self.actions.append(Emit(type_, turn, data, self.pending))
-        self.pending = ()
-        usage, unreported = after_event(type_, data, s.usage, s.unreported)
-        if usage is not s.usage or unreported is not s.unreported:
-            self.s = replace(s, usage=usage, unreported=unreported)
-        if type_ in TERMINAL:
-            self.s = replace(self.s, phase=_IDLE, last_end=type_, partial=(), calls=(),
-                             started=(), outcomes=(), stop_request="", asks=())
-            self.actions.append(End(type_))
-
 
 def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
     """The run's next state and the actions to carry out, given what happened."""
     kind = type(event)
     if kind is Delta:  # the most frequent input (a streamed batch): its own short path
         return _delta(state, event)  # type: ignore[arg-type]
-    out = _Out(state)
+    out = StepOut(state)
     if isinstance(event, Start):
         _start(out, event)
     elif isinstance(event, Resume):
@@ -246,8 +218,8 @@ def step(state: RunState, event: Input) -> tuple[RunState, list[Action]]:
         out.actions.append(AbortJobs())
         why = f"failed: {event.message}"
         out.s = replace(out.s, partial=())
-        _end_started_tools(out, why)
-        _close_open_calls(out, why)
+        end_started_tools(out, why)
+        close_open_calls(out, why)
         out.emit(ERROR, out.s.turns, {"error": event.error, "message": event.message})
     elif isinstance(event, WorkerLost):
         _worker_lost(out)
@@ -271,16 +243,7 @@ def _delta(state: RunState, ev: Delta) -> tuple[RunState, list[Action]]:
     return state, []
 
 
-def partial_text(partial: tuple[Any, ...]) -> str:
-    """The text a `RunState.partial` list holds, oldest first."""
-    parts: list[str] = []
-    while partial:
-        partial, text = partial
-        parts.append(text)
-    return "".join(reversed(parts))
-
-
-def _start(out: _Out, ev: Start) -> None:
+def _start(out: StepOut, ev: Start) -> None:
     if out.s.running:
         return  # one run at a time: the caller refuses a second start
     out.s = replace(out.s, phase=_READY, runs=out.s.runs + 1, first=1, router=ev.router,
@@ -295,10 +258,10 @@ def _start(out: _Out, ev: Start) -> None:
     })
 
 
-def _turn(out: _Out, turn: int) -> None:
+def _turn(out: StepOut, turn: int) -> None:
     """A turn boundary: messages said join the history; then stop if asked, end at
     the limit, else start `turn`."""
-    _take_said(out, turn)
+    take_said(out, turn)
     s = out.s
     if s.stop_request:
         _finish_cancelled(out, s.stop_request, "")
@@ -313,7 +276,7 @@ def _turn(out: _Out, turn: int) -> None:
     out.actions.append(CallModel(turn, direct=out.s.direct))
 
 
-def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
+def _replied(out: StepOut, reply: Message, now: float = 0.0) -> None:
     s = out.s
     reply, nonfinite = finite_reply(reply)  # NaN/Infinity never enter the history
     out.s = replace(s, partial=(), unreported=s.unreported + of_reply(reply))
@@ -349,18 +312,6 @@ def _replied(out: _Out, reply: Message, now: float = 0.0) -> None:
         _turn(out, turn + 1)
 
 
-def _take_said(out: _Out, turn: int) -> None:
-    """The messages said so far join the history, one `USER_MESSAGE` each, in order
-    (at a boundary: the last message is the user's, or an answered assistant's)."""
-    said = out.s.said
-    if not said:
-        return
-    out.s = replace(out.s, said=())
-    for text, by in said:
-        out.add("user", [{"type": "text", "text": text}])
-        out.emit(USER_MESSAGE, turn, {"text": text, "by": by})
-
-
 def _jobs(s: RunState, calls: tuple[ToolCall, ...],
           nonfinite: Mapping[str, list[str]] | None = None) -> tuple[ToolJob, ...]:
     """A reply's calls as jobs: one not offered, with NaN/Infinity in its input, or
@@ -381,7 +332,7 @@ def _jobs(s: RunState, calls: tuple[ToolCall, ...],
     return tuple(jobs)
 
 
-def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...]:
+def _ask(out: StepOut, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...]:
     """The jobs to run now: a call under `ask` waits, announced by `APPROVAL_REQUESTED`."""
     s = out.s
     run: list[ToolJob] = []
@@ -402,7 +353,7 @@ def _ask(out: _Out, jobs: tuple[ToolJob, ...], now: float) -> tuple[ToolJob, ...
     return tuple(run)
 
 
-def _decide(out: _Out, ev: Decide) -> None:
+def _decide(out: StepOut, ev: Decide) -> None:
     """A decision on a pending call: run it, or answer it with an error saying why."""
     s = out.s
     if ev.call_id not in dict(s.asks) or ev.decision not in ("approve", "deny"):
@@ -429,7 +380,7 @@ def _decide(out: _Out, ev: Decide) -> None:
             _decide(out, Decide(other.id, "approve", ev.by, f"always {call.name} (session)"))
 
 
-def _tool_started(out: _Out, call_id: str, machine: str) -> None:
+def _tool_started(out: StepOut, call_id: str, machine: str) -> None:
     s = out.s
     call = next((c for c in s.calls if c.id == call_id), None)
     if call is None or call_id in s.started:
@@ -441,7 +392,7 @@ def _tool_started(out: _Out, call_id: str, machine: str) -> None:
     out.s = replace(out.s, started=out.s.started + (call_id,))
 
 
-def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
+def _tool_finished(out: StepOut, call_id: str, outcome: ToolOutcome) -> None:
     s = out.s
     call = next((c for c in s.calls if c.id == call_id), None)
     if call is None or call_id not in s.started or call_id in dict(s.outcomes):
@@ -468,7 +419,7 @@ def _tool_finished(out: _Out, call_id: str, outcome: ToolOutcome) -> None:
     _turn(out, s.turn + 1)
 
 
-def _worker_lost(out: _Out) -> None:
+def _worker_lost(out: StepOut) -> None:
     s = out.s
     if s.phase in (_MODEL, _ROUTE):
         out.s = replace(s, partial=())
@@ -480,7 +431,7 @@ def _worker_lost(out: _Out) -> None:
             _tool_finished(out, call_id, ToolOutcome(WORKER_LOST, True))
 
 
-def _cancel(out: _Out, ev: Cancel) -> None:
+def _cancel(out: StepOut, ev: Cancel) -> None:
     if ev.mode not in CANCEL_WHY:
         raise ValueError(f"unknown cancel mode {ev.mode!r}")
     if ev.mode == CancelMode.OPERATION:
@@ -492,52 +443,17 @@ def _cancel(out: _Out, ev: Cancel) -> None:
     _finish_cancelled(out, ev.mode, ev.reason, dict(ev.ran_ms))
 
 
-def _finish_cancelled(out: _Out, mode: str, reason: str,
+def _finish_cancelled(out: StepOut, mode: str, reason: str,
                       ran_ms: dict[str, float] | None = None) -> None:
     """History made valid (partial text kept, open calls answered), then `CANCELLED`."""
     why = CANCEL_WHY[mode]
-    _keep_partial(out, why)
-    _end_started_tools(out, why, ran_ms)
-    _close_open_calls(out, why)
+    keep_partial(out, why)
+    end_started_tools(out, why, ran_ms)
+    close_open_calls(out, why)
     out.emit(CANCELLED, out.s.turns, {"mode": mode, "reason": reason or why})
 
 
-def _end_started_tools(out: _Out, why: str, ran_ms: dict[str, float] | None = None) -> None:
-    """A `TOOL_END` (an error saying `why`) for each started call without one: every
-    `TOOL_START` a viewer saw gets its end, whatever ends the run; its duration is how
-    long the call had run (`ran_ms`, measured by the driver), 0 where not known."""
-    s = out.s
-    if not s.started:
-        return
-    known = dict(s.outcomes)
-    calls = {c.id: c for c in s.calls}
-    for call_id in s.started:
-        if call_id not in known:
-            call = calls.get(call_id)
-            out.emit(TOOL_END, s.turn, {
-                "tool_use_id": call_id, "name": call.name if call else "", "is_error": True,
-                "output": why, "duration_ms": round((ran_ms or {}).get(call_id, 0.0), 3),
-            })
-
-
-def _keep_partial(out: _Out, why: str) -> None:
-    text = partial_text(out.s.partial)
-    out.s = replace(out.s, partial=())
-    last = out.last
-    if text.strip() and (last is None or last.get("role") == "user"):
-        out.add("assistant", [{"type": "text", "text": f"{text}\n\n[reply interrupted: {why}]"}])
-
-
-def _close_open_calls(out: _Out, why: str) -> None:
-    last = out.last
-    calls = tool_calls(last) if last is not None and last.get("role") == "assistant" else ()
-    if calls:
-        known = dict(out.s.outcomes)
-        outcomes = [known.get(c.id) or ToolOutcome(why, True) for c in calls]
-        out.add("user", results_message(calls, outcomes)["content"])
-
-
-def _resume(out: _Out, ev: Resume) -> None:
+def _resume(out: StepOut, ev: Resume) -> None:
     """Go on with an open run after a restart (the state is the log's fold)."""
     s = out.s
     if not s.running:
@@ -559,7 +475,7 @@ def _resume(out: _Out, ev: Resume) -> None:
                     "tool_use_id": call.id, "name": call.name, "is_error": True,
                     "output": INTERRUPTED, "duration_ms": 0.0,
                 })
-        _close_open_calls(out, INTERRUPTED)
+        close_open_calls(out, INTERRUPTED)
         out.s = replace(out.s, calls=(), started=(), outcomes=())
         out.emit(TURN_END, s.turn, {"stop": "tool_use"})
         out.s = replace(out.s, phase=_READY, first=s.turn + 1, router=False)
@@ -567,7 +483,7 @@ def _resume(out: _Out, ev: Resume) -> None:
     out.s = replace(out.s, phase=_READY, first=max(1, s.turn), router=ev.router)
 
 
-def _resume_tools(out: _Out, calls: tuple[ToolCall, ...], adopt: bool) -> None:
+def _resume_tools(out: StepOut, calls: tuple[ToolCall, ...], adopt: bool) -> None:
     """A restart while calls wait for approval, or run on executors that may still run
     them (`adopt`): the waiting ones still wait; one in flight is waited for (`adopt`:
     an adopted job, never started again) or interrupted; one never started is answered
@@ -595,7 +511,7 @@ def _resume_tools(out: _Out, calls: tuple[ToolCall, ...], adopt: bool) -> None:
         out.actions.append(RunToolCalls(s.turn, tuple(adopted)))
 
 
-def _compacted(out: _Out, ev: Compacted) -> None:
+def _compacted(out: StepOut, ev: Compacted) -> None:
     """The requests' view changes (`COMPACTED`, which carries it for the fold). In a run,
     the summary call's tokens are the turn's (its `TURN_END` reports them); between
     runs the event reports them itself."""

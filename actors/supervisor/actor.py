@@ -9,7 +9,6 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import zmq
 
 from actors import nossl
@@ -19,7 +18,7 @@ from actors.core.session import Session
 from actors.logstore import is_pg_url, open_store
 from actors.pgleases import LeaseLost
 from actors.runtime import host_gone, notify_ready, run_actor, stop_now
-from actors.sessionlog import JournalError, JournalFull, Record
+from actors.sessionlog import JournalError, JournalFull
 from actors.settings import Settings
 from actors.storage import SESSIONS_FILE
 from actors.supervisor.api import serve_api
@@ -32,6 +31,7 @@ from actors.supervisor.pruned import Tombstones
 from actors.supervisor.pruning import Pruner, remove_workspaces_apart
 from actors.supervisor.replay import replay_batch
 from actors.supervisor.runs import Runs
+from actors.supervisor.sessionbook import SessionBook
 from actors.supervisor.workerio import WorkerIO
 from bus.codec import encode_event
 from bus.endpoints import Endpoints
@@ -40,14 +40,12 @@ from bus.messages import (
     ErrorReply,
     ReplayBatch,
     ReplayRequest,
-    RunStarted,
 )
 from bus.sockets import Port, Reactor
 from bus.vocab import CancelMode, EventType
 
 if TYPE_CHECKING:
     from actors.supervisor.forwarding import Forwarder
-    from actors.supervisor.ownership import Ownership
 
 if TYPE_CHECKING:  # (imported at run time only when tracing is on: it loads the SDK)
     from actors.tracing import RunTracer
@@ -57,9 +55,6 @@ log = logging.getLogger("oploop.supervisor")
 
 #: Longest a model call may take, retries included, when nothing tighter applies.
 LLM_JOB_TIMEOUT_S = 900.0
-#: Start keys remembered in memory (resends come within seconds; older ones, and
-#: every one across a restart, are looked up in the session log).
-MAX_START_KEYS = 1_024
 #: How long a failed journal commit waits before it is tried again.
 JOURNAL_RETRY_S = 1.0
 #: How often the session log's reserve file is checked (and remade once space returns).
@@ -77,13 +72,13 @@ TOKEN_COMMIT_S = 0.2
 GROUPED = frozenset({EventType.TOKEN, EventType.THINKING, EventType.TOOL_OUTPUT})
 
 
-class Supervisor:
-    """Holds every session, runs their turn loops, and is the single writer of events."""
+class Supervisor(SessionBook):
+    """Holds every session (as its base, `SessionBook`, finds them), runs their turn
+    loops, and is the single writer of events."""
 
     def __init__(self, endpoints: Endpoints, config: Config | None = None,
                  journal: Journal | None = None) -> None:
-        self.config = config or Config()
-        self.journal = journal
+        super().__init__(config or Config(), journal)
         self._unjournaled: list[tuple[str, int, bytes]] = []
         #: The pending commit's call (None: none pending), and whether it is due at once
         #: (else a TOKEN-only batch waiting `TOKEN_COMMIT_S` for more).
@@ -92,13 +87,8 @@ class Supervisor:
         #: A commit failed (disk full): the next try waits for a timer, not call_soon.
         self._journal_failing = False
         self._reserve_releases = 0
-        #: Sessions whose run ended: they leave memory once that end is committed.
-        self._ended: list[Session] = []
         #: Replies that must wait for the commit this iteration schedules.
         self._after_commit: list[tuple[Port, Envelope, bytes | None]] = []
-        #: `StartRun` keys of recent runs -> their `RunStarted` (bounded, oldest out).
-        self._starts: dict[str, RunStarted] = {}
-        self.sessions: dict[str, Session] = {}
         #: Starting, resuming, cancelling and ending runs (and the control verbs).
         self.runs = Runs(self)
         #: Whether runs the log has open go on at start (not at an embedded host's first
@@ -139,10 +129,6 @@ class Supervisor:
         self.push = EventPush(self.reactor.add(
             zmq.PUSH, "events", connect=endpoints.address("ingest"), hwm=1_000_000,
         ))
-        #: Retention (None: nothing is ever deleted, as without a journal).
-        self.pruner: Pruner | None = None
-        #: This host's leases on a store other hosts share (None: the store is its own).
-        self.ownership: Ownership | None = None  # (psycopg is imported only then)
         #: With `ownership`: requests for sessions other hosts run go there (`forwarding`).
         self.forwarder: Forwarder | None = None
         self._group: asyncio.TaskGroup | None = None
@@ -333,65 +319,10 @@ class Supervisor:
             return low or "the session log cannot be written: try again later"
         return ""
 
-    def started_by(self, key: str) -> RunStarted | None:
-        """The run a `StartRun` with `key` already began (memory, else the log), or None."""
-        if not key:
-            return None
-        known = self._starts.get(key)
-        if known is None and self.journal is not None:
-            known = self.journal.start_of(key)
-        return known
-
-    def own(self, sid: str) -> tuple[str, str] | None:
-        """Take `sid`'s lease when the store is shared (`Ownership.acquire`); None when
-        taken (or the store is this host's alone), else why not as (error, message)."""
-        if self.ownership is None:
-            return None
-        problem = self.ownership.acquire(sid)
-        if not problem:
-            return None
-        return ("busy" if "is running on host" in problem else "unavailable"), problem
-
-    def elsewhere(self, session: Session) -> str:
-        """Why `session`'s open run cannot be acted on here: another host of the shared
-        store holds it (a request `forwarding` could not send on: the store out of
-        reach, a request forwarded here already), or ""."""
-        if self.ownership is None or session.run_over or \
-                session.id in self.ownership.fence.epochs:
-            return ""
-        return self.ownership.runs_elsewhere(session.id)
-
-    def not_resumed(self, sid: str) -> None:
-        """`sid` was claimed (or found open) but is not resumed: its lease is given up."""
-        if self.ownership is not None and sid in self.ownership.fence.epochs:
-            self.ownership.release({sid})
-
-    def open_in_log(self) -> list[str]:
-        """The sessions whose run the session log has open (none without a log)."""
-        return self.journal.open_sessions() if self.journal is not None else []
-
-    def run_records(self, session: Session) -> list[Record]:
-        """The records of `session`'s latest run in the log (none without a log)."""
-        return self.journal.run_records(session) if self.journal is not None else []
-
-    def forget_when_committed(self, session: Session) -> None:
-        """`session`'s run has ended: it leaves memory once that end is committed."""
-        if self.journal is not None:
-            self._ended.append(session)
-            self._schedule_flush()
-
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """A task of the supervisor's task group (cancelled with it)."""
         assert self._group is not None
         return self._group.create_task(coro, name=name)
-
-    def remember_start(self, key: str, started: RunStarted) -> None:
-        """Remember the run a `StartRun` with `key` began (a resend gets it)."""
-        if not key:
-            return
-        self._starts[key] = started
-        if len(self._starts) > MAX_START_KEYS:
-            del self._starts[next(iter(self._starts))]
 
     async def _keep_reserve(self) -> None:
         """Remake the session log's reserve once the disk has room again."""
@@ -400,41 +331,6 @@ class Supervisor:
             self.journal.log.keep_reserve()
 
     # -- sessions: in memory while running, else in the log ----------------------------
-
-    def session(self, sid: str) -> Session | None:
-        """The session `sid`: in memory, else folded from the log (and kept in memory
-        until its next run ends); None when there is no such session."""
-        session = self.sessions.get(sid)
-        if session is not None or self.journal is None or not sid:
-            return session
-        try:
-            session = self.journal.load(sid, dict(self.config.agents))
-        except JournalError as exc:
-            log.error("session %s cannot be loaded: %s", sid, exc)
-            return None
-        if session is not None:
-            self.sessions[sid] = session
-            self._ended.append(session)  # leaves memory again unless a run starts
-            self._schedule_flush()
-        return session
-
-    def summaries(self) -> list[dict[str, Any]]:
-        """Every session as `oploop sessions` lists it (memory first, then the log)."""
-        out = [s.summary() for s in self.sessions.values()]
-        if self.journal is None:
-            return out
-        try:
-            logged = self.journal.log.summaries()
-        except JournalError as exc:
-            log.error("session list: %s", exc)
-            return out
-        for sid, summary in logged:
-            if sid not in self.sessions and summary:
-                try:
-                    out.append(msgpack.unpackb(summary, raw=False))
-                except (ValueError, TypeError, msgpack.UnpackException):
-                    log.error("session %s: its summary does not decode; not listed", sid)
-        return out
 
     def resend(self, sid: str, req: ReplayRequest) -> ReplayBatch | ErrorReply:
         """Events `req` asks for, from the session log (the broadcaster lost them): `replay.py`.
@@ -469,30 +365,7 @@ class Supervisor:
         """Requests of clients (`supervisor/api.py`)."""
         serve_api(self, peer, env)
 
-    def known(self, sid: str) -> bool:
-        """Whether `sid` is a session in memory or in the log (without loading it)."""
-        if sid in self.sessions:
-            return True
-        if self.journal is None or not sid:
-            return False
-        try:
-            return self.journal.log.row(sid) is not None
-        except JournalError as exc:
-            log.error("session %s: %s", sid, exc)
-            return False
-
-    def no_session(self, sid: str) -> str:
-        """What a request naming a session the supervisor does not hold is told."""
-        if self.pruner is not None and self.pruner.pruned(sid):
-            return f"no such session {sid!r} (pruned)"
-        return f"no session {sid!r}"
-
     # -- retention ---------------------------------------------------------------------
-
-    def running_sessions(self) -> set[str]:
-        """Sessions with a run not over, or whose run's task is still unwinding."""
-        return {sid for sid, s in self.sessions.items()
-                if not s.run_over or (s.task is not None and not s.task.done())}
 
     def forget_sessions(self, sids: list[str]) -> None:
         """Drop `sids` from memory and tell the broadcaster to drop their logs (behind
@@ -505,9 +378,6 @@ class Supervisor:
         for key in [k for k, started in self._starts.items() if started.session in gone]:
             del self._starts[key]
         self.push.forget(sids)
-
-    def no_agent(self, name: str) -> str:
-        return f"no agent {name!r} (configured: {', '.join(sorted(self.config.agents))})"
 
     # -- running -----------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from actors.core.catalogue import listing
 from actors.machines import LOCAL
+from actors.supervisor.admission import PEER
 from actors.supervisor.mcpasks import serve_get_prompt
-from actors.supervisor.runs import PEER
 from bus.mcpwire import GetPrompt
 from bus.messages import (
     Body,

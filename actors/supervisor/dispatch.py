@@ -6,7 +6,8 @@ slot (its warm sandboxed reader, its copy of the history), else to the live work
 of its role with the most free slots, or waits in a bounded queue. A job may be
 bound to one machine (a session's `target_machine`: its tool calls run there and
 nowhere else): it waits in that machine's queue, and fails at once when the machine
-has no worker of its role connected.
+has no worker of its role connected. (The queues, the matching and the sending are
+`jobqueues.py`'s `JobQueues`, the `Dispatcher`'s base.)
 A worker missing three heartbeats (or one we cannot route to) is dead: its
 llm jobs are re-issued (model calls are idempotent), its tool jobs fail with
 "executor died", or "machine NAME lost" for a worker machine's (tools have side
@@ -26,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +36,10 @@ from typing import Any
 from actors.machines import LOCAL, machine_of
 from actors.supervisor.adoption import adopt, reported
 from actors.supervisor.catalogue import Catalogue, mcp_servers, valid_specs
-from actors.supervisor.jobstate import Job, NoCapacity, OnProgress, Outbox, WorkerState
+from actors.supervisor.jobqueues import ROLES, JobQueues, no_worker, unassign
+from actors.supervisor.jobstate import Job, WorkerState
 from actors.supervisor.machines import Machines, ip_of, machine_problem
-from bus.codec import encode
-from bus.errors import Backpressure, BadFrame, BusError, PeerGone
+from bus.errors import Backpressure, BusError, PeerGone
 from bus.heartbeat import INTERVAL_S, Liveness
 from bus.mcpwire import Elicit, Sample
 from bus.messages import (
@@ -70,8 +69,6 @@ log = logging.getLogger("oploop.dispatch")
 #: serve the machine it names): it stops, and says why.
 REFUSED = "refused"
 
-#: Jobs waiting for a free worker, per role, before new ones are refused.
-MAX_QUEUED = 100_000
 #: A model call whose llm caller died is re-issued this many times, then failed: a
 #: job that kills every worker it lands on must not go round them for ever. Six
 #: attempts in all, as many as a model call gets for its own failures.
@@ -80,61 +77,29 @@ MAX_REDISPATCH = 5
 #: worst one of them is asked twice).
 MAX_TOLD = 10_000
 
-ROLES = ("llm", "tool")
-
-#: (role, session) pairs whose last worker is remembered (the least recently used go first).
-MAX_STICKY = 4_096
-
 #: How often the supervisor looks for silent workers: a few times per heartbeat, so
 #: that a lost machine is told within 3 heartbeats and a quarter, not 4.
 EXPIRY_CHECKS_PER_BEAT = 4
 
-class Dispatcher:
-    """Owns the workers of the `work` socket and every job sent to them."""
+
+class Dispatcher(JobQueues):
+    """Owns the workers of the `work` socket and every job sent to them (queued,
+    matched and sent as its base, `JobQueues`, does)."""
 
     def __init__(self, work: Port, control: Port, max_redispatch: int = MAX_REDISPATCH) -> None:
-        self.work = work
+        super().__init__(work)
         self.control = control
         self.max_redispatch = max_redispatch
-        self.workers: dict[bytes, WorkerState] = {}
-        self.jobs: dict[str, Job] = {}
-        #: Waiting jobs by (role, machine); machine None: any worker of the role.
-        self.queues: dict[tuple[str, str | None], deque[Job]] = {
-            (role, None): deque() for role in ROLES}
         self.machines = Machines()
         self.liveness: Liveness[bytes] = Liveness()
         self.catalogue = Catalogue()
         #: Set whenever the executors' tools change (`Catalogue.event`).
         self.catalogue_changed = self.catalogue.event
-        self._ids = itertools.count(1)
         self.aborts_acked = 0
         self._told: set[bytes] = set()  # unknown peers already asked to re-announce
         #: Names of worker keys that may serve unnamed, as `local` (`[network]
         #: local_worker_keys`); any other worker key serves only the machine it names.
         self.local_worker_keys: frozenset[str] = frozenset()
-        self._prefix = f"j{os.getpid():x}."
-        #: (role, session) -> the worker that took the session's last job of that role.
-        #: Its next job goes there again while that worker has a free slot and none of
-        #: the session's jobs in flight (parallel calls of one reply spread): an executor
-        #: keeps the session's sandboxed reader warm (a read on it ~0.1 ms, a fresh one
-        #: a fork server round trip and ~3 ms), an llm caller holds the session's history
-        #: as of its last call (the job is a delta against it, not against what the
-        #: caller held two or more calls ago, nor a full send).
-        self._sticky: dict[tuple[str, str], bytes] = {}
-        #: New jobs wait in their queues, none sent (the store is out of reach: the
-        #: sessions wait for it, `supervisor/outage.py`).
-        self.held = False
-        #: Jobs matched and encoded, sent together at the end of the loop's turn.
-        self.outbox = Outbox()
-        #: Whether events emitted wait for their commit (the supervisor's session log;
-        #: never, by default): jobs other than model calls (and model calls sent with
-        #: them) then wait in the outbox for `send_out(committed=True)`, which the commit
-        #: makes (`Supervisor._flush`), and `commit_soon` is asked for it. A tool job never
-        #: leaves before its `TOOL_START` is in the log, whatever the order of the loop's
-        #: callbacks.
-        self.uncommitted: Callable[[], bool] = lambda: False
-        self.commit_soon: Callable[[], None] = lambda: None
-        self._send_due = False  # (`_send_out` is scheduled)
         #: Calls in flight that resumed runs wait to adopt: (session, call id) -> (the
         #: machine they ran on, the future the adopted job is given to).
         self.expected: dict[tuple[str, str], tuple[str, asyncio.Future[Job]]] = {}
@@ -142,46 +107,6 @@ class Dispatcher:
         #: default), and what to do then: stop, as its death signal will have us do.
         self.host_gone: Callable[[], bool] = lambda: False
         self.on_host_gone: Callable[[], None] = lambda: None
-
-    def hold(self, held: bool) -> None:
-        """Hold every new job in its queue (`held`), or send what waits again."""
-        self.held = held
-        if held:
-            self.send_out()  # (held: what the outbox holds waits again in its queues)
-        else:
-            for key in list(self.queues):
-                self._send_jobs(key)
-
-    # -- submitting --------------------------------------------------------------------
-
-    def submit(self, role: str, body: Body, *, sid: str, deadline: float,
-               on_progress: OnProgress,
-               for_worker: Callable[[bytes], Body] | None = None,
-               machine: str | None = None, traceparent: str = "") -> Job:
-        """Queue a job for a worker of `role`; await `job.future` for the final reply.
-
-        `for_worker(worker_id)`, if given, makes the body sent to that worker.
-        `machine`: only a worker of that machine may take it; a worker machine
-        with no worker of `role` connected fails it at once (never elsewhere), while
-        `LOCAL` jobs wait for the host to (re)start its own. `traceparent`: the trace
-        context the job's envelope carries ("": none)."""
-        key = (role, machine)
-        if len(self.queues.get(key, ())) >= MAX_QUEUED:
-            raise NoCapacity(f"{MAX_QUEUED} {role} jobs already waiting")
-        jid = f"{self._prefix}{next(self._ids):x}"
-        env = Envelope(body, id=jid, sid=sid, job=jid, deadline=deadline,
-                       traceparent=traceparent)
-        job = Job(jid, role, env, asyncio.get_running_loop().create_future(), on_progress,
-                  for_worker=for_worker, machine=machine)
-        if machine not in (None, LOCAL) and not self._serves(role, machine):
-            # (no queue made for it: a name no worker has costs nothing to remember)
-            job.future.set_result(Envelope(_absent(role, machine), job=jid))
-            return job
-        self.jobs[jid] = job
-        self.queues.setdefault(key, deque()).append(job)
-        self._send_jobs(key)
-        return job
-
     def expect(self, sid: str, call_id: str, machine: str) -> asyncio.Future[Job]:
         """A resumed run waits for its call `call_id`, in flight on `machine` when the
         supervisor restarted: the future is given the job when an executor of that
@@ -193,10 +118,6 @@ class Dispatcher:
     def unexpect(self, sid: str, call_id: str) -> None:
         """No run waits for call `call_id` of `sid` any more (a report of it is aborted)."""
         self.expected.pop((sid, call_id), None)
-
-    def _serves(self, role: str, machine: str) -> bool:
-        """Whether machine `machine` has a live worker of `role`."""
-        return any(w.role == role and w.machine == machine for w in self.workers.values())
 
     def abort(self, job: Job) -> None:
         """Ask the job's worker to stop it now, over its control pipe; do not wait.
@@ -211,7 +132,7 @@ class Dispatcher:
             job.future.cancel()
         worker = self.workers.get(job.worker) if job.worker else None
         if worker is not None and self.outbox.drop(job):  # matched, not sent: nothing runs it
-            _unassign(job, worker)
+            unassign(job, worker)
             self.jobs.pop(job.id, None)
             self._pump_for(worker)  # (its slot is free again)
             return
@@ -230,116 +151,6 @@ class Dispatcher:
         except BusError as exc:
             log.info("abort of %s not delivered (%s): freeing its slot", job.id, exc)
             self._acknowledged(job, worker)
-
-    def _pump(self, key: tuple[str, str | None]) -> list[tuple[Job, WorkerState]]:
-        """Match the jobs waiting in queue `key` (role, machine) to workers with free
-        slots, taking the slots: the sends to make, in order (no I/O: `_send_jobs`
-        makes them)."""
-        role, machine = key
-        queue = self.queues.get(key)
-        sends: list[tuple[Job, WorkerState]] = []
-        if self.held:
-            return sends
-        sticky = self._sticky
-        while queue:
-            job = queue[0]
-            at = (role, job.env.sid)
-            last = self.workers.get(sticky.get(at, b""))
-            if last is not None and last.free > 0 and last.role == role and (
-                    machine is None or last.machine == machine) and not self._busy_with(
-                    last, job.env.sid):
-                worker = last
-            else:
-                worker = max(
-                    (w for w in self.workers.values() if w.role == role and w.free > 0
-                     and (machine is None or w.machine == machine)),
-                    key=lambda w: w.free, default=None,
-                )
-                if worker is None:
-                    break
-            queue.popleft()
-            job.worker = worker.id
-            job.dispatches += 1
-            worker.take(job)
-            sends.append((job, worker))
-            sticky.pop(at, None)  # (re-inserted last: the least recently used go first)
-            sticky[at] = worker.id
-            if len(sticky) > MAX_STICKY:
-                del sticky[next(iter(sticky))]
-        return sends
-
-    def _busy_with(self, worker: WorkerState, sid: str) -> bool:
-        """Whether `worker` runs a job of session `sid` now (then the session's next job,
-        a parallel call of the same reply, goes to the idlest worker instead)."""
-        return sid in worker.sessions
-
-    def _send_jobs(self, key: tuple[str, str | None]) -> None:
-        """Encode what `_pump` matches in queue `key` into the outbox (`_send_out` sends
-        it once this turn of the loop is over). A job no worker can take fails."""
-        for job, worker in self._pump(key):
-            env = job.env
-            if job.for_worker is not None:
-                env = env.with_body(job.for_worker(worker.id))
-            try:
-                frame = encode(env)
-            except BadFrame as exc:
-                # Unencodable or over the frame limit (a 17 MB tool input, a history
-                # too large): no worker can take it. It fails; no slot was taken.
-                _unassign(job, worker)
-                log.warning("%s job %s cannot be sent: %s", job.role, job.id, exc)
-                self._finish(job, Envelope(JobFailed(
-                    exc.reason, f"the {env.kind} cannot be sent to a worker: {exc.detail}",
-                ), job=job.id))
-                continue
-            if not self._send_due:  # (the outbox may hold jobs waiting for a commit)
-                self._send_due = True
-                asyncio.get_running_loop().call_soon(self._send_out)
-            self.outbox.add(job, worker, frame)
-
-    def _send_out(self) -> None:
-        """The outbox's turn (scheduled by the first job into it): what may go now."""
-        self._send_due = False
-        committed = not self.uncommitted()
-        self.send_out(committed)
-        if not committed and self.outbox:  # tool jobs wait for the commit: have it now
-            self.commit_soon()
-
-    def send_out(self, committed: bool = True) -> None:
-        """Send the outbox, in order: all of it once this turn's events are `committed`,
-        else only if it holds model calls alone (`Outbox.take`). A worker found
-        unreachable is dropped, and its jobs not yet sent wait again, first in their
-        queues, for the others. Held (the store out of reach), every job waits again."""
-        out = self.outbox.take(early=not committed)
-        if self.held:
-            self._requeue([(job, worker) for job, worker, _ in out])
-            return
-        dropped: set[bytes] = set()
-        for at, (_, worker, frame) in enumerate(out):
-            if worker.id in dropped:
-                continue
-            try:
-                self.work.send_frame(frame, worker.id)
-            except (PeerGone, Backpressure) as exc:
-                dropped.add(worker.id)
-                self._requeue([(j, w) for j, w, _ in out[at:] if w is worker])
-                log.warning("worker %r unreachable (%s): dropping it", worker.id, exc)
-                self._worker_died(worker.id)  # (its jobs go to the workers left)
-            except BusError as exc:  # the socket closed: the supervisor is stopping
-                log.info("%d job(s) not sent: %s", len(out) - at, exc)
-                self._requeue([(j, w) for j, w, _ in out[at:] if w.id not in dropped])
-                return
-
-    def _requeue(self, unsent: list[tuple[Job, WorkerState]]) -> None:
-        """Matched jobs that were not sent: their slots freed, first in their queues again
-        (in the order they had)."""
-        for job, worker in reversed(unsent):
-            _unassign(job, worker)
-            self.queues.setdefault(job.queue, deque()).appendleft(job)
-
-    def _pump_for(self, worker: WorkerState) -> None:
-        """Send waiting jobs `worker` could take: its machine's, then anyone's."""
-        self._send_jobs((worker.role, worker.machine))
-        self._send_jobs((worker.role, None))
 
     # -- what workers send -------------------------------------------------------------
 
@@ -472,11 +283,6 @@ class Dispatcher:
         """The MCP servers of the live executors (`catalogue.mcp_servers`)."""
         return mcp_servers(self.workers.values())
 
-    def _finish(self, job: Job, env: Envelope) -> None:
-        self.jobs.pop(job.id, None)
-        if not job.future.done():
-            job.future.set_result(env)
-
     def _worker_died(self, peer: bytes, reason: str = "died") -> None:
         """Forget a worker; re-issue its llm jobs, fail its tool jobs (unless our host
         died: `_host_died`)."""
@@ -536,17 +342,7 @@ class Dispatcher:
         while queue:
             job = queue.popleft()
             assert machine is not None
-            self._finish(job, Envelope(_absent(role, machine), job=job.id))
-
-    def _rename(self, job: Job) -> None:
-        """Give a job about to be re-issued a new id. A worker declared dead may be
-        alive (stalled, then back) and the job may go to it again: what it still
-        sends about the first dispatch (deltas, "aborted") names the old id and is
-        ignored, instead of being taken for news of the second."""
-        self.jobs.pop(job.id, None)
-        job.id = f"{self._prefix}{next(self._ids):x}"
-        job.env = dataclasses.replace(job.env, id=job.id, job=job.id)
-        self.jobs[job.id] = job
+            self._finish(job, Envelope(no_worker(role, machine), job=job.id))
 
     def _send_quiet(self, peer: bytes, body: Body, answering: str = "") -> None:
         with contextlib.suppress(BusError):
@@ -595,10 +391,6 @@ class Dispatcher:
             "machines": self.machines.describe(),
         }
 
-    def session_jobs(self, sid: str) -> int:
-        """Jobs of session `sid` that a worker still holds or that wait for one."""
-        return sum(1 for j in self.jobs.values() if j.env.sid == sid)
-
 
 #: What a registered worker sends on `work`: body type -> the `Dispatcher` method.
 _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
@@ -616,19 +408,6 @@ _WORK: dict[type[Body], Callable[[Dispatcher, WorkerState, Envelope], None]] = {
     JobFailed: Dispatcher._on_reply,
     PromptResult: Dispatcher._on_reply,
 }
-
-
-def _unassign(job: Job, worker: WorkerState) -> None:
-    """Undo `_pump`'s match of `job` to `worker` (it was not sent)."""
-    job.worker = None
-    job.dispatches -= 1
-    worker.give(job)
-
-
-def _absent(role: str, machine: str) -> JobFailed:
-    """The failure of a job bound to a machine with no worker of its role."""
-    what = "executor" if role == "tool" else "llm caller"
-    return JobFailed("no_worker", f"machine {machine} has no {what} connected")
 
 
 def _lost(worker: WorkerState, reason: str) -> JobFailed:

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from actors.machines import LOCAL
-from actors.supervisor.dispatch import NoCapacity
+from actors.supervisor.jobstate import NoCapacity
 from actors.supervisor.runhost import RunHost
 from bus.mcpwire import GetPrompt
 from bus.messages import Envelope, JobFailed, PromptJob, PromptResult

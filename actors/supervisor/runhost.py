@@ -1,5 +1,5 @@
-"""`RunHost`: what the supervisor's request handlers (`runs.py`, `compacting.py`,
-`mcpasks.py`) need of the supervisor, and nothing more of it.
+"""`RunHost`: what the supervisor's request handlers (`runs.py`, `admission.py`,
+`compacting.py`, `mcpasks.py`) need of the supervisor, and nothing more of it.
 
 A module of its own so that those handlers name the supervisor without importing the
 actor that imports them.

@@ -1,5 +1,6 @@
 """The supervisor's runs: starting one (or answering a resent start), resuming those a
-restart left open, cancelling, and ending them; the control socket's verbs."""
+restart left open, cancelling, and ending them; the control socket's verbs. Who may ask
+for what, and whether a start is admitted, is `admission.py`'s."""
 
 from __future__ import annotations
 
@@ -16,7 +17,18 @@ from actors.core.driver import RunDriver, decision_error
 from actors.core.inputs import Say as Said
 from actors.core.inputs import StopLater
 from actors.core.session import Session, feed_undriven
-from actors.machines import LOCAL, machine_name_error
+from actors.machines import LOCAL
+from actors.supervisor.admission import (
+    CONTROL,
+    CONTROLLERS,
+    FORWARDED,
+    HOST,
+    PEER,
+    asker_of,
+    by_of,
+    role_of,
+    start_refusal,
+)
 from actors.supervisor.compacting import serve_compact
 from actors.supervisor.leases import PEER_DEFAULT_LEASE_S
 from actors.supervisor.runhost import RunHost
@@ -42,25 +54,6 @@ from bus.vocab import CANCEL_MODES, CancelMode
 
 log = logging.getLogger("oploop.supervisor")
 
-#: The role of another host of the shared store (`bus.security.HOST`): it sends on the
-#: requests its callers may make (their rights checked there), naming who asked (`by`).
-HOST = "host"
-
-#: Who may cancel (or say) on the control socket, by ZAP User-Id (None: ipc without CURVE).
-CONTROLLERS = frozenset({None, "local", "control", HOST})
-
-#: What another host may send on (anything else from its key is refused).
-FORWARDED = (Cancel, Say, DecideCalls, AnswerElicitation, Compact)
-
-#: The role of a remote user's key: all a local user may do, but in no directory of its
-#: choosing (its path names a directory of another machine).
-CONTROL = "control"
-
-#: The role of another host's key (`ask_machine`): it may start new runs (in no
-#: directory of its choosing), and cancel and renew the runs it started; nothing else.
-PEER = "peer"
-
-
 #: Messages said into one run that may wait for its next boundary (each rewrites the
 #: session's row with all of them: a bound on that too).
 MAX_SAID = 100
@@ -74,29 +67,6 @@ CATALOGUE_WAIT_S = 5.0
 #: new supervisor's first answer (a `Disconnect`), so ~1 s is usual; the rest covers a
 #: busy machine.
 ADOPT_GRACE_S = 5.0
-
-
-def _role(user_id: str | None) -> str | None:
-    """The role part of a ZAP User-Id (`ROLE:NAME`, "local", or None over plain ipc)."""
-    return user_id.split(":", 1)[0] if user_id else user_id
-
-
-def _by(user_id: str | None) -> str:
-    """Who decided or said, as `APPROVAL_DECIDED.by` and `USER_MESSAGE.by` say it: the
-    key's name, or "local" (the host's own key, or ipc)."""
-    if not user_id or user_id == "local":
-        return "local"
-    return user_id.split(":", 1)[1] if ":" in user_id else user_id
-
-
-def _asker(user_id: str | None, body: Any) -> str:
-    """Who asked for `body`: as `_by` says, or, for a request another host of the store
-    forwarded (`body.by`, honoured from this host's own user and the store's other
-    hosts only), who asked there."""
-    forwarded = getattr(body, "by", "")
-    if forwarded and _role(user_id) in (None, "local", HOST):
-        return str(forwarded)
-    return _by(user_id)
 
 
 class Runs:
@@ -115,56 +85,15 @@ class Runs:
         #: calls instead of answering them "interrupted" at once.
         self.adopt = False
 
-    def _refusal(self, req: StartRun) -> tuple[str, str] | None:
-        """Why a `StartRun` cannot be served, as (error, message), or None."""
-        limits = self.sup.config.limits
-        if not req.prompt.strip():
-            return "bad_request", "the prompt is empty"
-        if len(req.prompt) > limits.max_prompt_chars:
-            return "too_large", (f"prompt of {len(req.prompt)} chars exceeds the limit of "
-                                 f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
-        if req.max_turns < 0 or req.deadline_s < 0 or req.deadline_s != req.deadline_s:
-            return "bad_request", "max_turns and deadline_s must be >= 0"
-        if req.lease_s < 0 or req.lease_s != req.lease_s:
-            return "bad_request", "lease_s must be >= 0"
-        if req.machine:
-            problem = machine_name_error(req.machine)
-            if problem is None and req.machine == LOCAL:
-                problem = f"{LOCAL!r} is the host's own machine: leave the machine out"
-            if problem is not None:
-                return "bad_request", problem
-        unwritable = self.sup.unwritable()
-        if unwritable:
-            return "disk_full", unwritable
-        # A run counts until its terminal event, not until its task has unwound. (Fewer
-        # sessions in memory than the limit cannot be too many runs: no O(sessions) count
-        # per start then, which 1,000 sessions starting together made quadratic.)
-        running = 0
-        if len(self.sup.sessions) >= limits.max_running_sessions:
-            running = sum(1 for s in self.sup.sessions.values() if not s.run_over)
-        if running >= limits.max_running_sessions:
-            return "busy", (f"{running} sessions are running, the limit "
-                            f"(limits.max_running_sessions = {limits.max_running_sessions}): "
-                            f"try again when one has ended")
-        if req.session:
-            session = self.sup.session(req.session)
-            if session is None:
-                return "unknown_session", self.sup.no_session(req.session)
-            if not session.run_over:
-                return "busy", f"session {req.session} is running a turn"
-        elif self.sup.config.agent(req.agent) is None:
-            return "unknown_agent", self.sup.no_agent(req.agent)
-        return None
-
     def start(self, peer: bytes | None, env: Envelope, req: StartRun) -> None:
         """Serve a `StartRun`: answer a resent one with its run, refuse, or begin a run."""
         user = self.sup.api.user_id
-        if _role(user) == PEER:
+        if role_of(user) == PEER:
             if req.session:
                 self.sup.api.reply_error(peer, env.id, "forbidden",
                                          "a peer key starts new sessions only")
                 return
-            bound = self.sup.gate.keyring.peer_agent(_by(user)) if self.sup.gate else "default"
+            bound = self.sup.gate.keyring.peer_agent(by_of(user)) if self.sup.gate else "default"
             if (req.agent or "default") != bound:
                 # Which agent (tools, rules) answers is this host's to say, per key.
                 self.sup.api.reply_error(peer, env.id, "forbidden",
@@ -188,7 +117,7 @@ class Runs:
             # a lease, whatever its client sent.
             req = dataclasses.replace(req, cwd="",
                                       lease_s=req.lease_s or PEER_DEFAULT_LEASE_S)
-        elif _role(user) == CONTROL and req.cwd:
+        elif role_of(user) == CONTROL and req.cwd:
             # A path sent over TCP names a directory of the client's machine, and the
             # tools would act there as its owner: a remote key never chooses it (the
             # agent's `cwd`, else the session's scratch workspace). Only the host's own
@@ -200,7 +129,7 @@ class Runs:
             return
         if self._placed_elsewhere(peer, env, req):
             return
-        refusal = self._refusal(req)
+        refusal = start_refusal(self.sup, req)
         sid = req.session or os.urandom(6).hex()
         if refusal is None:
             refusal = self.sup.own(sid)  # (a shared store: this host takes its lease)
@@ -208,8 +137,8 @@ class Runs:
             self.sup.api.reply_error(peer, env.id, *refusal)
             return
         started = self._begin(req, sid, env.traceparent)
-        if _role(user) == PEER:
-            self.peer_runs[started.session] = _by(user)
+        if role_of(user) == PEER:
+            self.peer_runs[started.session] = by_of(user)
         if req.lease_s > 0:
             self.sup.leases.grant(started.session, req.lease_s)
         # Replied last (once journaled), and a client gone by now changes nothing: the
@@ -228,7 +157,7 @@ class Runs:
                                          "own ([store] url shared by no other host)")
                 return True
             return False
-        if _role(self.sup.api.user_id) == PEER:
+        if role_of(self.sup.api.user_id) == PEER:
             return False  # (a peer's run stays here: it renews its lease with this host)
         placed = forwarder.place(req)
         if isinstance(placed, str):
@@ -244,7 +173,7 @@ class Runs:
         rights checked here) was sent on to that host, which answers."""
         forwarder = self.sup.forwarder
         return forwarder is not None and \
-            forwarder.forwards(port, peer, env, body, _asker(port.user_id, body))
+            forwarder.forwards(port, peer, env, body, asker_of(port.user_id, body))
 
     def _begin(self, req: StartRun, sid: str, traceparent: str = "") -> RunStarted:
         """Begin the run `req` asks for (refusals already checked) in session `sid` (new
@@ -356,7 +285,7 @@ class Runs:
             self.sup.control.reply_error(peer, env.id, "bad_request",
                                          f"control does not serve {env.kind}")
             return
-        if _role(self.sup.control.user_id) == HOST and \
+        if role_of(self.sup.control.user_id) == HOST and \
                 not (isinstance(env.body, FORWARDED) and env.body.by):
             self.sup.control.reply_error(
                 peer, env.id, "forbidden", "another host of the store may only send on "
@@ -377,31 +306,31 @@ class Runs:
         self.cancel(peer, env, body)
 
     def _control_say(self, peer: bytes | None, env: Envelope, body: Say) -> None:
-        if _role(self.sup.control.user_id) not in CONTROLLERS:
+        if role_of(self.sup.control.user_id) not in CONTROLLERS:
             self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can send messages to sessions")
             return
         if self._forwarded(self.sup.control, peer, env, body):
             return
-        self.say(peer, env, body, _asker(self.sup.control.user_id, body))
+        self.say(peer, env, body, asker_of(self.sup.control.user_id, body))
 
     def _control_compact(self, peer: bytes | None, env: Envelope, body: Compact) -> None:
-        if _role(self.sup.control.user_id) not in CONTROLLERS:
+        if role_of(self.sup.control.user_id) not in CONTROLLERS:
             self.sup.control.reply_error(peer, env.id, "forbidden",
                                          "only a control key can compact sessions")
             return
         if self._forwarded(self.sup.control, peer, env, body):
             return
         serve_compact(self.sup, self._run_ended, peer, env, body,
-                      _asker(self.sup.control.user_id, body))
+                      asker_of(self.sup.control.user_id, body))
 
     def may_end(self, user_id: str | None, session: str) -> bool:
         """Whether the key `user_id` may cancel (or renew) `session`: a control key any,
         a peer key only a run it started."""
-        role = _role(user_id)
+        role = role_of(user_id)
         if role in CONTROLLERS:
             return True
-        return role == PEER and self.peer_runs.get(session) == _by(user_id)
+        return role == PEER and self.peer_runs.get(session) == by_of(user_id)
 
     def renew(self, peer: bytes | None, env: Envelope, req: Renew) -> None:
         """Extend a run's lease; the reply says whether the run still goes on."""
@@ -426,9 +355,9 @@ class Runs:
         error: who may not decide, an unknown session or call, a call decided already)."""
         port = self.sup.control
         user = port.user_id
-        if _role(user) not in CONTROLLERS:
+        if role_of(user) not in CONTROLLERS:
             port.reply_error(peer, env.id, "forbidden",
-                             f"a {_role(user)} key may not approve or deny calls "
+                             f"a {role_of(user)} key may not approve or deny calls "
                              "(the local user and control keys may)")
             return
         if req.decision not in ("approve", "deny"):
@@ -453,7 +382,7 @@ class Runs:
             if error is not None:
                 port.reply_error(peer, env.id, "not_pending", error)
                 return
-        by = _asker(user, req)
+        by = asker_of(user, req)
         for call_id in ids:
             if call_id in dict(driver.state.asks):  # (an "always" may have decided it)
                 driver.decide(call_id, req.decision, by, cut_reason(req.reason), req.always)
@@ -466,9 +395,9 @@ class Runs:
         approvals: the local user and control keys."""
         port = self.sup.control
         user = port.user_id
-        if _role(user) not in CONTROLLERS:
+        if role_of(user) not in CONTROLLERS:
             port.reply_error(peer, env.id, "forbidden",
-                             f"a {_role(user)} key may not answer a server's question "
+                             f"a {role_of(user)} key may not answer a server's question "
                              "(the local user and control keys may)")
             return
         if self._forwarded(port, peer, env, req):
@@ -477,7 +406,7 @@ class Runs:
         if elicits is None:
             port.reply_error(peer, env.id, "not_pending", "no question waits here")
             return
-        elicits.answer(port, _asker(user, req), peer, env, req)
+        elicits.answer(port, asker_of(user, req), peer, env, req)
 
     def cancel(self, peer: bytes | None, env: Envelope, req: Cancel,
                 port: Port | None = None) -> None:
@@ -542,7 +471,7 @@ class Runs:
             return
         if session.run_over:  # idle (or its run just ended): the message starts the next
             start = StartRun(req.text, session.id, cwd=session.cwd)
-            refusal = self._refusal(start) or self.sup.own(session.id)
+            refusal = start_refusal(self.sup, start) or self.sup.own(session.id)
             if refusal is not None:
                 port.reply_error(peer, env.id, *refusal)
                 return

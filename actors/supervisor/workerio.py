@@ -21,8 +21,9 @@ from actors.core.session import Session
 from actors.core.turn import ToolCall, ToolOutcome
 from actors.images import accepted
 from actors.machines import LOCAL
-from actors.supervisor.dispatch import Dispatcher, Job, NoCapacity
+from actors.supervisor.dispatch import Dispatcher
 from actors.supervisor.elicits import Elicits
+from actors.supervisor.jobstate import Job, NoCapacity
 from actors.supervisor.samples import Samples, llm_job, reply_of
 from actors.tools.live import HostBound
 from actors.usage import priced
