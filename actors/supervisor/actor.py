@@ -504,8 +504,6 @@ async def _main(settings: Settings) -> None:
     await supervisor.serve()
 
 
-
-#: The api's requests: body type -> the `Supervisor` method serving it.
 def main() -> None:
     """Entry point of `python -m actors.supervisor`."""
     run_actor("supervisor", _main)
