@@ -43,7 +43,7 @@ from actors import fileops
 from actors.tools.process import ToolRefused, release
 
 from .child import SandboxedChild
-from .readthreads import ReaderThread, ThreadRefused
+from .readthreads import Handover, ReaderThread, ThreadRefused
 
 Key = tuple[object, ...]
 log = logging.getLogger("oploop.sandbox")
@@ -283,6 +283,7 @@ class ReaderPool:
         #: (As the policy's `reader` says; False: processes whatever it says.)
         self.threads = True
         self._threads: list[ReaderThread] = []  # every reader thread made, until it left
+        self._handover = Handover()  # their reads of one loop turn go over together
         self._refused = ""  # why the last reader stayed a process
 
     # -- taking and giving back ------------------------------------------------------------
@@ -395,7 +396,7 @@ class ReaderPool:
         try:
             if own < 0:
                 raise ThreadRefused("no pidfd held for the reader process")
-            reader.thread = await ReaderThread.start(own, proc.pid, spec)
+            reader.thread = await ReaderThread.start(own, proc.pid, spec, self._handover)
         except ThreadRefused as exc:
             if str(exc) != self._refused:  # once per reason, not per reader
                 self._refused = str(exc)

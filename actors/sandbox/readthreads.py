@@ -111,13 +111,15 @@ class ReaderThread:
     """One thread locked down as a reader process was; it answers the requests queued on
     it one after another (`ask`: a loop turn's reads go over together)."""
 
-    def __init__(self, pidfd: int, pid: int, spec: dict[str, Any]) -> None:
+    def __init__(self, pidfd: int, pid: int, spec: dict[str, Any],
+                 handover: Handover | None = None) -> None:
         spec = copy.deepcopy(spec)
         if spec.get("readable"):
             add_readable(spec)  # as the launcher did: the safe ones go to Landlock
         self._spec = spec
         self._inbox: queue.SimpleQueue[_Job | _Batch | None] = queue.SimpleQueue()
-        self._batch: _Batch | None = None  # the reads asked this turn of the loop
+        self._batch: _Batch | None = None  # the reads asked this turn, not handed over yet
+        self._handover = handover if handover is not None else Handover()
         self._started = 0.0  # when it began the request it is on (0: none)
         self._loop = asyncio.get_running_loop()  # the one that waits for its lockdown
         self._ready: asyncio.Future[None] = self._loop.create_future()
@@ -127,14 +129,16 @@ class ReaderThread:
         self.tid = 0
 
     @classmethod
-    async def start(cls, pidfd: int, pid: int, spec: dict[str, Any]) -> ReaderThread:
+    async def start(cls, pidfd: int, pid: int, spec: dict[str, Any],
+                    handover: Handover | None = None) -> ReaderThread:
         """A thread in the lockdown of the reader process `pid` (`pidfd`, launched from
-        `spec`), ready to serve. Raises ThreadRefused (the process goes on serving)."""
+        `spec`), ready to serve; its reads go over with those of the other threads of
+        `handover` (None: its own). Raises ThreadRefused (the process goes on serving)."""
         why = usable(spec)
         if why:
             raise ThreadRefused(why)
         try:
-            made = cls(pidfd, pid, spec)
+            made = cls(pidfd, pid, spec, handover)
         except OSError as exc:
             raise ThreadRefused(f"the reader's view: {exc}") from exc
         try:
@@ -158,15 +162,12 @@ class ReaderThread:
         the thread has left). Raises BadReply on a request it cannot read or a reply over
         the cap.
 
-        Reads are handed over in batches: every read asked in one turn of the loop goes
-        to the thread together, after the tasks ready now have run (a busy executor
-        starts several calls a turn), and the loop waits for the whole batch itself, up
-        to `WAIT_S`, holding no GIL. One hand-off each way per batch, not per read: a
-        hand-off (a wake-up, the GIL passed over and back) cost more CPU than the read.
-        Awaited instead, the thread would get the GIL back after each of its syscalls
-        only when the busy loop let go of it: up to the 5 ms switch interval each. What
-        is still going after that (a slow file system) is awaited: the loop goes on.
-        A listing, which has no byte cap, goes alone and is waited for `LIST_WAIT_S`.
+        Reads are handed over in batches (`Handover`): every read asked of any reader
+        thread in one turn of the loop goes over together, after the tasks ready now
+        have run (a busy executor starts several calls a turn), and the loop waits for
+        them itself, up to `WAIT_S`, holding no GIL. A listing, which has no byte cap,
+        goes alone and is waited for `LIST_WAIT_S`. What is still going after that (a
+        slow file system) is awaited: the loop goes on.
         """
         if not self._thread.is_alive():
             return b""  # (it left: as a reader process that died, the call tries another)
@@ -180,26 +181,16 @@ class ReaderThread:
             job.future = loop.create_future()
             if self._batch is None:
                 self._batch = _Batch()
-                loop.call_soon(self._hand_over, self._batch, loop)
+                self._handover.add(self, self._batch, loop)
             self._batch.jobs.append(job)
             await job.future
         return _capped(job.reply, cap)
 
-    def _hand_over(self, batch: _Batch, loop: asyncio.AbstractEventLoop) -> None:
-        """Give the thread this turn's reads, wait (bounded) for all of their replies,
-        and settle their callers' futures; what is not in by then, the thread settles."""
-        if self._batch is batch:
-            self._batch = None
+    def _give_batch(self) -> None:
+        """Put the reads asked this turn (if any) in the thread's inbox."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
             self._inbox.put(batch)
-        done = batch.done.acquire(timeout=WAIT_S)
-        for job in batch.jobs:
-            if not done:
-                with job.guard:
-                    if job.reply is None:
-                        job.loop = loop  # the thread settles it when the reply is in
-                        continue
-            assert job.future is not None and job.reply is not None
-            _set(job.future, job.reply)
 
     @staticmethod
     async def _awaited(job: _Job, loop: asyncio.AbstractEventLoop) -> None:
@@ -214,9 +205,7 @@ class ReaderThread:
     def stop(self) -> None:
         """Let the thread leave after the requests asked of it (it answers those); it exits
         by itself."""
-        if self._batch is not None:  # (asked this turn: it goes first)
-            self._inbox.put(self._batch)
-            self._batch = None
+        self._give_batch()  # (asked this turn: answered first)
         self._inbox.put(None)
         if self._thread.is_alive():
             _stopped.append((self._thread, time.monotonic()))
@@ -287,6 +276,40 @@ class ReaderThread:
                 _settle(job.loop, job.future, reply)
 
 
+class Handover:
+    """The reads asked of a set of reader threads (a pool's) in one turn of the loop,
+    handed over together once the tasks ready then have run.
+
+    A hand-off costs more CPU than a read: the thread's wake-up, the GIL passed over
+    and back. Per read, it made a busy executor's turn ~25% dearer (issue 28). Here
+    every thread asked this turn gets its batch at once, and the loop waits for all of
+    them in one go, up to `WAIT_S` in all, holding no GIL: threads of sessions in
+    different workspaces answer side by side. What is not in by then, each thread
+    settles when it is (`_answer`)."""
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[ReaderThread, _Batch]] = []  # asked this turn, in order
+        self._on: asyncio.AbstractEventLoop | None = None  # where the hand-over waits
+
+    def add(self, thread: ReaderThread, batch: _Batch, loop: asyncio.AbstractEventLoop
+            ) -> None:
+        """`thread` has reads this turn (`batch`): hand them over with the rest."""
+        self._batches.append((thread, batch))
+        if self._on is not loop:  # (first this turn; or a new loop, the old one gone)
+            self._on = loop
+            loop.call_soon(self._hand_over, loop)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        batches, self._batches, self._on = self._batches, [], None
+        for thread, batch in batches:
+            if thread._batch is batch:  # (else given already: the thread was stopped)
+                thread._give_batch()
+        deadline = time.monotonic() + WAIT_S
+        for _, batch in batches:
+            done = batch.done.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            batch.settle(done, loop)
+
+
 class _Job:
     """One request to a reader thread, and where its reply goes: `reply`, and `future`
     (awaited by the caller). The thread settles the future itself only once `loop` is
@@ -314,6 +337,19 @@ class _Batch:
         self.jobs: list[_Job] = []
         self.done = threading.Lock()
         self.done.acquire()
+
+    def settle(self, done: bool, loop: asyncio.AbstractEventLoop) -> None:
+        """Give each caller its reply (all are in if `done`); one still out, its thread
+        settles on `loop` when it is in."""
+        for job in self.jobs:
+            if not done:
+                with job.guard:
+                    if job.reply is None:
+                        job.loop = loop
+                        continue
+            assert job.future is not None and job.reply is not None
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                _set(job.future, job.reply)
 
 
 def _capped(reply: bytes | BaseException | None, cap: int) -> bytes:

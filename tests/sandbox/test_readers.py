@@ -282,6 +282,42 @@ def test_a_read_does_not_queue_behind_a_stuck_reader_thread(rhost: Host) -> None
     asyncio.run(main())
 
 
+def test_reads_of_several_sessions_in_one_turn_each_get_their_own_reply(rhost: Host) -> None:
+    """Sessions in different workspaces read at once: their reader threads get the
+    turn's reads together (`Handover`), and every caller gets its own session's reply,
+    never another's (each file is readable by its own session's uid alone)."""
+    sandbox = rhost.sandbox
+    spaces = [sandbox.workspace(f"h{i}") for i in range(4)]
+    tokens = [secrets.token_hex(8) for _ in spaces]
+    for space, token in zip(spaces, tokens, strict=True):
+        (space / "mine.txt").write_text(token)
+        os.chown(space / "mine.txt", space.stat().st_uid, space.stat().st_gid)
+        os.chmod(space / "mine.txt", 0o600)
+    box = tools(sandbox, READ_POLICY)
+
+    async def one_turn() -> list[tuple[int, str, bool]]:
+        asks = [(i, j) for i in range(len(spaces)) for j in range(len(spaces))]
+        outs = await asyncio.gather(*(
+            invoke(box, "read_file", {"path": str(spaces[j] / "mine.txt")},
+                   ToolContext(cwd=spaces[i], workspace=spaces[i]))
+            for i, j in asks))
+        return [(i * len(spaces) + j, out.output, out.is_error)
+                for (i, j), out in zip(asks, outs, strict=True)]
+
+    try:
+        for _ in range(2):  # fresh readers, then the same ones reused
+            for at, output, is_error in asyncio.run(one_turn()):
+                i, j = divmod(at, len(spaces))
+                if i == j:
+                    assert not is_error and tokens[j] in output, (i, output)
+                else:
+                    assert is_error and tokens[j] not in output, (i, j, output)
+    finally:
+        for i in range(len(spaces)):
+            sandbox.remove_workspace(f"h{i}")
+    still_reads(rhost)
+
+
 def test_a_cancelled_read_leaves_the_others_of_its_batch_answered(rhost: Host) -> None:
     """A read cancelled while it waits in a batch on a shared reader thread retires the
     reader; the thread still answers every read asked of it before it leaves."""
