@@ -457,7 +457,8 @@ class ReaderPool:
             self._retire(reader)  # (a thread answers the calls queued on it first)
             return
         if shared:
-            return  # idle all along (`_take`)
+            self._arm()  # (idle all along, `_take`; the sweep may be on another loop)
+            return
         idle = self._idle.setdefault(reader.key, [])
         idle.append(reader)
         if len(idle) > MAX_IDLE_PER_KEY:

@@ -64,6 +64,11 @@ MAX_STUCK = 8
 """Retired reader threads still inside a read `STUCK_S` after; at this many, readers stay
 processes."""
 STUCK_S = 1.0
+LAG_S = 0.1
+"""A reader thread on one request this long is lagging (a slow or hung file system):
+it takes no more callers, and the reads queued behind that one are given up (`abandon`:
+their callers try a fresh reader). A read takes ~0.05-1 ms; on a busy machine a thread
+may wait tens of milliseconds for a core, and each reader started costs ~3 ms."""
 WAIT_S = 0.02
 """How long the loop waits for a reader thread's replies to a batch of reads before
 awaiting them (`ask`); the longest the loop stalls for one batch. A read (at most
@@ -121,6 +126,11 @@ class ReaderThread:
         self._batch: _Batch | None = None  # the reads asked this turn, not handed over yet
         self._handover = handover if handover is not None else Handover()
         self._started = 0.0  # when it began the request it is on (0: none)
+        self._asked = 0  # reads given to the thread (the loop's count)
+        self._answered = 0  # of those, answered or given up (the thread's count)
+        self._given: list[_Batch] = []  # batches given, until the next hand-over's look
+        self._abandoned = False  # given up (`abandon`): it serves no new read
+        self._stopping = False
         self._loop = asyncio.get_running_loop()  # the one that waits for its lockdown
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._fds = _view_fds(pidfd, pid)
@@ -169,10 +179,12 @@ class ReaderThread:
         goes alone and is waited for `LIST_WAIT_S`. What is still going after that (a
         slow file system) is awaited: the loop goes on.
         """
-        if not self._thread.is_alive():
+        if self._abandoned or not self._thread.is_alive():
             return b""  # (it left: as a reader process that died, the call tries another)
         job = _Job(request[fileops.REPLY_LEN_DIGITS:])
         loop = asyncio.get_running_loop()  # (each call may come from another)
+        if self._batch is not None and self._batch.loop is not loop:
+            self._give_batch()  # (asked on a loop that closed before handing it over)
         if job.body[:1] == b"L":
             self._inbox.put(job)
             if not job.ready.acquire(timeout=LIST_WAIT_S):
@@ -180,7 +192,7 @@ class ReaderThread:
         else:
             job.future = loop.create_future()
             if self._batch is None:
-                self._batch = _Batch()
+                self._batch = _Batch(loop)
                 self._handover.add(self, self._batch, loop)
             self._batch.jobs.append(job)
             await job.future
@@ -190,7 +202,31 @@ class ReaderThread:
         """Put the reads asked this turn (if any) in the thread's inbox."""
         batch, self._batch = self._batch, None
         if batch is not None:
+            self._asked += len(batch.jobs)
+            self._given = [b for b in self._given if not b.finished]
+            self._given.append(batch)
             self._inbox.put(batch)
+
+    def busy(self) -> bool:
+        """Whether reads given to the thread are still unanswered."""
+        return self._answered < self._asked
+
+    def abandon(self) -> None:
+        """Give up the reads queued on the thread behind the one it is on (answered b""
+        at once: their callers try a fresh reader); it serves no new read. For a thread
+        that is `lagging`: what waits behind a hung read would wait out its timeout, and
+        hold an executor slot all that while."""
+        self._abandoned = True
+        self._give_batch()
+        for batch in self._given:
+            for job in batch.jobs:
+                with job.guard:
+                    if job.started or job.reply is not None:
+                        continue
+                    job.reply = b""
+                assert job.future is not None
+                with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                    _set(job.future, b"")
 
     @staticmethod
     async def _awaited(job: _Job, loop: asyncio.AbstractEventLoop) -> None:
@@ -207,15 +243,20 @@ class ReaderThread:
         by itself."""
         self._give_batch()  # (asked this turn: answered first)
         self._inbox.put(None)
-        if self._thread.is_alive():
+        if self._thread.is_alive() and not self._stopping:  # (counted once: `usable`)
             _stopped.append((self._thread, time.monotonic()))
+        self._stopping = True
 
     def lagging(self) -> bool:
-        """Whether it has been on one request over `STUCK_S` (a hung file system): a new
-        read should not queue behind it. (Not less: on a busy machine a thread may wait
-        tens of milliseconds for a core, and each reader started costs ~3 ms.)"""
+        """Whether it has been on one request over `LAG_S` (a slow or hung file system):
+        no new read should queue behind it."""
         started = self._started
-        return started > 0 and time.monotonic() - started > STUCK_S
+        return started > 0 and time.monotonic() - started > LAG_S
+
+    def give_up_if_lagging(self) -> None:
+        """`abandon` the reads queued on the thread if it is `lagging` (a timer's look)."""
+        if self.lagging() and not self._abandoned:
+            self.abandon()
 
     @property
     def alive(self) -> bool:
@@ -254,7 +295,13 @@ class ReaderThread:
                 return
             if isinstance(item, _Batch):
                 for job in item.jobs:
-                    self._answer(job, proc)
+                    with job.guard:
+                        given_up = job.reply is not None  # (`abandon`)
+                        job.started = True
+                    if not given_up:
+                        self._answer(job, proc)
+                    self._answered += 1
+                item.finished = True
                 item.done.release()
             else:
                 self._answer(item, proc)
@@ -301,13 +348,22 @@ class Handover:
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         batches, self._batches, self._on = self._batches, [], None
+        waited: list[_Batch] = []
         for thread, batch in batches:
+            # A thread still on reads given before (the wait for them ran out: it is
+            # slow or hung) is not waited for again: that would stall the loop every turn.
+            if not thread.busy():
+                waited.append(batch)
             if thread._batch is batch:  # (else given already: the thread was stopped)
                 thread._give_batch()
         deadline = time.monotonic() + WAIT_S
         for _, batch in batches:
-            done = batch.done.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            done = batch in waited and batch.done.acquire(
+                timeout=max(0.0, deadline - time.monotonic()))
             batch.settle(done, loop)
+        for thread, batch in batches:
+            if not batch.finished:  # (what it is on may be hung: look again at `LAG_S`)
+                loop.call_later(LAG_S, thread.give_up_if_lagging)
 
 
 class _Job:
@@ -315,10 +371,11 @@ class _Job:
     (awaited by the caller). The thread settles the future itself only once `loop` is
     set: the loop stopped waiting for it."""
 
-    __slots__ = ("body", "reply", "ready", "guard", "future", "loop")
+    __slots__ = ("body", "reply", "ready", "guard", "future", "loop", "started")
 
     def __init__(self, body: bytes) -> None:
         self.body = body
+        self.started = False  # the thread is on it (`abandon` gives up only the others)
         self.reply: bytes | BaseException | None = None
         self.ready = threading.Lock()  # (a listing's: released with its reply)
         self.ready.acquire()
@@ -331,12 +388,14 @@ class _Batch:
     """The reads asked of a reader thread in one turn of the loop: `done` is released
     when all of them have their reply."""
 
-    __slots__ = ("jobs", "done")
+    __slots__ = ("jobs", "done", "loop", "finished")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.jobs: list[_Job] = []
         self.done = threading.Lock()
         self.done.acquire()
+        self.loop = loop  # where its callers wait
+        self.finished = False  # every job answered or given up (set with `done`)
 
     def settle(self, done: bool, loop: asyncio.AbstractEventLoop) -> None:
         """Give each caller its reply (all are in if `done`); one still out, its thread

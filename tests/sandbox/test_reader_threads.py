@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sbhelp import Host, need
+from sbhelp import BOUND_S, Host, need
 from test_escape_read import READ_POLICY, call, still_reads, tools
 
 from actors import fileops
@@ -122,6 +124,110 @@ def test_a_read_the_loop_stops_waiting_for_is_awaited(thost: Host,
     got = asyncio.run(reads())
     assert len(got) == 8 and all(f"content {i}" in got[i] for i in range(8)), got
     assert all(r.thread is not None for r in thost.sandbox.readers.readers())
+
+
+class HungFileSystem:
+    """Reads of /etc/group in a reader thread block until `release` (or take `delay_s`
+    each): a hung or slow file system, which no test can mount. (`fileops.answer` is
+    what the thread runs for every request.)"""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, delay_s: float | None = None) -> None:
+        self.gate = threading.Event()
+        answer = fileops.answer
+
+        def slow_answer(body: bytes, proc: int = -1) -> bytes | None:
+            if b"/etc/group" in body:
+                if delay_s is None:
+                    self.gate.wait(BOUND_S)
+                else:
+                    time.sleep(delay_s)
+            return answer(body, proc)
+
+        monkeypatch.setattr(fileops, "answer", slow_answer)
+
+    def release(self) -> None:
+        """Let the hung reads return."""
+        self.gate.set()
+
+
+def test_reads_queued_behind_a_hung_read_go_to_a_fresh_reader(
+        thost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of one key queued on a thread whose read hangs are given up once it lags
+    (`LAG_S`) and answered by a fresh reader, long before their own timeouts; the hung
+    thread counts once toward `MAX_STUCK`, and the hung read still gets its reply."""
+    ws = thost.workspace
+    box = tools(thost.sandbox, READ_POLICY)
+    ctx: ToolContext[None] = ToolContext(cwd=ws, workspace=ws)
+    hung = HungFileSystem(monkeypatch)
+    readthreads._stopped.clear()
+
+    async def main() -> None:
+        assert not (await invoke(box, "read_file", {"path": "/etc/hostname"}, ctx)).is_error
+        stuck = the_thread(thost)
+        assert stuck.thread is not None
+        slow = asyncio.create_task(invoke(box, "read_file", {"path": "/etc/group"}, ctx))
+        await asyncio.sleep(0)  # (its read is asked: the next ones queue behind it)
+        outs = await asyncio.wait_for(asyncio.gather(*(
+            invoke(box, "read_file", {"path": "/etc/hostname"}, ctx) for _ in range(6))),
+            BOUND_S / 2)
+        assert not hung.gate.is_set() and not slow.done()  # (answered past the hung read)
+        assert not any(out.is_error for out in outs), outs
+        assert sum(1 for t, _ in readthreads._stopped if t is stuck.thread._thread) <= 1
+        assert readthreads.usable(stuck.child.spec) == ""
+        hung.release()
+        out = await slow
+        assert not out.is_error and "root" in out.output, out
+
+    asyncio.run(main())
+    still_reads(thost)
+
+
+def test_slow_reads_of_one_key_do_not_wait_for_each_other(
+        thost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel reads each slower than `LAG_S` are not answered one after another by one
+    shared thread: the ones queued behind go to fresh readers."""
+    ws = thost.workspace
+    box = tools(thost.sandbox, READ_POLICY)
+    ctx: ToolContext[None] = ToolContext(cwd=ws, workspace=ws)
+    HungFileSystem(monkeypatch, delay_s=3 * readthreads.LAG_S)
+
+    async def main() -> None:
+        assert not (await invoke(box, "read_file", {"path": "/etc/hostname"}, ctx)).is_error
+        outs = await asyncio.gather(*(invoke(box, "read_file", {"path": "/etc/group"}, ctx)
+                                      for _ in range(6)))
+        assert not any(out.is_error for out in outs), outs
+        served = [r for r in thost.sandbox.readers.readers() if r.paths[0] == str(ws)]
+        assert len(served) > 1, served  # (one thread alone would have served them all)
+
+    asyncio.run(main())
+    still_reads(thost)
+
+
+def test_a_read_asked_on_a_loop_that_closed_is_not_lost(thost: Host) -> None:
+    """A loop closed before it handed its turn's reads over (stopped, not run to its
+    end) leaves no batch behind that a later loop's reads would wait in forever."""
+    ws = thost.workspace
+    box = tools(thost.sandbox, READ_POLICY)
+    ctx: ToolContext[None] = ToolContext(cwd=ws, workspace=ws)
+    assert not asyncio.run(invoke(box, "read_file", {"path": "/etc/hostname"}, ctx)).is_error
+    thread = the_thread(thost).thread
+    assert thread is not None
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(invoke(box, "read_file", {"path": "/etc/hostname"}, ctx))
+    deadline = time.monotonic() + BOUND_S
+    while thread._batch is None:  # one turn at a time, until the read is asked ...
+        assert time.monotonic() < deadline and not task.done(), "the read was never asked"
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    task.cancel()  # ... and the loop closed before its hand-over ran
+    loop.close()
+
+    async def again() -> bool:
+        out = await asyncio.wait_for(
+            invoke(box, "read_file", {"path": "/etc/hostname"}, ctx), BOUND_S / 2)
+        return out.is_error
+
+    assert not asyncio.run(again())
 
 
 def test_a_reader_thread_leaves_when_retired(thost: Host) -> None:

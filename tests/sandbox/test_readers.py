@@ -259,7 +259,7 @@ def test_a_reader_thread_serves_parallel_reads_together(rhost: Host) -> None:
 
 
 def test_a_read_does_not_queue_behind_a_stuck_reader_thread(rhost: Host) -> None:
-    """A reader thread on one request for over `WAIT_S` (a hung file system) takes no
+    """A reader thread on one request for over `LAG_S` (a hung file system) takes no
     more callers: the next read gets a fresh reader at once."""
     if not threaded(rhost):
         pytest.skip("a reader process serves one call at a time")
