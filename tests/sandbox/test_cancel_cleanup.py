@@ -271,21 +271,16 @@ def test_cancel_during_exec_launch(host: Host) -> None:
 
     async def scenario() -> None:
         fds = await warm_up(host, sandbox)
-        before = {p.pid for p in psutil.Process().children()}
         task = asyncio.create_task(
             run_command(f"exec sleep 1000.{tok}", host.workspace, timeout_s=60, cap=1024,
                         spawn=sandbox.spawner("shell", host.policy))
         )
-        # The fork and the exec are one blocking step (Popen): seen between two turns,
-        # before the steps that connect its pipes.
-        await turns_until(lambda: {p.pid for p in psutil.Process().children()} - before, task)
-        # Its command line shows once the kernel has set up the new program, a moment
-        # after the exec returned to us (a busy machine stretches it). Waited for with the
-        # loop held (time.sleep), so the task cannot go on to connect the launcher.
-        deadline = time.monotonic() + 10
-        while not exec_launchers() and time.monotonic() < deadline:
-            time.sleep(0.005)  # noqa: ASYNC251 - blocking on purpose (above)
-        assert len(exec_launchers()) == 1, "expected the launcher started by now"
+        # The fork and the exec are one blocking step (Popen): the launcher is seen
+        # between two turns, before the steps that connect its pipes. (Waiting for any
+        # new child instead was fooled by another's: a workspace's cleanup may run
+        # `umount`. The loop was then held while the call had not even forked.)
+        await turns_until(exec_launchers, task)
+        assert len(exec_launchers()) == 1, "expected one launcher started by now"
         task.cancel()
         await cancelled(task)
         assert_nothing_left(sandbox, tok, fds)
