@@ -169,6 +169,11 @@ def test_clients_that_send_half_a_request_and_vanish_leave_actors_serving(host):
 
     async def scenario():
         async with Client.connect(Path(host)) as client:
+            # A host is up before its workers have all said Ready (a fresh-clone run took
+            # "before" with the llm caller not yet in): wait for them, then compare.
+            await wait_for(client.stats,
+                           lambda s: s["workers"].get("llm", 0) and s["workers"].get("tool", 0),
+                           what="the host's llm caller and executor to register")
             before = (await client.stats(), await client.broadcaster_stats())
             paths = {ends.address(name).removeprefix("ipc://") for name in ABUSED}
             for name in ABUSED:
