@@ -129,6 +129,7 @@ class ReaderThread:
         self._asked = 0  # reads given to the thread (the loop's count)
         self._answered = 0  # of those, answered or given up (the thread's count)
         self._given: list[_Batch] = []  # batches given, until the next hand-over's look
+        self._listings: list[_Job] = []  # listings asked, until answered
         self._abandoned = False  # given up (`abandon`): it serves no new read
         self._stopping = False
         self._loop = asyncio.get_running_loop()  # the one that waits for its lockdown
@@ -186,6 +187,8 @@ class ReaderThread:
         if self._batch is not None and self._batch.loop is not loop:
             self._give_batch()  # (asked on a loop that closed before handing it over)
         if job.body[:1] == b"L":
+            self._listings = [j for j in self._listings if j.reply is None]
+            self._listings.append(job)
             self._inbox.put(job)
             if not job.ready.acquire(timeout=LIST_WAIT_S):
                 await self._awaited(job, loop)
@@ -218,13 +221,12 @@ class ReaderThread:
         hold an executor slot all that while."""
         self._abandoned = True
         self._give_batch()
-        for batch in self._given:
-            for job in batch.jobs:
-                with job.guard:
-                    if job.started or job.reply is not None:
-                        continue
-                    job.reply = b""
-                assert job.future is not None
+        for job in [j for b in self._given for j in b.jobs] + self._listings:
+            with job.guard:
+                if job.started or job.reply is not None:
+                    continue
+                job.reply = b""
+            if job.future is not None:  # (a listing's: made once its wait ran out)
                 with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
                     _set(job.future, b"")
 
@@ -295,17 +297,21 @@ class ReaderThread:
                 return
             if isinstance(item, _Batch):
                 for job in item.jobs:
-                    with job.guard:
-                        given_up = job.reply is not None  # (`abandon`)
-                        job.started = True
-                    if not given_up:
-                        self._answer(job, proc)
+                    self._take_on(job, proc)
                     self._answered += 1
                 item.finished = True
                 item.done.release()
             else:
-                self._answer(item, proc)
+                self._take_on(item, proc)
                 item.ready.release()
+
+    def _take_on(self, job: _Job, proc: int) -> None:
+        """Answer `job` unless the loop gave it up meanwhile (`abandon`)."""
+        with job.guard:
+            given_up = job.reply is not None
+            job.started = True
+        if not given_up:
+            self._answer(job, proc)
 
     def _answer(self, job: _Job, proc: int) -> None:
         """Answer `job`: its reply set, and its future settled if the loop awaits it."""

@@ -152,9 +152,10 @@ class HungFileSystem:
 
 def test_reads_queued_behind_a_hung_read_go_to_a_fresh_reader(
         thost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reads of one key queued on a thread whose read hangs are given up once it lags
-    (`LAG_S`) and answered by a fresh reader, long before their own timeouts; the hung
-    thread counts once toward `MAX_STUCK`, and the hung read still gets its reply."""
+    """Reads and listings of one key queued on a thread whose read hangs are given up
+    once it lags (`LAG_S`) and answered by a fresh reader, long before their own
+    timeouts; the hung thread counts once toward `MAX_STUCK`, and the hung read still
+    gets its reply."""
     ws = thost.workspace
     box = tools(thost.sandbox, READ_POLICY)
     ctx: ToolContext[None] = ToolContext(cwd=ws, workspace=ws)
@@ -167,9 +168,9 @@ def test_reads_queued_behind_a_hung_read_go_to_a_fresh_reader(
         assert stuck.thread is not None
         slow = asyncio.create_task(invoke(box, "read_file", {"path": "/etc/group"}, ctx))
         await asyncio.sleep(0)  # (its read is asked: the next ones queue behind it)
-        outs = await asyncio.wait_for(asyncio.gather(*(
-            invoke(box, "read_file", {"path": "/etc/hostname"}, ctx) for _ in range(6))),
-            BOUND_S / 2)
+        outs = await asyncio.wait_for(asyncio.gather(
+            *(invoke(box, "read_file", {"path": "/etc/hostname"}, ctx) for _ in range(5)),
+            invoke(box, "list_dir", {"path": "/etc"}, ctx)), BOUND_S / 2)
         assert not hung.gate.is_set() and not slow.done()  # (answered past the hung read)
         assert not any(out.is_error for out in outs), outs
         assert sum(1 for t, _ in readthreads._stopped if t is stuck.thread._thread) <= 1
