@@ -265,7 +265,9 @@ class Reader:
 
 
 class ReaderPool:
-    """The idle readers of one sandbox, by key; a reader in use is its caller's alone."""
+    """The idle readers of one sandbox, by key. A reader process in use is its caller's
+    alone; a reader thread stays idle while in use, and queues the calls of every caller
+    of its key (`_take`)."""
 
     def __init__(self) -> None:
         self.idle_s = IDLE_S
