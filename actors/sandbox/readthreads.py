@@ -126,9 +126,7 @@ class ReaderThread:
         self._batch: _Batch | None = None  # the reads asked this turn, not handed over yet
         self._handover = handover if handover is not None else Handover()
         self._started = 0.0  # when it began the request it is on (0: none)
-        self._asked = 0  # reads given to the thread (the loop's count)
-        self._answered = 0  # of those, answered or given up (the thread's count)
-        self._given: list[_Batch] = []  # batches given, until the next hand-over's look
+        self._given: list[_Batch] = []  # batches given, until found finished
         self._listings: list[_Job] = []  # listings asked, until answered
         self._abandoned = False  # given up (`abandon`): it serves no new read
         self._stopping = False
@@ -187,6 +185,8 @@ class ReaderThread:
         if self._batch is not None and self._batch.loop is not loop:
             self._give_batch()  # (asked on a loop that closed before handing it over)
         if job.body[:1] == b"L":
+            job.ready = threading.Lock()
+            job.ready.acquire()
             self._listings = [j for j in self._listings if j.reply is None]
             self._listings.append(job)
             self._inbox.put(job)
@@ -205,14 +205,13 @@ class ReaderThread:
         """Put the reads asked this turn (if any) in the thread's inbox."""
         batch, self._batch = self._batch, None
         if batch is not None:
-            self._asked += len(batch.jobs)
             self._given = [b for b in self._given if not b.finished]
             self._given.append(batch)
             self._inbox.put(batch)
 
     def busy(self) -> bool:
         """Whether reads given to the thread are still unanswered."""
-        return self._answered < self._asked
+        return any(not b.finished for b in self._given)
 
     def abandon(self) -> None:
         """Give up the reads queued on the thread behind the one it is on (answered b""
@@ -298,11 +297,11 @@ class ReaderThread:
             if isinstance(item, _Batch):
                 for job in item.jobs:
                     self._take_on(job, proc)
-                    self._answered += 1
                 item.finished = True
                 item.done.release()
             else:
                 self._take_on(item, proc)
+                assert item.ready is not None
                 item.ready.release()
 
     def _take_on(self, job: _Job, proc: int) -> None:
@@ -354,18 +353,15 @@ class Handover:
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         batches, self._batches, self._on = self._batches, [], None
-        waited: list[_Batch] = []
+        # A thread still on reads given before (the wait for them ran out: it is slow or
+        # hung) is not waited for again: that would stall the loop every turn.
+        waits = [not thread.busy() for thread, _ in batches]
         for thread, batch in batches:
-            # A thread still on reads given before (the wait for them ran out: it is
-            # slow or hung) is not waited for again: that would stall the loop every turn.
-            if not thread.busy():
-                waited.append(batch)
             if thread._batch is batch:  # (else given already: the thread was stopped)
                 thread._give_batch()
         deadline = time.monotonic() + WAIT_S
-        for _, batch in batches:
-            done = batch in waited and batch.done.acquire(
-                timeout=max(0.0, deadline - time.monotonic()))
+        for (_, batch), wait in zip(batches, waits, strict=True):
+            done = wait and batch.done.acquire(timeout=max(0.0, deadline - time.monotonic()))
             batch.settle(done, loop)
         for thread, batch in batches:
             if not batch.finished:  # (what it is on may be hung: look again at `LAG_S`)
@@ -383,8 +379,7 @@ class _Job:
         self.body = body
         self.started = False  # the thread is on it (`abandon` gives up only the others)
         self.reply: bytes | BaseException | None = None
-        self.ready = threading.Lock()  # (a listing's: released with its reply)
-        self.ready.acquire()
+        self.ready: threading.Lock | None = None  # a listing's, released with its reply
         self.guard = threading.Lock()  # the reply and the loop, set by either side
         self.future: asyncio.Future[Any] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
