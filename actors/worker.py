@@ -51,6 +51,7 @@ from bus.messages import (
     ElicitAnswer,
     Envelope,
     ErrorReply,
+    ForgetSessions,
     Heartbeat,
     JobFailed,
     LlmResult,
@@ -199,6 +200,12 @@ class Worker(ABC):
     @abstractmethod
     async def perform(self, env: Envelope) -> Body:
         """Do the job in `env`; return the final reply body. May `self.progress(...)`."""
+
+    def forget_sessions(self, sids: list[str]) -> None:
+        """The supervisor holds the sessions `sids` no more (`ForgetSessions`): drop what
+        is kept of them between jobs. Nothing, unless a role keeps something (the llm
+        caller: their histories)."""
+        return  # (nothing is kept between jobs by default)
 
     # -- protocol ----------------------------------------------------------------------
 
@@ -455,6 +462,9 @@ class Worker(ABC):
             self._announce_again()
             return
         self.accepted.set()
+        if isinstance(body, ForgetSessions):
+            self.forget_sessions(body.sessions)
+            return
         if isinstance(body, JOB_MESSAGES):
             self.job_message(env)
             return

@@ -428,7 +428,11 @@ class ForgetSessions(Body):
 
     Broadcaster PUB `events` -> viewers, one session at a time on its topic: that
     session was deleted; a viewer following it stops (`Client.events` raises
-    `SessionRemoved`)."""
+    `SessionRemoved`).
+
+    Supervisor ROUTER `work` -> one of the host's own llm callers: these sessions left
+    the supervisor's memory (their runs ended), so no delta will build on the histories
+    the caller holds of them; it drops them (`supervisor/forgets.py`). No reply."""
 
     KIND: ClassVar[str] = "forget_sessions"
     sessions: list[str]

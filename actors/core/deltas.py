@@ -119,6 +119,10 @@ class TurnCache:
 
         return PreparedLlmJob(full, for_caller)
 
+    def callers(self) -> list[bytes]:
+        """The llm callers (worker ids) sent this session's history."""
+        return list(self._held)
+
     def forget_callers(self) -> None:
         """Assume no caller holds anything (after a `history_miss`): send in full."""
         self._held.clear()

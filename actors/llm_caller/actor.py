@@ -50,6 +50,11 @@ class LlmCaller(Worker):
         self.batch_s = batch_s
         self.histories = HistoryCache()
 
+    def forget_sessions(self, sids: list[str]) -> None:
+        """Drop the histories of `sids` (the supervisor holds those sessions no more: their
+        next run sends in full), and what the backend keeps of their messages."""
+        self.backend.forget(self.histories.forget(sids))
+
     async def perform(self, env: Envelope) -> Body:
         """Answer one `LlmJob` with `LlmResult`, or `JobFailed` once retries are spent."""
         job = env.body

@@ -52,6 +52,11 @@ class ModelBackend(Protocol):
         """Release connections."""
         ...
 
+    def forget(self, messages: list[Any]) -> None:
+        """`messages` will not be sent again (their session's history was dropped): let go
+        of whatever is kept of them."""
+        ...
+
 
 def split_known(request: dict[str, Any], method: Any) -> dict[str, Any]:
     """`request` as keyword arguments of an SDK method: fields the SDK version at hand
@@ -258,6 +263,10 @@ class AnthropicBackend:
         kwargs = split_known(request, client.messages.count_tokens)
         counted = await client.messages.count_tokens(**kwargs, timeout=timeout_s)
         return int(counted.input_tokens)
+
+    def forget(self, messages: list[Any]) -> None:
+        """Drop the encoded JSON of `messages` (`BodyCache.drop`)."""
+        self.bodies.drop(messages)
 
     async def aclose(self) -> None:
         """Close the SDK's HTTP client (if one was ever built)."""

@@ -71,5 +71,15 @@ class BodyCache:
             self._bytes -= len(old)
         return data
 
+    def drop(self, messages: list[Any]) -> None:
+        """Forget the JSON of `messages` (their session's history was dropped: they will
+        not be sent again), instead of holding them until newer ones push them out."""
+        parts = self._parts
+        for message in messages:
+            held = parts.get(id(message))
+            if held is not None and held[0] is message:
+                del parts[id(message)]
+                self._bytes -= len(held[1])
+
     def __len__(self) -> int:
         return len(self._parts)

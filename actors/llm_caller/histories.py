@@ -88,10 +88,21 @@ class HistoryCache:
             self._forget(next(iter(self._held)))
         return request
 
-    def _forget(self, key: str) -> None:
+    def forget(self, keys: list[str]) -> list[Any]:
+        """Drop the histories of `keys` (sessions the supervisor holds no more: no delta
+        will build on them); the messages dropped."""
+        dropped: list[Any] = []
+        for key in keys:
+            held = self._forget(key)
+            if held is not None:
+                dropped.extend(held[1])
+        return dropped
+
+    def _forget(self, key: str) -> tuple[int, list[Any], list[int], dict[str, Any]] | None:
         held = self._held.pop(key, None)
         if held is not None and held[2]:
             self.bytes -= held[2][-1]
+        return held
 
     def __len__(self) -> int:
         return len(self._held)

@@ -100,6 +100,9 @@ class ScriptedBackend:
         """The reply, at once."""
         return self.reply(request)
 
+    def forget(self, messages: list[Any]) -> None:
+        """Nothing is kept of a request."""
+
     async def aclose(self) -> None:
         """Nothing to release."""
 

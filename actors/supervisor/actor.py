@@ -226,6 +226,7 @@ class Supervisor(SessionBook):
             if session.task is None and session.run_over and \
                     self.sessions.get(session.id) is session:
                 del self.sessions[session.id]
+                self.dispatcher.forget_history(session.id, session.turn_cache.callers())
         if self.journal.log.releases != self._reserve_releases:
             self._reserve_releases = self.journal.log.releases
             self._end_runs("disk_full", "the disk is full: the session log gave up its "
@@ -244,6 +245,8 @@ class Supervisor(SessionBook):
         for sid in sids:
             session = self.sessions.pop(sid, None)
             self.dispatcher.abort_session(sid)
+            if session is not None:
+                self.dispatcher.forget_history(sid, session.turn_cache.callers())
             self.leases.drop(sid)
             if session is not None and session.task is not None and not session.task.done():
                 session.suspended = True  # (its task's end writes nothing: `_run_ended`)
@@ -445,6 +448,7 @@ class Supervisor(SessionBook):
             if self.pruner is not None:
                 self.pruner.close()
             self.leases.close()
+            self.dispatcher.forgets.close()
             await self.asker.aclose()
             self.reactor.close()
             if self.gate is not None:

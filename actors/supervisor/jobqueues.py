@@ -23,10 +23,11 @@ from collections import deque
 from collections.abc import Callable
 
 from actors.machines import LOCAL
+from actors.supervisor.forgets import HistoryForgets
 from actors.supervisor.jobstate import Job, NoCapacity, OnProgress, Outbox, WorkerState
 from bus.codec import encode
 from bus.errors import Backpressure, BadFrame, BusError, PeerGone
-from bus.messages import Body, Envelope, JobFailed
+from bus.messages import Body, Envelope, ForgetSessions, JobFailed
 from bus.sockets import Port
 
 log = logging.getLogger("oploop.dispatch")
@@ -76,6 +77,8 @@ class JobQueues:
         self.uncommitted: Callable[[], bool] = lambda: False
         self.commit_soon: Callable[[], None] = lambda: None
         self._send_due = False  # (`_send_out` is scheduled)
+        #: Sessions whose histories llm callers may drop (`forgets.py`).
+        self.forgets = HistoryForgets(self._tell_forget)
 
     def hold(self, held: bool) -> None:
         """Hold every new job in its queue (`held`), or send what waits again."""
@@ -167,6 +170,8 @@ class JobQueues:
         it once this turn of the loop is over). A job no worker can take fails."""
         for job, worker in self._pump(key):
             env = job.env
+            if job.role == "llm":  # (a new run's call: what it sends there is kept)
+                self.forgets.used(worker.id, env.sid)
             if job.for_worker is not None:
                 env = env.with_body(job.for_worker(worker.id))
             try:
@@ -184,6 +189,23 @@ class JobQueues:
                 self._send_due = True
                 asyncio.get_running_loop().call_soon(self._send_out)
             self.outbox.add(job, worker, frame)
+
+    def forget_history(self, sid: str, callers: list[bytes]) -> None:
+        """Session `sid` left memory: `callers` may drop its history (`forgets.py`)."""
+        if callers:
+            self.forgets.later(sid, callers)
+
+    def _tell_forget(self, caller: bytes, sids: list[str]) -> None:
+        """Send `ForgetSessions(sids)` to `caller` if it is still one of the host's own llm
+        callers; a caller that cannot be reached keeps its bounds."""
+        worker = self.workers.get(caller)
+        if worker is None or worker.role != "llm" or worker.machine != LOCAL:
+            return
+        try:
+            self.work.send_frame(encode(Envelope(ForgetSessions(sids))), caller)
+        except BusError as exc:
+            log.info("llm caller %r not told to forget %d session(s): %s", caller,
+                     len(sids), exc)
 
     def _send_out(self) -> None:
         """The outbox's turn (scheduled by the first job into it): what may go now."""
