@@ -19,9 +19,9 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-T = TypeVar("T")
+from .runtoend import run_to_end
 
 
 class ToolRefused(Exception):
@@ -263,28 +263,6 @@ async def release(child: Child) -> str:
     except asyncio.CancelledError:
         await run_to_end(_reap(child))
         raise
-
-
-async def run_to_end(aw: Awaitable[T]) -> T:
-    """Await `aw` to its end even if this task is cancelled (once or more) meanwhile,
-    then let the cancellation go on: for clean-up a cancel must not skip.
-
-    Only for bounded work, since the caller cannot be cancelled out of it. A
-    failure of `aw` while a cancellation waits is chained to the cancellation.
-    """
-    task = asyncio.ensure_future(aw)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            # wait() never cancels what it waits for, unlike awaiting the task.
-            await asyncio.wait((task,))
-        except asyncio.CancelledError as exc:
-            cancelled = exc
-    if cancelled is None:
-        return task.result()
-    if not task.cancelled() and (error := task.exception()) is not None:
-        raise cancelled from error
-    raise cancelled
 
 
 async def _reap(child: Child) -> str:
