@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .piped import DEVNULL, PIPE, PipedProcess
 from .runtoend import run_to_end
 
 
@@ -29,7 +30,8 @@ class ToolRefused(Exception):
 
 
 class ChildProcess(Protocol):
-    """What `run_command` uses of a process: asyncio's Process, or a look-alike."""
+    """What `run_command` uses of a process: a `PipedProcess` (`piped.py`), or a
+    launcher forked by the sandbox's fork server."""
 
     @property
     def pid(self) -> int:
@@ -82,7 +84,7 @@ OnOutput = Callable[[str, bytes], None]
 class GroupChild:
     """An unsandboxed command that leads its own process group (`spawn_local`)."""
 
-    process: asyncio.subprocess.Process
+    process: PipedProcess
 
     @property
     def stderr(self) -> asyncio.StreamReader | None:
@@ -110,37 +112,22 @@ async def spawn_local(command: str, cwd: Path) -> GroupChild:
     """Start `/bin/sh -c command` in `cwd`, unsandboxed: stdin /dev/null, stdout and
     stderr on two pipes.
 
-    A cancellation while asyncio still connects the pipes kills the whole group:
-    the shell runs from the fork on, and may have started children already
-    (asyncio itself would kill the shell alone and leave them running).
+    Not with asyncio's subprocess transport, which can hang when cancelled
+    (`piped.py`). A cancellation while the pipes are connected kills the whole
+    group: the shell runs from the fork on, and may have started children already.
     """
-    started = asyncio.ensure_future(asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
+    process = PipedProcess.start(
+        ["/bin/sh", "-c", command],
         cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdin=DEVNULL,
+        stdout=PIPE,
+        stderr=PIPE,
         # A new session makes the shell a process-group leader, so one killpg also
         # reaches its `cmd &` children. (No preexec_fn: it is unsafe with threads.)
         start_new_session=True,
-    ))
-    try:
-        return GroupChild(await asyncio.shield(started))
-    except asyncio.CancelledError:
-        await run_to_end(_end_started(started))
-        raise
-
-
-async def _end_started(started: asyncio.Future[asyncio.subprocess.Process]) -> None:
-    """Once a cancelled start has finished: kill the group it started, and reap it."""
-    await asyncio.wait((started,))
-    if started.cancelled() or started.exception() is not None:
-        return
-    child = GroupChild(started.result())
-    child.kill()
-    await _reap(child)
+    )
+    await process.connect()
+    return GroupChild(process)
 
 
 def kill_group(pgid: int) -> None:
@@ -267,24 +254,18 @@ async def release(child: Child) -> str:
 
 async def _reap(child: Child) -> str:
     proc = child.process
-    # asyncio's Process.wait() also waits for the pipes to close (CPython < 3.13):
-    # close our end first, the reader has all it will get.
+    # Close our end of the output pipes first: the reader has all it will get, and a
+    # detached process that holds theirs open must not keep ours.
     _close_stdout(proc)
     await proc.wait()
     return await child.aclose()
 
 
 def _close_stdout(proc: ChildProcess) -> None:
-    """Close our end of the output pipes (a detached process may hold the others)."""
+    """Close our end of the output pipes, where the process has them (`close_stdout`)."""
     close = getattr(proc, "close_stdout", None)
     if close is not None:
         close()
-        return
-    transport = getattr(proc, "_transport", None)
-    for fd in (1, 2):
-        pipe = transport.get_pipe_transport(fd) if transport is not None else None
-        if pipe is not None:
-            pipe.close()
 
 
 async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:

@@ -1,0 +1,208 @@
+"""Processes started with pipes (`actors.tools.piped`): a start cancelled at any point,
+or ended with the whole event loop, kills and reaps what it started and leaks no fd.
+
+CPython 3.11's subprocess transport hung for good when every task was cancelled at
+once (asyncio.run ending with an exception, an actor stopping) while it connected a
+new process's pipes; `spawn_local` and the sandbox's exec'd launcher were started with
+it. The case that hung is run in a child interpreter with a bound, so that a
+regression fails instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess
+from actors.tools.process import release, spawn_local
+
+#: Bound on a child interpreter's whole run (start, imports, the scenario): it only
+#: catches a hang; with every core busy an interpreter start alone can take seconds.
+BOUND_S = 60.0
+
+
+def token() -> str:
+    """A unique fractional `sleep` duration, to find the command's processes."""
+    return str(secrets.randbelow(10**8)).zfill(8)
+
+
+def processes_with(tok: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose command line contains `tok`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(tok in a for a in cmdline):
+            found.append(proc)
+    return found
+
+
+def open_fds() -> set[int]:
+    """This process's open file descriptors."""
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def children() -> list[psutil.Process]:
+    """This process's children, zombies included (one not reaped is a leak too)."""
+    return psutil.Process().children()
+
+
+# The run's main coroutine starts a shell call, waits (a loop turn at a time) until the
+# shell is forked, then fails: asyncio.run cancels every task left at once, the start's
+# own and, with asyncio's transport, the task connecting the new process's pipes.
+ENDED_DURING_SPAWN = """
+import asyncio, sys
+from pathlib import Path
+import psutil
+from actors.tools.process import run_command
+
+class Ended(Exception):
+    pass
+
+async def main(tok, cwd):
+    task = asyncio.create_task(
+        run_command(f"exec sleep 1000.{tok}", cwd, timeout_s=60, cap=1024))
+    while not psutil.Process().children():
+        assert not task.done(), task
+        await asyncio.sleep(0)
+    raise Ended
+
+try:
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2])))
+except Ended:
+    print("ended; children left:", len(psutil.Process().children()))
+"""
+
+
+def test_a_run_ended_while_the_shell_starts_kills_it_and_returns(tmp_path: Path) -> None:
+    """The loop's end cancels a `spawn_local` that forked and has not connected its
+    pipes: the run ends at once (it hung on 3.11's transport), the shell is reaped."""
+    tok = token()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ENDED_DURING_SPAWN, tok, str(tmp_path)],
+            capture_output=True, text=True, timeout=BOUND_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("asyncio.run hung: a cancelled start never returned")
+    finally:
+        for proc in processes_with(tok):
+            proc.kill()
+    assert done.stdout == "ended; children left: 0\n", done.stderr
+    assert processes_with(tok) == []
+
+
+async def start_group(cwd: Path, tok: str) -> object:
+    """`spawn_local`'s start: stdout and stderr on two pipes, a group of its own."""
+    return await spawn_local(f"exec sleep 1000.{tok}", cwd)
+
+
+async def start_merged(cwd: Path, tok: str) -> object:
+    """The sandbox's exec'd launcher's start: stderr with stdout, an fd passed."""
+    passed = os.open("/dev/null", os.O_RDONLY)
+    try:
+        process = PipedProcess.start(
+            ["/bin/sh", "-c", f"exec sleep 1000.{tok}"], cwd=cwd, stdin=DEVNULL,
+            stdout=PIPE, stderr=STDOUT, pass_fds=(passed,), env={},
+        )
+    finally:
+        os.close(passed)
+    await process.connect()
+    return process
+
+
+async def end(started: object) -> None:
+    """Kill and reap a start that was not cancelled."""
+    if isinstance(started, PipedProcess):
+        started.kill()
+        started.close_stdout()
+        await started.wait()
+    else:
+        started.kill()  # type: ignore[attr-defined]
+        await release(started)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("start", [start_group, start_merged], ids=["group", "merged"])
+def test_a_start_cancelled_at_any_loop_turn_leaves_nothing(tmp_path: Path, start) -> None:
+    """Cancelled after 0, 1, 2... loop turns, before the fork, while each pipe is
+    connected, or once started: no process, zombie or fd is left once it returned."""
+
+    async def scenario() -> list[str]:
+        fds = open_fds()
+        outcomes = []
+        for turns in range(12):
+            tok = token()
+            task = asyncio.create_task(start(tmp_path, tok))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                started = await task
+            except asyncio.CancelledError:
+                outcomes.append("cancelled")
+            else:
+                outcomes.append("started")
+                await end(started)
+            left = {"children": children(), "processes": processes_with(tok),
+                    "fds": sorted(open_fds() - fds)}
+            assert not any(left.values()), f"cancelled after {turns} turns, left {left}"
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    # Every stage was reached: cancelled before the fork (0 turns) and after it, and
+    # at the end a start that had finished.
+    assert outcomes.count("cancelled") >= 3 and outcomes[-1] == "started", outcomes
+
+
+def test_exit_status_and_merged_output(tmp_path: Path) -> None:
+    async def scenario() -> tuple[bytes, int | None, int]:
+        process = PipedProcess.start(
+            ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], cwd=tmp_path,
+            stdin=DEVNULL, stdout=PIPE, stderr=STDOUT,
+        )
+        await process.connect()
+        assert process.stdout is not None and process.stderr is None
+        output = await process.stdout.read()
+        code = await process.wait()
+        process.close_stdout()
+        return output, process.returncode, code
+
+    assert asyncio.run(scenario()) == (b"out\nerr\n", 3, 3)
+
+
+def test_a_killed_process_is_reaped_without_a_wait(tmp_path: Path) -> None:
+    """Reaped as soon as it exits, whether anyone waits or not: no zombie is left."""
+
+    async def scenario() -> int | None:
+        fds = open_fds()
+        process = PipedProcess.start(["sleep", "1000"], cwd=tmp_path, stdin=DEVNULL,
+                                     stdout=DEVNULL, stderr=DEVNULL)
+        await process.connect()
+        process.kill()
+        # Loop turns until the exit is seen (the kill is asynchronous), bounded.
+        deadline = asyncio.get_running_loop().time() + BOUND_S
+        while process.returncode is None:
+            assert asyncio.get_running_loop().time() < deadline, "never reaped"
+            await asyncio.sleep(0)
+        assert children() == [] and open_fds() == fds
+        process.kill()  # once reaped, a no-op: never a stranger's pid
+        return process.returncode
+
+    assert asyncio.run(scenario()) == -9
+
+
+def test_a_failed_start_leaks_no_fd(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fds = open_fds()
+        with pytest.raises(FileNotFoundError):
+            PipedProcess.start(["true"], cwd=tmp_path / "gone", stdin=DEVNULL,
+                               stdout=PIPE, stderr=PIPE)
+        assert open_fds() == fds and children() == []
+
+    asyncio.run(scenario())
