@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.tools.piped import PipedProcess
+
 from .cgroups import CallCgroup
 from .forkserver import ServedProcess
 
@@ -27,7 +29,7 @@ _GONE_S = 2.0  # bound on waiting for a killed tree to leave its cgroup
 class SandboxedChild:
     """A launched sandbox: the launcher process, its cgroup, and its error pipe."""
 
-    process: asyncio.subprocess.Process | ServedProcess
+    process: PipedProcess | ServedProcess
     cgroup: CallCgroup | None
     errfd: int
     on_close: Callable[[SandboxedChild], None] | None = None

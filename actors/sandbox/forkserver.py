@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.tools.process import run_to_end
+from actors.tools.runtoend import run_to_end
 
 _DIR = str(Path(__file__).resolve().parent)
 _SHARED_DIR = str(Path(_DIR).parent)  # actors/: the launcher the zygote imports needs `fileops`

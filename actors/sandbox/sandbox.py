@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from actors import fileops, memoryfs
-from actors.tools.process import Spawner, ToolRefused, read_pipe, release, run_to_end
+from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess
+from actors.tools.process import Spawner, ToolRefused, read_pipe, release
+from actors.tools.runtoend import run_to_end
 
 from . import launcher as launcher_mod
 from . import modes, uids
@@ -492,11 +494,13 @@ class Sandbox:
         try:
             os.write(spec_fd, marshal.dumps(spec))
             os.lseek(spec_fd, 0, os.SEEK_SET)
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(spec_fd), str(err_w),
-                stdin=duplex if duplex >= 0 else asyncio.subprocess.DEVNULL,
-                stdout=duplex if duplex >= 0 else asyncio.subprocess.PIPE,
-                stderr=stderr if stderr >= 0 else asyncio.subprocess.STDOUT,
+            # Not asyncio's subprocess transport: cancelled with every task at once (an
+            # executor's stop) it could hang for good (`actors/tools/piped.py`).
+            proc = PipedProcess.start(
+                [sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(spec_fd), str(err_w)],
+                stdin=duplex if duplex >= 0 else DEVNULL,
+                stdout=duplex if duplex >= 0 else PIPE,
+                stderr=stderr if stderr >= 0 else STDOUT,
                 pass_fds=(spec_fd, err_w),
                 env={},  # nothing of the executor's environment (API keys) reaches the tool
                 cwd="/",
@@ -507,7 +511,15 @@ class Sandbox:
         finally:
             os.close(spec_fd)
             os.close(err_w)
+        # A launcher from its fork on, before any await: `sweep_orphans` (run when
+        # another call closes) kills and reaps every child of ours that is not one.
         self._launchers.add(proc.pid)
+        try:
+            await proc.connect()  # cancelled: the launcher is killed and reaped first
+        except BaseException:
+            self._launchers.discard(proc.pid)
+            os.close(err_r)
+            raise
         return SandboxedChild(proc, call, err_r, self._closed)
 
     async def _launch_forked(

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from sbhelp import BOUND_S, TEST_POLICY, Host, need, processes_with, wait_proces
 from actors.sandbox import Sandbox, SandboxConfig, SandboxedChild
 from actors.tools.process import ChildProcess, Spawner, run_command
 
+HERE = Path(__file__).parent
 
 def token() -> str:
     """A unique fractional `sleep` duration, to find the tool from the host."""
@@ -111,9 +114,7 @@ async def warm_up(host: Host, sandbox: Sandbox | None = None) -> set[int]:
         "true", host.workspace, timeout_s=BOUND_S, cap=1024,
         spawn=(sandbox or host.sandbox).spawner("shell", host.policy),
     )
-    # An exec'd launcher's status is sometimes lost (255): asyncio's Popen.send_signal
-    # polls, and so reaps, the launcher before its child-watcher thread does.
-    assert res.returncode == 0 or sandbox is not None, res
+    assert res.returncode == 0, res
     assert not res.refused, res
     return open_fds()
 
@@ -259,8 +260,8 @@ def test_cancel_during_launch(host: Host, tool: str) -> None:
 def test_cancel_during_exec_launch(host: Host) -> None:
     """Without a fork server: cancelled once the launcher is exec'd, before it is connected.
 
-    asyncio kills the process it was starting; the call's cgroup, if the launcher
-    made it by then, goes too."""
+    The start kills and reaps the launcher it exec'd; the call's cgroup, if the
+    launcher made it by then, goes too."""
     need("cgroup", "cgroup_kill")
     tok = token()
     sandbox = Sandbox(
@@ -289,3 +290,74 @@ def test_cancel_during_exec_launch(host: Host) -> None:
         asyncio.run(scenario())
     finally:
         sandbox.close()
+
+
+# A stand-in executor without a fork server: its main coroutine starts a shell call,
+# waits (a loop turn at a time) until the launcher is exec'd, then fails, so that
+# asyncio.run cancels every task left at once, the start's own and, with asyncio's
+# transport, the task connecting the launcher's pipes. That hung for good (CPython
+# 3.11): an executor stopping then was SIGKILLed by its host after its grace.
+ENDED_DURING_EXEC_LAUNCH = """
+import asyncio, contextlib, dataclasses, sys
+from pathlib import Path
+import psutil
+from sbhelp import TEST_POLICY
+from actors.sandbox import Sandbox, SandboxConfig
+from actors.tools.process import run_command
+
+class Ended(Exception):
+    pass
+
+def launchers():
+    found = []
+    for proc in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if any("launcher.main" in part for part in proc.cmdline()):
+                found.append(proc)
+    return found
+
+async def main(sandbox, workspace, backend, tok):
+    policy = dataclasses.replace(TEST_POLICY, backend=backend)
+    task = asyncio.create_task(run_command(
+        f"exec sleep 1000.{tok}", workspace, timeout_s=60, cap=1024,
+        spawn=sandbox.spawner("shell", policy)))
+    while not launchers():
+        assert not task.done(), task
+        await asyncio.sleep(0)
+    raise Ended
+
+home, workspace, backend, tok = sys.argv[1:]
+sandbox = Sandbox(SandboxConfig(TEST_POLICY), Path(home) / "workspaces", hide=(Path(home),),
+                  fork_server=False)
+sandbox.start()
+try:
+    asyncio.run(main(sandbox, Path(workspace), backend, tok))
+except Ended:
+    print("ended; children left:", len(psutil.Process().children()),
+          "launchers:", sandbox.statistics().launchers)
+finally:
+    sandbox.close()
+"""
+
+
+def test_run_ended_during_exec_launch(host: Host) -> None:
+    """Without a fork server: the event loop's end (every task cancelled at once) lands
+    once the launcher is exec'd, before its pipes are connected. The run ends at once,
+    the launcher killed and reaped, nothing of the call left; it hung on asyncio's
+    subprocess transport. In a child interpreter, bounded: a hang fails the case."""
+    need("cgroup", "cgroup_kill")
+    tok = token()
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ENDED_DURING_EXEC_LAUNCH, str(host.home),
+             str(host.workspace), host.backend, tok],
+            capture_output=True, text=True, env=env, timeout=BOUND_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("asyncio.run hung: the cancelled exec launch never returned")
+    finally:
+        for proc in processes_with(tok):
+            proc.kill()
+    assert done.stdout == "ended; children left: 0 launchers: 0\n", done.stderr
+    assert processes_with(tok) == []
