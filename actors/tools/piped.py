@@ -59,6 +59,8 @@ class PipedProcess:
         self._popen = popen
         self._leads_group = leads_group
         self._pipes: list[asyncio.BaseTransport] = []
+        #: The output pipes not handed to a transport yet: ours alone to close.
+        self._unread = [f for f in (popen.stdout, popen.stderr) if f is not None]
         self._loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = self._loop.create_future()
         self._watch_fd = _pidfd(self.pid)
@@ -133,11 +135,9 @@ class PipedProcess:
         """Close our end of the output pipes (a detached process may hold theirs)."""
         for pipe in self._pipes:
             pipe.close()
-        # A pipe not connected (yet): its file is still ours to close.
-        for file in (self._popen.stdout, self._popen.stderr):
-            if file is not None and not any(p.get_extra_info("pipe") is file
-                                            for p in self._pipes):
-                file.close()
+        for file in self._unread:
+            file.close()
+        self._unread.clear()
 
     async def wait(self) -> int:
         """Wait until the process exited and is reaped; its returncode (negative: the
@@ -148,8 +148,10 @@ class PipedProcess:
         if pipe is None:
             return None
         reader = asyncio.StreamReader(loop=self._loop)
-        # connect_read_pipe closes its transport if cancelled; the file is closed with
-        # the transport (or by `close_stdout`, if it never had one).
+        # Handed over: from here on the transport closes the file, even when the
+        # connection fails or is cancelled (closed by us too, uvloop's fd could be shut
+        # twice, the second time maybe another file's).
+        self._unread.remove(pipe)
         transport, _ = await self._loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader, loop=self._loop), pipe)
         self._pipes.append(transport)
