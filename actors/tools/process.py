@@ -290,9 +290,10 @@ async def _pump(stream: asyncio.StreamReader, name: str, out: CappedOutput,
 async def _wait_exit(proc: ChildProcess, timeout_s: float) -> bool:
     """Wait for the shell itself to exit; True if `timeout_s` ran out first.
 
-    Watches a pidfd rather than `proc.wait()`, which on CPython < 3.13 also waits
-    for the output pipe to close: a background child holding it would make a
-    finished command look like a hung one.
+    Watches a pidfd rather than `proc.wait()`: a `Spawner` may return an asyncio
+    subprocess (this module's own and the sandbox's do not), whose wait on CPython <
+    3.13 also waits for the output pipe to close, and a background child holding it
+    would make a finished command look like a hung one.
     """
     try:
         pidfd = os.pidfd_open(proc.pid)
