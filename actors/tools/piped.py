@@ -148,12 +148,16 @@ class PipedProcess:
         if pipe is None:
             return None
         reader = asyncio.StreamReader(loop=self._loop)
-        # Handed over: from here on the transport closes the file, even when the
+        # Handed over: from here on the transport closes the fd, even when the
         # connection fails or is cancelled (closed by us too, uvloop's fd could be shut
-        # twice, the second time maybe another file's).
+        # twice, the second time maybe another file's). Not as Popen's file object:
+        # uvloop, cancelled, closes the fd itself and leaves that object open, whose
+        # collection would then close whatever file has the number by then.
+        end = _PipeEnd(os.dup(pipe.fileno()))  # (failing, the pipe is still `_unread`)
         self._unread.remove(pipe)
+        pipe.close()
         transport, _ = await self._loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader, loop=self._loop), pipe)
+            lambda: asyncio.StreamReaderProtocol(reader, loop=self._loop), end)
         self._pipes.append(transport)
         return reader
 
@@ -193,6 +197,28 @@ class PipedProcess:
             self._watch_fd = -1
         if not self._exited.done():
             self._exited.set_result(code)
+
+
+class _PipeEnd:
+    """A pipe's read end as a read transport takes it: `fileno()`, and `close()`,
+    which closes the fd once. No finalizer (a file object has one): asyncio's
+    transport closes it through `close()`; uvloop's closes the fd itself, and a
+    finalizer run later would close another file that got the number meanwhile."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        """The fd (-1 once closed)."""
+        return self._fd
+
+    def close(self) -> None:
+        """Close the fd, the first time only."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _pidfd(pid: int) -> int:

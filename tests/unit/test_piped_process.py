@@ -11,6 +11,8 @@ regression fails instead of hanging the suite.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import secrets
 import subprocess
@@ -217,3 +219,36 @@ def test_a_failed_start_leaks_no_fd(tmp_path: Path) -> None:
         assert open_fds() == fds and children() == []
 
     asyncio.run(scenario())
+
+
+@LOOPS
+def test_a_connection_cancelled_leaves_no_file_object_to_close_a_stranger_s_fd(
+        tmp_path: Path, run) -> None:
+    """Cancelled while its stdout is connected: uvloop closes that pipe's fd itself and
+    never tells the file object it was given, which, collected later, would close
+    whatever file has that number by then (here a stranger's pipe)."""
+
+    async def scenario() -> None:
+        process = PipedProcess.start(["sleep", "1000"], cwd=tmp_path, stdin=DEVNULL,
+                                     stdout=PIPE, stderr=PIPE)
+        task = asyncio.create_task(process.connect())
+        await asyncio.sleep(0)  # (connect now waits for stdout's transport)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert process.returncode == -9 and children() == []
+        stranger = os.pipe()  # takes the lowest numbers: those the pipes had
+        try:
+            del process, task
+            # Loop turns: the transport lets go of its pipe once its close is done.
+            for _ in range(10):
+                await asyncio.sleep(0)
+            gc.collect()
+            for fd in stranger:
+                os.fstat(fd)  # EBADF: something else closed it
+        finally:
+            for fd in stranger:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    run(scenario())
