@@ -170,21 +170,37 @@ class PipedProcess:
         self.close_stdout()
 
     def _reap(self) -> None:
-        """The pidfd is readable (or the poll is due): reap this pid if it exited."""
+        """The pidfd is readable (or the poll is due): reap this process if it exited."""
         self._poll = None
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            code = self._waited()
         except ChildProcessError:
             # (The sandbox's orphan sweep may have: a retired reader's launcher is no longer
             # counted as one once killed.)
             log.info("process %d was reaped by another: exit status unknown", self.pid)
-            pid, status = self.pid, -1
-        if pid == 0:  # not yet (only a poll comes early)
+            code = _UNKNOWN_STATUS
+        if code is None:  # not yet (only a poll comes early)
             if self._watch_fd < 0:
                 self._poll = self._loop.call_later(_POLL_S, self._reap)
             return
-        code = _UNKNOWN_STATUS if status < 0 else os.waitstatus_to_exitcode(status)
         self._exited_with(code)
+
+    def _waited(self) -> int | None:
+        """Reap the process if it exited: its returncode; None if it runs still.
+
+        Through the pidfd where there is one: by pid, a process reaped by another
+        (the orphan sweep) and its pid given to a new child of ours would be that
+        child, whose exit would be taken for this one's (and its pidfd, readable for
+        good, would wake the loop at every turn meanwhile).
+        """
+        if self._watch_fd < 0:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            return None if pid == 0 else os.waitstatus_to_exitcode(status)
+        info = os.waitid(os.P_PIDFD, self._watch_fd, os.WEXITED | os.WNOHANG)
+        if info is None:
+            return None
+        killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        return -info.si_status if killed else info.si_status
 
     def _exited_with(self, code: int) -> None:
         self.returncode = code

@@ -210,6 +210,25 @@ def test_a_killed_process_is_reaped_without_a_wait(tmp_path: Path, run) -> None:
     assert run(scenario()) == -9
 
 
+@LOOPS
+def test_a_process_reaped_by_another_first_ends_with_an_unknown_status(tmp_path: Path,
+                                                                      run) -> None:
+    """The sandbox's orphan sweep may reap a process of ours first: its exit is then
+    told as 255 (the status is gone), at once, and its pidfd no longer watched."""
+
+    async def scenario() -> int:
+        fds = open_fds()
+        process = PipedProcess.start(["true"], cwd=tmp_path, stdin=DEVNULL,
+                                     stdout=DEVNULL, stderr=DEVNULL)
+        await process.connect()
+        os.waitpid(process.pid, 0)  # noqa: ASYNC222  (the sweep's reap, before the loop saw it)
+        code = await asyncio.wait_for(process.wait(), BOUND_S)
+        assert children() == [] and open_fds() == fds
+        return code
+
+    assert run(scenario()) == 255
+
+
 def test_a_failed_start_leaks_no_fd(tmp_path: Path) -> None:
     async def scenario() -> None:
         fds = open_fds()
