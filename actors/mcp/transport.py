@@ -32,7 +32,7 @@ import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
-from actors.tools.process import release
+from actors.tools.process import read_pipe, release
 
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
@@ -166,14 +166,13 @@ async def sandboxed_stdio(launch: Launch, fault: Fault, stderr: StderrTail
     finally:
         theirs.close()
         os.close(err_w)
-    loop = asyncio.get_running_loop()
     pumps: list[asyncio.Task[None]] = []
     try:
         reader, writer = await asyncio.open_connection(sock=ours, limit=MAX_LINE)
-        err_reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(err_reader),
-                                     os.fdopen(err_r, "rb", buffering=0))
-        err_r = -1  # the pipe transport owns it now
+        # The pipe's transport owns it from the call on, closing it even if the
+        # connection is cancelled: closed here as well, a number reused meanwhile would go.
+        err_fd, err_r = err_r, -1
+        err_reader, _ = await read_pipe(err_fd)
         to_session, from_server = anyio.create_memory_object_stream[SessionMessage | Exception](
             16)
         to_server, from_session = anyio.create_memory_object_stream[SessionMessage](16)

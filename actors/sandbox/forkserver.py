@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from actors.tools.process import read_pipe
 from actors.tools.runtoend import run_to_end
 
 _DIR = str(Path(__file__).resolve().parent)
@@ -56,12 +57,7 @@ class ServedProcess:
 
     async def connect_stdout(self, fd: int) -> None:
         """Read the launcher's output from the pipe `fd` (taken over: closed even on failure)."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(loop=loop)
-        self._transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", 0)
-        )
-        self.stdout = reader
+        self.stdout, self._transport = await read_pipe(fd)
 
     def close_stdout(self) -> None:
         """Close our end of the output pipe."""

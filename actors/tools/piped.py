@@ -153,7 +153,7 @@ class PipedProcess:
         # twice, the second time maybe another file's). Not as Popen's file object:
         # uvloop, cancelled, closes the fd itself and leaves that object open, whose
         # collection would then close whatever file has the number by then.
-        end = _PipeEnd(os.dup(pipe.fileno()))  # (failing, the pipe is still `_unread`)
+        end = PipeEnd(os.dup(pipe.fileno()))  # (failing, the pipe is still `_unread`)
         self._unread.remove(pipe)
         pipe.close()
         transport, _ = await self._loop.connect_read_pipe(
@@ -215,11 +215,12 @@ class PipedProcess:
             self._exited.set_result(code)
 
 
-class _PipeEnd:
-    """A pipe's read end as a read transport takes it: `fileno()`, and `close()`,
-    which closes the fd once. No finalizer (a file object has one): asyncio's
-    transport closes it through `close()`; uvloop's closes the fd itself, and a
-    finalizer run later would close another file that got the number meanwhile."""
+class PipeEnd:
+    """A pipe's read end as a read transport takes it (`loop.connect_read_pipe`):
+    `fileno()`, and `close()`, which closes the fd once. Not a file object, which
+    has a finalizer: asyncio's transport closes the pipe through `close()`, but
+    uvloop's closes the fd itself, and that finalizer, run later, would close
+    whatever file got the number meanwhile (another call's pipe, a socket)."""
 
     __slots__ = ("_fd",)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .piped import DEVNULL, PIPE, PipedProcess
+from .piped import DEVNULL, PIPE, PipedProcess, PipeEnd
 from .runtoend import run_to_end
 
 
@@ -269,12 +269,13 @@ def _close_stdout(proc: ChildProcess) -> None:
 
 
 async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
-    """A stream reading the pipe `fd` (taken over: closed with the transport, or now
-    if connecting it fails)."""
+    """A stream reading the pipe `fd`, taken over at once: the transport closes it, also
+    when connecting fails or is cancelled (the caller must not close it then: the
+    number may be another file's by that time)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(loop=loop)
     transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", 0))
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), PipeEnd(fd))
     return reader, transport
 
 

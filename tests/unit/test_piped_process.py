@@ -24,7 +24,7 @@ import pytest
 import uvloop
 
 from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess
-from actors.tools.process import release, spawn_local
+from actors.tools.process import read_pipe, release, spawn_local
 
 #: Bound on a child interpreter's whole run (start, imports, the scenario): it only
 #: catches a hang; with every core busy an interpreter start alone can take seconds.
@@ -262,6 +262,43 @@ def test_a_connection_cancelled_leaves_no_file_object_to_close_a_stranger_s_fd(
             # Loop turns: the transport lets go of its pipe once its close is done.
             for _ in range(10):
                 await asyncio.sleep(0)
+            gc.collect()
+            for fd in stranger:
+                os.fstat(fd)  # EBADF: something else closed it
+        finally:
+            for fd in stranger:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    run(scenario())
+
+
+@LOOPS
+def test_a_pipe_read_whose_connection_is_cancelled_closes_it_once(run) -> None:
+    """`read_pipe` (the sandbox's stderr, a forked launcher's stdout, an MCP server's
+    stderr) takes the fd over at once: cancelled while it connects, the pipe is closed
+    by the transport, and nothing later closes a stranger's file with its number."""
+
+    async def scenario() -> None:
+        theirs, ours = os.pipe()  # one pipe read first: uvloop's first keeps an fd (libuv's
+        os.close(ours)            # reserve for running out of them) for the loop's life
+        _, transport = await read_pipe(theirs)
+        transport.close()
+        await asyncio.sleep(0)
+        fds = open_fds()
+        theirs, ours = os.pipe()
+        task = asyncio.create_task(read_pipe(theirs))
+        await asyncio.sleep(0)  # (now waiting for the transport)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        os.close(ours)
+        for _ in range(10):  # the transport's close is done within a few loop turns
+            await asyncio.sleep(0)
+        assert open_fds() == fds  # closed: by the transport, not by us
+        stranger = os.pipe()  # takes the lowest numbers: the pipe's among them
+        try:
+            del task
             gc.collect()
             for fd in stranger:
                 os.fstat(fd)  # EBADF: something else closed it
