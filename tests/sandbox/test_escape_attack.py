@@ -49,8 +49,12 @@ def test_mount_table_names_no_other_session(rhost: Host) -> None:
         out, is_error = call(rhost, "read_file", path)
         assert other.name not in out, (path, out)
         # A reader process reads its own; a reader thread is no process of the view's pid
-        # namespace, whose /proc then shows no mount table at all.
-        assert is_error == by_threads(rhost), (path, out)
+        # namespace, whose /proc then shows no mount table of its own. (The view's pid 1
+        # is the reader process the thread took over, killed as it did: until that one is
+        # gone, a busy machine's some milliseconds, /proc/1 is its table, without the
+        # other session too.)
+        if path.startswith("/proc/self") or not by_threads(rhost):
+            assert is_error == by_threads(rhost), (path, out)
     # The session's own workspace is still there, mounted, writable.
     res = rhost.run(f"echo ok > f && cat f && grep -c ' {rhost.workspace} ' /proc/self/mountinfo")
     assert res.returncode == 0 and res.output.startswith("ok\n"), res.output
