@@ -10,5 +10,6 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
   touch "$stamp"
+  just_installed=1  # (scripts/_workers.sh: the load average now counts this install)
 fi
 export PATH="$root/.venv/bin:$PATH"
