@@ -32,7 +32,8 @@ import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
-from actors.tools.process import read_pipe, release
+from actors.tools.piped import read_pipe
+from actors.tools.process import release
 
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.tools.process import read_pipe
+from actors.tools.piped import read_pipe
 from actors.tools.runtoend import run_to_end
 
 _DIR = str(Path(__file__).resolve().parent)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from actors import fileops, memoryfs
-from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess
-from actors.tools.process import Spawner, ToolRefused, read_pipe, release
+from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess, read_pipe
+from actors.tools.process import Spawner, ToolRefused, release
 from actors.tools.runtoend import run_to_end
 
 from . import launcher as launcher_mod

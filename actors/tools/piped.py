@@ -147,17 +147,11 @@ class PipedProcess:
     async def _read(self, pipe: IO[bytes] | None) -> asyncio.StreamReader | None:
         if pipe is None:
             return None
-        reader = asyncio.StreamReader(loop=self._loop)
-        # Handed over: from here on the transport closes the fd, even when the
-        # connection fails or is cancelled (closed by us too, uvloop's fd could be shut
-        # twice, the second time maybe another file's). Not as Popen's file object:
-        # uvloop, cancelled, closes the fd itself and leaves that object open, whose
-        # collection would then close whatever file has the number by then.
-        end = PipeEnd(os.dup(pipe.fileno()))  # (failing, the pipe is still `_unread`)
+        # Handed over as a bare fd, not as Popen's file object (`PipeEnd` says why).
+        fd = os.dup(pipe.fileno())  # (failing, the pipe is still `_unread`)
         self._unread.remove(pipe)
         pipe.close()
-        transport, _ = await self._loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader, loop=self._loop), end)
+        reader, transport = await read_pipe(fd)
         self._pipes.append(transport)
         return reader
 
@@ -236,6 +230,17 @@ class PipeEnd:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream reading the pipe `fd`, taken over at once: the transport closes it, also
+    when connecting fails or is cancelled (the caller must not close it then: the
+    number may be another file's by that time)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), PipeEnd(fd))
+    return reader, transport
 
 
 def _pidfd(pid: int) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .piped import DEVNULL, PIPE, PipedProcess, PipeEnd
+from .piped import DEVNULL, PIPE, PipedProcess
 from .runtoend import run_to_end
 
 
@@ -266,17 +266,6 @@ def _close_stdout(proc: ChildProcess) -> None:
     close = getattr(proc, "close_stdout", None)
     if close is not None:
         close()
-
-
-async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
-    """A stream reading the pipe `fd`, taken over at once: the transport closes it, also
-    when connecting fails or is cancelled (the caller must not close it then: the
-    number may be another file's by that time)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(loop=loop)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), PipeEnd(fd))
-    return reader, transport
 
 
 async def _pump(stream: asyncio.StreamReader, name: str, out: CappedOutput,
