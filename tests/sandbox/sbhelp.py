@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prockit import processes_with
 
 from actors.sandbox import (
     Limits,
@@ -180,16 +181,6 @@ def mhost(request: pytest.FixtureRequest) -> Iterator[Host]:
         shutil.rmtree(home, ignore_errors=True)
         if project is not None:
             shutil.rmtree(project, ignore_errors=True)
-
-
-def processes_with(token: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line contains `token`."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(token in a for a in cmdline):
-            found.append(proc)
-    return found
 
 
 async def wait_processes(token: str, count: int, name: str = "sleep") -> list[psutil.Process]:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,17 +20,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sbhelp import BOUND_S, TEST_POLICY, Host, need, processes_with, wait_processes
+from prockit import processes_with, run_bounded, token
+from sbhelp import BOUND_S, TEST_POLICY, Host, need, wait_processes
 
 from actors.sandbox import Sandbox, SandboxConfig, SandboxedChild
 from actors.tools.process import ChildProcess, Spawner, run_command
 
 HERE = Path(__file__).parent
-
-def token() -> str:
-    """A unique fractional `sleep` duration, to find the tool from the host."""
-    return str(secrets.randbelow(10**8)).zfill(8)
-
 
 @dataclass
 class HookedChild:
@@ -347,17 +340,8 @@ def test_run_ended_during_exec_launch(host: Host) -> None:
     subprocess transport. In a child interpreter, bounded: a hang fails the case."""
     need("cgroup", "cgroup_kill")
     tok = token()
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", ENDED_DURING_EXEC_LAUNCH, str(host.home),
-             str(host.workspace), host.backend, tok],
-            capture_output=True, text=True, env=env, timeout=BOUND_S, check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("asyncio.run hung: the cancelled exec launch never returned")
-    finally:
-        for proc in processes_with(tok):
-            proc.kill()
+    done = run_bounded(ENDED_DURING_EXEC_LAUNCH, str(host.home), str(host.workspace),
+                       host.backend, tok, tok=tok, bound_s=BOUND_S, paths=(HERE,),
+                       hung="asyncio.run hung: the cancelled exec launch never returned")
     assert done.stdout == "ended; children left: 0 launchers: 0\n", done.stderr
     assert processes_with(tok) == []

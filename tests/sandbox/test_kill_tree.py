@@ -4,8 +4,6 @@ normal exit, when the executor is SIGKILLed, and a new executor sweeps what is l
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -14,7 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sbhelp import BOUND_S, TEST_POLICY, Host, need, processes_with, wait_processes
+from prockit import child_env, processes_with, token
+from sbhelp import BOUND_S, TEST_POLICY, Host, need, wait_processes
 
 from actors.sandbox import Sandbox, SandboxConfig
 from actors.sandbox.cgroups import CgroupTree, Hierarchies
@@ -33,10 +32,6 @@ def escaper(token: str) -> str:
         f"sleep 986.{token} & "
         "echo started; sleep 1000"
     )
-
-
-def token() -> str:
-    return str(secrets.randbelow(10**8)).zfill(8)
 
 
 def test_cancel_kills_the_escaping_tree(host: Host) -> None:
@@ -138,7 +133,7 @@ def test_close_leaves_no_call_cgroup_behind() -> None:
 
 
 def _start_holder(host: Host, command: str, off: frozenset[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = child_env(HERE)
     return subprocess.Popen(
         [sys.executable, str(HERE / "holder.py"), str(host.home), host.backend, command,
          *sorted(off)],

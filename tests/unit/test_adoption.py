@@ -7,27 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from supervisorkit import Pipe
+
 from actors.machines import LOCAL
 from actors.supervisor.dispatch import Dispatcher
-from bus.codec import decode
 from bus.messages import Abort, Envelope, JobFailed, Ready, ToolJob, ToolOutput, ToolResult
-
-
-class Pipe:
-    """The sending side of a `bus.sockets.Port`, as the dispatcher uses it: what went
-    to whom (ipc: no key, no address)."""
-
-    user_id = None
-    peer_address = None
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Envelope, bytes | None]] = []
-
-    def send(self, env: Envelope, peer: bytes | None = None) -> None:
-        self.sent.append((env, peer))
-
-    def send_frame(self, frame: bytes, peer: bytes | None = None) -> None:
-        self.sent.append((decode(frame), peer))
 
 
 def entry(job: str, sid: str, call: str, done: bool = False) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from supervisorkit import add_session, supervisor_on_disk
+from supervisorkit import add_session, loop_turns, supervisor_on_disk
 
 from actors.core.session import Session
 from actors.sessionlog import JournalFull
@@ -86,11 +86,6 @@ def host(short_home):
     made.close()
 
 
-async def _turns(n: int = 3) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 def test_a_tool_job_leaves_only_once_its_tool_start_is_in_the_log(host):
     """The outbox's turn was scheduled first (a model call of another session, no event
     with it), the commit after it: the tool job still waits for the commit."""
@@ -98,10 +93,10 @@ def test_a_tool_job_leaves_only_once_its_tool_start_is_in_the_log(host):
 
     async def scenario() -> None:
         host.supervisor.emit(a, EventType.SESSION_START, 0, {})
-        await _turns()  # (sa's first event committed: the log knows it)
+        await loop_turns()  # (sa's first event committed: the log knows it)
         host.model_call(b)  # schedules the outbox's send before any commit is
         host.tool_call(a, "c1")  # TOOL_START is seq 2
-        await _turns()
+        await loop_turns()
 
     asyncio.run(scenario())
     assert host.work.jobs() == [(LlmJob.KIND, "sb", None), (ToolJob.KIND, "sa", 2)]
@@ -121,15 +116,15 @@ def test_a_tool_job_waiting_for_a_failing_commit_leaves_only_once_it_succeeds(
     async def scenario() -> None:
         monkeypatch.setattr(host.journal.log, "commit", full)
         host.tool_call(a, "c1")
-        await _turns()
+        await loop_turns()
         assert host.supervisor._journal_failing
         assert host.work.jobs() == []
         host.model_call(b)
-        await _turns()
+        await loop_turns()
         assert host.work.jobs() == []
         monkeypatch.setattr(host.journal.log, "commit", commit)  # room again
         host.supervisor._retry_flush()
-        await _turns()
+        await loop_turns()
 
     asyncio.run(scenario())
     assert host.work.jobs() == [(ToolJob.KIND, "sa", 1), (LlmJob.KIND, "sb", None)]
@@ -145,7 +140,7 @@ def test_model_calls_need_no_commit(host):
         host.model_call(b)  # schedules the outbox's send before any commit is
         host.supervisor.emit(a, EventType.TURN_START, 1, {})
         host.model_call(a)
-        await _turns()
+        await loop_turns()
 
     asyncio.run(scenario())
     assert host.work.jobs() == [(LlmJob.KIND, "sb", None), (LlmJob.KIND, "sa", None)]

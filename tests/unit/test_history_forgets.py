@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from supervisorkit import add_session, supervisor_on_disk
+from supervisorkit import Pipe, add_session, loop_turns, supervisor_on_disk
 
 from actors.core.session import Session
 from actors.llm_caller.actor import LlmCaller
@@ -23,7 +23,6 @@ from actors.llm_caller.bodies import BodyCache
 from actors.llm_caller.histories import HISTORY_MISS, HistoryCache
 from actors.llm_caller.scripted import ScriptedBackend
 from actors.supervisor import forgets
-from bus.codec import decode
 from bus.endpoints import Endpoints
 from bus.messages import Envelope, ForgetSessions, JobFailed, LlmJob, LlmResult, Ready
 from bus.vocab import EventType
@@ -32,25 +31,10 @@ USER = {"role": "user", "content": "read the file"}
 REPLY = {"role": "assistant", "content": [{"type": "text", "text": "x" * 5_000}]}
 
 
-class Pipe:
-    """The sending side of a `bus.sockets.Port`: each message and the peer it went to."""
-
-    user_id = None
-    peer_address = None
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Envelope, bytes | None]] = []
-
-    def send(self, env: Envelope, peer: bytes | None = None) -> None:
-        self.sent.append((env, peer))
-
-    def send_frame(self, frame: bytes, peer: bytes | None = None) -> None:
-        self.send(decode(frame), peer)
-
-    def forgets(self) -> list[tuple[list[str], bytes | None]]:
-        """The `ForgetSessions` sent: (sessions, to whom)."""
-        return [(env.body.sessions, peer) for env, peer in self.sent
-                if isinstance(env.body, ForgetSessions)]
+def forgets_sent(pipe: Pipe) -> list[tuple[list[str], bytes | None]]:
+    """The `ForgetSessions` sent: (sessions, to whom)."""
+    return [(env.body.sessions, peer) for env, peer in pipe.sent
+            if isinstance(env.body, ForgetSessions)]
 
 
 # -- the caller's side --------------------------------------------------------------------
@@ -150,11 +134,6 @@ def host(short_home):
     made.close()
 
 
-async def _turns(n: int = 3) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 def test_the_callers_holding_an_ended_session_s_history_are_told_to_drop_it(host):
     async def scenario() -> None:
         a = host.called("sa", b"llm-1", b"llm-2", b"far")
@@ -163,29 +142,29 @@ def test_the_callers_holding_an_ended_session_s_history_are_told_to_drop_it(host
         host.end(a)
         host.end(b)
         host.supervisor.emit(running, EventType.SESSION_START, 0, {})
-        await _turns()  # (committed: both left memory)
+        await loop_turns()  # (committed: both left memory)
         assert "sa" not in host.supervisor.sessions and "sc" in host.supervisor.sessions
-        assert host.work.forgets() == []  # (not one message per ended run)
+        assert forgets_sent(host.work) == []  # (not one message per ended run)
         host.supervisor.dispatcher.forgets.flush()  # (what its timer does, EVERY_S on)
 
     asyncio.run(scenario())
     # One message per caller; none to the worker machine's (it may be an older oploop).
-    assert sorted(host.work.forgets()) == [(["sa"], b"llm-2"), (["sa", "sb"], b"llm-1")]
+    assert sorted(forgets_sent(host.work)) == [(["sa"], b"llm-2"), (["sa", "sb"], b"llm-1")]
 
 
 def test_a_new_run_s_call_to_that_caller_cancels_its_pending_forget(host):
     async def scenario() -> None:
         host.end(host.called("sa", b"llm-1", b"llm-2"))
-        await _turns()
+        await loop_turns()
         pending = host.supervisor.dispatcher.forgets
         assert pending.pending(b"llm-1") == {"sa"} == pending.pending(b"llm-2")
         host.model_call("sa")  # a follow-up: its call goes to one caller, in full
-        await _turns()
+        await loop_turns()
         taker = next(peer for env, peer in host.work.sent if isinstance(env.body, LlmJob))
         assert pending.pending(taker) == set()
         pending.flush()
         other = b"llm-2" if taker == b"llm-1" else b"llm-1"
-        assert host.work.forgets() == [(["sa"], other)]
+        assert forgets_sent(host.work) == [(["sa"], other)]
 
     asyncio.run(scenario())
 
@@ -195,9 +174,9 @@ def test_the_timer_sends_them_once_and_a_caller_gone_meanwhile_is_skipped(host, 
 
     async def scenario() -> None:
         host.end(host.called("sa", b"llm-1", b"gone"))
-        await _turns(5)
-        assert host.work.forgets() == [(["sa"], b"llm-1")]
-        await _turns(5)
-        assert host.work.forgets() == [(["sa"], b"llm-1")]  # (once)
+        await loop_turns(5)
+        assert forgets_sent(host.work) == [(["sa"], b"llm-1")]
+        await loop_turns(5)
+        assert forgets_sent(host.work) == [(["sa"], b"llm-1")]  # (once)
 
     asyncio.run(scenario())

@@ -14,36 +14,20 @@ import asyncio
 import contextlib
 import gc
 import os
-import secrets
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import uvloop
+from prockit import processes_with, run_bounded, token
 
-from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess
-from actors.tools.process import read_pipe, release, spawn_local
+from actors.tools.piped import DEVNULL, PIPE, STDOUT, PipedProcess, read_pipe
+from actors.tools.process import release, spawn_local
 
 #: Bound on a child interpreter's whole run (start, imports, the scenario): it only
 #: catches a hang; with every core busy an interpreter start alone can take seconds.
 BOUND_S = 60.0
-
-
-def token() -> str:
-    """A unique fractional `sleep` duration, to find the command's processes."""
-    return str(secrets.randbelow(10**8)).zfill(8)
-
-
-def processes_with(tok: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line contains `tok`."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(tok in a for a in cmdline):
-            found.append(proc)
-    return found
 
 
 def open_fds() -> set[int]:
@@ -87,16 +71,8 @@ def test_a_run_ended_while_the_shell_starts_kills_it_and_returns(tmp_path: Path)
     """The loop's end cancels a `spawn_local` that forked and has not connected its
     pipes: the run ends at once (it hung on 3.11's transport), the shell is reaped."""
     tok = token()
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", ENDED_DURING_SPAWN, tok, str(tmp_path)],
-            capture_output=True, text=True, timeout=BOUND_S, check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("asyncio.run hung: a cancelled start never returned")
-    finally:
-        for proc in processes_with(tok):
-            proc.kill()
+    done = run_bounded(ENDED_DURING_SPAWN, tok, str(tmp_path), tok=tok, bound_s=BOUND_S,
+                       hung="asyncio.run hung: a cancelled start never returned")
     assert done.stdout == "ended; children left: 0\n", done.stderr
     assert processes_with(tok) == []
 
@@ -240,6 +216,23 @@ def test_a_failed_start_leaks_no_fd(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+@contextlib.contextmanager
+def stranger_pipe() -> Iterator[tuple[int, int]]:
+    """A new pipe, which takes the lowest free numbers (those just freed): once the
+    block is over and garbage collected, still open (nothing closed a stranger's file
+    by a number it no longer owned); then closed."""
+    stranger = os.pipe()
+    try:
+        yield stranger
+        gc.collect()
+        for fd in stranger:
+            os.fstat(fd)  # EBADF: something else closed it
+    finally:
+        for fd in stranger:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 @LOOPS
 def test_a_connection_cancelled_leaves_no_file_object_to_close_a_stranger_s_fd(
         tmp_path: Path, run) -> None:
@@ -256,19 +249,11 @@ def test_a_connection_cancelled_leaves_no_file_object_to_close_a_stranger_s_fd(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert process.returncode == -9 and children() == []
-        stranger = os.pipe()  # takes the lowest numbers: those the pipes had
-        try:
+        with stranger_pipe():  # (the numbers the pipes had)
             del process, task
             # Loop turns: the transport lets go of its pipe once its close is done.
             for _ in range(10):
                 await asyncio.sleep(0)
-            gc.collect()
-            for fd in stranger:
-                os.fstat(fd)  # EBADF: something else closed it
-        finally:
-            for fd in stranger:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
     run(scenario())
 
@@ -296,15 +281,7 @@ def test_a_pipe_read_whose_connection_is_cancelled_closes_it_once(run) -> None:
         for _ in range(10):  # the transport's close is done within a few loop turns
             await asyncio.sleep(0)
         assert open_fds() == fds  # closed: by the transport, not by us
-        stranger = os.pipe()  # takes the lowest numbers: the pipe's among them
-        try:
+        with stranger_pipe():  # (the pipe's number among them)
             del task
-            gc.collect()
-            for fd in stranger:
-                os.fstat(fd)  # EBADF: something else closed it
-        finally:
-            for fd in stranger:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
     run(scenario())
