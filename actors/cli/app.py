@@ -277,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("session")
     say.add_argument("text", metavar="TEXT",
                      help="the message; - reads it from standard input, @FILE from a file")
-    say.set_defaults(fn=_async(commands.say))
+    say.set_defaults(fn=_async(commands.say, prepare=_read_message))
     compact = sub.add_parser(
         "compact", help="compact a session's context (summary of its older turns)",
         description="Shrink what SESSION's next requests send: every tool result is "
@@ -419,6 +419,12 @@ def _read_prompt(args: argparse.Namespace) -> None:
     from actors.cli.run import prompt_of  # (and so the module, before the signals are held)
 
     args.prompt_given = prompt_of(args)
+
+
+def _read_message(args: argparse.Namespace) -> None:
+    from actors.cli.run import read_prompt
+
+    args.text_given = read_prompt(args.text)
 
 
 async def _run_command(args: argparse.Namespace, settings: Settings) -> int:

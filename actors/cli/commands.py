@@ -121,10 +121,9 @@ async def cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def say(args: argparse.Namespace, settings: Settings) -> int:
-    """Send a message into a session (taken at its next boundary, or a new run)."""
-    from actors.cli.run import read_prompt
-
-    text = read_prompt(args.text)
+    """Send a message into a session (taken at its next boundary, or a new run): its
+    text read in start-up (`args.text_given`, `app._read_message`)."""
+    text = args.text_given
     async with attach(settings, start=False) as host:
         try:
             ack = await host.client.say(args.session, text)

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -42,14 +43,27 @@ CANCEL_WAIT_S = 5.0
 
 def read_prompt(arg: str) -> str:
     """The prompt: the argument itself, `-` for standard input, `@FILE` for a file's
-    contents (for prompts beyond the shell's argument limit). Must be UTF-8."""
+    contents (for prompts beyond the shell's argument limit). Must be UTF-8.
+
+    Read in start-up (before the command's loop takes the signals over), so that a
+    Ctrl-C while a pipe or FIFO has not said it all yet is start-up's quiet exit:
+    the read waits in `select` beside a signal wakeup pipe (`read_woken`)."""
     if arg == "-":
-        data = sys.stdin.buffer.read()
+        try:
+            data = read_woken(sys.stdin.buffer.fileno())
+        except OSError as exc:
+            raise CliError(f"cannot read the prompt from standard input: "
+                           f"{exc.strerror or exc}", EXIT_USAGE) from None
         source = "standard input"
     elif arg.startswith("@") and len(arg) > 1:
         path = Path(arg[1:]).expanduser()
         try:
-            data = path.read_bytes()
+            # (O_NONBLOCK: a FIFO's open would wait for its writer, outside the select.)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                data = read_woken(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise CliError(f"cannot read the prompt file {path}: {exc.strerror or exc}",
                            EXIT_USAGE) from None
@@ -66,6 +80,42 @@ def read_prompt(arg: str) -> str:
     except UnicodeDecodeError as exc:
         raise CliError(f"the prompt from {source} is not valid UTF-8 (byte {exc.start})",
                        EXIT_USAGE) from None
+
+
+def read_woken(fd: int) -> bytes:
+    """All of `fd` up to its end, never blocked in `read` itself: each read follows a
+    `select` that also waits on a signal wakeup pipe.
+
+    A Python signal handler runs between bytecodes, after the C handler has only set
+    a flag. A signal that lands just before a blocking `read` begins (inside
+    `FileIO.readall`, past its last check) interrupts nothing, and the read then
+    waits for the writer, the handler with it: a Ctrl-C lost while a FIFO's writer
+    had not written (seen under load). The C handler also writes to the wakeup fd,
+    whenever the signal comes, so the `select` returns and the handler runs.
+    Main thread only (`signal.set_wakeup_fd`).
+    """
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    old = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            ready, _, _ = select.select([fd, wake_r], [], [])
+            if wake_r in ready:  # the handler has run (or the signal was ignored)
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+            if fd not in ready:
+                continue
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:  # (another reader of the same pipe took it)
+                continue
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        signal.set_wakeup_fd(old)
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 class Interrupts:
