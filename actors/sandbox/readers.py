@@ -37,15 +37,14 @@ import select
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from actors import fileops
 from actors.tools.process import ToolRefused, release
 
 from .child import SandboxedChild
+from .reader import Key, Reader, identity
 from .readthreads import Handover, ReaderThread, ThreadRefused
 
-Key = tuple[object, ...]
 log = logging.getLogger("oploop.sandbox")
 
 IDLE_S = 2.0
@@ -75,7 +74,6 @@ reads again within a turn, well inside `CROWDED_IDLE_S`."""
 CROWDED_IDLE_S = 0.5
 SWEEP_S = 0.5
 _GONE_S = 2.0  # bound on waiting for retired readers to exit, when the sandbox closes
-_RECV = 64 * 1024  # bytes asked of the socket at least (a reply's first chunk: all of it)
 #: The loop time (`loop.time()`) at which a bound around the whole call ends it (the
 #: executor's job timeout, set in the job's own task), or None. A read whose own timeout
 #: would end no sooner takes no timer of its own: that bound, started first, ends it
@@ -87,181 +85,6 @@ _UNBOUNDED = contextlib.nullcontext()
 #: read of its working directory: "is a directory", after an open and an fstat).
 _PROBE = fileops.request(b"R", ".", 0)
 _PROBE_CAP = 3 * 4096  # the longest reply it may give: a path's hex and a head
-
-
-def identity(paths: tuple[str, ...]) -> tuple[tuple[int, int] | None, ...]:
-    """(device, inode) of each path (None: absent): a reader is made for these exact files."""
-    out: list[tuple[int, int] | None] = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            out.append(None)
-        else:
-            out.append((st.st_dev, st.st_ino))
-    return tuple(out)
-
-
-@dataclass(eq=False, slots=True)
-class Reader:
-    """One persistent reader: its launcher (a `SandboxedChild`) and our end of its socket."""
-
-    key: Key
-    paths: tuple[str, ...]  # whose identity the key holds (the workspace, the readable paths)
-    child: SandboxedChild
-    sock: socket.socket
-    born: float = field(default_factory=time.monotonic)
-    used: float = field(default_factory=time.monotonic)
-    calls: int = 0
-    #: It died, or sent what nobody asked for: every further call gets b"".
-    gone: bool = False
-    #: The thread that serves its calls since the process answered its first
-    #: (`readthreads.py`); the process is then retired. None: the process serves.
-    thread: ReaderThread | None = None
-    # The call waiting for a reply, its cap, what of the reply is in, its size (-1: unknown).
-    _waiter: asyncio.Future[bytes] | None = None
-    _cap: int = 0
-    _reply: bytearray = field(default_factory=bytearray)
-    _size: int = -1
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def pid(self) -> int:
-        """The reader's pid (as the executor sees it); a reader thread's own id."""
-        return self.thread.tid if self.thread is not None else self.child.process.pid
-
-    async def ask(self, request: bytes, cap: int) -> bytes:
-        """Send one request; its framed reply (at most `cap` bytes), or b"" if the reader
-        is gone (refused before it served, or died). Raises BadReply on nonsense.
-
-        The request is sent at once (a few hundred bytes on an idle socketpair: never
-        more than its buffer); the reply is read by `_readable`, called by the loop,
-        on which the socket stays registered while the reader lives (asyncio's
-        `sock_recv` registered it and took it off again for every call).
-        """
-        loop = asyncio.get_running_loop()
-        self.calls += 1
-        if self.gone:
-            return b""
-        if self.thread is not None:
-            return await self.thread.ask(request, cap)
-        try:
-            sent = self.sock.send(request)
-        except BlockingIOError:
-            sent = 0
-        except (BrokenPipeError, ConnectionResetError):
-            return b""
-        try:
-            if sent < len(request):
-                await loop.sock_sendall(self.sock, request[sent:])
-        except (BrokenPipeError, ConnectionResetError):
-            return b""
-        self._watch(loop)
-        self._cap = cap
-        self._waiter = waiter = loop.create_future()
-        try:
-            return await waiter
-        finally:
-            self._waiter = None
-            self._reply.clear()
-            self._size = -1
-
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Have `loop` call `_readable` whenever the socket is (once per loop)."""
-        if self._loop is loop:
-            return
-        self._unwatch()
-        loop.add_reader(self.sock.fileno(), self._readable)
-        self._loop = loop
-
-    def close_socket(self) -> None:
-        """Close our end (the reader sees EOF), unwatched first: the loop must not watch
-        a number that the next socket opened may get."""
-        self._unwatch()
-        self.sock.close()
-
-    def _unwatch(self) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self.sock.fileno())
-        self._loop = None
-
-    def _readable(self) -> None:
-        waiter = self._waiter
-        want = fileops.REPLY_LEN_DIGITS + self._size if self._size >= 0 else 0
-        try:
-            chunk = self.sock.recv(max(want - len(self._reply), _RECV))
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if waiter is None or waiter.done() or not chunk:
-            # EOF (it died), or bytes nobody asked for: it serves no more calls.
-            self.gone = True
-            self._unwatch()
-            if waiter is not None and not waiter.done():
-                waiter.set_result(b"")
-            return
-        self._reply += chunk
-        try:
-            reply = self._complete()
-        except fileops.BadReply as exc:
-            self.gone = True
-            waiter.set_exception(exc)
-            return
-        if reply is not None:
-            waiter.set_result(reply)
-
-    def _complete(self) -> bytes | None:
-        """The reply once all of it is in (None: not yet). Raises BadReply on nonsense."""
-        digits = fileops.REPLY_LEN_DIGITS
-        if self._size < 0:
-            if len(self._reply) < digits:
-                return None
-            head = bytes(self._reply[:digits])
-            if not head.isdigit():
-                raise fileops.BadReply(f"sandboxed reader: unreadable reply {head!r}")
-            size = int(head)
-            if size > self._cap:
-                raise fileops.BadReply(f"sandboxed reader: a {size}-byte reply "
-                                       f"(cap {self._cap})")
-            self._size = size
-        end = digits + self._size
-        if len(self._reply) < end:
-            return None
-        if len(self._reply) > end:
-            raise fileops.BadReply("sandboxed reader: more bytes than its reply")
-        return bytes(self._reply[digits:])
-
-    def retire(self) -> int:
-        """Kill it now (EOF on its socket, SIGKILL through its pidfd) and let go of its fds;
-        its parent, the fork server, reaps it. A pidfd of it (-1: none), to see it gone.
-        A reader thread is told to leave (after the read it is on, if any)."""
-        self.gone = True
-        if self.thread is not None:
-            self.thread.stop()
-        return self.retire_process()
-
-    def retire_process(self) -> int:
-        """`retire` for the process alone (its thread, if any, serves on); -1 if done."""
-        if self.sock.fileno() < 0:
-            return -1  # retired already (its thread took over)
-        proc = self.child.process
-        pidfd = -1
-        own = getattr(proc, "_pidfd", -1)
-        with contextlib.suppress(OSError):
-            pidfd = os.dup(own) if own >= 0 else os.pidfd_open(proc.pid)
-        self.close_socket()
-        self.child.kill()
-        close_fds = getattr(proc, "_close_fds", None)
-        if close_fds is not None:
-            close_fds()
-        if self.child.errfd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.child.errfd)
-            self.child.errfd = -1
-            if self.child.on_close is not None:
-                self.child.on_close(self.child)
-        return pidfd
 
 
 class ReaderPool:
@@ -287,6 +110,10 @@ class ReaderPool:
         self._threads: list[ReaderThread] = []  # every reader thread made, until it left
         self._handover = Handover()  # their reads of one loop turn go over together
         self._refused = ""  # why the last reader stayed a process
+        #: Keys whose first reader is starting, done once its first call has ended: a
+        #: burst of first reads (one reply's parallel calls) waits for that reader's
+        #: thread instead of starting one each (`_started`).
+        self._starting: dict[Key, asyncio.Future[None]] = {}
 
     # -- taking and giving back ------------------------------------------------------------
 
@@ -343,13 +170,40 @@ class ReaderPool:
         died while idle) is retired and the request retried once on a fresh one.
         Any failure or cancellation meanwhile retires the reader.
         """
-        reader = self._take(key)
+        reader = await self._started(key, threads)
         if reader is not None:
             reply = await self._ask(reader, request, cap)
             if reply:
                 return reply, None
             self._retire(reader)
-        reader = await start()
+        starting = None
+        if threads and self.threads and not self._refused:
+            starting = self._starting[key] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._call_fresh(await start(), request, cap, threads, starting)
+        finally:
+            if starting is not None:
+                if not starting.done():
+                    starting.set_result(None)
+                if self._starting.get(key) is starting:
+                    del self._starting[key]
+
+    async def _started(self, key: Key, threads: bool) -> Reader | None:
+        """An idle reader of `key`, once the start of one under way has made its thread
+        (threads only: one serves every caller of its key); None: start one."""
+        loop = asyncio.get_running_loop()
+        while (reader := self._take(key)) is None and threads and self.threads:
+            starting = self._starting.get(key)
+            if starting is None or starting.get_loop() is not loop:
+                return None
+            await asyncio.shield(starting)  # (its failure is the starter's to report)
+        return reader
+
+    async def _call_fresh(self, reader: Reader, request: bytes, cap: int, threads: bool,
+                          starting: asyncio.Future[None] | None
+                          ) -> tuple[bytes, Reader | None]:
+        """`call` on a reader just started, made a thread's where it may be; the calls
+        that wait for it (`starting`) are let go once its thread takes calls."""
         self._busy.add(reader)
         if threads and self.threads:
             # A first reply shows every layer held and the view made: the thread may take
@@ -364,6 +218,9 @@ class ReaderPool:
                 raise
             if not ready:
                 return self._failed(reader)
+            if reader.thread is not None and starting is not None:
+                self._give(reader)  # (idle while in use, as a thread is: `_take`)
+                starting.set_result(None)
         reply = await self._ask(reader, request, cap)
         if reply:
             return reply, None

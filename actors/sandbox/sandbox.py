@@ -48,7 +48,8 @@ from .launchspec import _HOMES, WRITING_OPS, Extra, build_spec
 from .layers import machine_layers
 from .network import NetAccess, Proxied, apply_network, network_policy
 from .policy import Policy, SandboxConfig
-from .readers import ReaderPool, identity
+from .reader import identity
+from .readers import ReaderPool
 from .refusal import SandboxRefused, check_layers, check_reachable, uses_bwrap
 from .viewcache import ViewCache
 from .workspaces import Workspaces, commands_paused, safe_name

@@ -24,7 +24,7 @@ from test_escape_read import READ_POLICY, call, still_reads, tools
 
 from actors import fileops
 from actors.sandbox import readthreads
-from actors.sandbox.readers import Reader
+from actors.sandbox.reader import Reader
 from actors.tools import ToolContext, invoke
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from actors import fileops
 from actors.sandbox import readers
-from actors.sandbox.readers import Reader
+from actors.sandbox.reader import Reader
 
 
 def framed(body: bytes) -> bytes:
