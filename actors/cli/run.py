@@ -47,7 +47,7 @@ def read_prompt(arg: str) -> str:
 
     Read in start-up (before the command's loop takes the signals over), so that a
     Ctrl-C while a pipe or FIFO has not said it all yet is start-up's quiet exit:
-    the read waits in `select` beside a signal wakeup pipe (`read_woken`)."""
+    the read waits in `poll` beside a signal wakeup pipe (`read_woken`)."""
     if arg == "-":
         try:
             data = read_woken(sys.stdin.buffer.fileno())
@@ -58,7 +58,7 @@ def read_prompt(arg: str) -> str:
     elif arg.startswith("@") and len(arg) > 1:
         path = Path(arg[1:]).expanduser()
         try:
-            # (O_NONBLOCK: a FIFO's open would wait for its writer, outside the select.)
+            # (O_NONBLOCK: a FIFO's open would wait for its writer, outside the poll.)
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 data = read_woken(fd)
@@ -84,38 +84,48 @@ def read_prompt(arg: str) -> str:
 
 def read_woken(fd: int) -> bytes:
     """All of `fd` up to its end, never blocked in `read` itself: each read follows a
-    `select` that also waits on a signal wakeup pipe.
+    `poll` that also waits on a signal wakeup pipe.
 
     A Python signal handler runs between bytecodes, after the C handler has only set
     a flag. A signal that lands just before a blocking `read` begins (inside
     `FileIO.readall`, past its last check) interrupts nothing, and the read then
     waits for the writer, the handler with it: a Ctrl-C lost while a FIFO's writer
     had not written (seen under load). The C handler also writes to the wakeup fd,
-    whenever the signal comes, so the `select` returns and the handler runs.
+    whenever the signal comes, so the `poll` returns and the handler runs.
     Main thread only (`signal.set_wakeup_fd`).
     """
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    old = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    chunks: list[bytes] = []
     try:
-        while True:
-            ready, _, _ = select.select([fd, wake_r], [], [])
-            if wake_r in ready:  # the handler has run (or the signal was ignored)
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 512)
-            if fd not in ready:
-                continue
-            try:
-                chunk = os.read(fd, 1 << 20)
-            except BlockingIOError:  # (another reader of the same pipe took it)
-                continue
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        old = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            return _read_until_end(fd, wake_r)
+        finally:
+            signal.set_wakeup_fd(old)
     finally:
-        signal.set_wakeup_fd(old)
         os.close(wake_r)
         os.close(wake_w)
+
+
+def _read_until_end(fd: int, wake_r: int) -> bytes:
+    # (poll, not select: an fd past 1024 is fine.)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    chunks: list[bytes] = []
+    while True:
+        ready = {ready_fd for ready_fd, _ in poller.poll()}
+        if wake_r in ready:  # the handler has run (or the signal was ignored)
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
+        if fd not in ready:
+            continue
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:  # (another reader of the same pipe took it)
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 class Interrupts:

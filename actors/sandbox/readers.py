@@ -183,21 +183,30 @@ class ReaderPool:
             return await self._call_fresh(await start(), request, cap, threads, starting)
         finally:
             if starting is not None:
-                if not starting.done():
-                    starting.set_result(None)
-                if self._starting.get(key) is starting:
-                    del self._starting[key]
+                self._started_over(key, starting)
+
+    def _started_over(self, key: Key, starting: asyncio.Future[None]) -> None:
+        """The start `starting` announced is over (its thread made, or it failed): let
+        its waiters go, and the next caller of `key` take what is idle or start anew."""
+        if not starting.done():
+            starting.set_result(None)
+        if self._starting.get(key) is starting:
+            del self._starting[key]
 
     async def _started(self, key: Key, threads: bool) -> Reader | None:
         """An idle reader of `key`, once the start of one under way has made its thread
-        (threads only: one serves every caller of its key); None: start one."""
-        loop = asyncio.get_running_loop()
-        while (reader := self._take(key)) is None and threads and self.threads:
-            starting = self._starting.get(key)
-            if starting is None or starting.get_loop() is not loop:
-                return None
-            await asyncio.shield(starting)  # (its failure is the starter's to report)
-        return reader
+        (threads only: one serves every caller of its key); None: start one. Only one
+        start is waited for: after a failed one each caller starts its own, at once."""
+        reader = self._take(key)
+        if reader is not None or not (threads and self.threads):
+            return reader
+        starting = self._starting.get(key)
+        # (A start over: never awaited again, which would not yield, a loop spinning.)
+        if starting is None or starting.done() or starting.get_loop() is not \
+                asyncio.get_running_loop():
+            return None
+        await asyncio.shield(starting)  # (its failure is the starter's to report)
+        return self._take(key)
 
     async def _call_fresh(self, reader: Reader, request: bytes, cap: int, threads: bool,
                           starting: asyncio.Future[None] | None
@@ -220,7 +229,7 @@ class ReaderPool:
                 return self._failed(reader)
             if reader.thread is not None and starting is not None:
                 self._give(reader)  # (idle while in use, as a thread is: `_take`)
-                starting.set_result(None)
+                self._started_over(reader.key, starting)
         reply = await self._ask(reader, request, cap)
         if reply:
             return reply, None
@@ -262,6 +271,7 @@ class ReaderPool:
                 log.info("persistent readers stay processes: %s", exc)
             return
         self._threads.append(reader.thread)
+        self._refused = ""  # (a refusal that passed: bursts share a start again)
         pidfd = reader.retire_process()
         if pidfd >= 0:
             self._retired.append(pidfd)

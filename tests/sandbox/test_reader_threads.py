@@ -183,6 +183,36 @@ def test_reads_queued_behind_a_hung_read_go_to_a_fresh_reader(
     still_reads(thost)
 
 
+def test_a_read_once_a_fresh_thread_lags_on_its_first_goes_elsewhere(
+        thost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first read of a session hangs on the reader thread just made for it (the
+    start the others of a burst wait for); a read of the same key once that thread lags
+    gets a fresh reader and its reply, the loop going on. (It used to spin, awaiting the
+    start's announcement already done: the executor's loop frozen for good.)"""
+    ws = thost.workspace
+    box = tools(thost.sandbox, READ_POLICY)
+    ctx: ToolContext[None] = ToolContext(cwd=ws, workspace=ws)
+    hung = HungFileSystem(monkeypatch)
+
+    async def main() -> None:
+        first = asyncio.create_task(invoke(box, "read_file", {"path": "/etc/group"}, ctx))
+        deadline = time.monotonic() + BOUND_S
+        while not any(r.thread is not None and r.thread.lagging()
+                      for r in thost.sandbox.readers.readers()):
+            assert time.monotonic() < deadline and not first.done(), "no lagging thread"
+            await asyncio.sleep(0.01)
+        out = await asyncio.wait_for(
+            invoke(box, "read_file", {"path": "/etc/hostname"}, ctx), BOUND_S / 2)
+        assert not out.is_error, out
+        assert not first.done()  # (answered past the hung first read)
+        hung.release()
+        out = await first
+        assert not out.is_error and "root" in out.output, out
+
+    asyncio.run(main())
+    still_reads(thost)
+
+
 def test_slow_reads_of_one_key_do_not_wait_for_each_other(
         thost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     """Parallel reads each slower than `LAG_S` are not answered one after another by one

@@ -301,8 +301,8 @@ def _failing_start(started: list[int], gate: asyncio.Event):
 
 def test_a_burst_whose_first_start_fails_fails_alike() -> None:
     """The reads that waited for a fresh reader whose start failed are not stranded:
-    each tries its own (one at a time: a later one waits for the next), and each gets
-    the failure."""
+    each tries its own at once (no second wait: the k-th would wait k starts), and
+    each gets the failure."""
     pool = ReaderPool()
 
     async def main() -> list[BaseException]:

@@ -11,6 +11,7 @@ so its C handler runs and the main thread's read is not interrupted.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -125,3 +126,23 @@ def test_the_wakeup_fd_is_given_back(tmp_path):
     signal.set_wakeup_fd(before)
     read_prompt(f"@{prompt}")
     assert signal.set_wakeup_fd(before) == before
+
+
+def test_a_high_numbered_fd_is_read(tmp_path):
+    # (select() refuses an fd past 1024; a process with many files open has them.)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1500:
+        pytest.skip(f"this process may not open fd 1500 (hard limit {hard})")
+    prompt = tmp_path / "p"
+    prompt.write_text("from fd 1500")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    low = os.open(prompt, os.O_RDONLY)
+    try:
+        high = os.dup2(low, 1500)
+        try:
+            assert read_woken(high) == b"from fd 1500"
+        finally:
+            os.close(high)
+    finally:
+        os.close(low)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
