@@ -118,4 +118,9 @@ def test_postgresql_stopped_mid_run_the_session_waits_and_goes_on(home, own_clus
         rows = conn.execute("SELECT seq, epoch FROM records WHERE sid = %s ORDER BY seq",
                             (sid,)).fetchall()
     assert [s for s, _ in rows] == [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    assert len({e for _, e in rows}) == 1  # one owner throughout
+    # One owner throughout: never taken over (no RESUMED, above). Its epoch may rise once
+    # without another owner: a run started before the host's first lease pass (which takes
+    # back this host's own leases, `mine`) is kept at the next epoch (`_held_meanwhile`):
+    # seen under load in CI.
+    epochs = [e for _, e in rows]
+    assert epochs == sorted(epochs) and epochs[-1] - epochs[0] <= 1, epochs
