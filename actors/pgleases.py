@@ -30,7 +30,7 @@ where the others reach it: `control` on its machine, `Reach` from other machines
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,10 +142,11 @@ class Claimed:
 
 
 def claim(conn: Any, owner: str, lease_s: float, *, mine: bool = False,
-          limit: int = CLAIM_BATCH) -> dict[str, Claimed]:
+          keep: Sequence[str] = (), limit: int = CLAIM_BATCH) -> dict[str, Claimed]:
     """Take running sessions whose lease lapsed (with `mine`, also those this owner id
-    still holds: a restarted host's own), and running sessions with no lease at all
-    (a store copied from SQLite)."""
+    still holds: a restarted host's own, but for `keep`, the runs this process started
+    itself and holds already), and running sessions with no lease at all (a store
+    copied from SQLite)."""
     with conn.transaction():
         rows = conn.execute(
             "UPDATE leases l SET owner = %s, epoch = l.epoch + 1, "
@@ -153,11 +154,12 @@ def claim(conn: Any, owner: str, lease_s: float, *, mine: bool = False,
             "FROM (SELECT c.sid, c.owner, c.expires FROM leases c "
             "      JOIN sessions s ON s.sid = c.sid "
             "      WHERE s.running AND c.owner IS NOT NULL "
-            "      AND (c.expires <= now() OR (%s AND c.owner = %s)) "
+            "      AND (c.expires <= now() OR (%s AND c.owner = %s "
+            "                                      AND NOT c.sid = ANY(%s::text[]))) "
             "      ORDER BY c.expires LIMIT %s FOR UPDATE OF c SKIP LOCKED) AS lapsed "
             "WHERE l.sid = lapsed.sid RETURNING l.sid, l.epoch, lapsed.owner, "
             "extract(epoch FROM lapsed.expires), extract(epoch FROM now())",
-            (owner, lease_s, mine, owner, limit)).fetchall()
+            (owner, lease_s, mine, owner, list(keep), limit)).fetchall()
         rows += conn.execute(
             "INSERT INTO leases (sid, owner, epoch, expires) "
             "SELECT s.sid, %s, 1, now() + make_interval(secs => %s) FROM sessions s "

@@ -201,7 +201,7 @@ class Ownership:
             if self._renewal is None:  # (else the last one, late: its answer is used)
                 self._sent = began
                 self._renewal = asyncio.ensure_future(
-                    asyncio.to_thread(self._renew_and_claim, mine))
+                    asyncio.to_thread(self._renew_and_claim, mine, tuple(self.fence.epochs)))
             done, _ = await asyncio.wait({self._renewal}, timeout=RENEW_WAIT_S)
             if not done:  # (slow, maybe only a busy machine: no outage said for it)
                 raise TimeoutError(f"no answer from the store {self.store.where} for "
@@ -262,8 +262,12 @@ class Ownership:
             self._lost(stale)
         return claimed
 
-    def _renew_and_claim(self, mine: bool) -> tuple[dict[str, int], dict[str, Claimed]]:
-        """(In a worker thread, one call at a time.) Renew, heartbeat, claim."""
+    def _renew_and_claim(self, mine: bool, held: tuple[str, ...]
+                         ) -> tuple[dict[str, int], dict[str, Claimed]]:
+        """(In a worker thread, one call at a time.) Renew, heartbeat, claim. `held`: the
+        leases this process held when it was sent: a first claim (`mine`) leaves them (a
+        run started here before it: taken at the next epoch, a commit of that run in
+        between would have been refused as a lease lost, and the run resumed)."""
         conn = self._connection()
         renewed = pgleases.renew(conn, self.owner, self.fence.lease_s)
         pgleases.heartbeat(conn, self.owner, self.name, control=self.control,
@@ -271,9 +275,10 @@ class Ownership:
         if self.admit is not None:
             self.admit(admitted(pgleases.live_hosts(conn, HOST_FRESH_S),
                                 self.reach.client_key))
-        claimed = pgleases.claim(conn, self.owner, self.fence.lease_s, mine=mine) \
-            if self.claims else {}
-        return renewed, claimed
+        if not self.claims:
+            return renewed, {}
+        return renewed, pgleases.claim(conn, self.owner, self.fence.lease_s, mine=mine,
+                                       keep=held)
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:

@@ -120,3 +120,43 @@ def test_running_sessions_without_a_lease_are_claimed(hosts, pg_url):
     a.fence = None  # (as `oploop store copy` writes them)
     a.commit([Record("s", 1, b"x")], [row("s")])
     assert epochs(claim(b.connection(), "b", LEASE_S)) == {"s": 1}
+
+
+def test_a_first_claim_takes_back_its_own_leases_but_not_the_runs_it_began(hosts):
+    # A restarted host (the same owner id, "a") takes back the leases its former self
+    # held ("old"), not those of the runs it began itself before that first claim
+    # ("new", `keep`): taken at the next epoch, a commit of such a run in between was
+    # refused as a lease lost, and the run stopped and resumed on its own host.
+    a, _ = hosts
+    for sid in ("old", "new"):
+        take(a, sid)
+        a.commit([Record(sid, 1, b"x")], [row(sid)])
+    got = claim(a.connection(), "a", LEASE_S, mine=True, keep=["new"])
+    assert epochs(got) == {"old": 2} and got["old"].previous == "a"
+    a.fence.epochs["old"] = 2
+    a.commit([Record("new", 2, b"y")], [row("new")])  # still held at the epoch it began
+    lapse()
+    # A lapsed lease is taken whatever `keep` says: no longer this host's.
+    assert epochs(claim(a.connection(), "a", LEASE_S, mine=True, keep=["new"])) == {
+        "old": 3, "new": 2}
+
+
+def test_a_hosts_first_lease_pass_leaves_the_runs_it_began_at_their_epoch(pg_url, tmp_path):
+    import asyncio
+
+    from actors.supervisor.ownership import Ownership
+
+    store = open_store(tmp_path, pg_url)
+    lost: list[set[str]] = []
+    claimed: list[dict] = []
+    own = Ownership(store, "h", "host-h", 5.0, claims=True, lost=lost.append,
+                    claimed=claimed.append)
+    try:
+        assert own.acquire("s") == ""  # a run began before the first pass
+        store.commit([Record("s", 1, b"x")], [row("s")])
+        asyncio.run(own.tick(time.monotonic(), mine=True))
+        assert own.fence.epochs == {"s": 1} and lost == [] and claimed == []
+        store.commit([Record("s", 2, b"y")], [row("s")])  # (a bumped epoch: LeaseLost)
+    finally:
+        own.close()
+        store.close()
