@@ -419,11 +419,17 @@ class Supervisor(SessionBook):
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
+                if self.ownership is not None:
+                    # This host id's former leases taken back before a run can start here
+                    # (one begun meanwhile had its lease taken at the next epoch too, and a
+                    # commit of it in between was refused as a lease lost); within
+                    # `RENEW_WAIT_S`, a store slow or away is retried by `ownership.run`.
+                    await self.ownership.tick(time.monotonic(), mine=True)
                 group.create_task(self.reactor.run(), name="reactor")
                 group.create_task(self.dispatcher.beat(), name="heartbeat")
                 group.create_task(self.push.drain(), name="outbox")
                 group.create_task(self._keep_reserve(), name="reserve")
-                if self.ownership is not None:  # its first renewal claims what to resume
+                if self.ownership is not None:  # (what the first pass claimed resumes)
                     group.create_task(self.ownership.run(), name="leases")
                 elif self.resume_at_start:
                     self.runs.resume_journaled()

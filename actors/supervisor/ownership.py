@@ -91,6 +91,11 @@ class Ownership:
         #: The renewal under way in the worker thread (one at a time; None once its answer
         #: is taken), and when it was sent.
         self._sent = 0.0
+        self._sent_mine = False  # (whether the renewal under way takes back this id's leases)
+        #: Whether a pass has taken back the leases this host id held before this process
+        #: (`claim(mine=True)`): until one is answered, every pass asks for them again (a
+        #: store unreachable at start would otherwise leave them renewed, never resumed).
+        self.took_back = False
         self._renewal: asyncio.Future[tuple[dict[str, int], dict[str, Claimed]]] | None = None
         #: What the heartbeat publishes for the other hosts (`actors.supervisor.forwarding`):
         #: where this host's control socket is, whether it takes placed sessions, and how
@@ -180,12 +185,10 @@ class Ownership:
                                         wake.set)
             listener.start()
         try:
-            first = True
             while True:
                 began = time.monotonic()
                 wake.clear()  # (a hand-over heard during the tick: another tick at once)
-                await self.tick(began, mine=first)
-                first = False
+                await self.tick(began, mine=not self.took_back)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         wake.wait(), max(0.0, RENEW_EVERY_S - (time.monotonic() - began)))
@@ -200,6 +203,7 @@ class Ownership:
         try:
             if self._renewal is None:  # (else the last one, late: its answer is used)
                 self._sent = began
+                self._sent_mine = mine
                 self._renewal = asyncio.ensure_future(
                     asyncio.to_thread(self._renew_and_claim, mine, tuple(self.fence.epochs)))
             done, _ = await asyncio.wait({self._renewal}, timeout=RENEW_WAIT_S)
@@ -209,6 +213,7 @@ class Ownership:
             renewal, self._renewal = self._renewal, None
             renewed, claimed = renewal.result()  # (what it claimed is never dropped)
             began = self._sent
+            self.took_back = self.took_back or self._sent_mine
         except (psycopg.Error, JournalError, TimeoutError) as exc:
             if not self.failing:
                 log.error("cannot renew the leases on %s: %s", self.store.where, exc)
