@@ -82,11 +82,19 @@ def fork_server_children() -> list[psutil.Process]:
 
 
 def exec_launchers() -> list[psutil.Process]:
-    """Launchers this process exec'd itself (the fallback without a fork server)."""
-    return [
-        proc for proc in psutil.Process().children()
-        if any("launcher.main" in part for part in proc.cmdline())
-    ]
+    """Launchers this process exec'd itself (the fallback without a fork server). The
+    bubblewrap backend's launcher execs `bwrap` in its place once it has read its spec:
+    the same process, under another command line (a test that looked twice saw it go)."""
+    return [proc for proc in psutil.Process().children() if _is_launcher(proc)]
+
+
+def _is_launcher(proc: psutil.Process) -> bool:
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:  # (gone meanwhile)
+        return False
+    return bool(argv) and (os.path.basename(argv[0]) == "bwrap"
+                           or any("launcher.main" in part for part in argv))
 
 
 async def turns_until(seen: Callable[[], object], task: asyncio.Task[object]) -> None:
