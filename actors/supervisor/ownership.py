@@ -205,7 +205,8 @@ class Ownership:
                 self._sent = began
                 self._sent_mine = mine
                 self._renewal = asyncio.ensure_future(
-                    asyncio.to_thread(self._renew_and_claim, mine, tuple(self.fence.epochs)))
+                    asyncio.to_thread(self._renew_and_claim, mine,
+                                      tuple(self.fence.epochs) if mine else ()))
             done, _ = await asyncio.wait({self._renewal}, timeout=RENEW_WAIT_S)
             if not done:  # (slow, maybe only a busy machine: no outage said for it)
                 raise TimeoutError(f"no answer from the store {self.store.where} for "
