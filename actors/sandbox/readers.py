@@ -110,9 +110,9 @@ class ReaderPool:
         self._threads: list[ReaderThread] = []  # every reader thread made, until it left
         self._handover = Handover()  # their reads of one loop turn go over together
         self._refused = ""  # why the last reader stayed a process
-        #: Keys whose first reader is starting, done once its first call has ended: a
-        #: burst of first reads (one reply's parallel calls) waits for that reader's
-        #: thread instead of starting one each (`_started`).
+        #: Keys whose first reader is starting, done once its thread is made or the start
+        #: is over: a burst of first reads (one reply's parallel calls) waits for that
+        #: reader's thread instead of starting one each (`_started`).
         self._starting: dict[Key, asyncio.Future[None]] = {}
 
     # -- taking and giving back ------------------------------------------------------------
