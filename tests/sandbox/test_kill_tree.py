@@ -4,10 +4,13 @@ normal exit, when the executor is SIGKILLed, and a new executor sweeps what is l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -95,21 +98,24 @@ def test_new_executor_kills_leftovers(host: Host) -> None:
         pytest.skip("bwrap always dies with its parent (--die-with-parent): nothing is left over")
     tok = token()
     off = frozenset({"pdeathsig", "namespaces"})
-    holder = _start_holder(host, escaper(tok), off)
-    try:
-        asyncio.run(wait_processes(tok, 2))
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        assert len(processes_with(tok)) >= 2, "expected the lowered tree to survive its executor"
-        fresh = Sandbox(SandboxConfig(TEST_POLICY), host.home / "workspaces")
-        killed = fresh.start()
-        fresh.close()
-        assert killed >= 2
-        _wait_gone(tok)
-    finally:
-        _stop(holder)
-        for proc in processes_with(tok):
-            proc.kill()
+    # The holder and the next executor in a cgroup of their own: any executor starting
+    # beside them in the same cgroup (another xdist worker's `host`) sweeps the dead
+    # holder's leftovers too, as it should, and did between the kill and the check
+    # below (0 survivors, under load). Here only the next executor can.
+    with _private_cgroup(tok) as cgroup:
+        holder = _start_holder(host, escaper(tok), off, cgroup)
+        try:
+            asyncio.run(wait_processes(tok, 2))
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            assert len(processes_with(tok)) >= 2, (
+                "expected the lowered tree to survive its executor")
+            assert _next_executor(host, cgroup) >= 2
+            _wait_gone(tok)
+        finally:
+            _stop(holder)
+            for proc in processes_with(tok):
+                proc.kill()
 
 
 def test_close_leaves_no_call_cgroup_behind() -> None:
@@ -132,13 +138,62 @@ def test_close_leaves_no_call_cgroup_behind() -> None:
         _stop(sleeper)
 
 
-def _start_holder(host: Host, command: str, off: frozenset[str]) -> subprocess.Popen[bytes]:
-    env = child_env(HERE)
+def _start_holder(host: Host, command: str, off: frozenset[str],
+                  cgroup: tuple[Path, ...] = ()) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(HERE / "holder.py"), str(host.home), host.backend, command,
          *sorted(off)],
-        env=env, stdout=subprocess.DEVNULL,
+        env=_holder_env(cgroup), stdout=subprocess.DEVNULL,
     )
+
+
+def _next_executor(host: Host, cgroup: tuple[Path, ...]) -> int:
+    """Start and close an executor in `cgroup` (a process of its own); what its start killed."""
+    res = subprocess.run(
+        [sys.executable, str(HERE / "holder.py"), "--sweep", str(host.home)],
+        env=_holder_env(cgroup), capture_output=True, text=True, timeout=BOUND_S, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout)
+
+
+def _holder_env(cgroup: tuple[Path, ...]) -> dict[str, str]:
+    return {**child_env(HERE), "HOLDER_CGROUPS": os.pathsep.join(map(str, cgroup))}
+
+
+@contextlib.contextmanager
+def _private_cgroup(tok: str) -> Iterator[tuple[Path, ...]]:
+    """A child of this process's cgroup in every hierarchy a Sandbox uses (as it finds
+    them): a process joining it runs its executor's cgroups under it. Removed after,
+    with whatever is left in it killed."""
+    hier = Hierarchies.discover()
+    bases = dict.fromkeys(p for p in (hier.v2, *hier.v1.values()) if p is not None)
+    dirs = tuple(base / f"kill-tree-{tok}" for base in bases)
+    for d in dirs:
+        d.mkdir()
+    try:
+        yield dirs
+    finally:
+        for d in dirs:
+            _remove_cgroup(d)
+
+
+def _remove_cgroup(top: Path) -> None:
+    deadline = time.monotonic() + BOUND_S
+    for sub, _, _ in sorted(os.walk(top), key=lambda w: -len(Path(w[0]).parts)):
+        while True:
+            with contextlib.suppress(OSError):
+                for pid in Path(sub, "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            try:
+                os.rmdir(sub)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # busy: a process still dying
+                assert time.monotonic() < deadline, f"cgroup {sub} stays busy"
+                time.sleep(0.01)
 
 
 def _wait_gone(tok: str) -> None:
