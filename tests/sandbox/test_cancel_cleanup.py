@@ -299,7 +299,7 @@ def test_cancel_during_exec_launch(host: Host) -> None:
 # transport, the task connecting the launcher's pipes. That hung for good (CPython
 # 3.11): an executor stopping then was SIGKILLed by its host after its grace.
 ENDED_DURING_EXEC_LAUNCH = """
-import asyncio, contextlib, dataclasses, sys
+import asyncio, contextlib, dataclasses, os, sys
 from pathlib import Path
 import psutil
 from sbhelp import TEST_POLICY
@@ -310,10 +310,13 @@ class Ended(Exception):
     pass
 
 def launchers():
+    # (the bubblewrap backend's launcher execs bwrap in its place once it read its spec)
     found = []
     for proc in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if any("launcher.main" in part for part in proc.cmdline()):
+            argv = proc.cmdline()
+            if argv and (os.path.basename(argv[0]) == "bwrap"
+                         or any("launcher.main" in part for part in argv)):
                 found.append(proc)
     return found
 
