@@ -228,6 +228,8 @@ class FakeSupervisor:
                                      hwm=1_000_000)
         self.last: dict[str, int] = {}
         self.resend_requests = 0
+        #: Set once a broadcaster's start-up reconcile had its session list.
+        self.listed = asyncio.Event()
 
     def emit(self, sid: str, type_: str = "TOKEN", data: dict[str, Any] | None = None, *,
              deliver: bool = True) -> int:
@@ -246,6 +248,7 @@ class FakeSupervisor:
         if isinstance(env.body, ListSessions):
             sessions = [{"session": s, "last_seq": n} for s, n in self.last.items()]
             self.api.send(Envelope(SessionList(sessions), id=env.id), peer)
+            self.listed.set()
         elif isinstance(env.body, ReplayRequest):
             self.resend_requests += 1
             req = env.body
@@ -288,6 +291,9 @@ async def rig(home: str, **env: str) -> AsyncIterator[tuple[Rig, FakeSupervisor,
     try:
         async with Client.connect(Path(home)) as client:
             await client.broadcaster_stats(timeout=WAIT_S)  # answered once it serves
+            # Its start-up reconcile done: an event emitted before it asked would be
+            # fetched from the log (counted `recovered`) if its push came in later.
+            await asyncio.wait_for(sup.listed.wait(), WAIT_S)
             yield r, sup, client
     finally:
         if r.proc is not None:
