@@ -374,8 +374,5 @@ async def _main(settings: Settings) -> None:
 
 def main() -> None:
     """Entry point of `python -m actors.broadcaster`."""
-    # asyncio's own loop: uvloop needs `ssl`, which `__main__` keeps out (~5.5 MB with
-    # uvloop itself); the broadcaster's loop turns once per batch of frames, so the
-    # loop's own speed is not what bounds it (bench --section throughput)
-    run_actor("broadcaster", _main, fast_loop=False)
+    run_actor("broadcaster", _main)
 

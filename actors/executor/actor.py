@@ -426,6 +426,4 @@ async def _main(settings: Settings) -> None:
 
 def main() -> None:
     """Entry point of `python -m actors.executor`."""
-    # asyncio's own loop (uvloop needs `ssl`, which `__main__` keeps out): a call's
-    # cost is its sandboxed launch, ~1 ms, not the loop's few microseconds.
-    run_actor("executor", _main, fast_loop=False)
+    run_actor("executor", _main)

@@ -72,9 +72,11 @@ def test_an_idle_actor_holds_no_openssl_and_nothing_it_loads_when_needed(entry, 
 
 
 @pytest.mark.parametrize("entry", ["actors.supervisor", "actors.llm_caller",
-                                   "actors.offline_model"])
+                                   "actors.offline_model", "actors.executor",
+                                   "actors.broadcaster"])
 def test_the_busy_actors_keep_uvloop(entry, tmp_path):
-    # a turn's cost in them is the loop's: OpenSSL went, uvloop stays
+    # a turn's cost in them is the loop's (every turn passes the executor, every event the
+    # broadcaster): OpenSSL went, uvloop stays
     assert "uvloop.loop" in modules_at_ready(entry, tmp_path)
 
 

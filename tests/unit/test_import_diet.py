@@ -135,7 +135,8 @@ NO_TLS = ("actors.host.actor", "actors.executor.actor", "actors.broadcaster.acto
 @pytest.mark.parametrize("entry", NO_TLS)
 def test_an_actor_without_tls_loads_no_openssl(entry):
     # `hashlib` and `ssl` each load OpenSSL's libcrypto (~3.7 MB resident): what these
-    # actors hash is short (actors/digests.py), and their loop is asyncio's own
+    # actors hash is short (actors/digests.py); uvloop is imported when the loop starts,
+    # against stand-ins for the names of `ssl` (actors/nossl.py)
     loaded = loaded_after(f"sys.modules.setdefault('ssl', None)\nimport {entry}")
     assert entry in loaded
     assert not loaded & {"_hashlib", "_ssl", "uvloop"}, sorted(loaded & {"_hashlib", "_ssl"})
