@@ -250,19 +250,9 @@ class Ownership:
             self._claimed(claimed)
 
     def _held_meanwhile(self, claimed: dict[str, Claimed]) -> dict[str, Claimed]:
-        """What `claimed` leaves to resume. A session this host holds already (a run
-        started here while the claim was under way: the first claim takes back this
-        host's own leases) is not resumed again: it is kept at the new epoch when the
-        claim took it from this host at the very next epoch (nobody wrote in between);
-        otherwise its run here is stale: stopped, and resumed from the store."""
-        stale: set[str] = set()
-        for sid in [s for s in claimed if s in self.fence.epochs]:
-            c = claimed[sid]
-            if c.previous == self.owner and c.epoch == self.fence.epochs[sid] + 1:
-                self.fence.epochs[sid] = c.epoch
-                del claimed[sid]
-            else:
-                stale.add(sid)
+        """What `claimed` leaves to resume (`held_meanwhile`); the runs here it makes
+        stale are stopped (resumed from the store with the rest)."""
+        stale = held_meanwhile(self.fence.epochs, claimed, self.owner)
         if stale:
             self.forget(stale)
             self._lost(stale)
@@ -312,6 +302,27 @@ class Ownership:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def held_meanwhile(epochs: dict[str, int], claimed: dict[str, Claimed], owner: str
+                   ) -> set[str]:
+    """Settle a claim's answer with the leases this host took while it was under way (a
+    run started here: the first claim takes back this host id's own leases). `epochs`:
+    session -> epoch held here; `claimed`: what the claim took, left with what is to be
+    resumed. A session held here is not resumed again when its run here holds the newest
+    epoch: taken here after the claim took it (a later epoch than the claim's), or taken
+    by the claim from this host at the very next epoch (nobody wrote in between; held
+    at the claim's epoch from now on). Otherwise the run here is stale: returned, and
+    resumed from the store at the claim's epoch."""
+    stale: set[str] = set()
+    for sid in [s for s in claimed if s in epochs]:
+        c, held = claimed[sid], epochs[sid]
+        if c.epoch < held or (c.previous == owner and c.epoch == held + 1):
+            epochs[sid] = max(held, c.epoch)
+            del claimed[sid]
+        else:
+            stale.add(sid)
+    return stale
 
 
 def host_name(home: Path) -> str:

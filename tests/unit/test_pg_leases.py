@@ -160,3 +160,47 @@ def test_a_hosts_first_lease_pass_leaves_the_runs_it_began_at_their_epoch(pg_url
     finally:
         own.close()
         store.close()
+
+
+def test_a_run_begun_after_the_first_claims_update_keeps_its_newer_lease(pg_url, tmp_path):
+    # The first pass was slow (answered after the supervisor began serving): its claim
+    # took back the former self's session "s" at epoch 2; a run of "s" started here
+    # after that UPDATE, taking the lease at epoch 3; then the claim's answer came. That
+    # run holds the newest epoch: it goes on, and nothing resumes "s" at epoch 2 (where
+    # every commit was refused, and the lease, renewed as this host's, never lapsed).
+    from actors.pgleases import Claimed
+    from actors.supervisor.ownership import Ownership
+
+    store = open_store(tmp_path, pg_url)
+    store.fence = Fence("h", LEASE_S * 20)
+    take(store, "s")  # the former self's run
+    store.commit([Record("s", 1, b"x")], [row("s")])
+    lost: list[set[str]] = []
+    own = Ownership(store, "h", "host-h", LEASE_S * 20, claims=True, lost=lost.append,
+                    claimed=lambda _: None)
+    try:
+        got = claim(own.store.connection(), "h", LEASE_S * 20, mine=True)
+        assert got == {"s": Claimed(2, "h", got["s"].lapsed_at, got["s"].claimed_at)}
+        assert own.acquire("s") == "" and own.fence.epochs == {"s": 3}
+        assert own._held_meanwhile(got) == {} and own.fence.epochs == {"s": 3}
+        assert lost == []
+        store.commit([Record("s", 2, b"y")], [row("s")])  # (refused at a stale epoch)
+    finally:
+        own.close()
+        store.close()
+
+
+def test_held_meanwhile_keeps_the_newest_epoch_and_stops_only_stale_runs():
+    from actors.pgleases import Claimed
+    from actors.supervisor.ownership import held_meanwhile
+
+    epochs = {"later": 5, "next": 4, "skipped": 4, "other": 4}
+    claimed = {"later": Claimed(4, "me"),      # taken here after the claim: kept, at 5
+               "next": Claimed(5, "me"),       # the claim took it from here at once: 5
+               "skipped": Claimed(6, "me"),    # someone held it in between: stale
+               "other": Claimed(5, "b"),       # another host's in between: stale
+               "fresh": Claimed(1, "b")}       # not held here: resumed
+    stale = held_meanwhile(epochs, claimed, "me")
+    assert stale == {"skipped", "other"}
+    assert epochs == {"later": 5, "next": 5, "skipped": 4, "other": 4}
+    assert set(claimed) == {"skipped", "other", "fresh"}
