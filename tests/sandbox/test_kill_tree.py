@@ -16,9 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 from prockit import child_env, processes_with, token
-from sbhelp import BOUND_S, TEST_POLICY, Host, need, wait_processes
+from sbhelp import BOUND_S, Host, need, wait_processes
 
-from actors.sandbox import Sandbox, SandboxConfig
 from actors.sandbox.cgroups import CgroupTree, Hierarchies
 from actors.tools.process import run_command
 
@@ -73,22 +72,30 @@ def test_normal_exit_and_timeout_kill_the_tree(host: Host) -> None:
     ids=["all-layers", "no-cgroup", "no-pidns"],
 )
 def test_executor_sigkill_kills_the_tree(host: Host, off: frozenset[str]) -> None:
-    """Each of pdeathsig+pid namespace and the cgroup alone is enough."""
+    """The dying-with-parent layers take the tree down with its executor: the launcher's
+    parent-death signal, then the pid namespace's init (killing it kills the namespace)
+    or, without a namespace, the init as subreaper killing what it adopted."""
     need("pdeathsig", "namespaces" if "namespaces" not in off else "cgroup")
     tok = token()
-    holder = _start_holder(host, escaper(tok), off)
-    try:
-        asyncio.run(wait_processes(tok, 2))
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        _wait_gone(tok)
-    finally:
-        _stop(holder)
-    if "cgroup" not in off:
-        # The next executor still finds the dead one's (now empty) cgroups, and removes them.
-        fresh = Sandbox(SandboxConfig(TEST_POLICY), host.home / "workspaces")
-        fresh.start()
-        fresh.close()
+    # The holder in a cgroup of its own (as in test_new_executor_kills_leftovers): an
+    # executor starting beside it (another xdist worker's `host`, another suite's
+    # executor) sweeps the dead holder's cgroups, and would kill the tree whether or not
+    # the layers under test did. Here nothing sweeps before the check.
+    with _private_cgroup(tok) as cgroup:
+        holder = _start_holder(host, escaper(tok), off, cgroup)
+        try:
+            asyncio.run(wait_processes(tok, 2))
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            _wait_gone(tok)
+        finally:
+            _stop(holder)
+            for proc in processes_with(tok):
+                proc.kill()
+        if "cgroup" not in off:
+            # The next executor still finds the dead one's (now empty) cgroups, and
+            # removes them.
+            _next_executor(host, cgroup)
 
 
 def test_new_executor_kills_leftovers(host: Host) -> None:
