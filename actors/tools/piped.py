@@ -211,10 +211,9 @@ class PipedProcess:
 
 class PipeEnd:
     """A pipe's read end as a read transport takes it (`loop.connect_read_pipe`):
-    `fileno()`, and `close()`, which closes the fd once. Not a file object, which
-    has a finalizer: asyncio's transport closes the pipe through `close()`, but
-    uvloop's closes the fd itself, and that finalizer, run later, would close
-    whatever file got the number meanwhile (another call's pipe, a socket)."""
+    `fileno()`, and `close()`, which closes the fd once, unless `disown`ed. Not a file
+    object, which has a finalizer: run later, it would close whatever file got the
+    number meanwhile (another call's pipe, a socket)."""
 
     __slots__ = ("_fd",)
 
@@ -222,7 +221,7 @@ class PipeEnd:
         self._fd = fd
 
     def fileno(self) -> int:
-        """The fd (-1 once closed)."""
+        """The fd (-1 once closed or disowned)."""
         return self._fd
 
     def close(self) -> None:
@@ -231,6 +230,10 @@ class PipeEnd:
         if fd >= 0:
             os.close(fd)
 
+    def disown(self) -> None:
+        """Someone else closes the fd: `close()` leaves it."""
+        self._fd = -1
+
 
 async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     """A stream reading the pipe `fd`, taken over at once: the transport closes it, also
@@ -238,9 +241,21 @@ async def read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTranspor
     number may be another file's by that time)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(loop=loop)
+    end = PipeEnd(fd)
     transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), PipeEnd(fd))
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), end)
+    if _closes_fds_itself(loop):
+        # uvloop's transport (libuv) closes the fd, then calls `end.close()` expecting
+        # EBADF: closing the number again there closed whatever another thread of the
+        # process (a reader thread, libzmq's, a pool's) had just been given under it.
+        end.disown()
     return reader, transport
+
+
+def _closes_fds_itself(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop`'s pipe transports close the fd themselves (uvloop's, through
+    libuv), not through the pipe object (asyncio's)."""
+    return type(loop).__module__.partition(".")[0] == "uvloop"
 
 
 def _pidfd(pid: int) -> int:

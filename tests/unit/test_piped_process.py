@@ -14,6 +14,10 @@ import asyncio
 import contextlib
 import gc
 import os
+import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -285,3 +289,52 @@ def test_a_pipe_read_whose_connection_is_cancelled_closes_it_once(run) -> None:
             del task
 
     run(scenario())
+
+
+# Three pipes read to their end through `read_pipe`, each transport closed; prints the
+# pipes' read fds.
+READ_PIPES = """
+import asyncio, os, sys
+from actors.tools.piped import read_pipe
+
+async def main():
+    for _ in range(3):
+        theirs, ours = os.pipe()
+        print(theirs, flush=True)
+        reader, transport = await read_pipe(theirs)
+        os.write(ours, b"x")
+        os.close(ours)
+        assert await reader.read() == b"x"
+        transport.close()
+        for _ in range(5):  # (the transport's close is done within a few loop turns)
+            await asyncio.sleep(0)
+
+if sys.argv[1] == "uvloop":
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_pipe_read_to_its_end_is_closed_once(tmp_path: Path, loop: str) -> None:
+    """uvloop's transport closes the fd itself (libuv), then calls the pipe object's
+    `close()` expecting EBADF: `read_pipe`'s pipe end closed the number a second time,
+    in the executor whatever file another thread (a reader thread, libzmq's) had just
+    been given under it. Seen here as a `close` of the pipe's number failing EBADF,
+    under strace (deterministic: the harm itself needs a thread in between)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (scripts/test installs it)")
+    trace = tmp_path / "trace"
+    done = subprocess.run(
+        [strace, "-f", "-qq", "-e", "trace=close", "-o", str(trace),
+         sys.executable, "-c", READ_PIPES, loop],
+        capture_output=True, text=True, timeout=BOUND_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fds = {int(fd) for fd in done.stdout.split()}
+    closes = [m for m in re.finditer(r"close\((\d+)\)\s+= (.*)", trace.read_text())
+              if int(m.group(1)) in fds]
+    assert closes, "no close of the pipes traced"
+    assert not [m.group(0) for m in closes if "EBADF" in m.group(2)]
