@@ -18,6 +18,7 @@ import pytest
 from prockit import child_env, processes_with, token
 from sbhelp import BOUND_S, Host, need, wait_processes
 
+from actors.sandbox import machine_layers
 from actors.sandbox.cgroups import CgroupTree, Hierarchies
 from actors.tools.process import run_command
 
@@ -172,7 +173,11 @@ def _holder_env(cgroup: tuple[Path, ...]) -> dict[str, str]:
 def _private_cgroup(tok: str) -> Iterator[tuple[Path, ...]]:
     """A child of this process's cgroup in every hierarchy a Sandbox uses (as it finds
     them): a process joining it runs its executor's cgroups under it. Removed after,
-    with whatever is left in it killed."""
+    with whatever is left in it killed. Without the sandbox's cgroup layer here, none:
+    no executor then sweeps another's leftovers."""
+    if machine_layers().get("cgroup"):
+        yield ()
+        return
     hier = Hierarchies.discover()
     bases = dict.fromkeys(p for p in (hier.v2, *hier.v1.values()) if p is not None)
     dirs = tuple(base / f"kill-tree-{tok}" for base in bases)
