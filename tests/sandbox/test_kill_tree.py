@@ -83,16 +83,8 @@ def test_executor_sigkill_kills_the_tree(host: Host, off: frozenset[str]) -> Non
     # executor) sweeps the dead holder's cgroups, and would kill the tree whether or not
     # the layers under test did. Here nothing sweeps before the check.
     with _private_cgroup(tok) as cgroup:
-        holder = _start_holder(host, escaper(tok), off, cgroup)
-        try:
-            asyncio.run(wait_processes(tok, 2))
-            holder.send_signal(signal.SIGKILL)
-            holder.wait()
+        with _killed_holder(host, tok, off, cgroup):
             _wait_gone(tok)
-        finally:
-            _stop(holder)
-            for proc in processes_with(tok):
-                proc.kill()
         if "cgroup" not in off:
             # The next executor still finds the dead one's (now empty) cgroups, and
             # removes them.
@@ -110,20 +102,10 @@ def test_new_executor_kills_leftovers(host: Host) -> None:
     # beside them in the same cgroup (another xdist worker's `host`) sweeps the dead
     # holder's leftovers too, as it should, and did between the kill and the check
     # below (0 survivors, under load). Here only the next executor can.
-    with _private_cgroup(tok) as cgroup:
-        holder = _start_holder(host, escaper(tok), off, cgroup)
-        try:
-            asyncio.run(wait_processes(tok, 2))
-            holder.send_signal(signal.SIGKILL)
-            holder.wait()
-            assert len(processes_with(tok)) >= 2, (
-                "expected the lowered tree to survive its executor")
-            assert _next_executor(host, cgroup) >= 2
-            _wait_gone(tok)
-        finally:
-            _stop(holder)
-            for proc in processes_with(tok):
-                proc.kill()
+    with _private_cgroup(tok) as cgroup, _killed_holder(host, tok, off, cgroup):
+        assert len(processes_with(tok)) >= 2, "expected the lowered tree to survive its executor"
+        assert _next_executor(host, cgroup) >= 2
+        _wait_gone(tok)
 
 
 def test_close_leaves_no_call_cgroup_behind() -> None:
@@ -147,12 +129,29 @@ def test_close_leaves_no_call_cgroup_behind() -> None:
 
 
 def _start_holder(host: Host, command: str, off: frozenset[str],
-                  cgroup: tuple[Path, ...] = ()) -> subprocess.Popen[bytes]:
+                  cgroup: tuple[Path, ...]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(HERE / "holder.py"), str(host.home), host.backend, command,
          *sorted(off)],
         env=_holder_env(cgroup), stdout=subprocess.DEVNULL,
     )
+
+
+@contextlib.contextmanager
+def _killed_holder(host: Host, tok: str, off: frozenset[str],
+                   cgroup: tuple[Path, ...]) -> Iterator[None]:
+    """A holder in `cgroup` running the escaper of `tok`, SIGKILLed once its tree is up;
+    after the block, the holder and whatever carries `tok` are killed."""
+    holder = _start_holder(host, escaper(tok), off, cgroup)
+    try:
+        asyncio.run(wait_processes(tok, 2))
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        yield
+    finally:
+        _stop(holder)
+        for proc in processes_with(tok):
+            proc.kill()
 
 
 def _next_executor(host: Host, cgroup: tuple[Path, ...]) -> int:
