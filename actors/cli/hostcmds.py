@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import os
+import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -129,17 +131,58 @@ def cmd_down(args: argparse.Namespace) -> int:
             return _unmount_workspaces()
         print(f"oploop: no host is running in {oploop_home()}: nothing to stop")
         return EXIT_OK
-    try:  # first thing: on a shared store the other hosts take its runs at once
-        proc = psutil.Process(state["pid"])
-        proc.terminate()
-        proc.wait(timeout=15)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        return fail(f"host {state['pid']} did not stop within 15 s")
+    # First thing: on a shared store the other hosts take its runs at once.
+    if not stop_process(state["pid"], DOWN_TIMEOUT_S):
+        return fail(f"host {state['pid']} did not stop within {DOWN_TIMEOUT_S:g} s")
     print("oploop: host stopped")
     _say_where_runs_go(shared=bool(state.get("shared_store")))
     return _unmount_workspaces() if args.unmount else EXIT_OK
+
+
+#: How long `oploop down` waits for the host to exit (it stops its actors in ~0.3 s).
+DOWN_TIMEOUT_S = 15.0
+
+
+def stop_process(pid: int, timeout_s: float) -> bool:
+    """SIGTERM process `pid` and wait until it has exited: True once it has (or if it
+    was gone), False if it still runs after `timeout_s`.
+
+    The wait is on a pidfd, readable the moment the process exits, whoever its parent
+    is and whenever that parent reaps it: the host of `up --detach` is the init's
+    child, and waiting for the pid to vanish waited out the init's reaping (1.5 s
+    more per `down` where init reaps late, as in many containers). The signal goes
+    through that pidfd: it reaches the process waited for, never one given the pid
+    after it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:  # no pidfds (a kernel before 5.3): wait for the pid to vanish
+        return _stop_by_pid(pid, timeout_s)
+    try:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        except ProcessLookupError:  # it has exited already
+            return True
+        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+        return bool(ready)
+    finally:
+        os.close(pidfd)
+
+
+def _stop_by_pid(pid: int, timeout_s: float) -> bool:
+    """`stop_process` without pidfds: a zombie counts as gone."""
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        while proc.status() != psutil.STATUS_ZOMBIE:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+    except psutil.NoSuchProcess:
+        pass
+    return True
 
 
 def _say_where_runs_go(*, shared: bool) -> None:

@@ -276,7 +276,8 @@ class Host:
     def _write_state(self, state: str) -> None:
         if state == "ready" and any(c.state == "failed" for c in self.children):
             state = "degraded"  # until the host stops: a failed actor stays failed
-        data = {"pid": os.getpid(), "state": state, "home": str(self.home),
+        data = {"pid": os.getpid(), "started": start_ticks("self"), "state": state,
+                "home": str(self.home),
                 "offline": self.offline, "embedded": self.embedded,
                 "shared_store": self.shared_store,
                 "actors": [c.describe() for c in self.children],
@@ -335,7 +336,12 @@ class Host:
 
 
 def read_state(home: Path | None = None) -> dict[str, Any] | None:
-    """The running host's state file, or None when no live host owns `home`."""
+    """The running host's state file, or None when no live host owns `home`.
+
+    A host killed outright leaves its file behind, and its pid may since be another
+    process's (pids wrap at 32,768 on many machines): the process must have started
+    when the host that wrote the file did (`started`), or the file is stale (else
+    `oploop down` would stop whatever got the pid)."""
     run_dir = Endpoints.for_home(home).run_dir
     try:
         data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
@@ -343,12 +349,28 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
         return None
     import psutil  # (the CLI's, which has it loaded: the host process itself never asks)
 
-    try:  # a killed host no one has reaped yet is a zombie: not a host
-        if psutil.Process(int(data.get("pid", 0))).status() == psutil.STATUS_ZOMBIE:
+    try:
+        pid = int(data.get("pid", 0))
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:  # killed, not reaped
             return None
     except (psutil.Error, ValueError, TypeError):
         return None
+    started = data.get("started")  # (absent from a file of a host before this field)
+    if started is not None and start_ticks(pid) != started:
+        return None
     return data
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """When process `pid` ("self": this one) started, in clock ticks since boot (field
+    22 of its /proc stat): with its pid, what tells it from a later process given the
+    same pid. None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])  # (comm may hold ')', spaces)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def host_for(settings: Settings, *, gateway: bool = False) -> Host:

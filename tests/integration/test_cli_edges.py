@@ -34,6 +34,7 @@ from hostkit import (
     workspace,
 )
 
+from actors.host.actor import start_ticks
 from actors.sessionlog import SessionLog
 
 
@@ -488,6 +489,55 @@ def test_foreground_up_says_ready_and_stops_on_ctrl_c(short_home):
     assert "exited" not in term.text()  # no actor reported dying one by one
     wait_until(lambda: all(_gone(p) for p in pids), "the actors gone")
     _no_host_left(short_home)
+
+
+def test_down_returns_once_the_host_exits_not_once_it_is_reaped(short_home):
+    # A detached host is the init's child, and an init may reap late (this machine
+    # class's: ~1.5 s). Here the host's parent is this test, which reaps it only at the
+    # end: `down` must return as the host exits, leaving it a zombie meanwhile.
+    up = subprocess.Popen([*OPLOOP, "up"], env=_env(short_home), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(lambda: _host_state(short_home) == "ready", "the host ready")
+        assert host_pids(short_home)[0] == up.pid  # (the foreground `up` is the host)
+        down = oploop(short_home, "down", timeout=WAIT_S)
+        assert down.returncode == 0, down.stderr
+        assert down.stdout.startswith("oploop: host stopped"), down.stdout
+        assert psutil.Process(up.pid).status() == psutil.STATUS_ZOMBIE  # not reaped yet
+    finally:
+        if up.poll() is None and not _gone(up.pid):
+            up.kill()
+        up.wait(timeout=WAIT_S)
+    _no_host_left(short_home)
+
+
+def test_down_leaves_alone_a_process_that_got_a_dead_hosts_pid(short_home):
+    # A host killed outright leaves run/host.json; its pid may be another process's
+    # since. That process (here a sleeping child of the test) is no host to stop.
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        run = Path(short_home) / "run"
+        run.mkdir(mode=0o700, parents=True, exist_ok=True)
+        started = start_ticks(other.pid)
+        assert started is not None
+        (run / "host.json").write_text(json.dumps(
+            {"pid": other.pid, "started": started - 1, "state": "ready", "actors": []}))
+        down = oploop(short_home, "down")
+        assert down.returncode == 0, down.stderr
+        assert "no host is running" in down.stdout, down.stdout
+        assert other.poll() is None  # not signalled
+        status = oploop(short_home, "status")
+        assert "no host" in (status.stdout + status.stderr).lower(), status.stdout
+    finally:
+        other.kill()
+        other.wait(timeout=WAIT_S)
+
+
+def _host_state(home: str) -> str | None:
+    try:
+        return str(json.loads((Path(home) / "run" / "host.json").read_text())["state"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _gone(pid: int) -> bool:
