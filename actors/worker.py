@@ -133,10 +133,6 @@ class Worker(ABC):
             zmq.DEALER, "control", self._on_control, connect=endpoints.address("control"),
             secure=endpoints.client_side("control"), priority=True, routing_id=ident + b".ctl",
         )
-        self.work = self.reactor.add(
-            zmq.DEALER, "work", self._on_work, connect=endpoints.address("work"),
-            secure=endpoints.client_side("work"), routing_id=ident,
-        )
         #: Set when the host refuses this worker's key (a worker elsewhere, over CURVE),
         #: or the machine it names (`why`).
         self.refused = asyncio.Event()
@@ -145,8 +141,14 @@ class Worker(ABC):
         self.accepted = asyncio.Event()
         #: A worker elsewhere says it is ready once accepted (`ACCEPT_WAIT_S` at most).
         self._wait_accept = endpoints.remote
-        if endpoints.curve and endpoints.remote:
-            self.reactor.watch_handshakes(self.work, self._on_handshake)
+        # The handshakes are watched from before the connect: a refusal that came before
+        # the watch began (libzmq's thread is quick, ours descheduled on a busy machine)
+        # went unseen, and the refused worker retried forever instead of stopping.
+        watch = self._on_handshake if endpoints.curve and endpoints.remote else None
+        self.work = self.reactor.add(
+            zmq.DEALER, "work", self._on_work, connect=endpoints.address("work"),
+            secure=endpoints.client_side("work"), routing_id=ident, on_handshake=watch,
+        )
         self.jobs: dict[str, asyncio.Task[None]] = {}
         #: The envelope of each job in hand (what `Ready.running` reports of it).
         self._job_envs: dict[str, Envelope] = {}
