@@ -171,12 +171,13 @@ def stop_process(pid: int, timeout_s: float) -> bool:
 
 
 def _stop_by_pid(pid: int, timeout_s: float) -> bool:
-    """`stop_process` without pidfds: a zombie counts as gone."""
+    """`stop_process` without pidfds: a zombie counts as gone, and so does a pid given
+    to another process since (`is_running` compares the start)."""
     try:
         proc = psutil.Process(pid)
         proc.terminate()
         deadline = time.monotonic() + timeout_s
-        while proc.status() != psutil.STATUS_ZOMBIE:
+        while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
