@@ -84,8 +84,10 @@ def test_clients_that_start_a_run_and_vanish_leave_nothing_stuck(host):
                 what="no running session")
             runs = {}
             for s in sessions:
-                runs[s["session"]] = [e async for e in client.events(s["session"], 1,
-                                                                    follow=False)]
+                # Followed to the run's end: the supervisor says DONE once it committed
+                # the run's last events, which may still be on their way to the
+                # broadcaster, whose stored log a replay without `follow` ends at.
+                runs[s["session"]] = [e async for e in client.events(s["session"], 1)]
             return sessions, runs, await client.stats()
 
     sessions, runs, stats = asyncio.run(check())
