@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import time
@@ -10,11 +11,14 @@ import time
 import zmq
 
 from bus.endpoints import Secure
-from bus.errors import AccessDenied, RemoteError, RequestTimeout
+from bus.errors import AccessDenied, Backpressure, RemoteError, RequestTimeout
 from bus.messages import Body, Envelope, ErrorReply
 from bus.sockets import Port, Reactor
 
 _ids = itertools.count(1)
+#: How long a request whose send found no connection waits for the monitor to say the
+#: peer refused our handshake (it does within milliseconds when it did).
+VERDICT_S = 2.0
 
 
 def new_id(prefix: str = "") -> str:
@@ -36,6 +40,7 @@ class Requester:
         self.refusal: str | None = None
         # (`watch`: a peer that may want CURVE from us; watched from before the connect)
         watched = self._on_handshake if secure is not None or watch else None
+        self.watched = watched is not None
         self.port: Port = reactor.add(zmq.DEALER, name, self._on_reply, connect=address,
                                       secure=secure, on_handshake=watched)
 
@@ -46,6 +51,18 @@ class Requester:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(AccessDenied(self.address, refusal))
+
+    async def _verdict(self, fut: asyncio.Future[Envelope], timeout: float) -> None:
+        """After a send refused for want of a connection: raise `AccessDenied` if the
+        peer refused our handshake. libzmq drops a refused connection at once, and its
+        monitor tells us a moment later: a send in between (this thread descheduled on a
+        busy machine) finds no connection, which is no full queue. Returns if no refusal
+        is told within `VERDICT_S` (or the handshakes are not watched)."""
+        if not self.watched:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(timeout, VERDICT_S)):
+                await fut  # (`_on_handshake` fails it with AccessDenied)
 
     def _on_reply(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         fut = self._pending.pop(env.id, None)
@@ -65,10 +82,14 @@ class Requester:
         fut: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._pending[mid] = fut
         try:
-            self.port.send(
-                Envelope(body, id=mid, sid=sid, job=job, deadline=time.time() + timeout,
-                         traceparent=traceparent)
-            )
+            try:
+                self.port.send(
+                    Envelope(body, id=mid, sid=sid, job=job, deadline=time.time() + timeout,
+                             traceparent=traceparent)
+                )
+            except Backpressure:
+                await self._verdict(fut, timeout)  # AccessDenied if it was a refusal
+                raise
             async with asyncio.timeout(timeout):
                 reply = await fut
         except TimeoutError:
