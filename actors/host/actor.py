@@ -26,6 +26,7 @@ from actors.host.children import (
     start_all,
     stop_all,
 )
+from actors.procstart import start_ticks
 from actors.runtime import notify_ready, run_actor
 from actors.settings import (
     EMBEDDED_ENV,
@@ -359,18 +360,6 @@ def read_state(home: Path | None = None) -> dict[str, Any] | None:
     if started is not None and start_ticks(pid) != started:
         return None
     return data
-
-
-def start_ticks(pid: int | str) -> int | None:
-    """When process `pid` ("self": this one) started, in clock ticks since boot (field
-    22 of its /proc stat): with its pid, what tells it from a later process given the
-    same pid. None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[19])  # (comm may hold ')', spaces)
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def host_for(settings: Settings, *, gateway: bool = False) -> Host:

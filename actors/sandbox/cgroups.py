@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.procstart import start_ticks
+
 log = logging.getLogger("oploop.sandbox")
 
 ROOT_NAME = "oploop-sandbox"
@@ -385,12 +387,12 @@ class CgroupTree:
 
 def _start_time(pid: int) -> int:
     """`pid`'s start in hundredths of a second since the epoch (0: no such process)."""
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return 0
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        ticks = stat[stat.rfind(b")") + 2:].split()[19]  # (comm may hold spaces, ')')
-        return int((float(ticks) / os.sysconf("SC_CLK_TCK") + _boot_time()) * 100)
-    except (OSError, ValueError, IndexError):
+        return int((ticks / os.sysconf("SC_CLK_TCK") + _boot_time()) * 100)
+    except (OSError, ValueError):
         return 0
 
 

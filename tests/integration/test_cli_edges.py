@@ -34,7 +34,8 @@ from hostkit import (
     workspace,
 )
 
-from actors.host.actor import start_ticks
+from actors.host.actor import read_state
+from actors.procstart import start_ticks
 from actors.sessionlog import SessionLog
 
 
@@ -498,7 +499,8 @@ def test_down_returns_once_the_host_exits_not_once_it_is_reaped(short_home):
     up = subprocess.Popen([*OPLOOP, "up"], env=_env(short_home), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until(lambda: _host_state(short_home) == "ready", "the host ready")
+        wait_until(lambda: (read_state(Path(short_home)) or {}).get("state") == "ready",
+                   "the host ready")
         assert host_pids(short_home)[0] == up.pid  # (the foreground `up` is the host)
         down = oploop(short_home, "down", timeout=WAIT_S)
         assert down.returncode == 0, down.stderr
@@ -531,13 +533,6 @@ def test_down_leaves_alone_a_process_that_got_a_dead_hosts_pid(short_home):
     finally:
         other.kill()
         other.wait(timeout=WAIT_S)
-
-
-def _host_state(home: str) -> str | None:
-    try:
-        return str(json.loads((Path(home) / "run" / "host.json").read_text())["state"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _gone(pid: int) -> bool:
