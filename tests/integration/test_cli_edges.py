@@ -81,6 +81,17 @@ class Terminal:
         self.output += chunk
         return bool(chunk)
 
+    def shows_before_exit(self, text: str, timeout: float = WAIT_S) -> bool:
+        """Read until `text` has been shown (True) or the command has closed the
+        terminal (False)."""
+        end = time.monotonic() + timeout
+        while text.encode() not in self.output:
+            left = end - time.monotonic()
+            assert left > 0, f"no {text!r} and no exit in {self.text()!r}"
+            if not self._read(left):
+                return False
+        return True
+
     def ctrl_c(self) -> None:
         os.write(self.master, b"\x03")
 
@@ -126,6 +137,18 @@ def _in_python_start_up(text: str) -> bool:
             and text.rstrip().endswith("KeyboardInterrupt"))
 
 
+#: CPython's report of a KeyboardInterrupt it raised inside its importer's weakref
+#: callback (`_get_module_lock.<locals>.cb`), where it can only print it and drop it. The
+#: default handler raised it, so it came before the first line of oploop, and the command
+#: runs on as if there had been no Ctrl-C (2 runs in 300 of `oploop sessions` with a
+#: SIGINT after a random 5-40 ms, on this machine class). `\r?`: a terminal's lines.
+LOST_IN_IMPORTER = re.compile(
+    r"Exception ignored in: <function _get_module_lock\.<locals>\.cb at 0x[0-9a-f]+>\r?\n"
+    r"Traceback \(most recent call last\):\r?\n"
+    r'(?:  File "<frozen importlib\._bootstrap(?:_external)?>", line \d+, in \w+\r?\n)+'
+    r"KeyboardInterrupt: ?\r?\n")
+
+
 def _no_traceback(text: str) -> None:
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert "CancelledError" not in text, text
@@ -160,6 +183,11 @@ def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
     if moment == "host ready":
         term.expect("offline model")
     term.ctrl_c()
+    if moment == "at once" and term.shows_before_exit("Exception ignored in"):
+        # CPython dropped that one (`LOST_IN_IMPORTER`) and the run goes on: the user's
+        # second Ctrl-C, once the run is up, is the one this test is about.
+        term.expect("offline model")
+        term.ctrl_c()
     code = term.finish()
     if moment == "at once" and code in (1, -signal.SIGINT) and _in_python_start_up(term.text()):
         # Nothing of oploop ran, so nothing may be left.
@@ -167,7 +195,7 @@ def test_ctrl_c_during_start_up_leaves_nothing(short_home, moment):
         return
     # -2: killed by SIGINT before Python took it over (a shell shows 130 as well)
     assert code in (130, -signal.SIGINT), term.text()
-    _no_traceback(term.text())
+    _no_traceback(LOST_IN_IMPORTER.sub("", term.text(), count=1))
     _no_host_left(short_home)
     assert _running_sessions(short_home) == []
 
