@@ -205,9 +205,11 @@ class Client:
         assert isinstance(reply.body, SessionList)
         return reply.body.sessions
 
-    async def inspect(self, session: str, timeout: float = 5.0) -> SessionInfo:
-        """One session's summary and stored history."""
-        reply = await self._api.request(InspectSession(session), timeout=timeout)
+    async def inspect(self, session: str, timeout: float = 5.0, *,
+                      history: bool = True) -> SessionInfo:
+        """One session's summary and stored history (`history=False`: the summary only,
+        the reply's `history` empty: a long session's is megabytes)."""
+        reply = await self._api.request(InspectSession(session, history), timeout=timeout)
         assert isinstance(reply.body, SessionInfo)
         return reply.body
 
@@ -352,6 +354,7 @@ class Client:
         *,
         follow: bool = True,
         stop_at: Literal["first", "last"] = "last",
+        until_seq: int | None = None,
         on_lag: Callable[[Lag], None] | None = None,
         hwm: int = LIVE_HWM,
     ) -> AsyncIterator[dict[str, Any]]:
@@ -359,7 +362,11 @@ class Client:
 
         With `follow`, goes on live and ends after a terminal event: the first one
         seen (`stop_at="first"`, one run) or one that is the newest in the log
-        (`"last"`). Without `follow`, ends at the end of the stored log.
+        (`"last"`); with `until_seq` too, ends after that seq instead, terminal or
+        not. Without `follow`, ends at the end of the broadcaster's stored log, which
+        may lag the supervisor's by the events on their way to it: to have every
+        event the supervisor has committed, follow `until_seq` its summary's
+        `last_seq` (`oploop watch --no-follow` does).
 
         Live events are read only as fast as the caller iterates: a slow caller's
         backlog waits in zmq's queues (`hwm` on this side), the broadcaster drops
@@ -374,7 +381,7 @@ class Client:
             sub = Subscription(self._ctx, self.endpoints, session, hwm)
             self._subs.add(sub)
         try:
-            view = View(from_seq, stop_at, on_lag)
+            view = View(from_seq, stop_at, on_lag, until_seq)
             live = False  # whether the subscription has delivered anything yet
             async for ev in self._fetch(session, view):
                 yield ev
@@ -399,7 +406,7 @@ class Client:
                         view.missed(seq - view.next_seq, time.time() - env.body.ts)
                     async for ev in self._fetch(session, view, to_seq=seq - 1):
                         yield ev
-                    if seq != view.next_seq:
+                    if view.finished or seq != view.next_seq:  # (`until_seq` reached)
                         continue
                 ev = event_dict(env)
                 view.accept(ev, newest=seq)

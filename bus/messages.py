@@ -141,10 +141,12 @@ class SessionList(Body):
 
 @dataclass(frozen=True, slots=True)
 class InspectSession(Body):
-    """Client -> supervisor `api`: one session in full. Reply: `SessionInfo`."""
+    """Client -> supervisor `api`: one session in full (`history` False: its summary
+    only, the reply's history empty). Reply: `SessionInfo`."""
 
     KIND: ClassVar[str] = "inspect_session"
     session: str
+    history: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,10 +117,13 @@ class View:
     """Where one viewer stands in a session's sequence, whether it is done, and how
     far behind it fell (told to `on_lag` at most once per `LAG_NOTICE_S`)."""
 
-    def __init__(self, from_seq: int, stop_at: str, on_lag: Callable[[Lag], None] | None) -> None:
+    def __init__(self, from_seq: int, stop_at: str, on_lag: Callable[[Lag], None] | None,
+                 until_seq: int | None = None) -> None:
         self.next_seq = max(1, from_seq)
         self.stop_at = stop_at
-        self.finished = False
+        #: Done once this seq is accepted, whatever it is (None: at a terminal event).
+        self.until_seq = until_seq
+        self.finished = until_seq is not None and self.next_seq > until_seq
         #: Whether any event was accepted (then an unknown session is a deleted one).
         self.seen = False
         self._on_lag = on_lag
@@ -153,5 +156,7 @@ class View:
     def accept(self, ev: dict[str, Any], newest: int) -> None:
         self.seen = True
         self.next_seq = ev["seq"] + 1
-        if ev["type"] in TERMINAL and (self.stop_at == "first" or ev["seq"] >= newest):
+        if self.until_seq is not None:
+            self.finished = ev["seq"] >= self.until_seq
+        elif ev["type"] in TERMINAL and (self.stop_at == "first" or ev["seq"] >= newest):
             self.finished = True

@@ -20,7 +20,7 @@ from actors.render import Renderer
 from actors.settings import Settings
 from actors.usage import describe
 from bus.client import Lag
-from bus.errors import AccessDenied, SessionRemoved
+from bus.errors import AccessDenied, RemoteError, SessionRemoved
 from bus.vocab import EventType
 
 
@@ -35,13 +35,16 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
         # The broadcaster keeps finished sessions' logs; a session just started may
         # not have reached it yet. Unknown to both: a clear error, not a hang.
         last = await client.last_seq(args.session)
-        if last is None:
-            await client.inspect(args.session)
-        elif args.from_seq > last:
-            info = await client.inspect(args.session)
-            if info.summary.get("state") != "running":
-                raise CliError(f"session {args.session} has {last} event(s) and is not "
-                               f"running: nothing from --from-seq {args.from_seq} on")
+        summary = None
+        if last is None or args.from_seq > last or args.no_follow:
+            summary = await _summary(client, args.session, required=last is None)
+        # What the supervisor has committed: the broadcaster's log may not hold it all
+        # yet (the run's last events on their way to it, a moment after it ended).
+        committed = summary.get("last_seq") if summary is not None else None
+        known = max(last or 0, committed or 0)
+        if summary is not None and args.from_seq > known and summary.get("state") != "running":
+            raise CliError(f"session {args.session} has {known} event(s) and is not "
+                           f"running: nothing from --from-seq {args.from_seq} on")
 
         def on_lag(lag: Lag) -> None:  # on stderr, so that --json output stays pure
             print(f"oploop: {lag.describe()}", file=sys.stderr, flush=True)
@@ -49,7 +52,11 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
         ask = args.yes or interactive(args.json)
         follow = not args.no_follow
         next_seq = args.from_seq
-        stream = client.events(args.session, next_seq, follow=follow, on_lag=on_lag)
+        # `--no-follow`: every event the session has now, waited for if the replay's log
+        # is behind (None: a session the broadcaster alone keeps, its log is all there is).
+        until = committed if args.no_follow else None
+        stream = client.events(args.session, next_seq, follow=follow or until is not None,
+                               until_seq=until, on_lag=on_lag)
         while True:  # one pass per run: the next one (a follow-up, a message) follows
             async for event in stream:
                 render.event(event)
@@ -64,6 +71,17 @@ async def watch(args: argparse.Namespace, settings: Settings) -> int:
                       "(Ctrl-C ends)", file=sys.stderr, flush=True)
             stream = await _next_pass(client, args.session, next_seq, on_lag)
     return render.exit_status() if render.terminal else EXIT_OK
+
+
+async def _summary(client: Any, sid: str, *, required: bool) -> dict[str, Any] | None:
+    """`sid`'s summary from the supervisor; None for a session it does not hold (unless
+    `required`: then its error, a session unknown to the broadcaster as well)."""
+    try:
+        return (await client.inspect(sid, history=False)).summary
+    except RemoteError as exc:
+        if required or exc.code != "unknown_session":
+            raise
+        return None
 
 
 #: While `watch` waits for a session's next run, how often it asks whether the session

@@ -72,7 +72,8 @@ def _inspect(sup: Supervisor, peer: bytes | None, env: Envelope, body: InspectSe
     if session is None:
         sup.api.reply_error(peer, env.id, "unknown_session", sup.no_session(body.session))
         return
-    sup.api.reply(Envelope(SessionInfo(session.summary(), session.history), id=env.id), peer)
+    history = session.history if body.history else []
+    sup.api.reply(Envelope(SessionInfo(session.summary(), history), id=env.id), peer)
 
 
 def _tools(sup: Supervisor, peer: bytes | None, env: Envelope, body: ListTools) -> None:

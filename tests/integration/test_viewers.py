@@ -227,6 +227,8 @@ class FakeSupervisor:
         self.push = self.reactor.add(zmq.PUSH, "push", connect=endpoints.address("ingest"),
                                      hwm=1_000_000)
         self.last: dict[str, int] = {}
+        #: Frames journaled but not pushed (`deliver=False`), for `release`.
+        self.held: list[bytes] = []
         self.resend_requests = 0
         #: Set once a broadcaster's start-up reconcile had its session list.
         self.listed = asyncio.Event()
@@ -242,7 +244,15 @@ class FakeSupervisor:
         self.log.commit([Record(sid, seq, frame)], row)
         if deliver:
             self.push.send_frame(frame)
+        else:
+            self.held.append(frame)
         return seq
+
+    def release(self) -> None:
+        """Push the frames held back so far: late, not lost."""
+        for frame in self.held:
+            self.push.send_frame(frame)
+        self.held.clear()
 
     def handle_api(self, peer: bytes | None, env: Envelope, frame: bytes) -> None:
         if isinstance(env.body, ListSessions):
@@ -389,6 +399,37 @@ def test_broadcaster_refills_events_lost_in_flight_and_after_a_restart(short_hom
     assert before["recovered"] == 4 and before["held"] == 0
     # Nothing to fetch after the restart: what was journaled is read from the log.
     assert after["recovered"] == 0 and after["lost"] == before["lost"] == 0
+
+
+def test_a_replay_until_a_seq_waits_for_what_the_log_has_not_got_yet(short_home):
+    """`until_seq`, as `oploop watch --no-follow` asks with the supervisor's `last_seq`:
+    every event committed by then, though the broadcaster's log is behind (a run that
+    just ended, its last events still on their way), and nothing after it."""
+    async def scenario():
+        async with rig(short_home) as (_, sup, client):
+            for _ in range(3):
+                sup.emit("a")
+            first = [ev async for ev in client.events("a", until_seq=3)]
+            for _ in range(3):
+                sup.emit("a", deliver=False)  # committed, not yet pushed
+            stored = [ev async for ev in client.events("a", follow=False)]
+            replay = asyncio.ensure_future(_collect(client.events("a", until_seq=6)))
+            await asyncio.sleep(0)  # (its replay may come before the release or after it)
+            sup.release()
+            sup.emit("a")  # 7: after what was asked for
+            until_6 = await asyncio.wait_for(replay, WAIT_S)
+            none = [ev async for ev in client.events("a", 8, until_seq=7)]
+            return first, stored, until_6, none
+
+    first, stored, until_6, none = asyncio.run(scenario())
+    assert [e["seq"] for e in first] == [1, 2, 3]
+    assert stored == first  # the broadcaster's log alone stops short
+    assert [e["seq"] for e in until_6] == [1, 2, 3, 4, 5, 6]  # no terminal event: ended at 6
+    assert none == []
+
+
+async def _collect(stream: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [ev async for ev in stream]
 
 
 def test_bad_replay_requests_get_error_replies_and_others_are_served(short_home):
