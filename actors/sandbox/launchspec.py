@@ -92,9 +92,10 @@ def _reads_system_ro() -> tuple[str, ...]:
 
 
 #: Devices a tool may read when the whole tree is readable (never a disk: its raw
-#: blocks would bypass every hidden path).
+#: blocks would bypass every hidden path; never /dev/pts: the terminals the user types
+#: in, which a tool running as the user could read keystrokes from).
 _TREE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
-                 "/dev/tty", "/dev/pts")
+                 "/dev/tty")
 
 
 @functools.cache
@@ -111,6 +112,22 @@ def _tree_ro() -> tuple[str, ...]:
         out.append(path)
     out += [d for d in _TREE_DEVICES if os.path.exists(d)]
     return tuple(dict.fromkeys(out))
+
+
+def pinned(writable: list[str], hidden: list[str]) -> list[str]:
+    """The directories strictly between a writable path and a hidden path beneath it,
+    the shallowest first: bound onto themselves in the call's view (`mounts.pin`), so
+    that no tool renames a hidden path out from under its hiding."""
+    out: set[str] = set()
+    for root in (w.rstrip("/") for w in writable):
+        for path in hidden:
+            if not path.startswith(root + "/"):
+                continue
+            parent = root
+            for part in path[len(root) + 1:].strip("/").split("/")[:-1]:
+                parent = f"{parent}/{part}"
+                out.add(parent)
+    return sorted(out, key=lambda p: (p.count("/"), p))
 
 
 def private_tmp(cwd: Path, view: modes.WorkView | None) -> list[str]:
@@ -210,6 +227,12 @@ def build_spec(
     if op is not None:
         spec[op[0]] = op[1]
         return spec
+    if ns:
+        writable = list(view.writable) if tree else [str(cwd)]
+        spec["pin"] = pinned(writable, [p for p, _ in spec["hide"]])  # type: ignore[misc]
+        # Landlock leaves a file's mode, owner, times and xattrs to the mounts: on the
+        # user's files, read-only but where the tool may write (`mounts.read_only_but`).
+        spec["read_only_but"] = writable if tree else None
     user = view.user if view is not None and uid >= 0 else "sandbox"
     home = view.home if view is not None and view.home and uid >= 0 else str(cwd)
     env = {

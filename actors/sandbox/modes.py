@@ -156,10 +156,25 @@ def credential_paths(homes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=256)
+def passwd_stamp() -> int:
+    """When /etc/passwd last changed (0: unreadable): what the passwd lookups kept per
+    uid are kept with, so that a user made, moved or removed since is seen at once (a
+    uid given again to a new user with another home would otherwise keep the old one's
+    home, and the new one's credential folders would go unhidden)."""
+    try:
+        return os.stat("/etc/passwd").st_mtime_ns
+    except OSError:
+        return 0
+
+
 def homes_of(owner: int) -> tuple[str, ...]:
-    """/root, the home of `owner` (the cwd's owner) and of the host's own user (kept:
-    a passwd lookup per call would cost more than the launch's mounts)."""
+    """/root, the home of `owner` (the cwd's owner) and of the host's own user."""
+    return _homes_of(owner, passwd_stamp())
+
+
+@functools.lru_cache(maxsize=256)
+def _homes_of(owner: int, stamp: int) -> tuple[str, ...]:
+    # Kept: a passwd lookup per call would cost more than the launch's mounts.
     homes = ["/root"]
     for uid in (owner, os.getuid()):
         with contextlib.suppress(KeyError):
@@ -250,9 +265,14 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known)
 
 
-@functools.lru_cache(maxsize=256)
 def _user_of(uid: int) -> tuple[bool, str, str]:
-    """(named?, name, home) of `uid` from the passwd database (kept: one lookup each)."""
+    """(named?, name, home) of `uid` from the passwd database."""
+    return _passwd_entry(uid, passwd_stamp())
+
+
+@functools.lru_cache(maxsize=256)
+def _passwd_entry(uid: int, stamp: int) -> tuple[bool, str, str]:
+    # Kept: one lookup per uid while /etc/passwd is unchanged.
     try:
         entry = pwd.getpwuid(uid)
     except KeyError:

@@ -7,6 +7,7 @@ library only (see launcher.py).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 
@@ -52,7 +53,9 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
 
 
 def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
-    """In a new mount namespace: hide host paths under tmpfs, bind the kept ones back, new /proc.
+    """In a new mount namespace: the tree read-only but the writable paths (on the
+    user's files), the hidden paths' parents pinned, hide host paths under tmpfs, bind
+    the kept ones back, new /proc.
 
     A kept path (the workspace, what a read may see) that lies under a hidden
     one is bound back at its own place inside the tmpfs, through an fd opened
@@ -60,6 +63,9 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
     even when the real parents are not (a home under a 0700 /root).
     """
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    if spec.get("read_only_but") is not None:
+        read_only_but(spec["read_only_but"])
+    pin(spec.get("pin", ()))
     kept = []
     for path in spec["keep"]:
         try:
@@ -87,6 +93,113 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
         os.close(fd)
     if new_proc:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+#: mount_setattr(2) (linux/mount.h; the same number on every architecture). Since 5.12,
+#: older than Landlock (5.13), which the modes on the user's files require anyway.
+SYS_MOUNT_SETATTR = 442
+AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _set_read_only(path: str, read_only: bool, recursive: bool) -> None:
+    """Make the mount at `path` (a mount's root; `recursive`: and every mount beneath)
+    read-only, or writable again."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY if read_only else 0,
+                      0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
+    flags = AT_SYMLINK_NOFOLLOW | (AT_RECURSIVE if recursive else 0)
+    _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode("utf-8", "surrogateescape"),
+                         flags, ctypes.byref(attr), ctypes.sizeof(attr)),
+           f"mount_setattr {path}")
+
+
+def _read_only_points() -> dict[str, bool]:
+    """Each mount point of this namespace, and whether its visible (topmost) mount is
+    read-only."""
+    points = {}
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split(b" ", 6)
+            points[_unescape(fields[4])] = b"ro" in fields[5].split(b",")
+    return points
+
+
+def _was_read_only(path: str, before: dict[str, bool]) -> bool:
+    """Whether `path` was on a read-only mount in `before` (its deepest mount point's)."""
+    while path not in before and path != "/":
+        path = os.path.dirname(path)
+    return before.get(path, True)
+
+
+def read_only_but(writable: list[str]) -> None:
+    """Every mount of the call's view read-only but the `writable` paths, each first
+    bound onto itself (a mount of its own to leave writable).
+
+    Landlock has no right for a file's mode, owner, times or extended attributes:
+    without this, a tool running as the user could `chmod 777` any file of theirs
+    outside the working directory, and one running as root (a root-owned project)
+    `/etc/passwd`. A read-only mount refuses them all (EROFS), as it does a write.
+    Only this namespace's copies of the mounts change, never the host's. Devices
+    (/dev/null) are written through whatever their mount says. A mount that was
+    read-only (one the user mounted so in the project) stays so.
+    """
+    before = _read_only_points()
+    bound = []
+    for path in writable:
+        fd = _open_dir(path)
+        if fd < 0:
+            continue
+        try:
+            _mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC, None)
+        finally:
+            os.close(fd)
+        bound.append(path)
+    _set_read_only("/", True, recursive=True)
+    marks = [b.rstrip("/") + "/" for b in bound]
+    # By name: a link swapped in since is no mount's root (EINVAL: the call is refused).
+    for point in _read_only_points():
+        mark = point.rstrip("/") + "/"
+        if any(mark.startswith(b) for b in marks) and not _was_read_only(point, before):
+            _set_read_only(point, False, recursive=False)
+
+
+def pin(paths: list[str] | tuple[str, ...]) -> None:
+    """Bind each of `paths`, the directories between a writable path and a hidden path
+    beneath it (`launchspec.pinned`), onto itself, the shallowest first.
+
+    A hidden path is hidden by its name, each call: had a tool renamed one of its
+    parents (`mv config cfg`), its next call would find `cfg/secrets` under no
+    tmpfs. A mount point cannot be renamed (EBUSY), nor can one be moved away
+    from beneath it; the hidden path itself is one already (its tmpfs).
+    """
+    for path in paths:
+        fd = _open_dir(path)
+        if fd < 0:
+            continue
+        try:
+            _mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC, None)
+        finally:
+            os.close(fd)
+
+
+def _open_dir(path: str) -> int:
+    """An O_PATH fd of the directory `path`, not followed if it is a link; -1 for a
+    link, a file or nothing (nothing to bind there)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        return -1
+    return fd
 
 
 def _hide_file(path: str) -> None:
