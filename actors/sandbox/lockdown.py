@@ -10,12 +10,13 @@ library (see launcher.py).
 from __future__ import annotations
 
 import ctypes
+import errno  # (built into the interpreter: no file to import)
 import os
 import stat
 
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 # --- kernel constants (uapi headers; identical on every Linux architecture) ----------
@@ -136,7 +137,9 @@ def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
     `deny_tcp` also handles TCP bind/connect (no rule allows any port but
     `tcp_connect`'s, for connect only: the forwarder to the network proxy);
     `scope` stops abstract unix sockets and signals from reaching outside this
-    domain. Paths that do not exist are skipped. Returns the ABI used.
+    domain. Paths that do not exist are skipped, and so are writable ones with a
+    symbolic link on the way, but for the working directory (`_open_writable`).
+    Returns the ABI used.
     """
     abi = landlock_abi()
     if abi < 1:
@@ -155,9 +158,10 @@ def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
         "landlock_create_ruleset",
     )
     try:
-        for paths, access in ((ls, FS_READ_DIR), (ro, FS_READ_ONLY), (rw, handled)):
+        for paths, access, opener in ((ls, FS_READ_DIR, _open_any), (ro, FS_READ_ONLY, _open_any),
+                                      (rw, handled, _open_writable)):
             for path in paths:
-                _add_path_rule(ruleset, path, access & handled)
+                _add_path_rule(ruleset, path, access & handled, opener)
         if abi >= 4 and deny_tcp:
             for port in tcp_connect:
                 rule = _NetPort(NET_CONNECT_TCP, port)
@@ -169,10 +173,10 @@ def apply_landlock(ro: list[str], rw: list[str], deny_tcp: bool, scope: bool,
     return abi
 
 
-def _add_path_rule(ruleset: int, path: str, access: int) -> None:
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except FileNotFoundError:
+def _add_path_rule(ruleset: int, path: str, access: int,
+                   opener: Callable[[str], int | None]) -> None:
+    fd = opener(path)
+    if fd is None:
         return
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
@@ -186,6 +190,58 @@ def _add_path_rule(ruleset: int, path: str, access: int) -> None:
         )
     finally:
         os.close(fd)
+
+
+def _open_any(path: str) -> int | None:
+    """An O_PATH fd of `path`, links followed (None if it does not exist)."""
+    try:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+
+
+def _open_writable(path: str) -> int | None:
+    """An O_PATH fd of the writable path `path` with no symbolic link on the way, or of
+    the working directory; None if it does not exist, or if a link is on the way to
+    anything else.
+
+    The view made each path writable as it resolved then, with no link on the way
+    (`modes.view_for`): a link there now was made since (by another call, say), and
+    following it would make its target writable. The working directory, which the
+    launcher has entered already, may be reached through a link as it was chosen.
+    """
+    try:
+        return _open_without_links(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    fd = _open_any(path)
+    if fd is not None and not os.path.samestat(os.fstat(fd), os.stat(".")):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_without_links(path: str) -> int:
+    """An O_PATH fd of the absolute `path`, opened one component at a time from `/`,
+    none followed; OSError ELOOP if one is a symbolic link (magic ones included)."""
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        for name in path.split("/"):
+            if not name or name == ".":
+                continue
+            step = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = step
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, f"{path}: a symbolic link on the way ({name})")
+        opened, fd = fd, -1
+        return opened
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 # --- seccomp --------------------------------------------------------------------------

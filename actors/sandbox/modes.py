@@ -84,6 +84,9 @@ class WorkView:
     hidden: tuple[str, ...] = ()
     #: Whether the host's /etc/passwd names `uid` (else the view gets an entry for it).
     user_known: bool = False
+    #: (write path as configured, where it resolves) of each left out because a link is
+    #: on the way: named by `allow_hint`.
+    linked: tuple[tuple[str, str], ...] = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __hash__(self) -> int:
@@ -92,7 +95,7 @@ class WorkView:
         if not self._hash:
             object.__setattr__(self, "_hash", hash((
                 self.mode, self.cwd, self.uid, self.gid, self.user, self.home, self.writable,
-                self.hidden, self.user_known)))
+                self.hidden, self.user_known, self.linked)))
         return self._hash
 
     @property
@@ -110,8 +113,12 @@ class WorkView:
             return (f"sandbox mode scratch: only the session workspace {self.cwd} is "
                     "writable; the agent's `sandbox = \"workspace-write\"` works in the "
                     "directory the session was started in")
-        return (f"sandbox mode workspace-write: writable is {', '.join(self.writable)}; "
+        hint = (f"sandbox mode workspace-write: writable is {', '.join(self.writable)}; "
                 "add the path to the agent's `write_paths` to allow it")
+        for given, target in self.linked:
+            hint += (f"; write_paths entry {given} resolves through a link to {target}, "
+                     f"so it is not writable: name {target} itself to allow it")
+        return hint
 
 
 CURRENT: contextvars.ContextVar[WorkView | None] = contextvars.ContextVar(
@@ -234,8 +241,9 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     """The view of a session in `mode` started in `cwd` (its scratch workspace is
     `workspace`); WorkdirRefused when `cwd` cannot be its working directory.
 
-    `write_paths` that do not exist, or lie in a hidden path, are left out (never
-    made writable through a link: each is resolved). A session with no working
+    `write_paths` that do not exist, or lie in a hidden path, are left out, and so
+    are those with a symbolic link on the way (`linked`): a tool that replaced one
+    by a link would otherwise make the link's target writable. A session with no working
     directory (one another host asked for: its start's path is dropped) works in
     its scratch workspace, whatever the mode.
     """
@@ -254,15 +262,33 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     if not known:  # an owner with no name: one for the tools' view (`passwd_lines`)
         home = real
     writable: tuple[str, ...] = ()
+    linked: tuple[tuple[str, str], ...] = ()
     if mode == WORKSPACE_WRITE:
-        extra = []
-        for path in write_paths:
-            resolved = os.path.realpath(os.path.expanduser(path))
-            if (os.path.isdir(resolved) and not _under(resolved, (*hidden, *secret))
-                    and not not_writable(resolved)):
-                extra.append(resolved)
+        extra, linked = _write_paths(write_paths, (*hidden, *secret))
         writable = tuple(dict.fromkeys((real, *extra)))
-    return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known)
+    return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known,
+                    linked)
+
+
+def _write_paths(paths: tuple[str, ...], hidden: tuple[str, ...]
+                 ) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+    """The `write_paths` that may be writable (existing directories, neither hidden nor
+    system ones), and (path, target) of those left out for a link on the way."""
+    writable: list[str] = []
+    linked: list[tuple[str, str]] = []
+    for path in paths:
+        given = os.path.normpath(os.path.expanduser(path))
+        if not os.path.isabs(given):  # `~user` with no such user
+            continue
+        resolved = os.path.realpath(given)
+        if (not os.path.isdir(resolved) or _under(resolved, hidden)
+                or not_writable(resolved)):
+            continue
+        if resolved != "/" + given.lstrip("/"):  # a link on the way ("//a": "/a")
+            linked.append((path, resolved))
+        else:
+            writable.append(resolved)
+    return writable, tuple(linked)
 
 
 def _user_of(uid: int) -> tuple[bool, str, str]:

@@ -14,9 +14,9 @@ multiprocessing's pipes are such pairs); ptrace, process_vm_*, io_uring_*,
 unshare/setns/mount and friends, namespace flags on clone, bpf, keyctl,
 perf_event_open, userfaultfd, TIOCSTI and TIOCLINUX (terminal injection), and
 setting a file's setuid or setgid bit (chmod and friends, or a file created with
-it): a tool running as the working directory's owner (root, without
-capabilities, for a root-owned one) must not leave a setuid program there for
-anyone who runs it later.
+it: open or openat with O_CREAT or O_TMPFILE, creat, mknod, mknodat): a tool
+running as the working directory's owner (root, without capabilities, for a
+root-owned one) must not leave a setuid program there for anyone who runs it later.
 clone3 answers ENOSYS, so libc falls back to clone, whose flags a filter can
 see; openat2 too (its mode is in a struct: a setuid file could be created through
 it), so callers fall back to openat. Other architectures are killed (the i386
@@ -55,9 +55,17 @@ _NAMESPACE_FLAGS = (
 _S_ISUID = 0o4000
 _S_ISGID = 0o2000
 _O_CREAT = 0o100
-#: (syscall, index of its mode argument, index of its flags argument or -1).
-_MODE_ARGS = (("chmod", 1, -1), ("fchmod", 1, -1), ("fchmodat", 2, -1),
-              ("fchmodat2", 2, -1), ("creat", 1, -1), ("open", 2, 1), ("openat", 3, 2))
+#: The kernel's __O_TMPFILE: O_TMPFILE less O_DIRECTORY (the kernel refuses the bit
+#: without it). Such an open creates an unnamed file with the open's mode, and without
+#: O_CREAT: linkat can give it a name afterwards.
+_O_TMPFILE = 0o20000000
+#: (syscall, index of its mode argument, index of its flags argument or -1, the flag
+#: that makes the mode one a file is created with): a setuid or setgid bit there is
+#: refused. mknod and mknodat make regular files too (S_IFREG), with their mode.
+_MODE_ARGS = (("chmod", 1, -1, 0), ("fchmod", 1, -1, 0), ("fchmodat", 2, -1, 0),
+              ("fchmodat2", 2, -1, 0), ("creat", 1, -1, 0), ("mknod", 1, -1, 0),
+              ("mknodat", 2, -1, 0), ("open", 2, 1, _O_CREAT), ("open", 2, 1, _O_TMPFILE),
+              ("openat", 3, 2, _O_CREAT), ("openat", 3, 2, _O_TMPFILE))
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _LOW32 = 0xFFFFFFFF
@@ -121,15 +129,15 @@ def build(*, network: bool, unix: bool = False, proxied: bool = False) -> bytes:
     f.add_rule(sc.ERRNO(errno.ENOSYS), "openat2")
     for flag in _NAMESPACE_FLAGS:
         f.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    for name, mode, flags in _MODE_ARGS:
+    for name, mode, flags, flag in _MODE_ARGS:
         for bit in (_S_ISUID, _S_ISGID):
             args = [sc.Arg(mode, sc.MASKED_EQ, bit, bit)]
             if flags >= 0:
-                args.append(sc.Arg(flags, sc.MASKED_EQ, _O_CREAT, _O_CREAT))
+                args.append(sc.Arg(flags, sc.MASKED_EQ, flag, flag))
             try:
                 f.add_rule(deny, name, *args)
             except (OSError, ValueError, RuntimeError):
-                continue  # not a syscall here (open, chmod and creat on arm64; fchmodat2)
+                continue  # not a syscall here (open, chmod, creat, mknod on arm64; fchmodat2)
     # ioctl's request is 32 bits: compare only those, or high garbage bits would slip by.
     for request in (_TIOCSTI, _TIOCLINUX):
         f.add_rule(deny, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, request))

@@ -294,7 +294,8 @@ class ViewCache:
                     and not modes._under(expanded, (*view.hidden, *self._secret))
                     and not modes.not_writable(expanded)):
                 writable.append(expanded)
-        return view.writable == tuple(dict.fromkeys(writable))
+        # (no link on the way was recorded: none can have been left out for one)
+        return view.writable == tuple(dict.fromkeys(writable)) and not view.linked
 
 
 def _record(paths: list[str]) -> tuple[tuple[str, int], ...] | None:

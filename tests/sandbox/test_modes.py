@@ -274,6 +274,37 @@ def test_links_never_extend_what_is_writable(user: User) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def test_a_write_path_swapped_for_a_link_makes_nothing_writable(user: User) -> None:
+    """A call replaces a write path by a link to another directory: the next calls may
+    not write there, and a refused write says why (the path resolves through a link)."""
+    out_dir, elsewhere = user.project / "out", user.home / "elsewhere"
+    out_dir.mkdir()
+    os.chown(out_dir, user.uid, user.gid)
+    executor, home = _executor(modes.WORKSPACE_WRITE, user, write_paths=[str(out_dir)])
+    run = Run(executor, home, modes.WORKSPACE_WRITE, user)
+    try:
+        assert not run.call("write_file", path="out/ok.txt", content="x").is_error
+        swapped = run.sh(f"rm -rf out; ln -s {elsewhere} out && echo swapped")
+        assert swapped.output.strip() == "swapped" and out_dir.is_symlink(), swapped
+        shell = run.sh(f"echo PWNED > {elsewhere}/notes")
+        wrote = run.call("write_file", path=str(elsewhere / "new"), content="x")
+        through = run.call("write_file", path="out/new", content="x")
+        for out in (shell, wrote, through):
+            assert out.is_error, out
+            assert (f"write_paths entry {out_dir} resolves through a link to {elsewhere}"
+                    in out.output), out
+        assert not (elsewhere / "notes").exists() and not (elsewhere / "new").exists()
+    finally:
+        for made in (elsewhere / "notes", elsewhere / "new"):
+            _gone(run, made)
+        if out_dir.is_symlink():
+            out_dir.unlink()
+        shutil.rmtree(out_dir, ignore_errors=True)
+        executor.sandbox.close()
+        release_all(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 # -- the attack classes, in every mode ----------------------------------------------
 
 
@@ -403,16 +434,55 @@ def test_no_setuid_or_setgid_file_is_left_behind(run: Run) -> None:
                  f"python3 -c \"{openat2}\"; ls -l s1 s2 s3 s4")
     where = run.user.project if run.mode == modes.WORKSPACE_WRITE \
         else run.home / "workspaces" / "s1"
+    # mknod makes regular files too, and an O_TMPFILE open (no O_CREAT) takes a mode
+    # as well: its file, once linkat names it, is left behind like any other.
+    made = run.sh(f"python3 - <<'EOF'\n{_SPECIAL_CREATES}EOF")
+    names = ("s1", "s2", "s3", "s4", *_SPECIAL_NAMES)
     try:
         assert (where / "s1").exists(), out
-        for name in ("s1", "s2", "s3", "s4"):
+        for name in names:
             if (where / name).exists():
-                assert not (where / name).stat().st_mode & 0o6000, (name, out.output)
+                assert not (where / name).stat().st_mode & 0o6000, (name, out.output, made)
         assert "Operation not permitted" in out.output, out
         assert "openat2 -1 Function not implemented" in out.output, out
+        for name in _SPECIAL_NAMES:
+            assert f"{name} Operation not permitted" in made.output, made
     finally:
-        for name in ("s1", "s2", "s3", "s4"):
+        for name in names:
             _gone(run, where / name)
+
+
+_SPECIAL_NAMES = ("s5", "s6", "s7", "s8", "s9")
+_SPECIAL_CREATES = """\
+import ctypes, os, platform, stat
+
+def attempt(name, make):
+    try:
+        print(name, "made", oct(make() or os.stat(name).st_mode))
+    except OSError as exc:
+        print(name, exc.strerror)
+
+def mknod_syscall(name, mode):  # glibc's mknod() calls mknodat: the old syscall by hand
+    if platform.machine() != "x86_64":
+        raise PermissionError(1, "Operation not permitted")  # (no mknod syscall there)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(133, name.encode(), stat.S_IFREG | mode, 0) < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+def tmpfile(name, mode):  # (Landlock may refuse the link: the open is what counts)
+    fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, mode)
+    try:
+        os.link(f"/proc/self/fd/{fd}", name)
+    except OSError:
+        pass
+    return os.fstat(fd).st_mode
+
+attempt("s5", lambda: os.mknod("s5", stat.S_IFREG | 0o4755))
+attempt("s6", lambda: os.mknod("s6", stat.S_IFREG | 0o2755, dir_fd=os.open(".", os.O_PATH)))
+attempt("s7", lambda: mknod_syscall("s7", 0o4755))
+attempt("s8", lambda: tmpfile("s8", 0o4755))
+attempt("s9", lambda: tmpfile("s9", 0o2755))
+"""
 
 
 @pytest.mark.parametrize("path", ["/", "/etc", "/usr/lib", "/tmp"])
