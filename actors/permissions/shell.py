@@ -48,6 +48,15 @@ _RISKY_VARS = {"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", 
                "IFS", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "GCONV_PATH"}
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"}
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+#: Control characters: the grammar reads \r, \v and \f as blanks (a `#` after one starts
+#: a comment to it), a shell as part of a word; the others are no part of a command.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+#: Nodes a newline ends for a shell: the grammar reads some words (a lone `==`, `=~`,
+#: `$` before a blank, `<$`) across one, hiding the command after it.
+_ONE_LINE = {"command", "command_name", "file_redirect", "simple_expansion",
+             "concatenation", "variable_assignment", "declaration_command",
+             "test_command"}
+_NEWLINE = re.compile(rb"(?<!\\)\n")  # (`\<newline>` is a line continuation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +120,9 @@ def _parser() -> Parser:
 def parse(line: str, cwd: str = "") -> Parsed:
     """Every simple command, write and undecidable part of `line` (paths against `cwd`)."""
     out = Parsed()
+    if _CONTROL.search(line):
+        out.undecided.append("a control character (\\r, \\v, \\f, ...), a blank to the "
+                             "parser and none to the shell")
     walk = _Walk(out, cwd)
     walk.line(line, 0)
     if "\\\n" in line:
@@ -137,16 +149,35 @@ class _Walk:
         kind = node.type
         if kind == "ERROR" or node.is_missing:
             return  # (the line is undecided already; judge what did parse)
+        if kind in _ONE_LINE and _newline_inside(node):
+            self.out.undecided.append(f"a newline the parser reads across in {_text(node)!r}")
         if kind == "command":
             self.command(node, depth)
         elif kind == "file_redirect":
             self.redirect(node)
+        elif kind in ("ansi_c_string", "test_command", "compound_statement",
+                      "c_style_for_statement"):
+            self.bash_only(node)
         elif kind == "variable_assignment":
             name = node.child_by_field_name("name")
             if name is not None and _text(name) in _RISKY_VARS:
                 self.out.undecided.append(f"{_text(name)}= changes what commands run")
         for child in node.children:
             self.node(child, depth)
+
+    def bash_only(self, node: Node) -> None:
+        """Mark what dash (`/bin/sh`, which runs the line) reads otherwise than bash and
+        the grammar: `$'...'` (no quoting to dash: `;` in it separates commands), `[[ ]]`
+        and `(( ))` (commands and subshells to dash, `>` in them a redirection), a `>`
+        or `<` in `[ ]` (a redirection to every shell, a comparison to the grammar)."""
+        first = node.children[0].type if node.children else ""
+        if node.type == "ansi_c_string":
+            self.out.undecided.append(f"{_text(node)}: $'...' quoting, which dash lacks")
+        elif node.type == "c_style_for_statement" or first in ("[[", "(("):
+            self.out.undecided.append(f"{first or 'for (('} ...: bash syntax dash reads "
+                                      "otherwise")
+        elif first == "[" and _redirect_in_test(node):
+            self.out.undecided.append("a > or < in [ ], a redirection to the shell")
 
     def redirect(self, node: Node) -> None:
         op = next((c.type for c in node.children if c.type != "file_descriptor"), "")
@@ -251,6 +282,30 @@ def _dash_c(args: list[str]) -> str | None:
         if not a.startswith("-"):
             return None
     return None
+
+
+def _newline_inside(node: Node) -> bool:
+    """Whether a newline (not a line continuation) lies between the parts of `node`,
+    where a shell would have ended the command the grammar goes on reading."""
+    text, start, end = node.text or b"", node.start_byte, node.start_byte
+    for child in node.children:
+        if _NEWLINE.search(text[end - start:child.start_byte - start]):
+            return True
+        end = child.end_byte
+    return bool(_NEWLINE.search(text[end - start:])) if node.child_count else False
+
+
+def _redirect_in_test(node: Node) -> bool:
+    """Whether a `>` or `<` token stands in `[ ... ]` outside a substitution (there the
+    walk finds it as a redirection of its own command)."""
+    for child in node.children:
+        if child.type in ("command_substitution", "process_substitution", "string"):
+            continue
+        if ("<" in child.type or ">" in child.type) and child.child_count == 0:
+            return True
+        if _redirect_in_test(child):
+            return True
+    return False
 
 
 def literal(node: Node) -> str | None:
