@@ -182,8 +182,8 @@ class _Walk:
     def redirect(self, node: Node) -> None:
         op = next((c.type for c in node.children if c.type != "file_descriptor"), "")
         dest = node.child_by_field_name("destination") or node.children[-1]
-        if op not in _WRITES or dest.type == "number" or _text(dest) == "-":
-            return  # a read, or `>&2` / `>&-` (a descriptor, not a file)
+        if op not in _WRITES or _text(dest) == "-" or (op == ">&" and dest.type == "number"):
+            return  # a read, or `>&2` / `>&-` (a descriptor; `> 2` is the file 2)
         target = literal(dest)
         if target is None:
             self.out.undecided.append(f"a write to {_text(dest)} (an expanded name)")
