@@ -47,6 +47,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_./+:@%-]+$")
 _RISKY_VARS = {"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV",
                "IFS", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "GCONV_PATH"}
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"}
+#: git's options before its subcommand that take the next word as their value.
+_GIT_VALUED = {"-C", "--git-dir", "--work-tree", "--namespace", "--super-prefix",
+               "--attr-source"}
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 #: Control characters: the grammar reads \r, \v and \f as blanks (a `#` after one starts
 #: a comment to it), a shell as part of a word; the others are no part of a command.
@@ -77,14 +80,17 @@ WRAPPERS: dict[str, Wrapper] = {
     "exec": Wrapper(frozenset({"-a"})),
     "nice": Wrapper(frozenset({"-n", "--adjustment"})),
     "timeout": Wrapper(frozenset({"-s", "--signal", "-k", "--kill-after"}), leading=1),
-    "env": Wrapper(frozenset({"-u", "--unset", "-C", "--chdir"}), assignments=True),
+    "env": Wrapper(frozenset({"-u", "--unset", "-C", "--chdir", "-S", "--split-string",
+                              "-a", "--argv0"}), assignments=True),
     "stdbuf": Wrapper(frozenset({"-i", "-o", "-e", "--input", "--output", "--error"})),
     "setsid": Wrapper(), "ionice": Wrapper(frozenset({"-c", "-n", "-p", "-P", "-u"})),
     "xargs": Wrapper(frozenset({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s",
                                 "--arg-file", "--delimiter", "--max-args", "--max-lines",
-                                "--max-procs", "--max-chars", "--replace"})),
+                                "--max-procs", "--max-chars", "--process-slot-var"})),
     "sudo": Wrapper(frozenset({"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-U", "-T",
-                               "--user", "--group", "--host", "--prompt", "--chdir"}),
+                               "-R", "--user", "--group", "--host", "--prompt", "--chdir",
+                               "--chroot", "--role", "--type", "--close-from",
+                               "--other-user", "--command-timeout"}),
                     assignments=True, judged_itself=True),
     "doas": Wrapper(frozenset({"-u", "-C"}), judged_itself=True),
 }
@@ -214,17 +220,15 @@ class _Walk:
         text = " ".join([name, *(self.arg(a) for a in args)])
         wrapper = WRAPPERS.get(name)
         if wrapper is not None:
-            inner = _unwrap(wrapper, args)
-            if name == "env" and any(a in ("-S", "--split-string") or
-                                     a.startswith("--split-string=") for a in args):
-                self.out.undecided.append("env -S runs a string as a command line")
-            if inner is None or wrapper.judged_itself:
-                self.out.commands.append(Command(name, text))
-            if inner:
-                self.words(inner, depth)
+            self.wrapped(name, wrapper, args, text, depth)
             return
         self.out.commands.append(Command(name, text))
-        if name == "eval":
+        if name == "alias" and args:
+            self.out.undecided.append("alias: dash expands it in the commands after it")
+        elif name == "git" and _git_config(args):
+            self.out.undecided.append("git -c/--config-env: a setting can be a command "
+                                      "git runs (core.fsmonitor, alias.x=!...)")
+        elif name == "eval":
             self.code(" ".join(args), args, depth, "eval")
         elif name == "trap" and args:
             self.code(args[0], args[:1], depth, "trap")
@@ -236,6 +240,30 @@ class _Walk:
                 self.code(code, [code], depth, f"{name} -c")
         elif name in ("source", "."):
             self.out.undecided.append(f"{name} runs a script, unseen")
+
+    def wrapped(self, name: str, wrapper: Wrapper, args: list[str], text: str,
+                depth: int) -> None:
+        """Judge a wrapper's command (and the wrapper itself when it runs none)."""
+        inner = _unwrap(wrapper, args)
+        if name == "env" and _splits_a_string(args):
+            self.out.undecided.append("env -S runs a string as a command line")
+        if name == "xargs":
+            self.xargs(args, inner)
+        if inner is None or wrapper.judged_itself:
+            self.out.commands.append(Command(name, text))
+        if inner:
+            self.words(inner, depth)
+
+    def xargs(self, args: list[str], inner: list[str] | None) -> None:
+        """xargs adds the words it reads to its command's: undecided when they could
+        become a command (its command a wrapper or a shell, git given `-c`, or its
+        input put in the command's name by -I)."""
+        command = posixpath.basename(inner[0]) if inner else ""
+        if command in WRAPPERS or command in _SHELLS or command == "git":
+            self.out.undecided.append(f"xargs {command}: the words it reads may be code")
+        replace = _xargs_replace(args[:_options_end(WRAPPERS["xargs"], args)])
+        if inner and replace is not None and (not replace or replace in inner[0]):
+            self.out.undecided.append("xargs -I: the command's name comes from its input")
 
     def code(self, code: str, parts: list[str], depth: int, what: str) -> None:
         if any(p.startswith("$") or "$(" in p or "`" in p for p in parts):
@@ -254,31 +282,96 @@ class _Walk:
 
 def _unwrap(wrapper: Wrapper, args: list[str]) -> list[str] | None:
     """The words of the command `wrapper` runs, or None when it runs none."""
-    i, leading = 0, wrapper.leading
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            i += 1
-            break
-        if a.startswith("-") and len(a) > 1:
-            key = a.split("=", 1)[0]
-            i += 2 if key in wrapper.with_value and "=" not in a else 1
-            continue
-        if wrapper.assignments and _ASSIGN.match(a):
-            i += 1
-            continue
-        break
-    while leading and i < len(args):
-        i, leading = i + 1, leading - 1
-    rest = args[i:]
+    rest = args[_options_end(wrapper, args) + wrapper.leading:]
     return rest or None
 
 
+def _options_end(wrapper: Wrapper, args: list[str]) -> int:
+    """Where `wrapper`'s options (and assignments) end in `args`, read as getopt reads
+    them: `-Eu root` ends in a value, so does an abridged `--sig KILL`."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return i + 1
+        if a.startswith("--"):
+            i += 2 if _long_takes_next(wrapper, a) else 1
+        elif a.startswith("-") and len(a) > 1:
+            i += 2 if _cluster_takes_next(wrapper, a) else 1
+        elif wrapper.assignments and _ASSIGN.match(a):
+            i += 1
+        else:
+            break
+    return i
+
+
+def _long_takes_next(wrapper: Wrapper, option: str) -> bool:
+    """Whether a long option takes the next word: it names, whole or abridged as
+    getopt_long allows, one with a value, and has no `=VALUE` of its own."""
+    return "=" not in option and any(
+        known.startswith(option) for known in wrapper.with_value if known[1] == "-")
+
+
+def _cluster_takes_next(wrapper: Wrapper, cluster: str) -> bool:
+    """Whether short options `-abc` take the next word: the first of them with a value
+    is the last letter (`-Eu root`; in `-uroot` the value is the rest of the word)."""
+    for i, letter in enumerate(cluster[1:], 1):
+        if f"-{letter}" in wrapper.with_value:
+            return i == len(cluster) - 1
+    return False
+
+
+def _splits_a_string(args: list[str]) -> bool:
+    """Whether env's options hold -S (alone, in a cluster `-iS...`, or as a whole or
+    abridged `--split-string`): a string env splits into a command line."""
+    env = WRAPPERS["env"]
+    for a in args[:_options_end(env, args)]:
+        if a.startswith("--"):
+            key = a.split("=", 1)[0]
+            if len(key) > 2 and "--split-string".startswith(key):
+                return True
+        elif a.startswith("-"):
+            for letter in a[1:]:
+                if letter == "S":
+                    return True
+                if f"-{letter}" in env.with_value:
+                    break  # (the rest is that option's value)
+    return False
+
+
+def _xargs_replace(options: list[str]) -> str | None:
+    """The string xargs replaces by its input (-I R, -IR, -i, --replace=R), "" when a
+    cluster of options hides it, None when there is none."""
+    for i, a in enumerate(options):
+        key = a.split("=", 1)[0]
+        if len(key) > 2 and "--replace".startswith(key):
+            return a.partition("=")[2] or "{}"
+        if a.startswith("-I"):
+            return a[2:] or (options[i + 1] if i + 1 < len(options) else "")
+        if a.startswith("-i"):
+            return a[2:] or "{}"
+        if a.startswith("-") and not a.startswith("--") and ("I" in a or "i" in a):
+            return ""
+    return None
+
+
+def _git_config(args: list[str]) -> bool:
+    """Whether git's options before its subcommand set configuration (`-c`,
+    `--config-env`) or where its programs are (`--exec-path`)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i].startswith(("-c", "--config-env", "--exec-path")):
+            return True
+        i += 2 if args[i] in _GIT_VALUED else 1
+    return False
+
+
 def _dash_c(args: list[str]) -> str | None:
-    """The code of `sh -c CODE`, `bash -lc CODE`, ...; None when there is no `-c`."""
+    """The code of `sh -c CODE`, `bash -lc CODE`, ...; None when there is no `-c`, or
+    no word after it (`xargs sh -c`: the code comes from elsewhere)."""
     for i, a in enumerate(args):
         if a.startswith("-") and not a.startswith("--") and "c" in a[1:]:
-            return args[i + 1] if i + 1 < len(args) else ""
+            return args[i + 1] if i + 1 < len(args) else None
         if not a.startswith("-"):
             return None
     return None
