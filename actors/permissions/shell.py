@@ -43,9 +43,20 @@ _NOT_FILES = re.compile(r"^/dev/(?:null|stdout|stderr|tty|fd/\d+)$")
 #: What a command name may hold once unquoted: anything else (a glob, a brace, `~`,
 #: `=`) is expanded or looked up in ways the rules do not follow.
 _NAME = re.compile(r"^[A-Za-z0-9_./+:@%-]+$")
-#: Variables that change which program a command name runs, or what a shell runs first.
+#: Variables that change which program a command name runs, what a shell runs first,
+#: or a command a program runs (git's, a pager, an editor, an interpreter's options):
+#: a plain assignment reaches a program when the name is already exported.
 _RISKY_VARS = {"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV",
-               "IFS", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "GCONV_PATH"}
+               "IFS", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "GCONV_PATH", "HOME",
+               "XDG_CONFIG_HOME", "PAGER", "MANPAGER", "EDITOR", "VISUAL", "BROWSER",
+               "SSH_ASKPASS", "JAVA_TOOL_OPTIONS", "MAKEFLAGS", "TMPDIR"}
+_RISKY_PREFIX = re.compile(r"^(?:LD_|GIT_|PYTHON|NODE_|NPM_CONFIG_|PERL|RUBY|LESS)")
+#: Variables that may be exported to a command (`LANG=C ls`, `export TZ=UTC`): only
+#: these. A program reads many others (GIT_CONFIG_*, GIT_SSH_COMMAND, PAGER, NODE_OPTIONS,
+#: ...) as code to run, and no list of those is ever complete.
+_HARMLESS_VARS = {"LANG", "LANGUAGE", "LC_ALL", "LC_COLLATE", "LC_CTYPE", "LC_MESSAGES",
+                  "LC_MONETARY", "LC_NUMERIC", "LC_TIME", "TZ", "TERM", "COLUMNS", "LINES",
+                  "NO_COLOR", "CLICOLOR", "FORCE_COLOR", "CI"}
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"}
 #: git's options before its subcommand that take the next word as their value.
 _GIT_VALUED = {"-C", "--git-dir", "--work-tree", "--namespace", "--super-prefix",
@@ -164,10 +175,13 @@ class _Walk:
         elif kind in ("ansi_c_string", "test_command", "compound_statement",
                       "c_style_for_statement"):
             self.bash_only(node)
-        elif kind == "variable_assignment":
-            name = node.child_by_field_name("name")
-            if name is not None and _text(name) in _RISKY_VARS:
-                self.out.undecided.append(f"{_text(name)}= changes what commands run")
+        elif kind == "declaration_command":
+            self.declaration(node)
+        elif kind in ("variable_assignment", "for_statement"):
+            name = node.child_by_field_name("name" if kind != "for_statement" else "variable")
+            parent = node.parent.type if node.parent is not None else ""
+            if name is not None and parent != "declaration_command":
+                self.variable(_text(name), exported=parent == "command")
         for child in node.children:
             self.node(child, depth)
 
@@ -184,6 +198,32 @@ class _Walk:
                                       "otherwise")
         elif first == "[" and _redirect_in_test(node):
             self.out.undecided.append("a > or < in [ ], a redirection to the shell")
+
+    def declaration(self, node: Node) -> None:
+        """Judge the names `export`, `readonly`, `local`, `declare`, `typeset` set, their
+        quotes removed (`export 'PATH=.'` sets PATH as `export PATH=.` does)."""
+        keyword, words = node.children[0].type, node.children[1:]
+        options = [_text(w) for w in words if _text(w).startswith("-")]
+        exported = keyword == "export" or any("x" in o for o in options)
+        for word in words:
+            if word.type == "variable_assignment":
+                name = word.child_by_field_name("name")
+                value = _text(name) if name is not None else None
+            else:
+                value = literal(word)
+            if value is None:
+                self.out.undecided.append(f"{keyword} {_text(word)}: a name built at run time")
+            elif not value.startswith("-"):
+                self.variable(value.split("=", 1)[0], exported=exported)
+
+    def variable(self, name: str, exported: bool) -> None:
+        """Judge setting the variable `name`: exported to a command (`A=1 cmd`, `export
+        A`), any name but the harmless ones is undecided; set in the shell, the names
+        that change what runs (they reach a program when already exported)."""
+        if exported and name not in _HARMLESS_VARS:
+            self.out.undecided.append(f"{name}= exported: a program may run what it holds")
+        elif not exported and (name in _RISKY_VARS or _RISKY_PREFIX.match(name)):
+            self.out.undecided.append(f"{name}= changes what commands run")
 
     def redirect(self, node: Node) -> None:
         op = next((c.type for c in node.children if c.type != "file_descriptor"), "")
@@ -223,7 +263,14 @@ class _Walk:
             self.wrapped(name, wrapper, args, text, depth)
             return
         self.out.commands.append(Command(name, text))
-        if name == "alias" and args:
+        if name == "set" and any(a == "allexport" or a.startswith("-") and "a" in a[1:]
+                                 for a in args):
+            self.out.undecided.append("set -a exports every variable set after it")
+        elif name == "read":
+            for a in args:
+                if not a.startswith("-"):
+                    self.variable(a, exported=False)
+        elif name == "alias" and args:
             self.out.undecided.append("alias: dash expands it in the commands after it")
         elif name == "git" and _git_config(args):
             self.out.undecided.append("git -c/--config-env: a setting can be a command "
@@ -245,6 +292,10 @@ class _Walk:
                 depth: int) -> None:
         """Judge a wrapper's command (and the wrapper itself when it runs none)."""
         inner = _unwrap(wrapper, args)
+        if wrapper.assignments:  # `env A=1 cmd`, `sudo A=1 cmd`: exported to cmd
+            for a in args[:_options_end(wrapper, args)]:
+                if _ASSIGN.match(a):
+                    self.variable(a.split("=", 1)[0], exported=True)
         if name == "env" and _splits_a_string(args):
             self.out.undecided.append("env -S runs a string as a command line")
         if name == "xargs":

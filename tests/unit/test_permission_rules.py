@@ -165,6 +165,8 @@ BYPASSES = [
     ("GIT_EXTERNAL_DIFF=/tmp/x git status", "ask"),
     ("env GIT_SSH_COMMAND='rm x' git status", "ask"),
     ("export GIT_PAGER='rm x'; git status", "ask"),
+    ("for PATH in /tmp; do ls; done", "ask"),
+    ("read PATH < f; ls", "ask"),
     # Wrapper options as getopt reads them: a value attached to a cluster, an abridged
     # long option, each once took the next word for the command.
     ("sudo -Eu root rm x", "deny"),
@@ -201,6 +203,8 @@ STILL_ALLOWED = [
     "ls >&2 2>/dev/null",
     "[ -d /tmp ] && ls /tmp",
     "LANG=C ls",
+    "n=1; ls -$n",
+    "export LC_ALL=C; ls",
     "ls | xargs ls -l",
     "ls \\\n -l",
     "ls '\n'",
