@@ -14,10 +14,16 @@ as bash reads it; the code given to `eval`,
 
 What is left `undecided` (the rules make it `ask`, never `allow`): a line that does not
 parse; a command name that is an expansion (`$X`, `$(...)`), a glob or a brace; code
-built at run time (`eval "$x"`, `bash -c "$x"`, `env -S`); a shell reading a script
-or its standard input (`bash x.sh`, `... | sh`, `source x`); a write to an expanded
-name (`> "$f"`); an assignment to a variable that changes what a command is
-(`PATH=`, `LD_PRELOAD=`, `BASH_ENV=`, ...); nesting deeper than `MAX_DEPTH`.
+built at run time (`eval "$x"`, `bash -c "$x"`, `env -S`, `sh -c` with no code after
+it); a shell reading a script or its standard input (`bash x.sh`, `... | sh`,
+`source x`); `xargs` running a wrapper, a shell or git, or taking its command's name
+from its input (`-I`); `alias`; `git -c`/`--config-env`; a write to an expanded name
+(`> "$f"`); a variable exported to a command (`A=1 cmd`, `env A=1`, `export A`) unless
+it is one of `_HARMLESS_VARS`, and one set in the shell that changes what runs (`PATH=`,
+`LD_PRELOAD=`, `GIT_*=`, ...; `set -a`); nesting deeper than `MAX_DEPTH`. So is what
+dash (`/bin/sh`, which runs the line) reads otherwise than the grammar: a control
+character, `$'...'`, `[[ ]]`, `(( ))`, a `>` or `<` in `[ ]`, a newline the grammar
+reads across inside a command (after a lone `==`, `=~`, `<$`).
 """
 
 from __future__ import annotations
