@@ -166,8 +166,10 @@ def _first(rules: tuple[Rule, ...], name: str, arg: str | None, *,
     return ("allow", "") if default else ("", "")
 
 
-def _decide_shell(rules: tuple[Rule, ...], line: str, cwd: str) -> tuple[str, str]:
-    """The strictest verdict among the parts of a command line (module docstring)."""
+def _decide_shell(rules: tuple[Rule, ...], line: str, cwd: str,
+                  real: bool = False) -> tuple[str, str]:
+    """The strictest verdict among the parts of a command line (module docstring); with
+    `real`, each file it writes judged where its symlinks lead (`paths.real`)."""
     plain = _first(rules, "shell", None)
     if not any(_names(tool, "shell") and glob is not None or _names(tool, "write_file")
                for _, tool, glob, _ in rules):
@@ -177,6 +179,8 @@ def _decide_shell(rules: tuple[Rule, ...], line: str, cwd: str) -> tuple[str, st
     parsed = shell.parse(line, cwd)
     verdicts = [_first(rules, "shell", c.text, command=True) for c in parsed.commands]
     for path in parsed.writes:
+        if real:
+            path = paths.real(path, cwd)
         ruled = _first(rules, "write_file", path, default=False)
         verdicts.append(ruled if ruled[0] else plain)
     verdicts += [("ask", f"undecided: {why}") for why in parsed.undecided]
@@ -215,12 +219,15 @@ def refusal_here(rules: tuple[Rule, ...], name: str, arguments: Any, cwd: str) -
     """What the executor answers instead of running a call, or None to run it: a call a
     `deny` rule refuses, as written or as its path really resolves; and a call whose
     real path a stricter rule governs than the path as written (a symlink into a
-    denied or asked directory: the supervisor judged the name, not the target)."""
+    denied or asked directory: the supervisor judged the name, not the target), the
+    files a shell line's redirections write included."""
     if not rules:
         return None
     verdict, key = decide(rules, name, arguments, cwd)
     if verdict == "deny":
         return denial(name, key)
+    if name == "shell":
+        return _refusal_of_shell_writes(rules, arguments, cwd, verdict)
     real = resolved(name, arguments, cwd)
     if real is arguments:
         return None
@@ -230,6 +237,29 @@ def refusal_here(rules: tuple[Rule, ...], name: str, arguments: Any, cwd: str) -
     if stricter(real_verdict, verdict):
         return (f"{name}: not run: the path resolves to {real['path']}, which the rule "
                 f"{real_key!r} makes {real_verdict}: call it with that path")
+    return None
+
+
+def _refusal_of_shell_writes(rules: tuple[Rule, ...], arguments: Any, cwd: str,
+                             verdict: str) -> str | None:
+    """`refusal_here` for a shell line whose redirections write through a symlink into
+    a place a stricter rule governs (`ls > link/x`, the link to a denied directory)."""
+    line = arguments.get("command") if isinstance(arguments, Mapping) else None
+    if not isinstance(line, str) or not any(
+            _names(tool, "write_file") for _, tool, _, _ in rules):
+        return None  # (no rule judges a write by its path: a symlink changes nothing)
+    from actors.permissions import shell
+
+    moved = [r for p in shell.parse(line, cwd).writes if (r := paths.real(p, cwd)) != p]
+    if not moved:
+        return None
+    real_verdict, real_key = _decide_shell(rules, line, cwd, real=True)
+    where = f"the path resolves to {', '.join(moved)}"
+    if real_verdict == "deny":
+        return f"{denial('shell', real_key)} ({where})"
+    if stricter(real_verdict, verdict):
+        return (f"shell: not run: {where}, which the rule {real_key!r} makes "
+                f"{real_verdict}: write to that path")
     return None
 
 

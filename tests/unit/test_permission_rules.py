@@ -126,6 +126,121 @@ COMMANDS = [
 ]
 
 
+#: Lines where tree-sitter's reading and dash's (`/bin/sh -c`) differed, or where a
+#: command ran code the walk did not see (the second review's bypasses: each was
+#: `allow` before, and dash ran the hidden command).
+BYPASSES = [
+    # 1. A word that swallows the newline after it: one `ls` to the grammar, two to dash.
+    ("ls ==\nrm -rf ~/proj", "ask"),
+    ("ls =~\nrm -rf ~/proj", "ask"),
+    ("ls <$\nrm -rf ~/proj", "ask"),
+    ("ls 2<$\nrm -rf ~/proj", "ask"),
+    ("ls $\\ \nrm -rf ~/proj", "ask"),
+    # 2. `$'...'` is one word to bash and the grammar; dash has no ANSI-C quoting.
+    ("ls $'\\' ; rm -rf ~/proj ; #'", "ask"),
+    # 3. \r \v \f are blanks to the grammar (a comment follows), not to a shell.
+    ("ls a\r#; rm -rf ~/proj", "ask"),
+    ("ls a\v#; rm -rf ~/proj", "ask"),
+    ("ls a\f#; rm -rf ~/proj", "ask"),
+    # 4. env -S inside a cluster of options, or as a long option written out or abridged.
+    ("env -S'rm -rf x' ls", "ask"),
+    ("env -iS'rm -rf x' ls", "ask"),
+    ("env --split-string='rm -rf x' ls", "ask"),
+    ("env --split='rm -rf x' ls", "ask"),
+    # 5. A `>` inside `[ ]` is a redirection to dash; `[[` is no keyword of dash.
+    ("ls; [ x > /home/u/.bashrc ]", "ask"),
+    ("ls; [[ x > /home/u/.bashrc ]]", "ask"),
+    ("(( x > 2 )); ls", "ask"),
+    # 6. `> 5` writes the file 5 (only `>&5` is a descriptor).
+    ("ls > 5", "ask"),
+    ("ls &> 5", "ask"),
+    # 7. A quoted or escaped NAME= in export is an assignment all the same.
+    ("ls; export 'PATH=.'; ls", "ask"),
+    ("ls; export \"LD_PRELOAD=/tmp/x.so\"; ls", "ask"),
+    ("ls; export 'BASH_ENV=/tmp/x'; ls", "ask"),
+    ("ls; export PA\\TH=.; ls", "ask"),
+    # 8. Variables that make an allowed command run code.
+    ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor GIT_CONFIG_VALUE_0='touch PWN'"
+     " git status", "ask"),
+    ("GIT_EXTERNAL_DIFF=/tmp/x git status", "ask"),
+    ("env GIT_SSH_COMMAND='rm x' git status", "ask"),
+    ("export GIT_PAGER='rm x'; git status", "ask"),
+    ("for PATH in /tmp; do ls; done", "ask"),
+    ("read PATH < f; ls", "ask"),
+    # Wrapper options as getopt reads them: a value attached to a cluster, an abridged
+    # long option, each once took the next word for the command.
+    ("sudo -Eu root rm x", "deny"),
+    ("timeout --sig KILL 5 rm x", "deny"),
+    ("nice --adj 5 rm x", "deny"),
+]
+
+#: The deny-list rules (`rm` denied, the rest allowed) and what got past them.
+DENY_LIST = parse_rules({"shell(rm *)": "deny"})
+DENY_LIST_BYPASSES = [
+    "echo rm x | xargs env",
+    "echo rm x | xargs nice",
+    "echo rm x | xargs timeout 5",
+    "echo '\"rm x\"' | xargs sh -c",
+    "echo rm | xargs -I X X y",
+    "alias x='rm v'\nx",
+    "git -c core.fsmonitor='rm x' status",
+    "git --config-env=core.fsmonitor=CMD status",
+    "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor GIT_CONFIG_VALUE_0='touch PWN'"
+    " git status",
+    "GIT_CONFIG_COUNT=1; export GIT_CONFIG_COUNT; git status",
+    "set -a; GIT_SSH_COMMAND='rm x'; git fetch",
+]
+
+#: What users rely on stays allowed under the attack's rules.
+STILL_ALLOWED = [
+    "ls -la *.py",
+    "git status --short",
+    "ls | ls",
+    "ls |\n ls",
+    "ls <<EOF\n$HOME\nEOF\n",
+    "ls <<'EOF'\nrm x\nEOF\n",
+    "ls 2>&1 >&2",
+    "ls >&2 2>/dev/null",
+    "[ -d /tmp ] && ls /tmp",
+    "LANG=C ls",
+    "n=1; ls -$n",
+    "export LC_ALL=C; ls",
+    "ls | xargs ls -l",
+    "ls \\\n -l",
+    "ls '\n'",
+    "ls \"a\nb\"",
+]
+
+
+@pytest.mark.parametrize("line, expected", BYPASSES)
+def test_where_the_grammar_and_dash_differ_the_line_is_not_allowed(line, expected):
+    assert decide(ATTACK, "shell", {"command": line}, CWD)[0] == expected
+
+
+@pytest.mark.parametrize("line", DENY_LIST_BYPASSES)
+def test_a_deny_list_asks_what_runs_code_it_cannot_see(line):
+    assert decide(DENY_LIST, "shell", {"command": line}, CWD)[0] == "ask"
+
+
+@pytest.mark.parametrize("line", STILL_ALLOWED)
+def test_the_lines_users_rely_on_are_still_allowed(line):
+    assert decide(ATTACK, "shell", {"command": line}, CWD)[0] == "allow"
+
+
+def test_a_shell_write_through_a_symlink_is_judged_where_it_lands(tmp_path):
+    (tmp_path / "secret").mkdir()
+    os.symlink(tmp_path / "secret", tmp_path / "lnk")
+    rules = parse_rules({f"write_file({tmp_path}/secret/*)": "deny",
+                         f"write_file({tmp_path}/*)": "allow",
+                         "shell(ls *)": "allow", "shell": "ask"})
+    call = {"command": "ls > lnk/x"}
+    assert decide(rules, "shell", call, str(tmp_path))[0] == "allow"  # the name
+    refusal = refusal_here(rules, "shell", call, str(tmp_path))
+    assert refusal is not None and "denied by the permission rule" in refusal
+    assert f"resolves to {tmp_path}/secret/x" in refusal
+    assert refusal_here(rules, "shell", {"command": "ls > y"}, str(tmp_path)) is None
+
+
 @pytest.mark.parametrize("tool, path, expected", PATHS)
 def test_a_path_is_judged_as_the_tool_opens_it(tool, path, expected):
     assert decide(ATTACK, tool, {"path": path}, CWD)[0] == expected
