@@ -211,7 +211,7 @@ def _open_writable(path: str) -> int | None:
     launcher has entered already, may be reached through a link as it was chosen.
     """
     try:
-        return _open_without_links(path)
+        return open_without_links(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -224,7 +224,7 @@ def _open_writable(path: str) -> int | None:
     return fd
 
 
-def _open_without_links(path: str) -> int:
+def open_without_links(path: str) -> int:
     """An O_PATH fd of the absolute `path`, opened one component at a time from `/`,
     none followed; OSError ELOOP if one is a symbolic link (magic ones included)."""
     fd = os.open("/", os.O_PATH | os.O_CLOEXEC)

@@ -24,6 +24,7 @@ if __package__:
         MS_REMOUNT,
         _check,
         _libc,
+        open_without_links,
     )
 else:
     from lockdown import (  # type: ignore[no-redef]
@@ -38,6 +39,7 @@ else:
         MS_REMOUNT,
         _check,
         _libc,
+        open_without_links,
     )
 
 TYPE_CHECKING = False  # `typing` costs an import on every call; annotations only need it here
@@ -190,10 +192,13 @@ def pin(paths: list[str] | tuple[str, ...]) -> None:
 
 
 def _open_dir(path: str) -> int:
-    """An O_PATH fd of the directory `path`, not followed if it is a link; -1 for a
-    link, a file or nothing (nothing to bind there)."""
+    """An O_PATH fd of the directory `path`, reached through no link; -1 for a link on
+    the way, a file or nothing (nothing to bind there). The writable paths are resolved
+    by the executor (a link on the way was swapped in since: the path stays read-only);
+    a hidden path given through a link is pinned by its resolved twin (`credential_paths`
+    lists both)."""
     try:
-        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_without_links(path)
     except OSError:
         return -1
     if not stat.S_ISDIR(os.fstat(fd).st_mode):

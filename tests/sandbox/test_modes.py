@@ -276,19 +276,24 @@ def test_links_never_extend_what_is_writable(user: User) -> None:
 
 def test_a_write_path_swapped_for_a_link_makes_nothing_writable(user: User) -> None:
     """A call replaces a write path by a link to another directory: the next calls may
-    not write there, and a refused write says why (the path resolves through a link)."""
-    out_dir, elsewhere = user.project / "out", user.home / "elsewhere"
-    out_dir.mkdir()
+    not write there, and a refused write says why (the path resolves through a link).
+    (The write path itself is a mount point in a call's view, which no call removes:
+    the swap goes through its parent, which a call may move away.)"""
+    gen = user.project / "gen"
+    out_dir, elsewhere = gen / "out", user.home / "elsewhere"
+    out_dir.mkdir(parents=True)
+    os.chown(gen, user.uid, user.gid)
     os.chown(out_dir, user.uid, user.gid)
     executor, home = _executor(modes.WORKSPACE_WRITE, user, write_paths=[str(out_dir)])
     run = Run(executor, home, modes.WORKSPACE_WRITE, user)
     try:
-        assert not run.call("write_file", path="out/ok.txt", content="x").is_error
-        swapped = run.sh(f"rm -rf out; ln -s {elsewhere} out && echo swapped")
+        assert not run.call("write_file", path="gen/out/ok.txt", content="x").is_error
+        swapped = run.sh(f"mv gen gen.old && mkdir gen && ln -s {elsewhere} gen/out "
+                         "&& echo swapped")
         assert swapped.output.strip() == "swapped" and out_dir.is_symlink(), swapped
         shell = run.sh(f"echo PWNED > {elsewhere}/notes")
         wrote = run.call("write_file", path=str(elsewhere / "new"), content="x")
-        through = run.call("write_file", path="out/new", content="x")
+        through = run.call("write_file", path="gen/out/new", content="x")
         for out in (shell, wrote, through):
             assert out.is_error, out
             assert (f"write_paths entry {out_dir} resolves through a link to {elsewhere}"
@@ -297,9 +302,8 @@ def test_a_write_path_swapped_for_a_link_makes_nothing_writable(user: User) -> N
     finally:
         for made in (elsewhere / "notes", elsewhere / "new"):
             _gone(run, made)
-        if out_dir.is_symlink():
-            out_dir.unlink()
-        shutil.rmtree(out_dir, ignore_errors=True)
+        for made in (gen, user.project / "gen.old"):
+            shutil.rmtree(made, ignore_errors=True)
         executor.sandbox.close()
         release_all(home)
         shutil.rmtree(home, ignore_errors=True)
