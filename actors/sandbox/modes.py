@@ -264,18 +264,20 @@ def view_for(mode: str, cwd: str, *, workspace: str, write_paths: tuple[str, ...
     writable: tuple[str, ...] = ()
     linked: tuple[tuple[str, str], ...] = ()
     if mode == WORKSPACE_WRITE:
-        extra, linked = _write_paths(write_paths, (*hidden, *secret))
+        extra, linked = _write_paths(write_paths, (*hidden, *secret), real)
         writable = tuple(dict.fromkeys((real, *extra)))
     return WorkView(mode, real, st.st_uid, st.st_gid, user, home, writable, hidden, known,
                     linked)
 
 
-def _write_paths(paths: tuple[str, ...], hidden: tuple[str, ...]
+def _write_paths(paths: tuple[str, ...], hidden: tuple[str, ...], cwd: str
                  ) -> tuple[list[str], tuple[tuple[str, str], ...]]:
     """The `write_paths` that may be writable (existing directories, neither hidden nor
-    system ones), and (path, target) of those left out for a link on the way."""
+    system ones), and (path, target) of those left out for a link on the way that a
+    tool could have made (`_tool_made_link`)."""
     writable: list[str] = []
     linked: list[tuple[str, str]] = []
+    roots = (cwd, *(os.path.realpath(os.path.expanduser(p)) for p in paths))
     for path in paths:
         given = os.path.normpath(os.path.expanduser(path))
         if not os.path.isabs(given):  # `~user` with no such user
@@ -284,11 +286,25 @@ def _write_paths(paths: tuple[str, ...], hidden: tuple[str, ...]
         if (not os.path.isdir(resolved) or _under(resolved, hidden)
                 or not_writable(resolved)):
             continue
-        if resolved != "/" + given.lstrip("/"):  # a link on the way ("//a": "/a")
+        if _tool_made_link(given, roots):
             linked.append((path, resolved))
         else:
             writable.append(resolved)
     return writable, tuple(linked)
+
+
+def _tool_made_link(path: str, roots: tuple[str, ...]) -> bool:
+    """Whether a symbolic link on the way to the absolute `path` lies in a directory a
+    tool may write (one of `roots`, resolved: the working directory, the write paths):
+    a call may have put it there to make its target writable. A link elsewhere (`/home`
+    -> `/var/home`, made by whoever set the machine up) is followed as ever."""
+    prefix = "/"
+    for name in path.strip("/").split("/"):
+        prefix = os.path.join(prefix, name)
+        if os.path.islink(prefix) and _under(os.path.realpath(os.path.dirname(prefix)),
+                                              roots):
+            return True
+    return False
 
 
 def _user_of(uid: int) -> tuple[bool, str, str]:

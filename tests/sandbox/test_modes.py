@@ -309,6 +309,27 @@ def test_a_write_path_swapped_for_a_link_makes_nothing_writable(user: User) -> N
         shutil.rmtree(home, ignore_errors=True)
 
 
+def test_a_write_path_through_a_link_no_tool_could_make_stays_writable(user: User) -> None:
+    """A link outside what tools may write (`/home` -> `/var/home` on some systems; here
+    one in the home, the working directory being the project) is the machine's own:
+    the write path it leads to is writable, as it was before links were refused."""
+    link = user.home / "data"
+    link.symlink_to(user.home / "elsewhere")
+    executor, home = _executor(modes.WORKSPACE_WRITE, user, write_paths=[str(link)])
+    run = Run(executor, home, modes.WORKSPACE_WRITE, user)
+    made = user.home / "elsewhere" / "made.txt"
+    try:
+        assert not run.call("write_file", path=str(link / "made.txt"), content="x").is_error
+        assert not run.sh(f"echo y >> {made}").is_error
+        assert made.read_text() == "xy\n"
+    finally:
+        _gone(run, made)
+        link.unlink()
+        executor.sandbox.close()
+        release_all(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 # -- the attack classes, in every mode ----------------------------------------------
 
 
