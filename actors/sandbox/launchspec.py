@@ -273,3 +273,5 @@ class Extra:
         if landlock:
             landlock["ro"] = list(landlock["ro"]) + list(self.ro)
             landlock["rw"] = list(landlock["rw"]) + list(self.rw)
+        if spec.get("read_only_but") is not None:  # (no view is given a server: never so)
+            spec["read_only_but"] = list(spec["read_only_but"]) + list(self.rw)

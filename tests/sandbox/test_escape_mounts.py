@@ -9,6 +9,7 @@ sandboxed processes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
@@ -180,3 +181,38 @@ def test_a_uid_given_to_a_new_user_has_the_new_users_credentials_hidden(user: Us
         subprocess.run(["userdel", name], capture_output=True)
         for home in homes:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_server_started_from_a_call_on_the_users_files_keeps_its_own_write_paths(
+        user: User) -> None:
+    """An MCP server (re)started while a call of a session in workspace-write runs is
+    launched in that call's task: none of the call's view is the server's (it is
+    confined as in scratch mode), and its own write paths stay writable."""
+    from actors.sandbox.launchspec import Extra
+    from actors.tools.process import release
+
+    run = _run(user)
+    data = Path(tempfile.mkdtemp(prefix="oplm-", dir="/home"))
+    os.chmod(data, 0o777)  # (the server's uid is its own)
+    sandbox = run.executor.sandbox
+    view = modes.view_for(modes.WORKSPACE_WRITE, str(user.project),
+                          workspace=str(run.home / "workspaces" / "s1"))
+
+    async def launch() -> int | None:
+        cwd = await asyncio.to_thread(sandbox.workspace, "mcp-x")
+        with modes.using(view):
+            child = await sandbox.launch(
+                "mcp.x", sandbox.config.policy("shell"), cwd,
+                argv=["/bin/sh", "-c", f"id -u > {data}/made"], extra=Extra(rw=(str(data),)))
+        await child.process.wait()
+        child.kill()
+        await release(child)
+        return child.process.returncode
+
+    try:
+        assert asyncio.run(launch()) == 0
+        made = (data / "made").read_text().strip()
+        assert made != str(user.uid), made  # not the project's owner: the scratch uid
+    finally:
+        _close(run)
+        shutil.rmtree(data, ignore_errors=True)
