@@ -56,18 +56,19 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
 
 def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
     """In a new mount namespace: the tree read-only but the writable paths (on the
-    user's files), the hidden paths' parents pinned, hide host paths under tmpfs, bind
-    the kept ones back, new /proc.
+    user's files), hide host paths under tmpfs, bind the kept ones back, pin the hidden
+    paths' parents, new /proc.
 
     A kept path (the workspace, what a read may see) that lies under a hidden
     one is bound back at its own place inside the tmpfs, through an fd opened
     before it disappeared: the tmpfs is traversable, so the tool uid reaches it
-    even when the real parents are not (a home under a 0700 /root).
+    even when the real parents are not (a home under a 0700 /root). The hidden
+    paths inside it (a `deny_read` entry in a working directory under /tmp) were
+    out of sight until then: they are hidden once it is back.
     """
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     if spec.get("read_only_but") is not None:
         read_only_but(spec["read_only_but"])
-    pin(spec.get("pin", ()))
     kept = []
     for path in spec["keep"]:
         try:
@@ -78,23 +79,42 @@ def setup_mounts(spec: dict[str, Any], new_proc: bool) -> None:
             os.close(fd)
             continue
         kept.append((path, fd))
-    hidden: list[str] = []
     detach_hidden_mounts([p for p, _ in spec["hide"]], [p for p, _ in kept])
-    for path, mode in spec["hide"]:
+    hidden = _hide(spec["hide"], spec["tmpfs_size"])
+    back = [mark for path, fd in kept if (mark := _bind_back(path, fd, hidden))]
+    _hide([(p, mode) for p, mode in spec["hide"] if any(p.startswith(b) for b in back)],
+          spec["tmpfs_size"])
+    pin(spec.get("pin", ()))  # (last: each pin carries the mounts beneath it)
+    if new_proc:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def _hide(entries: list[tuple[str, str]], size: str) -> list[str]:
+    """Cover each directory of `entries` (path, mode) with an empty tmpfs of that mode,
+    each file with `/dev/null`; the directories covered, as `path/`. One out of sight
+    (absent, or beneath one covered already) is left."""
+    hidden: list[str] = []
+    for path, mode in entries:
         if not os.path.isdir(path):  # absent, a file, or already under a hidden path
             if os.path.isfile(path) and not any((path + "/").startswith(h) for h in hidden):
                 _hide_file(path)
             continue
-        opts = f"size={spec['tmpfs_size']},mode={mode}"
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}")
         hidden.append(path.rstrip("/") + "/")
-    for path, fd in kept:
-        if any((path + "/").startswith(h) for h in hidden):
-            _mount_point(path, stat.S_ISDIR(os.fstat(fd).st_mode))
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+    return hidden
+
+
+def _bind_back(path: str, fd: int, hidden: list[str]) -> str:
+    """Bind the kept `path` (opened as `fd`, closed here) back at its place if it lies
+    under one of `hidden`; `path/` if it was, else ""."""
+    try:
+        if not any((path + "/").startswith(h) for h in hidden):
+            return ""
+        _mount_point(path, stat.S_ISDIR(os.fstat(fd).st_mode))
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        return path.rstrip("/") + "/"
+    finally:
         os.close(fd)
-    if new_proc:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 
 #: mount_setattr(2) (linux/mount.h; the same number on every architecture). Since 5.12,

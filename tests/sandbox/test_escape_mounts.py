@@ -216,3 +216,28 @@ def test_a_server_started_from_a_call_on_the_users_files_keeps_its_own_write_pat
     finally:
         _close(run)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_deny_read_holds_in_a_working_directory_under_tmp(user: User) -> None:
+    """Under /tmp (each call's own tmpfs) the working directory is bound back into the
+    call's /tmp: what `deny_read` names inside it is hidden there too, its parents
+    pinned."""
+    base = Path(tempfile.mkdtemp(prefix="oplt-", dir="/tmp"))
+    project = base / "proj"
+    secrets = project / "config" / "secrets"
+    secrets.mkdir(parents=True)
+    (secrets / "prod.env").write_text("SECRET-TMP\n")
+    for path in (base, project, project / "config", secrets, secrets / "prod.env"):
+        os.chown(path, user.uid, user.gid)
+    run = _run(user, deny_read=[str(secrets)])
+    try:
+        out = run.call("shell", cwd=project, command="cat config/secrets/prod.env 2>&1; "
+                       "mv config cfg 2>&1; cat cfg/secrets/prod.env 2>&1; echo end")
+        assert "SECRET-TMP" not in out.output and "end" in out.output, out
+        assert "Device or resource busy" in out.output, out
+        read = run.call("read_file", cwd=project, path="config/secrets/prod.env")
+        assert read.is_error and "SECRET" not in read.output, read
+        assert (secrets / "prod.env").exists() and not (project / "cfg").exists()
+    finally:
+        _close(run)
+        shutil.rmtree(base, ignore_errors=True)
