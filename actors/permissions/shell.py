@@ -23,7 +23,8 @@ it is one of `_HARMLESS_VARS`, and one set in the shell that changes what runs (
 `LD_PRELOAD=`, `GIT_*=`, ...; `set -a`); nesting deeper than `MAX_DEPTH`. So is what
 dash (`/bin/sh`, which runs the line) reads otherwise than the grammar: a control
 character, `$'...'`, `[[ ]]`, `(( ))`, a `>` or `<` in `[ ]`, a newline the grammar
-reads across inside a command (after a lone `==`, `=~`, `<$`).
+reads across inside a command (after a lone `==`, `=~`, `<$`), a `$(` or a backtick
+the grammar leaves in a plain word (``${x:-`cmd`}``) or an unparsed heredoc body (`<<-`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ _ONE_LINE = {"command", "command_name", "file_redirect", "simple_expansion",
              "concatenation", "variable_assignment", "declaration_command",
              "test_command"}
 _NEWLINE = re.compile(rb"(?<!\\)\n")  # (`\<newline>` is a line continuation)
+#: Leaves whose text the grammar did not read further, though a shell may expand it.
+_UNPARSED = {"word", "string_content", "heredoc_body", "heredoc_content", "regex",
+             "extglob_pattern"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,9 @@ class _Walk:
             return  # (the line is undecided already; judge what did parse)
         if kind in _ONE_LINE and _newline_inside(node):
             self.out.undecided.append(f"a newline the parser reads across in {_text(node)!r}")
+        if _unread_substitution(node):
+            self.out.undecided.append(f"a substitution the parser did not read in "
+                                      f"{_text(node)!r}")
         if kind == "command":
             self.command(node, depth)
         elif kind == "file_redirect":
@@ -443,6 +450,26 @@ def _newline_inside(node: Node) -> bool:
             return True
         end = child.end_byte
     return bool(_NEWLINE.search(text[end - start:])) if node.child_count else False
+
+
+def _unread_substitution(node: Node) -> bool:
+    """Whether `node` is text the grammar left unparsed that a shell would run code in:
+    a `$(` or a backtick in a plain word (``${x:-`cmd`}``: a word to the grammar) or in
+    the body of an unquoted heredoc read as one piece (`<<-`: never parsed)."""
+    if node.child_count or node.type not in _UNPARSED:
+        return False
+    if node.type == "heredoc_body" and _quoted_heredoc(node):
+        return False  # (`<<'E'`: its body is not expanded)
+    text = _text(node)
+    return "`" in text or "$(" in text
+
+
+def _quoted_heredoc(body: Node) -> bool:
+    """Whether the heredoc `body` belongs to has a quoted delimiter (`<<'E'`, `<<"E"`,
+    `<<\\E`): then nothing in it is expanded."""
+    start = next((c for c in body.parent.children if c.type == "heredoc_start"), None) \
+        if body.parent is not None else None
+    return start is not None and any(q in _text(start) for q in "'\"\\")
 
 
 def _redirect_in_test(node: Node) -> bool:

@@ -189,6 +189,13 @@ DENY_LIST_BYPASSES = [
     " git status",
     "GIT_CONFIG_COUNT=1; export GIT_CONFIG_COUNT; git status",
     "set -a; GIT_SSH_COMMAND='rm x'; git fetch",
+    # The third review's: a substitution the grammar reads as a plain word, or in a
+    # heredoc body it never parses (`<<-`).
+    "ls \"${x:-`rm -rf ~`}\"",
+    "ls ${x:-`rm -rf ~`}",
+    "ls ${x#`rm -rf ~`}",
+    "ls <<-E\n\t$(rm -rf ~)\n\tE",
+    "ls <<-E\n\t`rm -rf ~`\n\tE",
 ]
 
 #: What users rely on stays allowed under the attack's rules.
@@ -209,6 +216,9 @@ STILL_ALLOWED = [
     "ls \\\n -l",
     "ls '\n'",
     "ls \"a\nb\"",
+    "ls <<-'E'\n\t$(rm x)\n\tE",
+    "ls <<-E\n\tplain\n\tE",
+    "ls '`rm x`'",
 ]
 
 
