@@ -63,8 +63,11 @@ def write_atomic(target: str, data: bytes) -> str:
             view = view[os.write(fd, view):]
         os.fsync(fd)
         # (No contextlib.suppress in this file: one more import on every sandboxed call.)
+        # Through the fd, never the name: a call running beside this one could have put a
+        # link where the temporary file was, and a chmod by name would follow it to a file
+        # outside what may be written (Landlock has no right for a mode).
         try:  # noqa: SIM105 -- keep an existing file's permissions (an executable script)
-            os.chmod(tmp, os.stat(real).st_mode & 0o7777)
+            os.fchmod(fd, os.stat(real).st_mode & 0o7777)
         except FileNotFoundError:
             pass
         os.replace(tmp, real)
