@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from actors import memorytool, nossl
 from actors.batching import FLUSH_INTERVAL_S
 from actors.config import Agent, Config
-from actors.executor.views import Views
+from actors.executor.views import FirstResolutions, Views
 from actors.permissions import refusal_here
 from actors.runtime import run_actor
 from actors.sandbox import PolicyError, Sandbox, SandboxConfig, modes, readers
@@ -156,6 +156,7 @@ class Executor(Worker):
         self.sandbox = sandbox or default_sandbox(home, endpoints.keys)
         #: Each call's view: remembered, or decided in a thread (`views.py`).
         self.views = Views(self.sandbox.view_cache)
+        self.resolutions = FirstResolutions()
         #: Never read or listed by the file tools (a second layer: the sandbox hides them):
         #: the keys, a remote worker's OPLOOP_KEYS (a secret read into a session's events
         #: would reach every viewer), the runtime dir, the journal and event store, the
@@ -340,6 +341,10 @@ class Executor(Worker):
                         deny_read=agent.deny_read if agent is not None else ())
                 except modes.WorkdirRefused as exc:  # a directory that cannot be one
                     return ToolResult(f"{job.name}: refused: {exc}", True, 0.0)
+                if start and not view.confined:  # (on the user's files)
+                    moved = self.resolutions.refusal(sid, start, view.cwd)
+                    if moved is not None:
+                        return ToolResult(f"{job.name}: {moved}", True, 0.0)
                 if agent is not None and agent.permissions:  # judged where the call will run
                     refusal = refusal_here(agent.permissions, job.name, job.input, view.cwd)
                     if refusal is not None:

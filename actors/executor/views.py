@@ -16,6 +16,7 @@ timeout), never the loop.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 
 from actors.sandbox import modes
 from actors.sandbox.viewcache import Key, Remembered, ViewCache
@@ -83,3 +84,36 @@ class Views:
             else:
                 assert view is not None
                 future.set_result(view)
+
+
+class FirstResolutions:
+    """Where each session's working directory resolved at its first call here, and the
+    refusal of a call where it resolves elsewhere now.
+
+    A session's directory is resolved afresh each call (`modes.view_for`), and the
+    tools run as whoever owns what it resolves to. A call may rename a parent it
+    can write and put a link where the directory was (`mv sub sub-old; mkdir sub;
+    ln -s /some/root-owned/dir sub/pkg`): the session's next call would run there,
+    as that directory's owner. Kept for the executor's life (`MAX_SESSIONS`, the
+    oldest forgotten first): a directory re-pointed on purpose needs a new session.
+    """
+
+    #: Sessions remembered at most (a few hundred bytes each).
+    MAX_SESSIONS = 10_000
+
+    def __init__(self) -> None:
+        self._first: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def refusal(self, sid: str, given: str, real: str) -> str | None:
+        """Why a call of `sid` in `given` (resolving to `real` now) is refused; None
+        when `given` resolves where it did at the session's first call here."""
+        key = (sid, given)
+        first = self._first.setdefault(key, real)
+        self._first.move_to_end(key)
+        if len(self._first) > self.MAX_SESSIONS:
+            self._first.popitem(last=False)
+        if first == real:
+            return None
+        return (f"refused: the working directory {given} resolves to {real} now, not to "
+                f"{first} as at the session's first call (a link on its way changed "
+                "since): start a new session to work there")

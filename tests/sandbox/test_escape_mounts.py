@@ -241,3 +241,34 @@ def test_deny_read_holds_in_a_working_directory_under_tmp(user: User) -> None:
     finally:
         _close(run)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_link_swapped_into_the_working_directorys_path_moves_no_session(
+        user: User) -> None:
+    """A call renames a parent of its session's directory (a write path holds it) and
+    puts a link to a root-owned directory where the directory was: the next call is
+    refused, not run there as root."""
+    mono = user.home / "mono"
+    pkg = mono / "sub" / "pkg"
+    pkg.mkdir(parents=True)
+    for path in (mono, mono / "sub", pkg):
+        os.chown(path, user.uid, user.gid)
+    victim = Path(tempfile.mkdtemp(prefix="oplv-", dir="/home"))
+    os.chmod(victim, 0o755)
+    os.chmod(user.home, 0o755)  # (as many homes are: root, no capabilities, may pass)
+    run = _run(user, write_paths=[str(mono)])
+    try:
+        assert run.call("shell", cwd=pkg, command="id -un").output.strip() == user.name
+        swap = run.call("shell", cwd=pkg, command=f"cd {mono} && mv sub sub-old && mkdir sub"
+                        f" && ln -s {victim} sub/pkg && echo swapped")
+        assert swap.output.strip() == "swapped", swap
+        after = run.call("shell", cwd=pkg, command="id -un; echo x > dropped")
+        assert after.is_error and f"resolves to {victim} now" in after.output, after
+        assert "root" not in after.output.split() and not (victim / "dropped").exists()
+        wrote = run.call("write_file", cwd=pkg, path="dropped", content="x")
+        assert wrote.is_error and not (victim / "dropped").exists(), wrote
+    finally:
+        _close(run)
+        os.chmod(user.home, 0o750)
+        shutil.rmtree(mono, ignore_errors=True)
+        shutil.rmtree(victim, ignore_errors=True)
