@@ -13,7 +13,8 @@ as bash reads it; the code given to `eval`,
 `bash -c`/`sh -c` and `trap` is parsed in turn when it is written out literally.
 
 What is left `undecided` (the rules make it `ask`, never `allow`): a line that does not
-parse; a command name that is an expansion (`$X`, `$(...)`), a glob or a brace; code
+parse; a command name that is an expansion (`$X`, `$(...)`), a glob or a brace, or a
+path outside the system's directories (`./ls`: the project's program, not ls); code
 built at run time (`eval "$x"`, `bash -c "$x"`, `env -S`, `sh -c` with no code after
 it); a shell reading a script or its standard input (`bash x.sh`, `... | sh`,
 `source x`); `xargs` running a wrapper, a shell or git, or taking its command's name
@@ -78,6 +79,9 @@ _ONE_LINE = {"command", "command_name", "file_redirect", "simple_expansion",
              "concatenation", "variable_assignment", "declaration_command",
              "test_command"}
 _NEWLINE = re.compile(rb"(?<!\\)\n")  # (`\<newline>` is a line continuation)
+#: Where a program named by its path (`/usr/bin/ls`) is the command of that name.
+_SYSTEM_BIN = ("/usr/bin/", "/bin/", "/usr/sbin/", "/sbin/", "/usr/local/bin/",
+               "/usr/local/sbin/")
 #: Leaves whose text the grammar did not read further, though a shell may expand it.
 _UNPARSED = {"word", "string_content", "heredoc_body", "heredoc_content", "regex",
              "extglob_pattern"}
@@ -269,6 +273,10 @@ class _Walk:
             self.out.undecided.append(f"the command name {first} is expanded or a glob")
             return
         name = posixpath.basename(first) if "/" in first else first
+        if "/" in first and not posixpath.normpath(first).startswith(_SYSTEM_BIN):
+            # `./ls` is the project's own program (a cloned repository's, say), not ls.
+            self.out.undecided.append(f"{first}: a program named by its path, outside the "
+                                      "system's directories")
         args = words[1:]
         text = " ".join([name, *(self.arg(a) for a in args)])
         wrapper = WRAPPERS.get(name)

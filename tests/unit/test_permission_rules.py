@@ -172,6 +172,11 @@ BYPASSES = [
     ("sudo -Eu root rm x", "deny"),
     ("timeout --sig KILL 5 rm x", "deny"),
     ("nice --adj 5 rm x", "deny"),
+    # A program of the project's named by its path is not the command of that name.
+    ("./ls -la", "ask"),
+    ("bin/ls", "ask"),
+    ("/usr/bin/../../home/u/proj/ls", "ask"),
+    ("./rm x", "deny"),
 ]
 
 #: The deny-list rules (`rm` denied, the rest allowed) and what got past them.
@@ -219,6 +224,8 @@ STILL_ALLOWED = [
     "ls <<-'E'\n\t$(rm x)\n\tE",
     "ls <<-E\n\tplain\n\tE",
     "ls '`rm x`'",
+    "/bin/ls -l",
+    "/usr/bin/git status",
 ]
 
 
