@@ -232,12 +232,9 @@ def refusal_here(rules: tuple[Rule, ...], name: str, arguments: Any, cwd: str) -
     if real is arguments:
         return None
     real_verdict, real_key = decide(rules, name, real, cwd)
-    if real_verdict == "deny":
-        return f"{denial(name, real_key)} (the path resolves to {real['path']})"
-    if stricter(real_verdict, verdict):
-        return (f"{name}: not run: the path resolves to {real['path']}, which the rule "
-                f"{real_key!r} makes {real_verdict}: call it with that path")
-    return None
+    return _stricter_where_it_lands(name, (real_verdict, real_key), verdict,
+                                    f"the path resolves to {real['path']}",
+                                    "call it with that path")
 
 
 def _refusal_of_shell_writes(rules: tuple[Rule, ...], arguments: Any, cwd: str,
@@ -253,13 +250,21 @@ def _refusal_of_shell_writes(rules: tuple[Rule, ...], arguments: Any, cwd: str,
     moved = [r for p in shell.parse(line, cwd).writes if (r := paths.real(p, cwd)) != p]
     if not moved:
         return None
-    real_verdict, real_key = _decide_shell(rules, line, cwd, real=True)
-    where = f"the path resolves to {', '.join(moved)}"
+    return _stricter_where_it_lands("shell", _decide_shell(rules, line, cwd, real=True),
+                                    verdict, f"the path resolves to {', '.join(moved)}",
+                                    "write to that path")
+
+
+def _stricter_where_it_lands(name: str, real: tuple[str, str], verdict: str, where: str,
+                             advice: str) -> str | None:
+    """The refusal of a call whose path, resolved (`where`), is judged `real` (verdict,
+    rule) by a stricter rule than the path as written was (`verdict`); None if not."""
+    real_verdict, real_key = real
     if real_verdict == "deny":
-        return f"{denial('shell', real_key)} ({where})"
+        return f"{denial(name, real_key)} ({where})"
     if stricter(real_verdict, verdict):
-        return (f"shell: not run: {where}, which the rule {real_key!r} makes "
-                f"{real_verdict}: write to that path")
+        return (f"{name}: not run: {where}, which the rule {real_key!r} makes "
+                f"{real_verdict}: {advice}")
     return None
 
 

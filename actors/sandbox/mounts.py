@@ -173,16 +173,7 @@ def read_only_but(writable: list[str]) -> None:
     read-only (one the user mounted so in the project) stays so.
     """
     before = _read_only_points()
-    bound = []
-    for path in writable:
-        fd = _open_dir(path)
-        if fd < 0:
-            continue
-        try:
-            _mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC, None)
-        finally:
-            os.close(fd)
-        bound.append(path)
+    bound = [path for path in writable if _bind_onto_itself(path)]
     _set_read_only("/", True, recursive=True)
     marks = [b.rstrip("/") + "/" for b in bound]
     # By name: a link swapped in since is no mount's root (EINVAL: the call is refused).
@@ -202,13 +193,20 @@ def pin(paths: list[str] | tuple[str, ...]) -> None:
     from beneath it; the hidden path itself is one already (its tmpfs).
     """
     for path in paths:
-        fd = _open_dir(path)
-        if fd < 0:
-            continue
-        try:
-            _mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC, None)
-        finally:
-            os.close(fd)
+        _bind_onto_itself(path)
+
+
+def _bind_onto_itself(path: str) -> bool:
+    """Make the directory `path` a mount of its own (its mounts beneath kept); False
+    when it is not one to bind (`_open_dir`)."""
+    fd = _open_dir(path)
+    if fd < 0:
+        return False
+    try:
+        _mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, MS_BIND | MS_REC, None)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _open_dir(path: str) -> int:
