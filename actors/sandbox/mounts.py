@@ -176,10 +176,13 @@ def read_only_but(writable: list[str]) -> None:
     bound = [path for path in writable if _bind_onto_itself(path)]
     _set_read_only("/", True, recursive=True)
     marks = [b.rstrip("/") + "/" for b in bound]
-    # By name: a link swapped in since is no mount's root (EINVAL: the call is refused).
-    for point in _read_only_points():
-        mark = point.rstrip("/") + "/"
-        if any(mark.startswith(b) for b in marks) and not _was_read_only(point, before):
+    # The mounts now at or beneath a bound path: the binds themselves and the copies
+    # they carried (MS_REC), at the paths the mounts beneath had before: no second read
+    # of the mount table. By name: a link swapped in since is no mount's root (EINVAL:
+    # the call is refused).
+    beneath = [p for p in before if any((p.rstrip("/") + "/").startswith(b) for b in marks)]
+    for point in dict.fromkeys((*bound, *beneath)):
+        if not _was_read_only(point, before):
             _set_read_only(point, False, recursive=False)
 
 

@@ -446,8 +446,7 @@ class Sandbox:
         Refused (`ToolRefused`) when a layer is missing, or the disk is below its
         reserve, or the workspaces are at the host's cap."""
         policy = network_policy(tool, policy, net, op)
-        # A server (`extra`: an MCP server's) outlives the call that (re)started it:
-        # the call's view (its user's files, their owner) is not the server's.
+        # A server (`extra`: MCP's) outlives the call that started it: no view of the call's.
         view = modes.CURRENT.get() if extra is None else None
         self.check(tool, policy, writing=op is not None, view=view)
         if op is None or op[0] in WRITING_OPS:  # (a read takes no room)
