@@ -12,9 +12,11 @@ from actors.offline_model.scenario import ScenarioError, parse_scenario
 
 
 def at(watch: StallWatch) -> tuple[float, str]:
-    """The watch's deadline, relative to its start, and the bound it is."""
+    """The watch's deadline, relative to its start, and the bound it is (to the
+    microsecond: `start + 60.0 - start` is 59.99999999999272 when the loop's clock,
+    the machine's uptime, is large enough)."""
     deadline, name = watch._deadline()
-    return deadline - watch.start, name
+    return round(deadline - watch.start, 6), name
 
 
 def with_watch(check) -> None:
